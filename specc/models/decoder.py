@@ -1,0 +1,164 @@
+"""Llama / Qwen3 decoder-only LMs written for speculative decoding.
+
+One ``forward`` serves every step function: prefill (Q = prompt length), AR (Q = 1), verify
+(Q = k drafted tokens + 1) and PARD drafting. Inputs carry explicit positions and per-row cache
+lengths; KV caches are static buffers owned by the attention modules (allocated by
+``setup_caches``), so a step never allocates and the whole step traces into one torch.fx graph.
+Llama and Qwen3 differ only in Qwen3's per-head q/k RMSNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specc.models import ops
+from specc.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class Linear(nn.Module):
+    """nn.Linear's parameters, but the forward is the ``ops.linear`` leaf the IR rewrites."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+class Attention(nn.Module):
+    """GQA attention over a static KV cache; ``mask_kind`` comes from the owning model."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = Linear(cfg.hidden_size, q_dim, cfg.attention_bias)
+        self.k_proj = Linear(cfg.hidden_size, kv_dim, cfg.attention_bias)
+        self.v_proj = Linear(cfg.hidden_size, kv_dim, cfg.attention_bias)
+        self.o_proj = Linear(q_dim, cfg.hidden_size, cfg.attention_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.register_buffer("cache_k", None, persistent=False)
+        self.register_buffer("cache_v", None, persistent=False)
+
+    def allocate_cache(self, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
+        shape = (batch, self.num_kv_heads, max_len, self.head_dim)
+        self.cache_k = torch.zeros(shape, dtype=dtype, device=device)
+        self.cache_v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        bsz, seq = x.shape[0], x.shape[1]
+        k = self.k_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        v = self.v_proj(x).view(bsz, seq, self.num_kv_heads, self.head_dim)
+        return ops.rope(k, cos, sin), v
+
+    def project_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        bsz, seq = x.shape[0], x.shape[1]
+        q = self.q_proj(x).view(bsz, seq, self.num_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return ops.rope(q, cos, sin)
+
+    def forward(self, x, cos, sin, cache_len, mask_kind: str):
+        if self.cache_k is None:
+            raise RuntimeError("KV cache not allocated: call model.setup_caches(batch, max_len) first")
+        q = self.project_q(x, cos, sin)
+        k, v = self.project_kv(x, cos, sin)
+        out = ops.attention(q, k, v, self.cache_k, self.cache_v, cache_len, mask_kind, self.scale)
+        return self.o_proj(out)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache_len, mask_kind: str):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache_len, mask_kind)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    """A Llama or Qwen3 causal LM. Parameter names match HF checkpoints (``model.`` prefix
+    stripped on load, see ``specc.models.loading``).
+
+    Step interface (all steps are this one forward):
+        forward(input_ids [B, Q], positions [B, Q], cache_len [B]) -> logits [B, Q, V]
+    With ``capture_layers`` set (DFlash targets) it returns ``(logits, hidden)`` where hidden is
+    the concatenation of the listed layers' outputs [B, Q, n * H] (HF's hidden_states[i + 1]).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", cfg.rope.inv_freq(cfg.head_dim), persistent=False)
+        self.mask_kind = "causal"
+        self.capture_layers: tuple[int, ...] = ()
+        self.max_batch = 0
+        self.max_len = 0
+
+    def setup_caches(self, batch: int, max_len: int, dtype: torch.dtype | None = None, device=None) -> None:
+        """Allocate static KV caches for ``batch`` rows of up to ``max_len`` tokens."""
+        dtype = dtype or self.embed_tokens.weight.dtype
+        device = device or self.embed_tokens.weight.device
+        for layer in self.layers:
+            layer.self_attn.allocate_cache(batch, max_len, dtype, device)
+        self.max_batch, self.max_len = batch, max_len
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return ops.embedding(input_ids, self.embed_tokens.weight)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache_len: torch.Tensor):
+        x = self.embed(input_ids)
+        cos, sin = ops.rope_tables(positions, self.inv_freq, x)
+        captured = {}
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache_len, self.mask_kind)
+            if i in self.capture_layers:
+                captured[i] = x
+        normed = self.norm(x)
+        logits = self.lm_head(normed)
+        if self.capture_layers:
+            # HF's hidden_states[last + 1] is the final-normed state; keep that convention.
+            if last in captured:
+                captured[last] = normed
+            return logits, torch.cat([captured[i] for i in self.capture_layers], dim=-1)
+        return logits

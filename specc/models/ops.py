@@ -1,0 +1,129 @@
+"""The leaf operations of specc's model definitions.
+
+Each function here is one meaningful node of the IR (``torch.fx.wrap`` keeps it opaque to the
+tracer), so passes see ``rms_norm`` or ``attention`` rather than a dozen ATen ops. Their eager
+bodies are the reference semantics: they follow HF transformers' op order and precision (fp32
+statistics in RMSNorm, cos/sin cast to the activation dtype before the rotation) so a model
+built from them matches HF eager on the same weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+# Mask kinds understood by ``attention``. "causal": query i of the block sees the committed
+# cache and new keys 0..i (plain decoding, chain verification, PARD drafting). "full": every
+# query sees the committed cache and every new key (DFlash's non-causal block). A tree mask
+# kind is planned; it will add an explicit [Q, Q] visibility tensor, not a new op.
+MASK_KINDS = ("causal", "full")
+
+
+@torch.fx.wrap
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, weight)
+
+
+@torch.fx.wrap
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+@torch.fx.wrap
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@torch.fx.wrap
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+@torch.fx.wrap
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype_like: torch.Tensor):
+    """cos/sin of shape [B, Q, head_dim] for integer positions [B, Q]."""
+    freqs = positions[..., None].float() * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype_like.dtype), emb.sin().to(dtype_like.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@torch.fx.wrap
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, T, H, D] by cos/sin [B, T, D] (broadcast over heads)."""
+    cos = cos.unsqueeze(2)
+    sin = sin.unsqueeze(2)
+    return x * cos + _rotate_half(x) * sin
+
+
+def attention_mask(
+    cache_len: torch.Tensor, num_queries: int, num_new_keys: int, kv_len: int, mask_kind: str
+) -> torch.Tensor:
+    """Boolean visibility [B, 1, Q, kv_len] for a block written at ``cache_len`` per batch row.
+
+    The block's ``num_new_keys`` keys occupy cache slots [cache_len, cache_len + num_new_keys);
+    its queries are the last ``num_queries`` of them (DFlash writes context keys before its
+    queries, so num_new_keys >= num_queries).
+    """
+    if mask_kind not in MASK_KINDS:
+        raise ValueError(f"unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
+    device = cache_len.device
+    key_pos = torch.arange(kv_len, device=device)[None, None, :]
+    end = (cache_len + num_new_keys)[:, None, None]
+    visible = key_pos < end
+    if mask_kind == "causal":
+        query_pos = (cache_len + num_new_keys - num_queries)[:, None, None] + torch.arange(
+            num_queries, device=device
+        )[None, :, None]
+        visible = visible & (key_pos <= query_pos)
+    else:
+        visible = visible.expand(-1, num_queries, -1)
+    return visible[:, None]
+
+
+@torch.fx.wrap
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    cache_len: torch.Tensor,
+    mask_kind: str,
+    scale: float,
+) -> torch.Tensor:
+    """Write the block's K/V into a static cache and attend over it.
+
+    q: [B, Q, Hq, D]; k, v: [B, Qk, Hkv, D] (Qk >= Q); cache_k/v: [Bmax, Hkv, S, D];
+    cache_len: [B] int64, the number of committed tokens per row. New keys land in slots
+    [cache_len, cache_len + Qk). Nothing is "committed" here: the caller advances its lengths,
+    so rejected drafts and DFlash/PARD mask slots are discarded by not counting them.
+    Returns [B, Q, Hq * D].
+    """
+    bsz, num_q, num_heads, head_dim = q.shape
+    num_new = k.shape[1]
+    slots = cache_len[:, None] + torch.arange(num_new, device=q.device)[None, :]  # [B, Qk]
+    rows = torch.arange(bsz, device=q.device)[:, None].expand(-1, num_new)
+    cache_k[rows, :, slots] = k.to(cache_k.dtype)
+    cache_v[rows, :, slots] = v.to(cache_v.dtype)
+    kv_len = int((cache_len + num_new).max())
+    keys = cache_k[:bsz, :, :kv_len]
+    values = cache_v[:bsz, :, :kv_len]
+    groups = num_heads // keys.shape[1]
+    if groups > 1:
+        keys = keys.repeat_interleave(groups, dim=1)
+        values = values.repeat_interleave(groups, dim=1)
+    mask = attention_mask(cache_len, num_q, num_new, kv_len, mask_kind)
+    qh = q.transpose(1, 2)
+    scores = torch.matmul(qh, keys.transpose(2, 3)) * scale
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(probs, values)  # [B, Hq, Q, D]
+    return out.transpose(1, 2).reshape(bsz, num_q, num_heads * head_dim)

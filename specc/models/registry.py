@@ -1,0 +1,100 @@
+"""Which checkpoints specc understands, and how to build a model from one.
+
+``classify`` looks at a raw config.json and says what the checkpoint is: a causal LM usable as
+a target or AR drafter (Llama / Qwen3), a PARD drafter (a causal LM whose config carries
+``pard_token``), or a DFlash drafter. ``load_model`` builds the specc definition and loads the
+weights with strict name checking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specc.models.config import ConfigError, ModelConfig, model_config_from_hf
+from specc.models.decoder import CausalLM
+from specc.models.dflash import DFlashDraft, is_dflash_config
+from specc.models.loading import CheckpointError, load_config, load_state_dict, load_tokenizer, resolve_checkpoint
+
+ARCHITECTURES = {
+    # name: (role, HF architectures / marker, description)
+    "llama": ("target, ar drafter", "LlamaForCausalLM", "Llama 2 / 3.x: GQA/MQA, llama3 rope scaling, tied or untied"),
+    "qwen3": ("target, ar drafter", "Qwen3ForCausalLM", "Qwen3 dense: per-head q/k RMSNorm"),
+    "pard": ("drafter", "llama/qwen3 + config.pard_token", "PARD parallel drafter: K-1 mask tokens, causal, one forward"),
+    "dflash": ("drafter", "DFlashDraftModel + dflash_config", "DFlash block drafter: target hidden states injected as K/V"),
+}
+
+KINDS = ("causal_lm", "pard", "dflash")
+
+
+def classify(raw: dict[str, Any]) -> str:
+    """'dflash', 'pard' or 'causal_lm'; raises ConfigError for unsupported checkpoints."""
+    if is_dflash_config(raw):
+        if raw.get("model_type") != "qwen3":
+            raise ConfigError(f"DFlash drafter with model_type {raw.get('model_type')!r}: only qwen3-style is supported")
+        return "dflash"
+    model_config_from_hf(raw)  # validates the family
+    return "pard" if "pard_token" in raw else "causal_lm"
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A model definition with its weights, where it came from, and its tokenizer (or None)."""
+
+    kind: str
+    model: torch.nn.Module
+    config: ModelConfig
+    raw_config: dict[str, Any]
+    path: Path
+    tokenizer: Any = None
+
+    @property
+    def pard_token(self) -> int | None:
+        return self.raw_config.get("pard_token")
+
+
+def _load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path, tied: bool) -> None:
+    renamed = {k[len("model."):] if k.startswith("model.") else k: v for k, v in state.items()}
+    if tied:
+        renamed.pop("lm_head.weight", None)
+    expected = dict(model.named_parameters(remove_duplicate=True))
+    missing = sorted(set(expected) - set(renamed))
+    unexpected = sorted(k for k in set(renamed) - set(expected) if "rotary_emb" not in k)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} weights (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} weights (e.g. {unexpected[0]})")
+        raise CheckpointError(f"{path}: weights do not match the config: {'; '.join(parts)}")
+    with torch.no_grad():
+        for name, param in expected.items():
+            src = renamed[name]
+            if src.shape != param.shape:
+                raise CheckpointError(f"{path}: {name} has shape {tuple(src.shape)}, config implies {tuple(param.shape)}")
+            param.copy_(src)
+
+
+def load_model(name_or_path, dtype: torch.dtype | None = torch.float32, device="cpu",
+               with_tokenizer: bool = True) -> Loaded:
+    """Load a checkpoint (path, zoo name or hub id) into its specc definition."""
+    path = resolve_checkpoint(name_or_path)
+    raw = load_config(path)
+    try:
+        kind = classify(raw)
+        if kind == "dflash":
+            model: torch.nn.Module = DFlashDraft.from_hf_config(raw)
+            cfg = model.config
+        else:
+            cfg = model_config_from_hf(raw)
+            model = CausalLM(cfg)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    _load_weights(model, load_state_dict(path), path, tied=kind != "dflash" and cfg.tie_word_embeddings)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.inv_freq = cfg.rope.inv_freq(cfg.head_dim).to(device)  # keep fp32 whatever the dtype
+    tokenizer = load_tokenizer(path) if with_tokenizer else None
+    return Loaded(kind=kind, model=model, config=cfg, raw_config=raw, path=path, tokenizer=tokenizer)
