@@ -1,0 +1,5 @@
+import sys
+
+from specc.cli import main
+
+sys.exit(main())

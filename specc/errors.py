@@ -1,0 +1,5 @@
+"""User-facing errors: the CLI prints their message as one line and exits with status 2."""
+
+
+class UserError(Exception):
+    """Bad input from the user (unknown model, mismatched pair, unreadable file...)."""

@@ -1,0 +1,81 @@
+"""What every generation loop returns: the new tokens plus per-step statistics.
+
+Shared by the stock loops, the eager specc.models loops and the compiled engine, so their
+results compare field by field. Batch-ready: a batch returns one ``GenerationResult`` per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+
+@dataclasses.dataclass
+class GenerationStats:
+    """accepted_lengths[i]: tokens committed by target step i (accepted drafts + the target's
+    own token), after clipping at EOS / max_new_tokens. The token produced by prefill is not a
+    step. ``steps`` counts target forwards after prefill."""
+
+    accepted_lengths: list[int] = dataclasses.field(default_factory=list)
+    target_forwards: int = 0
+    draft_forwards: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.accepted_lengths)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per target step (the acceptance length)."""
+        return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "accepted_lengths": list(self.accepted_lengths),
+            "steps": self.steps,
+            "tau": self.tau,
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+        }
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    tokens: list[int]
+    stats: GenerationStats
+    method: str = ""
+    finished_by: str = "length"  # "eos" | "length"
+
+    def to_json(self) -> dict:
+        return {"tokens": self.tokens, "stats": self.stats.to_json(), "method": self.method,
+                "finished_by": self.finished_by}
+
+
+def clip_committed(
+    new_tokens: Sequence[int], produced: int, max_new_tokens: int, eos_ids: Iterable[int]
+) -> tuple[list[int], bool]:
+    """Cut a step's committed tokens at the first EOS (kept) and at the token budget.
+
+    ``produced`` is how many tokens the sequence already has. Returns (tokens to append, stop).
+    """
+    eos = set(eos_ids)
+    out: list[int] = []
+    for tok in new_tokens:
+        if produced + len(out) >= max_new_tokens:
+            return out, True
+        out.append(int(tok))
+        if tok in eos:
+            return out, True
+    return out, produced + len(out) >= max_new_tokens
+
+
+def as_prompt_list(input_ids) -> list[int]:
+    """Accept a list of ints or a [1, T] / [T] tensor; return a list of ints."""
+    if hasattr(input_ids, "tolist"):
+        ids = input_ids.tolist()
+        if ids and isinstance(ids[0], list):
+            if len(ids) != 1:
+                raise ValueError("these loops take one prompt; pass rows one at a time")
+            ids = ids[0]
+        return [int(i) for i in ids]
+    return [int(i) for i in input_ids]

@@ -1,0 +1,52 @@
+"""Stock chain speculative decoding with an AR drafter (Leviathan et al., greedy).
+
+Each step: the drafter catches up on committed tokens, then drafts k tokens one forward at a
+time; the target verifies [last committed token, d1..dk] in one forward; the longest matching
+prefix plus the target's own next token is committed. Caches are cropped to what stays valid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
+from specc.stock import hf
+from specc.stock.ar import _finish
+
+
+@torch.inference_mode()
+def generate_chain(target, draft, input_ids, max_new_tokens: int, num_draft: int = 4,
+                   eos_token_ids=()) -> GenerationResult:
+    prompt = as_prompt_list(input_ids)
+    stats = GenerationStats()
+    t_cache, d_cache = hf.new_cache(target), hf.new_cache(draft)
+    logits = hf.forward(target, prompt, t_cache, 0).logits
+    stats.target_forwards += 1
+    tokens, stop = clip_committed([int(logits[0, -1].argmax())], 0, max_new_tokens, eos_token_ids)
+    draft_len = 0  # positions of the committed sequence held in the draft cache
+    while not stop:
+        seq = prompt + tokens
+        n = len(seq)
+        k = min(num_draft, max_new_tokens - len(tokens) - 1)
+        drafts: list[int] = []
+        if k > 0:
+            feed = seq[draft_len:]
+            for _ in range(k):
+                out = hf.forward(draft, feed, d_cache, n - len(feed))
+                stats.draft_forwards += 1
+                drafts.append(int(out.logits[0, -1].argmax()))
+                feed = drafts[-1:]
+                n += 1
+            n = len(seq)
+        out = hf.forward(target, [seq[-1]] + drafts, t_cache, n - 1)
+        stats.target_forwards += 1
+        posterior = out.logits[0].argmax(-1).tolist()
+        committed = hf.greedy_accept(drafts, posterior)
+        accepted = len(committed) - 1
+        hf.crop(t_cache, n + accepted)
+        draft_len = n + min(accepted, max(k - 1, 0))
+        hf.crop(d_cache, draft_len)
+        step, stop = clip_committed(committed, len(tokens), max_new_tokens, eos_token_ids)
+        tokens += step
+        stats.accepted_lengths.append(len(step))
+    return _finish(tokens, stats, "ar-draft", eos_token_ids)

@@ -1,0 +1,42 @@
+"""Thin helpers over HF transformers models shared by the stock loops."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def forward(model, ids: list[int] | torch.Tensor, cache: DynamicCache, start: int, hidden: bool = False):
+    """Run ``ids`` at positions start.. through an HF causal LM, appending to ``cache``."""
+    if not torch.is_tensor(ids):
+        ids = torch.tensor([ids], dtype=torch.long, device=model.device)
+    positions = torch.arange(start, start + ids.shape[1], device=ids.device)[None]
+    with warnings.catch_warnings():  # transformers >= 5.2x renames past_key_values -> cache
+        warnings.simplefilter("ignore", FutureWarning)
+        return model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                 output_hidden_states=hidden)
+
+
+def crop(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` positions (negative crop: the form every transformers 4.4x-5.x takes)."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+
+
+def greedy_accept(drafts: list[int], posterior: list[int]) -> list[int]:
+    """Greedy verification: accepted drafts followed by the target's own next token.
+
+    posterior[i] is the target's argmax after the block's i-th input, so drafts[i] is accepted
+    while it equals posterior[i]; the first disagreement (or the end) yields posterior[a].
+    """
+    a = 0
+    while a < len(drafts) and drafts[a] == posterior[a]:
+        a += 1
+    return drafts[:a] + [posterior[a]]
