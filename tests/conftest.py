@@ -34,7 +34,8 @@ def _target_config(family: str, **overrides):
         return Qwen3Config(head_dim=16, **common)
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64}
-    return LlamaConfig(rope_scaling=rope, rope_theta=500000.0, tie_word_embeddings=True, **common)
+    common.setdefault("tie_word_embeddings", True)
+    return LlamaConfig(rope_scaling=rope, rope_theta=500000.0, **common)
 
 
 def make_hf_model(family: str, seed: int, **overrides):
@@ -127,7 +128,9 @@ def checkpoints(family, tmp_path_factory):
         "target": save(target, tmp_path_factory, f"{family}-target"),
         "ar_same": save(target, tmp_path_factory, f"{family}-ar-same"),
         "ar_perturbed": save(perturbed(target, 0.3, seed=1), tmp_path_factory, f"{family}-ar-pert"),
-        "ar_random": save(make_hf_model(family, seed=7, num_hidden_layers=2), tmp_path_factory, f"{family}-ar-rand"),
+        # a "constant" drafter always proposes one token, which this target never emits here
+        "ar_random": save(make_constant(make_hf_model(family, seed=7, num_hidden_layers=2)), tmp_path_factory,
+                          f"{family}-ar-rand"),
         "pard_same": save(target, tmp_path_factory, f"{family}-pard", {"pard_token": 3}),
         "const_target": save(const, tmp_path_factory, f"{family}-const"),
         "const_pard": save(const, tmp_path_factory, f"{family}-const-pard", {"pard_token": 3}),

@@ -16,7 +16,8 @@ from specc.runtime.drafters import Drafter
 
 class EagerSpeculativeDecoder:
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft: int = 4,
-                 max_len: int = 2048):
+                 max_len: int = 2048, cap_to_budget: bool = True):
+        self.cap_to_budget = cap_to_budget
         self.target, self.drafter, self.num_draft, self.max_len = target, drafter, num_draft, max_len
         if drafter is not None and drafter.needs_target_hidden:
             target.capture_layers = tuple(drafter.spec.target_layer_ids)
@@ -48,7 +49,9 @@ class EagerSpeculativeDecoder:
             self.drafter.reset(prompt, context)
         while not stop:
             seq = prompt + tokens
-            k = min(self.num_draft, max_new_tokens - len(tokens) - 1) if self.drafter is not None else 0
+            k = 0
+            if self.drafter is not None:
+                k = min(self.num_draft, max_new_tokens - len(tokens) - 1) if self.cap_to_budget else self.num_draft
             drafts = self.drafter.propose(seq, k) if k > 0 else []
             logits, context = self._target([seq[-1]] + drafts, len(seq) - 1)
             stats.target_forwards += 1
@@ -64,3 +67,25 @@ class EagerSpeculativeDecoder:
         stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
         ended = bool(tokens) and tokens[-1] in set(eos_token_ids)
         return GenerationResult(tokens, stats, self.method, "eos" if ended else "length")
+
+
+def build_eager(pair, num_draft: int | None = None, max_len: int = 2048, dtype=torch.float32,
+                device="cpu") -> EagerSpeculativeDecoder:
+    """An eager specc.models decoder for a resolved ``specc.pairing.Pair``."""
+    from specc.models.dflash import DFlashDrafter
+    from specc.models.registry import load_model
+    from specc.runtime.drafters import ARDraft, DFlashDraft, PardDraft
+
+    target = load_model(pair.target.path, dtype, device, with_tokenizer=False).model
+    drafter: Drafter | None = None
+    if pair.method == "dflash":
+        draft = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
+        drafter = DFlashDraft(DFlashDrafter(draft, target.embed_tokens, target.lm_head))
+        num_draft = num_draft or draft.spec.block_size - 1
+    elif pair.method in ("pard", "ar-draft"):
+        model = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
+        if pair.method == "pard":
+            drafter, num_draft = PardDraft(model, pair.drafter.raw["pard_token"]), num_draft or 8
+        else:
+            drafter, num_draft = ARDraft(model), num_draft or 4
+    return EagerSpeculativeDecoder(target, drafter, num_draft or 0, max_len)

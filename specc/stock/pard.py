@@ -17,7 +17,8 @@ from specc.stock.ar import _finish
 
 @torch.inference_mode()
 def generate_pard(target, draft, pard_token: int, input_ids, max_new_tokens: int, num_draft: int = 8,
-                  eos_token_ids=()) -> GenerationResult:
+                  eos_token_ids=(), cap_to_budget: bool = True) -> GenerationResult:
+    """``cap_to_budget`` as in ``generate_chain``; PARD's published loop does not cap."""
     prompt = as_prompt_list(input_ids)
     stats = GenerationStats()
     t_cache, d_cache = hf.new_cache(target), hf.new_cache(draft)
@@ -28,7 +29,7 @@ def generate_pard(target, draft, pard_token: int, input_ids, max_new_tokens: int
     while not stop:
         seq = prompt + tokens
         n = len(seq)
-        k = min(num_draft, max_new_tokens - len(tokens) - 1)
+        k = min(num_draft, max_new_tokens - len(tokens) - 1) if cap_to_budget else num_draft
         drafts: list[int] = []
         if k > 0:
             feed = seq[draft_len:] + [pard_token] * (k - 1)

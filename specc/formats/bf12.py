@@ -1,0 +1,347 @@
+"""Lossless 12-bit storage of bf16 weights ("bf12").
+
+What is stored
+==============
+A bf16 number is ``sign(1) | exponent(8) | mantissa(7)``. Trained weights use few exponents (their
+entropy is ~2.6 bits), so bf12 keeps, per weight,
+
+* one byte ``sm = sign << 7 | mantissa`` (exact), and
+* a 4-bit code ``c = exponent - base`` relative to a base exponent chosen per row (``base="row"``,
+  the default) or per tensor (``base="tensor"``): the window is the 16 exponents
+  ``[base, base + 15]``,
+
+i.e. 1.5 bytes per weight instead of 2. Weights whose exponent falls outside the window -- zeros
+and subnormals (exponent field 0), inf/NaN (255) and outliers -- are *escapes*: they are kept
+exactly, as their original bf16 bit pattern (int16), in an escape table sorted by flat index
+(int32, or int64 beyond 2**31 elements). In the packed planes an escape is written as
+``sm = 0, c = 0``, i.e. it decodes to ``+2**(base - 127)`` (the window's smallest normal, a
+finite stand-in), and :meth:`Packed12.unpack` overwrites it from the table. No code value is
+reserved for escapes: all 16 codes are window exponents (one more binade than a reserved code
+would leave, which halves the small-magnitude escapes of a bell-shaped row), and the consumers
+that need to know which weights are escapes (unpack, the GEMM correction) read the table, which
+they need anyway to get the true values. ``base`` is chosen in [1, 239] so that the window never
+contains exponent 0 or 255; it is the 16-wide window that holds the most weights of the row
+(tensor), the first such on ties.
+
+The layout (why it looks like this)
+===================================
+Everything is row-major ``[N, K]`` like ``nn.Linear.weight`` (N = output features, rows;
+K = input features); a tensor of another rank is packed as ``[prod(shape[:-1]), shape[-1]]``.
+The consumer that matters is the fused decode + GEMV/GEMM kernel
+(``specc.codegen.kernels.linear_bf12``), which streams every byte exactly once and must decode
+with a handful of integer instructions. Three choices serve it:
+
+1. **Sixteen K-segments ("phases").** K is padded to ``Kp = 16 * K16`` (``K16 = ceil(K / 16)``)
+   and split into 16 contiguous segments: weight ``k = q * K16 + j`` is phase ``q`` (0..15) of
+   *word* ``j`` (0..K16-1). One word holds the 16 weights ``{q * K16 + j : q}``: 16 sm bytes
+   and 16 codes = 24 bytes. A kernel tile is a range of words ``j``, and for each phase the
+   activations it needs, ``x[q * K16 + j]``, are a *contiguous* slice of x. The phase split is
+   a fixed permutation of K that the kernel undoes by indexing x, so no shuffles are needed
+   in registers, and each phase is a plain ``[BLOCK_N, BLOCK_J]`` tile (a dot operand as is).
+2. **Three 8-byte streams of one shape.** Per row, ``sm`` holds two planes of ``K16`` 8-byte
+   words: ``sm[n, 8 * (h * K16 + j) + i]`` is the sm byte of phase ``q = 8h + i`` of word j
+   (h = 0, 1; i = 0..7); ``ex[n, 8 * j:8 * j + 8]`` is one 64-bit word with the 16 codes of
+   word j. The kernel loads three int64 tensors of shape ``[BLOCK_N, BLOCK_J]`` that are all
+   contiguous along j, so Triton gives them one register layout (no layout conversion between
+   the streams), each access is a wide coalesced load, and all streams run along K.
+3. **Nibble order made for the decoder.** In each 32-bit half of an ex word (half h: phases
+   8h..8h+7), nibble slot ``s`` (bits 4s..4s+3) holds phase ``8h + 2s`` for s < 4 and
+   ``8h + 2(s - 4) + 1`` for s >= 4. Then one shift by ``7 - 4p`` puts the codes of the phase
+   pair (8h+2p, 8h+2p+1) at bits 7..10 and 23..26 of a word -- exactly where the exponent
+   fields of a packed bf16x2 pair sit -- and the sm bytes of the pair are spread into the same
+   bf16x2 word by one byte permute (``prmt``). One pair of weights decodes in about four
+   integer instructions (prmt, shift, two lop3), producing the bf16x2 register that tensor
+   cores and fp32 FMAs (one more shift/and each) consume. In bytes: byte ``4h + b`` of the ex
+   word holds phase ``8h + [0, 4, 1, 5][b]`` in its low nibble and ``8h + [2, 6, 3, 7][b]`` in
+   its high nibble. (Little-endian, as on every CUDA GPU and x86/ARM host.)
+
+The kernel decodes the code into the exponent ``0x70 + c`` (a constant, not the row's base):
+the result is the weight times ``2**(112 - base)``, a power of two that is undone once per
+output element (``y[n] *= 2**(base_n - 112)``); scaling by a power of two is exact, so this is
+the same bf16 product with fp32 accumulation, and no per-row value enters the inner loop. The
+escape table gives the kernel a sparse, exact correction (see the kernel module).
+
+Escape rates (measured by tests/formats/test_bf12.py::test_realistic_escape_rates, N(0, 0.02)
+bf16 weights, 4096 x 4096 and 1024 x 4096): per-row base 6e-5 to 9e-5 escaped, per-tensor base
+1.2e-4 to 1.6e-4. For a bell-shaped row the optimal window drops the few weights above ~4 sigma
+and the ones below ~2**-11 sigma; a per-row window also follows rows of different scale (the
+per-tensor window loses whole binades of a row whose scale differs from the tensor's), at the
+cost of one byte per row. Per-row is the default; per-tensor is kept (one byte per tensor) for
+tensors whose rows share one scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+__all__ = ["Packed12", "pack_bf16_12bit", "FORMAT_NAME", "FORMAT_VERSION"]
+
+FORMAT_NAME = "bf12"
+FORMAT_VERSION = 1
+
+NUM_PHASES = 16
+WINDOW = 16  # exponents covered by the 4-bit code
+MIN_BASE = 1  # window never includes exponent 0 (zero / subnormal) ...
+MAX_BASE = 254 - (WINDOW - 1)  # ... nor 255 (inf / NaN)
+# nibble order inside one 32-bit half of an ex word (see module docstring, point 3)
+_I_LO = (0, 4, 1, 5)  # phase-in-half stored in the low nibble of byte b
+_I_HI = (2, 6, 3, 7)  # phase-in-half stored in the high nibble of byte b
+_BASE_MODES = ("row", "tensor")
+_CHUNK_ELEMS = 1 << 22  # rows are packed in chunks of about this many weights (bounded memory)
+
+
+def _rows_view(shape: tuple[int, ...]) -> tuple[int, int]:
+    if len(shape) == 0:
+        return 1, 1
+    k = int(shape[-1])
+    n = int(math.prod(shape[:-1])) if len(shape) > 1 else 1
+    return n, k
+
+
+def _k16(k: int) -> int:
+    return (k + NUM_PHASES - 1) // NUM_PHASES
+
+
+@dataclasses.dataclass(eq=False)
+class Packed12:
+    """A bf16 tensor in the lossless 12-bit format (see the module docstring for the layout).
+
+    Tensors (all on one device):
+      sm       uint8 [N, Kp]      sign|mantissa bytes, phase-permuted (Kp = 16 * ceil(K / 16))
+      ex       uint8 [N, Kp // 2] 4-bit exponent codes, 16 per 8-byte word
+      base     uint8 [N] ("row") or [1] ("tensor"), window = [base, base + 15]
+      esc_idx  int32 (int64 if numel >= 2**31) [E], sorted flat indices into the tensor
+      esc_val  int16 [E], the exact bf16 bit patterns of the escaped weights
+    """
+
+    sm: torch.Tensor
+    ex: torch.Tensor
+    base: torch.Tensor
+    esc_idx: torch.Tensor
+    esc_val: torch.Tensor
+    shape: tuple[int, ...]
+    base_mode: str = "row"
+    _cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    # -- geometry ---------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        """N: rows of the 2-D view ``[prod(shape[:-1]), shape[-1]]``."""
+        return _rows_view(self.shape)[0]
+
+    @property
+    def cols(self) -> int:
+        """K: columns (the reduction dimension of a linear layer)."""
+        return _rows_view(self.shape)[1]
+
+    @property
+    def k16(self) -> int:
+        return _k16(self.cols)
+
+    @property
+    def numel(self) -> int:
+        return int(math.prod(self.shape)) if len(self.shape) else 1
+
+    @property
+    def device(self) -> torch.device:
+        return self.sm.device
+
+    @property
+    def num_escapes(self) -> int:
+        return int(self.esc_idx.numel())
+
+    @property
+    def escape_rate(self) -> float:
+        """Fraction of weights kept in the escape table."""
+        return self.num_escapes / max(self.numel, 1)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all stored tensors (padding, bases and escape table included)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors().values())
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.nbytes / max(self.numel, 1)
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {"sm": self.sm, "ex": self.ex, "base": self.base,
+                "esc_idx": self.esc_idx, "esc_val": self.esc_val}
+
+    # -- conversion -------------------------------------------------------------------------
+    def to(self, device: torch.device | str) -> "Packed12":
+        t = {k: v.to(device) for k, v in self._tensors().items()}
+        return Packed12(shape=self.shape, base_mode=self.base_mode, **t)
+
+    def unpack(self) -> torch.Tensor:
+        """The original bf16 tensor, bit for bit."""
+        n, k = self.rows, self.cols
+        k16 = self.k16
+        dev = self.sm.device
+        ex = self.ex.view(n, k16, 2, 4).to(torch.int32)
+        codes = torch.empty(n, k16, 2, 8, dtype=torch.int32, device=dev)
+        codes[..., list(_I_LO)] = ex & 0xF
+        codes[..., list(_I_HI)] = ex >> 4
+        codes = codes.permute(0, 2, 3, 1).reshape(n, NUM_PHASES * k16)[:, :k]
+        sm = self.sm.view(n, 2, k16, 8).permute(0, 1, 3, 2).reshape(n, NUM_PHASES * k16)[:, :k]
+        sm = sm.to(torch.int32)
+        base = self.base.to(torch.int32).view(-1, 1)
+        bits = ((sm & 0x80) << 8) | ((codes + base) << 7) | (sm & 0x7F)
+        bits = bits.to(torch.int16).reshape(-1)
+        if self.num_escapes:
+            bits[self.esc_idx.long()] = self.esc_val
+        return bits.view(torch.bfloat16).reshape(self.shape)
+
+    # -- serialisation ----------------------------------------------------------------------
+    def metadata(self) -> dict[str, Any]:
+        """Small JSON-able description (also encoded in the ``meta`` tensor of the state dict)."""
+        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "shape": list(self.shape),
+                "base": self.base_mode, "escapes": self.num_escapes}
+
+    def to_state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """Plain contiguous tensors under ``prefix + name``; safetensors-ready and self-describing
+        (``prefix + "meta"`` is an int64 tensor [version, base_mode, ndim, *shape])."""
+        out = {prefix + k: v.contiguous() for k, v in self._tensors().items()}
+        out[prefix + "meta"] = torch.tensor(
+            [FORMAT_VERSION, _BASE_MODES.index(self.base_mode), len(self.shape), *self.shape],
+            dtype=torch.int64)
+        return out
+
+    @classmethod
+    def from_state_dict(cls, state_dict: dict[str, torch.Tensor], prefix: str = "",
+                        metadata: dict[str, Any] | None = None) -> "Packed12":
+        """Inverse of :meth:`to_state_dict`. ``metadata`` (from :meth:`metadata`) is optional
+        and, when given, is checked against the ``meta`` tensor."""
+        meta = state_dict[prefix + "meta"].tolist()
+        version, mode, ndim = int(meta[0]), int(meta[1]), int(meta[2])
+        if version != FORMAT_VERSION:
+            raise ValueError(f"bf12 format version {version} is not supported "
+                             f"(this build reads version {FORMAT_VERSION})")
+        shape = tuple(int(s) for s in meta[3:3 + ndim])
+        base_mode = _BASE_MODES[mode]
+        if metadata is not None and (list(metadata.get("shape", shape)) != list(shape)
+                                     or metadata.get("base", base_mode) != base_mode):
+            raise ValueError(f"bf12 metadata {metadata} does not match the stored tensors")
+        p = cls(sm=state_dict[prefix + "sm"], ex=state_dict[prefix + "ex"],
+                base=state_dict[prefix + "base"], esc_idx=state_dict[prefix + "esc_idx"],
+                esc_val=state_dict[prefix + "esc_val"], shape=shape, base_mode=base_mode)
+        p.validate()
+        return p
+
+    def validate(self) -> None:
+        """Check shapes and dtypes (not values)."""
+        n, k = self.rows, self.cols
+        kp = NUM_PHASES * _k16(k)
+        want = {"sm": ((n, kp), torch.uint8), "ex": ((n, kp // 2), torch.uint8),
+                "base": ((n if self.base_mode == "row" else 1,), torch.uint8)}
+        for name, (shape, dtype) in want.items():
+            t = getattr(self, name)
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                raise ValueError(f"bf12 {name}: expected {dtype} {shape}, got {t.dtype} "
+                                 f"{tuple(t.shape)}")
+        if self.base_mode not in _BASE_MODES:
+            raise ValueError(f"bf12 base mode {self.base_mode!r} not in {_BASE_MODES}")
+        if self.esc_idx.dim() != 1 or self.esc_idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError("bf12 esc_idx must be a 1-D int32/int64 tensor")
+        if self.esc_val.shape != self.esc_idx.shape or self.esc_val.dtype != torch.int16:
+            raise ValueError("bf12 esc_val must be int16 with the shape of esc_idx")
+
+
+def _exponent_hist(exp: torch.Tensor) -> torch.Tensor:
+    """[R, 256] int32 counts of the exponent fields of each row."""
+    hist = torch.zeros(exp.shape[0], 256, dtype=torch.int32, device=exp.device)
+    hist.scatter_add_(1, exp, torch.ones_like(exp, dtype=torch.int32))
+    return hist
+
+
+def _best_base(hist: torch.Tensor) -> torch.Tensor:
+    """Per row of ``hist`` [R, 256]: the base b in [MIN_BASE, MAX_BASE] whose window
+    [b, b + 15] holds the most weights (first on ties), as int64 [R]."""
+    h = hist.to(torch.int64)
+    h[:, 0] = 0
+    h[:, 255] = 0
+    cs = torch.cumsum(h, dim=1)
+    cs = torch.nn.functional.pad(cs, (1, 0))  # cs[:, i] = sum(h[:, :i])
+    b = torch.arange(MIN_BASE, MAX_BASE + 1, device=hist.device)
+    win = cs[:, b + WINDOW] - cs[:, b]
+    return torch.argmax(win, dim=1) + MIN_BASE
+
+
+def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row") -> Packed12:
+    """Pack a bf16 tensor into the lossless 12-bit format (see the module docstring).
+
+    ``base="row"`` chooses one base exponent per row of the ``[prod(shape[:-1]), shape[-1]]``
+    view (the default; fewer escapes), ``base="tensor"`` one for the whole tensor. Works on
+    any device; the result lives on the input's device. ``unpack()`` returns it bit-exactly.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"pack_bf16_12bit expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.bfloat16:
+        raise TypeError(f"pack_bf16_12bit expects a bfloat16 tensor, got {tensor.dtype}")
+    if base not in _BASE_MODES:
+        raise ValueError(f"base must be one of {_BASE_MODES}, got {base!r}")
+    if tensor.numel() == 0:
+        raise ValueError(f"cannot pack an empty tensor (shape {tuple(tensor.shape)})")
+    shape = tuple(int(s) for s in tensor.shape)
+    n, k = _rows_view(shape)
+    k16 = _k16(k)
+    kp = NUM_PHASES * k16
+    dev = tensor.device
+    w = tensor.detach().contiguous().view(torch.int16).reshape(n, k)
+    chunk = max(1, _CHUNK_ELEMS // max(k, 1))
+
+    def exps(rows: torch.Tensor) -> torch.Tensor:
+        return ((rows.to(torch.int64) >> 7) & 0xFF)
+
+    if base == "tensor":
+        hist = torch.zeros(1, 256, dtype=torch.int64, device=dev)
+        for r0 in range(0, n, chunk):
+            hist += _exponent_hist(exps(w[r0:r0 + chunk]).reshape(1, -1)).to(torch.int64)
+        tensor_base = _best_base(hist)  # [1]
+
+    sm_out = torch.empty(n, kp, dtype=torch.uint8, device=dev)
+    ex_out = torch.empty(n, kp // 2, dtype=torch.uint8, device=dev)
+    base_out = torch.empty(n if base == "row" else 1, dtype=torch.uint8, device=dev)
+    esc_parts: list[torch.Tensor] = []
+    i_lo = torch.tensor(_I_LO, device=dev)
+    i_hi = torch.tensor(_I_HI, device=dev)
+    for r0 in range(0, n, chunk):
+        rows = w[r0:r0 + chunk]
+        r = rows.shape[0]
+        bits = rows.to(torch.int32) & 0xFFFF
+        exp = (bits >> 7) & 0xFF
+        if base == "row":
+            b = _best_base(_exponent_hist(exp.to(torch.int64)))
+            base_out[r0:r0 + r] = b.to(torch.uint8)
+        else:
+            b = tensor_base.expand(r)
+        code = exp - b.to(torch.int32).view(-1, 1)
+        esc = (code < 0) | (code >= WINDOW)
+        sm = torch.where(esc, 0, ((bits >> 8) & 0x80) | (bits & 0x7F))
+        code = torch.where(esc, 0, code)
+        flat = torch.nonzero(esc.reshape(-1)).reshape(-1)
+        if flat.numel():
+            esc_parts.append(flat + r0 * k)
+        if kp != k:
+            sm = torch.nn.functional.pad(sm, (0, kp - k))
+            code = torch.nn.functional.pad(code, (0, kp - k))
+        # [r, 16 phases, K16] -> [r, 2 halves, K16 words, 8 phases-in-half]
+        sm_out[r0:r0 + r] = sm.view(r, 2, 8, k16).permute(0, 1, 3, 2).reshape(r, kp).to(torch.uint8)
+        c = code.view(r, 2, 8, k16).permute(0, 3, 1, 2)  # [r, K16, 2, 8]
+        exb = c.index_select(3, i_lo) | (c.index_select(3, i_hi) << 4)  # [r, K16, 2, 4]
+        ex_out[r0:r0 + r] = exb.reshape(r, kp // 2).to(torch.uint8)
+    if base == "tensor":
+        base_out[0] = tensor_base.to(torch.uint8)[0]
+    numel = n * k
+    idx_dtype = torch.int32 if numel < 2 ** 31 else torch.int64
+    if esc_parts:
+        esc_idx = torch.cat(esc_parts)
+    else:
+        esc_idx = torch.zeros(0, dtype=torch.int64, device=dev)
+    esc_val = w.reshape(-1)[esc_idx]
+    return Packed12(sm=sm_out, ex=ex_out, base=base_out, esc_idx=esc_idx.to(idx_dtype),
+                    esc_val=esc_val.contiguous(), shape=shape, base_mode=base)

@@ -1,0 +1,28 @@
+"""Test helpers shared across test modules (import as ``from helpers import ...``)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+
+PROMPT = [5, 17, 33, 2, 8, 9, 41]
+
+
+def hf_model(path):
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def hf_greedy(model, prompt, max_new_tokens, eos=None) -> list[int]:
+    """HF transformers' own greedy generate: the ground truth."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=eos, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+def eos_inside_block(tokens: list[int], block: int) -> int | None:
+    """A token whose first occurrence in ``tokens`` falls strictly inside a committed block of
+    ``block`` tokens (blocks start after the prefill token), i.e. not on a block's last slot."""
+    for j in range(1, len(tokens)):
+        if tokens[j] not in tokens[:j] and j % block != 0:
+            return tokens[j]
+    return None
