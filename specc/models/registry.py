@@ -56,7 +56,8 @@ class Loaded:
         return self.raw_config.get("pard_token")
 
 
-def _load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path, tied: bool) -> None:
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], path, tied: bool, assign: bool = False) -> None:
+    """Copy (or, with ``assign``, share) HF-named tensors into a specc definition, strictly."""
     renamed = {k[len("model."):] if k.startswith("model.") else k: v for k, v in state.items()}
     if tied:
         renamed.pop("lm_head.weight", None)
@@ -70,12 +71,17 @@ def _load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], path: 
         if unexpected:
             parts.append(f"unexpected {len(unexpected)} weights (e.g. {unexpected[0]})")
         raise CheckpointError(f"{path}: weights do not match the config: {'; '.join(parts)}")
+    for name, param in expected.items():
+        if renamed[name].shape != param.shape:
+            raise CheckpointError(f"{path}: {name} has shape {tuple(renamed[name].shape)}, config implies {tuple(param.shape)}")
+    if assign:
+        model.load_state_dict({k: renamed[k] for k in expected}, strict=False, assign=True)
+        if tied:
+            model.lm_head.weight = model.embed_tokens.weight
+        return
     with torch.no_grad():
         for name, param in expected.items():
-            src = renamed[name]
-            if src.shape != param.shape:
-                raise CheckpointError(f"{path}: {name} has shape {tuple(src.shape)}, config implies {tuple(param.shape)}")
-            param.copy_(src)
+            param.copy_(renamed[name])
 
 
 def load_model(name_or_path, dtype: torch.dtype | None = torch.float32, device="cpu",
@@ -93,7 +99,7 @@ def load_model(name_or_path, dtype: torch.dtype | None = torch.float32, device="
             model = CausalLM(cfg)
     except ConfigError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
-    _load_weights(model, load_state_dict(path), path, tied=kind != "dflash" and cfg.tie_word_embeddings)
+    load_weights(model, load_state_dict(path), path, tied=kind != "dflash" and cfg.tie_word_embeddings)
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = cfg.rope.inv_freq(cfg.head_dim).to(device)  # keep fp32 whatever the dtype
     tokenizer = load_tokenizer(path) if with_tokenizer else None

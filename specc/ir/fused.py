@@ -1,0 +1,36 @@
+"""Fused ops that built-in passes introduce, with their eager semantics and IR rules.
+
+Each fused op's eager body calls the same leaf ops in the same order as the unfused graph, so a
+rewritten graph computes bit-identical results on CPU; its *cost* is what a fused kernel moves
+(the intermediate never goes to memory). Codegen lowers these kinds to fused kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from specc.ir.meta import TensorMeta
+from specc.ir.rules import Cost, OpCall, linear_cost, register_op
+from specc.models import ops
+
+
+@torch.fx.wrap
+def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(rms_norm(x, norm_weight, eps), weight, bias)`` with the norm as the GEMM prologue."""
+    return ops.linear(ops.rms_norm(x, norm_weight, eps), weight, bias)
+
+
+@register_op(norm_linear, "norm_linear")
+def _norm_linear(op: OpCall) -> Cost:
+    """rms_norm as the prologue of a linear: the normed activation is never stored."""
+    x, nw = op.tensor(0, "x"), op.tensor(1, "norm_weight")
+    eps = op.arg(2, "eps")
+    w, b = op.tensor(3, "weight"), op.tensor(4, "bias", optional=True)
+    op.check(nw.ndim == 1 and op.same(nw.shape[0], x.shape[-1]), f"norm weight {nw} does not match last dim of {x}")
+    normed = TensorMeta(x.shape, torch.promote_types(nw.dtype, x.dtype))
+    cost = linear_cost(op, normed, w, b)
+    cost.flops = cost.flops + 4 * x.numel
+    cost.attrs = {**cost.attrs, "eps": float(eps)}
+    return cost
