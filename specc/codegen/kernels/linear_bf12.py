@@ -113,7 +113,7 @@ def _bf12_linear_kernel(
         # Triton needs no layout conversion (shared-memory round trip) inside the loop.
         xb = x_ptr + (pid_m * BLOCK_M).to(tl.int64) * stride_xm
         zrow = tl.zeros((BLOCK_N, 1), dtype=tl.int32)
-        mrow = zrow + pid_m * BLOCK_M  # [BLOCK_N, 1] row of x, for masks
+        mrow = pid_m * BLOCK_M + tl.zeros((1, 1), dtype=tl.int32)
         acc0 = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
         if BLOCK_M > 1:
             acc1 = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
@@ -204,10 +204,10 @@ def _bf12_linear_kernel(
                             acc = tl.dot(x_e, tl.trans(w_e), acc, input_precision="ieee")
                             acc = tl.dot(x_o, tl.trans(w_o), acc, input_precision="ieee")
                 else:
-                    xo_e = tl.max_contiguous(zrow + k_e[None, :], [1, 2])
-                    xo_o = tl.max_contiguous(zrow + k_o[None, :], [1, 2])
-                    xm_e = wmask & (xo_e < K)
-                    xm_o = wmask & (xo_o < K)
+                    xo_e = k_e[None, :]
+                    xo_o = k_o[None, :]
+                    xm_e = mask_j[None, :] & (xo_e < K)
+                    xm_o = mask_j[None, :] & (xo_o < K)
                     x_e = tl.load(xb + xo_e, mask=xm_e & (mrow < M), other=0.0)
                     x_o = tl.load(xb + xo_o, mask=xm_o & (mrow < M), other=0.0)
                     acc0 += w_e * x_e.to(tl.float32)
@@ -447,12 +447,14 @@ _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
-                config: Bf12Config | Mapping | None = None) -> torch.Tensor:
+                config: Bf12Config | Mapping | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` with W given as a Packed12 of an ``[N, K]`` bf16 weight.
 
     x: ``[..., K]`` bf16 (GPU), or fp32/fp16 (any device; on the CPU the Triton interpreter
     runs it). Returns ``[..., N]`` in x's dtype; accumulation is fp32. ``config`` overrides
-    the table lookup (:func:`get_config`) for this call.
+    the table lookup (:func:`get_config`) for this call; ``out`` (contiguous ``[..., N]``,
+    x's dtype) receives the result (static buffers for CUDA graphs).
     """
     if not isinstance(packed, Packed12):
         raise TypeError(f"linear_bf12 expects a Packed12 weight, got {type(packed).__name__}")
@@ -486,7 +488,14 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if out is None:
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    else:
+        if (tuple(out.shape) != (*lead, n) or out.dtype != x.dtype or out.device != x.device
+                or not out.is_contiguous()):
+            raise ValueError(f"linear_bf12: out must be a contiguous {x.dtype} tensor of shape "
+                             f"{(*lead, n)} on {x.device}, got {out.dtype} {tuple(out.shape)}")
+        y = out.view(m, n)
     if m == 0:
         return y.reshape(*lead, n)
     cfg = _as_config(config) if config is not None else get_config(m, n, k)

@@ -1,0 +1,126 @@
+"""Helpers shared by the Triton kernels of this package (dispatch, dtype checks, workspaces).
+
+Dispatch rule of every launcher here: a CUDA tensor runs the Triton kernel; a CPU tensor runs the
+Triton kernel under the interpreter when ``TRITON_INTERPRET=1`` was set before triton was first
+imported, and otherwise the launcher's pure-torch reference (the CPU fallback). Kernels load
+every value, widen it to fp32 at once and round explicitly where the reference rounds, so they
+also run under the interpreter on bf16 tensors (the interpreter converts bf16 <-> fp32 but cannot
+do bf16 arithmetic); dots take fp32 operands (``input_precision="ieee"``) when interpreted.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _probe(x_ptr):
+    pass
+
+
+# Triton replaces its own library functions when it is imported with TRITON_INTERPRET=1, so the
+# mode is fixed process-wide at triton's import; read it off a jitted function's type.
+INTERPRETED: bool = type(_probe).__name__ == "InterpretedFunction"
+
+# The interpreter converts fp32 -> bf16 by truncation; the GPU rounds to nearest even. Kernels
+# cast through ``round_to`` so both give the GPU's (and torch's) result.
+EMULATE_BF16 = tl.constexpr(INTERPRETED)
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr):
+    """Cast an fp32 tensor to DTYPE with round-to-nearest-even (also under the interpreter)."""
+    if EMULATE_BF16:
+        if DTYPE == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True).to(DTYPE)
+        else:
+            return x.to(DTYPE)
+    else:
+        return x.to(DTYPE)
+
+
+@triton.jit
+def rounded(x, DTYPE: tl.constexpr):
+    """fp32 -> DTYPE -> fp32: the value the reference holds after rounding to DTYPE."""
+    return round_to(x, DTYPE).to(tl.float32)
+
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def tl_dtype(dtype: torch.dtype):
+    return _TL_DTYPES[dtype]
+
+
+def use_triton(*tensors: torch.Tensor) -> bool:
+    """True if the Triton kernel runs for these tensors (CUDA, or CPU under the interpreter)."""
+    t = tensors[0]
+    if t.is_cuda:
+        return True
+    return INTERPRETED and t.device.type == "cpu"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def check_tensor(name: str, t, op: str, ndim: int | None = None, dtypes=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{op}: {name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{op}: {name} dtype {t.dtype} not supported (use one of {dtypes})")
+
+
+def check_same_device(op: str, **tensors) -> None:
+    devs = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devs.values())) > 1:
+        raise ValueError(f"{op}: tensors on different devices: "
+                         + ", ".join(f"{k} on {v}" for k, v in devs.items()))
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (132 for an H100/H200 SXM; 132 on the CPU)."""
+    if device.type == "cuda":
+        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 132
+
+
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(index: int) -> int:
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+class Workspaces:
+    """Per-device scratch buffers that only grow. Buffers that are replaced stay referenced, so
+    CUDA graphs captured with an older buffer keep valid pointers. Counters handed out are zero
+    and kernels must leave them zero (they reset what they use)."""
+
+    def __init__(self):
+        self._bufs: dict[tuple, torch.Tensor] = {}
+        self._old: list[torch.Tensor] = []
+
+    def get(self, key: str, device: torch.device, numel: int, dtype: torch.dtype,
+            minimum: int = 1 << 12) -> torch.Tensor:
+        k = (key, str(device), dtype)
+        buf = self._bufs.get(k)
+        if buf is None or buf.numel() < numel:
+            if buf is not None:
+                self._old.append(buf)
+            buf = torch.zeros(max(numel, minimum), dtype=dtype, device=device)
+            self._bufs[k] = buf
+        return buf
+
+
+WORKSPACES = Workspaces()

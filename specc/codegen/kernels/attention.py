@@ -1,0 +1,349 @@
+"""Attention of Q new tokens over a static KV cache (decode / verify / parallel drafting).
+
+Semantics are those of ``specc.models.ops.attention`` minus the cache write (done before, e.g.
+by :func:`specc.codegen.kernels.rope.rope_and_cache`): the block's ``num_new`` (Qk >= Q) keys
+occupy cache slots ``[cache_len[b], cache_len[b] + Qk)`` and its queries are the last Q of them.
+Mask kinds (the visibility of cache slot j for query i of row b, with
+``c = cache_len[b] + Qk - Q`` the slot of query 0):
+
+* ``"causal"``: ``j <= c + i`` (decoding, chain verification, PARD drafting);
+* ``"full"``: ``j < cache_len[b] + Qk`` (DFlash's non-causal block);
+* ``"tree"``: slots ``j < c`` always, block slot ``c + t`` iff ``tree_mask[(b,) i, t]`` (a
+  ``[Q, Q]`` or ``[B, Q, Q]`` bool/int visibility of the new-token block; tree verification).
+
+Kernel (flash-decoding). GQA is packed into the rows of the tiles: for one KV head the
+``Q * G`` (query, head-in-group) pairs are the rows of the Q tile (row r = i * G + g), so every
+K/V tile is loaded once per KV head and shared by its G query heads. The KV range of a row is cut
+into ``num_splits`` equal parts *in the kernel* from the row's actual length (read from
+``cache_len`` on the device: no host sync, CUDA-graph safe), so a single request at context
+1k-4k still fills the GPU; each split keeps fp32 online-softmax statistics (running max and sum,
+base-2 exponentials) and writes a normalised fp32 partial output and its log-sum-exp; a second
+kernel merges the splits. With one split the first kernel writes the output directly. Causal
+row blocks stop at their last visible key.
+
+Numerics: scores and softmax statistics in fp32 (no rounding of the scores, unlike the bf16
+matmul of the eager reference), probabilities rounded to V's dtype for the PV dot (fp32 under
+the interpreter or with fp32 V), fp32 accumulation. A row that sees no key returns zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from specc.codegen.kernels._common import (
+    FLOAT_DTYPES,
+    INTERPRETED,
+    check_same_device,
+    check_tensor,
+    next_pow2,
+    num_sms,
+    round_to,
+    use_triton,
+)
+
+__all__ = ["attention", "attention_reference", "attention_visibility", "MASK_KINDS", "pick_splits"]
+
+MASK_KINDS = ("causal", "full", "tree")
+_MASK_IDS = {"causal": 0, "full": 1, "tree": 2}
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attn_split_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, tree_ptr, o_ptr, part_ptr, lse_ptr,
+    QN, QK, G, HKV, scale_log2,
+    stride_qb, stride_qq, stride_qh,
+    stride_kb, stride_kh, stride_ks,
+    stride_vb, stride_vh, stride_vs,
+    stride_ob, stride_oq,
+    stride_tb, stride_ti,
+    D,
+    MASK: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    b = pid_bh // HKV
+    hk = pid_bh % HKV
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_r = rows < QN * G
+    qi = rows // G
+    h = hk * G + rows % G
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+
+    q_offs = b.to(tl.int64) * stride_qb + qi[:, None] * stride_qq + h[:, None] * stride_qh \
+        + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+
+    clen = tl.load(len_ptr + b).to(tl.int32)
+    kv_end = clen + QK
+    q0 = kv_end - QN  # cache slot of query 0
+    split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = pid_s * split_len
+    end = tl.minimum(start + split_len, kv_end)
+    if MASK == 0:
+        last_q = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, QN * G - 1) // G
+        end = tl.minimum(end, q0 + last_q + 1)
+
+    k_base = k_ptr + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = v_ptr + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    if DOT_F32:
+        qd = q.to(tl.float32)
+    else:
+        qd = q
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        kt = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        vt = tl.load(v_base + offs_n.to(tl.int64)[:, None] * stride_vs + offs_d[None, :],
+                     mask=kv_mask, other=0.0)
+        if DOT_F32:
+            s = tl.dot(qd, tl.trans(kt.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(qd, tl.trans(kt.to(qd.dtype)))
+        s = s * scale_log2
+        vis = mask_n[None, :] & mask_r[:, None]
+        if MASK == 0:
+            vis = vis & (offs_n[None, :] <= (q0 + qi)[:, None])
+        if MASK == 2:
+            t = offs_n - q0
+            in_blk = t >= 0
+            tv = tl.load(tree_ptr + b.to(tl.int64) * stride_tb + qi[:, None] * stride_ti
+                         + t[None, :], mask=vis & in_blk[None, :], other=0)
+            vis = vis & ((~in_blk)[None, :] | (tv != 0))
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOT_F32:
+            acc = tl.dot(p, vt.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None])
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:
+        o_offs = b.to(tl.int64) * stride_ob + qi[:, None] * stride_oq + h[:, None] * D \
+            + offs_d[None, :]
+        tl.store(o_ptr + o_offs, round_to(out, o_ptr.dtype.element_ty),
+                 mask=mask_r[:, None] & mask_d[None, :])
+    else:
+        # partials [B, QN, Hq, NUM_SPLITS, D] fp32 and lse [B, QN, Hq, NUM_SPLITS] (base 2)
+        hq = HKV * G
+        prow = ((b * QN + qi) * hq + h).to(tl.int64) * NUM_SPLITS + pid_s
+        tl.store(part_ptr + prow[:, None] * D + offs_d[None, :], out,
+                 mask=mask_r[:, None] & mask_d[None, :])
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(lse_ptr + prow, lse, mask=mask_r)
+
+
+@triton.jit
+def _attn_merge_kernel(part_ptr, lse_ptr, o_ptr, QN, HQ, D, stride_ob, stride_oq,
+                       NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)  # (b * QN + qi) * HQ + h
+    h = pid % HQ
+    bq = pid // HQ
+    qi = bq % QN
+    b = bq // QN
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < NUM_SPLITS
+    mask_d = offs_d < D
+    base = pid.to(tl.int64) * NUM_SPLITS
+    lse = tl.load(lse_ptr + base + offs_s, mask=mask_s, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)
+    den = tl.sum(w, axis=0)
+    part = tl.load(part_ptr + (base + offs_s)[:, None] * D + offs_d[None, :],
+                   mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    out = tl.sum(part * w[:, None], axis=0) / tl.where(den > 0.0, den, 1.0)
+    o_offs = b.to(tl.int64) * stride_ob + qi * stride_oq + h * D + offs_d
+    tl.store(o_ptr + o_offs, round_to(out, o_ptr.dtype.element_ty), mask=mask_d)
+
+
+def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
+                device: torch.device, block_n: int = 64, min_keys: int = 128) -> int:
+    """KV splits so that ~2 programs per SM run, with at least ``min_keys`` keys per split."""
+    programs = batch * num_kv_heads * row_blocks
+    want = triton.cdiv(2 * num_sms(device), max(programs, 1))
+    cap = max(1, triton.cdiv(max_kv_len, max(min_keys, block_n)))
+    return int(max(1, min(want, cap, 64)))
+
+
+def _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op):
+    check_tensor("q", q, op, ndim=4, dtypes=FLOAT_DTYPES)
+    check_tensor("cache_k", cache_k, op, ndim=4, dtypes=FLOAT_DTYPES)
+    check_tensor("cache_v", cache_v, op, ndim=4, dtypes=FLOAT_DTYPES)
+    check_tensor("cache_len", cache_len, op, ndim=1, dtypes=(torch.int64, torch.int32))
+    bsz, num_q, hq, d = q.shape
+    bmax, hkv, s, dk = cache_k.shape
+    if tuple(cache_v.shape) != tuple(cache_k.shape):
+        raise ValueError(f"{op}: cache_v shape {tuple(cache_v.shape)} != cache_k shape "
+                         f"{tuple(cache_k.shape)}")
+    if dk != d:
+        raise ValueError(f"{op}: q head dim {d} != cache head dim {dk}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"{op}: {hq} query heads are not a multiple of {hkv} KV heads")
+    if bsz > bmax:
+        raise ValueError(f"{op}: batch {bsz} exceeds the cache's {bmax} rows")
+    if cache_len.shape[0] != bsz:
+        raise ValueError(f"{op}: cache_len has {cache_len.shape[0]} entries for batch {bsz}")
+    if not isinstance(num_new, int) or num_new < num_q:
+        raise ValueError(f"{op}: num_new must be an int >= Q={num_q}, got {num_new!r}")
+    if mask_kind not in MASK_KINDS:
+        raise ValueError(f"{op}: unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
+    if mask_kind == "tree":
+        if tree_mask is None:
+            raise ValueError(f"{op}: mask kind 'tree' needs tree_mask [Q, Q] or [B, Q, Q]")
+        if tree_mask.dim() not in (2, 3) or tuple(tree_mask.shape[-2:]) != (num_q, num_q) or (
+                tree_mask.dim() == 3 and tree_mask.shape[0] != bsz):
+            raise ValueError(f"{op}: tree_mask must be [Q, Q] or [B, Q, Q] with Q={num_q}, B={bsz}; "
+                             f"got {tuple(tree_mask.shape)}")
+    elif tree_mask is not None:
+        raise ValueError(f"{op}: tree_mask is only used with mask kind 'tree'")
+    check_same_device(op, q=q, cache_k=cache_k, cache_v=cache_v, cache_len=cache_len,
+                      tree_mask=tree_mask)
+
+
+def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+              cache_len: torch.Tensor, num_new: int, mask_kind: str, scale: float,
+              tree_mask: torch.Tensor | None = None, num_splits: int | None = None,
+              max_kv_len: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q ``[B, Q, Hq, D]`` over ``cache_k/v [Bmax, Hkv, S, D]`` (new keys written).
+
+    cache_len: ``[B]`` int committed lengths (device tensor; never read on the host); num_new:
+    Qk, the number of new keys in slots ``cache_len + [0, Qk)``; mask_kind: "causal" | "full" |
+    "tree" (with ``tree_mask``). num_splits: KV splits per row (default from ``max_kv_len``, the
+    longest expected ``cache_len + Qk``, default the cache capacity S). Returns ``[B, Q, Hq*D]``
+    in q's dtype (into ``out`` if given, a contiguous tensor of that shape).
+    """
+    op = "attention"
+    _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op)
+    bsz, num_q, hq, d = q.shape
+    _, hkv, s_cap, _ = cache_k.shape
+    if out is None:
+        out = torch.empty(bsz, num_q, hq * d, dtype=q.dtype, device=q.device)
+    elif tuple(out.shape) != (bsz, num_q, hq * d) or not out.is_contiguous() or out.dtype != q.dtype:
+        raise ValueError(f"{op}: out must be a contiguous {q.dtype} tensor of shape "
+                         f"{(bsz, num_q, hq * d)}")
+    if not use_triton(q):
+        out.copy_(attention_reference(q, cache_k, cache_v, cache_len, num_new, mask_kind, scale,
+                                      tree_mask))
+        return out
+    if bsz == 0 or num_q == 0:
+        return out
+    if q.stride(-1) != 1 or cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
+        raise ValueError(f"{op}: q and the caches need unit stride along the head dim")
+    g = hq // hkv
+    rows = num_q * g
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    block_n = 64 if d <= 128 else 32
+    block_d = max(16, next_pow2(d))
+    row_blocks = triton.cdiv(rows, block_m)
+    if num_splits is None:
+        kv_hint = min(s_cap, max_kv_len) if max_kv_len is not None else s_cap
+        num_splits = pick_splits(bsz, hkv, row_blocks, kv_hint, q.device, block_n)
+    num_splits = int(max(1, num_splits))
+    if tree_mask is not None:
+        tm = tree_mask.to(torch.int8)
+        if tm.dim() == 2:
+            tm = tm.unsqueeze(0).expand(bsz, -1, -1)
+        stride_tb, stride_ti = tm.stride(0), tm.stride(1)
+        if tm.stride(2) != 1:
+            tm = tm.contiguous()
+            stride_tb, stride_ti = tm.stride(0), tm.stride(1)
+    else:
+        tm, stride_tb, stride_ti = cache_len, 0, 0
+    if num_splits > 1:
+        part = torch.empty(bsz * num_q * hq * num_splits * d, dtype=torch.float32, device=q.device)
+        lse = torch.empty(bsz * num_q * hq * num_splits, dtype=torch.float32, device=q.device)
+    else:
+        part = lse = out
+    dot_f32 = INTERPRETED or q.dtype == torch.float32 or cache_v.dtype == torch.float32 \
+        or q.dtype != cache_k.dtype
+    grid = (bsz * hkv, num_splits, row_blocks)
+    _attn_split_kernel[grid](
+        q, cache_k, cache_v, cache_len, tm, out, part, lse,
+        num_q, num_new, g, hkv, float(scale) * _LOG2E,
+        q.stride(0), q.stride(1), q.stride(2),
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
+        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
+        out.stride(0), out.stride(1),
+        stride_tb, stride_ti,
+        d,
+        MASK=_MASK_IDS[mask_kind], NUM_SPLITS=num_splits,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_F32=dot_f32,
+        num_warps=4, num_stages=2,
+    )
+    if num_splits > 1:
+        _attn_merge_kernel[(bsz * num_q * hq,)](
+            part, lse, out, num_q, hq, d, out.stride(0), out.stride(1),
+            NUM_SPLITS=num_splits, BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=block_d,
+            num_warps=4,
+        )
+    return out
+
+
+def attention_visibility(cache_len: torch.Tensor, num_queries: int, num_new_keys: int,
+                         kv_len: int, mask_kind: str,
+                         tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean visibility ``[B, 1, Q, kv_len]`` (``ops.attention_mask`` plus the tree kind)."""
+    device = cache_len.device
+    key_pos = torch.arange(kv_len, device=device)[None, None, :]
+    end = (cache_len + num_new_keys)[:, None, None]
+    visible = key_pos < end
+    q0 = (cache_len + num_new_keys - num_queries)[:, None, None]
+    query_pos = q0 + torch.arange(num_queries, device=device)[None, :, None]
+    if mask_kind == "causal":
+        visible = visible & (key_pos <= query_pos)
+    elif mask_kind == "full":
+        visible = visible.expand(-1, num_queries, -1)
+    elif mask_kind == "tree":
+        tm = tree_mask.bool()
+        if tm.dim() == 2:
+            tm = tm.unsqueeze(0).expand(cache_len.shape[0], -1, -1)
+        t = key_pos - q0  # [B, 1, kv]
+        in_blk = (t >= 0) & (t < num_queries)
+        tv = torch.gather(tm, 2, t.clamp(0, num_queries - 1).expand(-1, num_queries, -1))
+        visible = visible & (~in_blk | tv)
+    else:
+        raise ValueError(f"unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
+    return visible[:, None]
+
+
+def attention_reference(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                        cache_len: torch.Tensor, num_new: int, mask_kind: str, scale: float,
+                        tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Pure torch, fp32 math (syncs on cache_len). Same semantics as :func:`attention`."""
+    _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, "attention_reference")
+    bsz, num_q, hq, d = q.shape
+    hkv = cache_k.shape[1]
+    kv_len = int((cache_len + num_new).max()) if bsz else 0
+    keys = cache_k[:bsz, :, :kv_len].float()
+    values = cache_v[:bsz, :, :kv_len].float()
+    g = hq // hkv
+    if g > 1:
+        keys = keys.repeat_interleave(g, dim=1)
+        values = values.repeat_interleave(g, dim=1)
+    vis = attention_visibility(cache_len, num_q, num_new, kv_len, mask_kind, tree_mask)
+    scores = torch.matmul(q.float().transpose(1, 2), keys.transpose(2, 3)) * scale
+    scores = scores.masked_fill(~vis, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    o = torch.matmul(probs, values)  # [B, Hq, Q, D]
+    return o.transpose(1, 2).reshape(bsz, num_q, hq * d).to(q.dtype)

@@ -1,0 +1,451 @@
+"""``y = x @ W^T (+ bias)`` for decode/verify shapes, with an optional fused RMSNorm prologue.
+
+W is ``[N, K]`` row-major (``nn.Linear`` layout), bf16 on the GPU. Two kernels, picked by the
+config of the shape (:func:`get_config`, keyed by (M bucket, N, K)):
+
+* ``kind="gemv"`` (M = 1; any M works, each row of x streams W once): each program owns
+  ``BLOCK_N`` rows of W and a K range (split-K), FMAs ``[BLOCK_N, BLOCK_K]`` weight tiles with
+  the matching slice of x into an fp32 accumulator of the same shape and reduces it once at the
+  end. Rows past N are clamped for the loads (no masks in the inner loop), weights are loaded
+  ``evict_first`` (streamed once), and with K a multiple of BLOCK_K the loads are unmasked
+  16-byte vectors.
+* ``kind="dot"`` (M = 2 .. 64 and beyond): tensor-core tiles through ``tl.dot`` with fp32
+  accumulation, ``BLOCK_M >= 16`` (rows past M are clamped and never stored). ``swap_ab``
+  computes ``W_tile @ x_tile^T`` so the wide weight tile is the MMA's M side and the skinny
+  activation block its N side (Hopper's wgmma wants M = 64 per warpgroup).
+
+Split-K (``split_k > 1``, or ``0`` = automatic: enough programs for ~4 per SM) is deterministic:
+each program stores its fp32 partial tile into a workspace slot of its own, then takes a ticket
+(an acq_rel atomic on a per-tile counter); the last program of a tile sums the partials in split
+order, adds the bias, rounds once and stores, and resets the counter. One launch, no memset, the
+workspace stays valid for the next call and for CUDA graphs (do not run two split-K launches on
+one device concurrently on different streams).
+
+Fused RMSNorm prologue (``norm_weight`` given): ``y = rms_norm(x, g, eps) @ W^T`` exactly as
+``specc.models.ops.rms_norm`` then ``ops.linear``: a tiny pre-kernel computes each row's fp32
+inverse RMS once (``rsqrt(mean(x^2) + eps)``, over the whole row, which no K-split program
+sees), then the main kernel scales x tiles as they are loaded, rounding where the reference
+rounds: ``n = (x * rstd) -> x.dtype``, ``h = (g * n) -> promote(g.dtype, x.dtype)``. The output
+dtype is that of h (x.dtype when g and x share a dtype).
+
+Numerics: fp32 accumulation; the output is rounded once. fp32 inputs use IEEE fp32 dots (no
+tf32). Under the Triton interpreter (CPU, ``TRITON_INTERPRET=1``) dots run in fp32, so bf16
+tensors work there too; without CUDA and without the interpreter the launcher runs
+:func:`linear_reference`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from specc.codegen.kernels._common import (
+    FLOAT_DTYPES,
+    INTERPRETED,
+    WORKSPACES,
+    check_same_device,
+    check_tensor,
+    num_sms,
+    round_to,
+    rounded,
+    tl_dtype,
+    use_triton,
+)
+
+__all__ = [
+    "LinearConfig",
+    "linear",
+    "linear_reference",
+    "row_rstd",
+    "get_config",
+    "set_config",
+    "clear_configs",
+    "m_bucket",
+    "M_BUCKETS",
+    "DEFAULT_CONFIGS",
+]
+
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+# ------------------------------------------------------------------------------------------
+# kernels
+# ------------------------------------------------------------------------------------------
+@triton.jit
+def _row_rstd_kernel(x_ptr, rstd_ptr, K, stride_xm, eps, BLOCK_K: tl.constexpr):
+    m = tl.program_id(0)
+    base = x_ptr + m.to(tl.int64) * stride_xm
+    acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        xv = tl.load(base + offs, mask=offs < K, other=0.0).to(tl.float32)
+        acc += xv * xv
+    ms = tl.sum(acc, axis=0) / K
+    tl.store(rstd_ptr + m, tl.rsqrt(ms + eps))
+
+
+@triton.jit
+def _prologue(xf, rstd, gf, X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr):
+    """rms_norm's rounding on an fp32 tile: (x * rstd) -> x dtype, then (g * n) -> h dtype."""
+    n = rounded(xf * rstd, X_DTYPE)
+    return rounded(gf * n, H_DTYPE)
+
+
+@triton.jit
+def _epilogue(out, offs_m, offs_n, M, N, pid_m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
+              cnt_ptr, HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr):
+    """Store an fp32 [BM, BN] output tile (+ bias), directly or through the split-K workspace."""
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    y_mask = mask_m[:, None] & mask_n[None, :]
+    y_offs = offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    if USE_SPLIT:
+        n_split = tl.num_programs(1)
+        ws_offs = (pid_k * M + offs_m).to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptr + ws_offs, out, mask=y_mask)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if ticket == n_split - 1:
+            tot = tl.zeros_like(out)
+            for s in range(0, n_split):
+                part_offs = (s * M + offs_m).to(tl.int64)[:, None] * N + offs_n[None, :]
+                tot += tl.load(ws_ptr + part_offs, mask=y_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptr + y_offs, round_to(tot, y_ptr.dtype.element_ty), mask=y_mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
+    else:
+        if HAS_BIAS:
+            out += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + y_offs, round_to(out, y_ptr.dtype.element_ty), mask=y_mask)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr,
+    M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(offs_n, N - 1)  # clamped: loads need no row mask
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    w_base = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_base = x_ptr + m.to(tl.int64) * stride_xm
+    if HAS_NORM:
+        rstd = tl.load(rstd_ptr + m)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
+            w = tl.load(w_base + offs_k[None, :], eviction_policy="evict_first")
+            xv = tl.load(x_base + offs_k).to(tl.float32)
+            if HAS_NORM:
+                gv = tl.load(g_ptr + offs_k).to(tl.float32)
+        else:
+            mk = offs_k < k_hi
+            w = tl.load(w_base + offs_k[None, :], mask=mk[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            xv = tl.load(x_base + offs_k, mask=mk, other=0.0).to(tl.float32)
+            if HAS_NORM:
+                gv = tl.load(g_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            xv = _prologue(xv, rstd, gv, X_DTYPE, H_DTYPE)
+        acc += w.to(tl.float32) * xv[None, :]
+    out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
+    offs_m = m + tl.arange(0, 1)
+    _epilogue(out, offs_m, offs_n, M, N, m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
+              cnt_ptr, HAS_BIAS, USE_SPLIT)
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr,
+    M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr,
+    USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_m = tl.minimum(offs_m, M - 1)
+    rows_n = tl.minimum(offs_n, N - 1)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    x_base = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm
+    w_base = w_ptr + rows_n.to(tl.int64)[:, None] * stride_wn
+    if HAS_NORM:
+        rstd = tl.load(rstd_ptr + rows_m)[:, None]
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
+            xv = tl.load(x_base + offs_k[None, :])
+            w = tl.load(w_base + offs_k[None, :], eviction_policy="evict_first")
+            if HAS_NORM:
+                gv = tl.load(g_ptr + offs_k).to(tl.float32)
+        else:
+            mk = offs_k < k_hi
+            xv = tl.load(x_base + offs_k[None, :], mask=mk[None, :], other=0.0)
+            w = tl.load(w_base + offs_k[None, :], mask=mk[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            if HAS_NORM:
+                gv = tl.load(g_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            xv = _prologue(xv.to(tl.float32), rstd, gv[None, :], X_DTYPE, H_DTYPE)
+        if DOT_F32:
+            a = xv.to(tl.float32)
+            b = w.to(tl.float32)
+            if SWAP_AB:
+                acc = tl.dot(b, tl.trans(a), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        else:
+            a = xv.to(w.dtype)
+            if SWAP_AB:
+                acc = tl.dot(w, tl.trans(a), acc)
+            else:
+                acc = tl.dot(a, tl.trans(w), acc)
+    if SWAP_AB:
+        out = tl.trans(acc)
+    else:
+        out = acc
+    _epilogue(out, offs_m, offs_n, M, N, pid_m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
+              cnt_ptr, HAS_BIAS, USE_SPLIT)
+
+
+# ------------------------------------------------------------------------------------------
+# configs
+# ------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class LinearConfig:
+    """Launch parameters of one shape.
+
+    kind: "gemv" (FMA streaming, one program row per row of x; meant for M = 1) or "dot"
+    (tensor cores, needs block_m, block_n, block_k >= 16). split_k: number of K splits, 0 =
+    automatic (enough programs for ~4 per SM, at least 2 BLOCK_K chunks per split)."""
+
+    kind: str = "gemv"
+    block_m: int = 16
+    block_n: int = 16
+    block_k: int = 256
+    split_k: int = 0
+    num_warps: int = 4
+    num_stages: int = 2
+    swap_ab: bool = True
+
+    def __post_init__(self):
+        if self.kind not in ("gemv", "dot"):
+            raise ValueError(f"LinearConfig.kind must be 'gemv' or 'dot', got {self.kind!r}")
+        for name in ("block_m", "block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"LinearConfig.{name} must be a power of two, got {v}")
+        if self.kind == "dot" and min(self.block_m, self.block_n, self.block_k) < 16:
+            raise ValueError("LinearConfig(kind='dot') needs block_m, block_n, block_k >= 16")
+        if self.split_k < 0 or self.num_stages < 1:
+            raise ValueError("LinearConfig.split_k must be >= 0 and num_stages >= 1")
+
+    def replace(self, **kw) -> "LinearConfig":
+        return dataclasses.replace(self, **kw)
+
+
+def m_bucket(m: int) -> int:
+    """The config bucket of M rows: the smallest of M_BUCKETS >= M (the largest above)."""
+    for b in M_BUCKETS:
+        if m <= b:
+            return b
+    return M_BUCKETS[-1]
+
+
+def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
+    if mb == 1:
+        return LinearConfig("gemv", block_m=1, block_n=16, block_k=256, split_k=0, num_warps=4,
+                            num_stages=1)
+    if mb <= 64:
+        return LinearConfig("dot", block_m=max(16, mb), block_n=64, block_k=128, split_k=0,
+                            num_warps=4, num_stages=4, swap_ab=True)
+    return LinearConfig("dot", block_m=64, block_n=128, block_k=64, split_k=0, num_warps=4,
+                        num_stages=4, swap_ab=False)
+
+
+# (m_bucket, N, K) -> config, measured on an H200 (examples/bench_kernels.py, see
+# docs/benchmarks/kernels.md). Anything not listed uses the heuristic; set_config() overrides.
+DEFAULT_CONFIGS: dict[tuple[int, int, int], LinearConfig] = {}
+_OVERRIDES: dict[tuple[int, int, int], LinearConfig] = {}
+
+
+def get_config(m: int, n: int, k: int) -> LinearConfig:
+    """Config for an ``[m, k] x [n, k]^T`` product: override, else table, else heuristic."""
+    key = (m_bucket(m), int(n), int(k))
+    if key in _OVERRIDES:
+        return _OVERRIDES[key]
+    if key in DEFAULT_CONFIGS:
+        return DEFAULT_CONFIGS[key]
+    return _heuristic(*key)
+
+
+def set_config(m: int, n: int, k: int, config: LinearConfig | Mapping | None) -> None:
+    """Override the config of (m_bucket(m), n, k); ``None`` removes the override."""
+    key = (m_bucket(m), int(n), int(k))
+    if config is None:
+        _OVERRIDES.pop(key, None)
+    else:
+        _OVERRIDES[key] = _as_config(config)
+
+
+def clear_configs() -> None:
+    """Drop all overrides set with set_config()."""
+    _OVERRIDES.clear()
+
+
+def _as_config(c: LinearConfig | Mapping) -> LinearConfig:
+    if isinstance(c, LinearConfig):
+        return c
+    if isinstance(c, Mapping):
+        return LinearConfig(**c)
+    raise TypeError(f"config must be a LinearConfig or a mapping, got {type(c).__name__}")
+
+
+def _split_plan(cfg: LinearConfig, m: int, n: int, k: int, device: torch.device):
+    """(K per split, number of splits): K per split is a multiple of block_k."""
+    bk = cfg.block_k
+    chunks = triton.cdiv(k, bk)
+    split = cfg.split_k
+    if split == 0:
+        bm = 1 if cfg.kind == "gemv" else cfg.block_m
+        tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, bm)
+        target = 4 * num_sms(device)
+        split = max(1, min(triton.cdiv(target, tiles), chunks // 2))
+    split = max(1, min(split, chunks))
+    k_per = triton.cdiv(chunks, split) * bk
+    return k_per, triton.cdiv(k, k_per)
+
+
+# ------------------------------------------------------------------------------------------
+# launchers
+# ------------------------------------------------------------------------------------------
+def row_rstd(x2: torch.Tensor, eps: float) -> torch.Tensor:
+    """fp32 ``rsqrt(mean(x^2, -1) + eps)`` per row of a 2-D ``[M, K]`` tensor (Triton)."""
+    m, k = x2.shape
+    rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
+    if m:
+        _row_rstd_kernel[(m,)](x2, rstd, k, x2.stride(0), float(eps),
+                               BLOCK_K=min(4096, triton.next_power_of_2(k)), num_warps=4)
+    return rstd
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+           config: LinearConfig | Mapping | None = None) -> torch.Tensor:
+    """``x @ weight^T (+ bias)``; with ``norm_weight``: ``rms_norm(x, norm_weight, eps) @ weight^T``.
+
+    x: ``[..., K]`` (bf16/fp16/fp32); weight: ``[N, K]`` with unit stride along K (bf16 on the
+    GPU; any float dtype); bias: ``[N]`` or None; norm_weight: ``[K]`` or None. Returns
+    ``[..., N]`` in x's dtype (promote(norm_weight, x) with the prologue). ``config`` overrides
+    the table lookup (:func:`get_config`) for this call.
+    """
+    op = "linear"
+    check_tensor("x", x, op, dtypes=FLOAT_DTYPES)
+    check_tensor("weight", weight, op, ndim=2, dtypes=FLOAT_DTYPES)
+    n, k = weight.shape
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"{op}: x has shape {tuple(x.shape)}, the weight [N={n}, K={k}] expects "
+                         f"[..., {k}]")
+    if bias is not None:
+        check_tensor("bias", bias, op, ndim=1, dtypes=FLOAT_DTYPES)
+        if bias.shape[0] != n:
+            raise ValueError(f"{op}: bias must have shape ({n},), got {tuple(bias.shape)}")
+    if norm_weight is not None:
+        check_tensor("norm_weight", norm_weight, op, ndim=1, dtypes=FLOAT_DTYPES)
+        if norm_weight.shape[0] != k:
+            raise ValueError(f"{op}: norm_weight must have shape ({k},), got "
+                             f"{tuple(norm_weight.shape)}")
+    check_same_device(op, x=x, weight=weight, bias=bias, norm_weight=norm_weight)
+    if not use_triton(x):
+        return linear_reference(x, weight, bias, norm_weight, eps)
+
+    out_dtype = x.dtype if norm_weight is None else torch.promote_types(norm_weight.dtype, x.dtype)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if weight.stride(-1) != 1:
+        raise ValueError(f"{op}: weight must have unit stride along K, got strides "
+                         f"{tuple(weight.stride())}")
+    m = x2.shape[0]
+    y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y.reshape(*lead, n)
+    if k == 0:
+        y.zero_()
+        if bias is not None:
+            y += bias.to(out_dtype)
+        return y.reshape(*lead, n)
+    cfg = _as_config(config) if config is not None else get_config(m, n, k)
+    k_per, split = _split_plan(cfg, m, n, k, x.device)
+    even_k = k % cfg.block_k == 0
+    if split > 1:
+        ws = WORKSPACES.get("linear.ws", x.device, split * m * n, torch.float32)
+        bm = 1 if cfg.kind == "gemv" else cfg.block_m
+        cnt = WORKSPACES.get("linear.cnt", x.device, triton.cdiv(n, cfg.block_n)
+                             * triton.cdiv(m, bm), torch.int32)
+    else:
+        ws, cnt = y, y  # unused
+    has_norm = norm_weight is not None
+    if has_norm:
+        rstd = row_rstd(x2, eps)
+        g = norm_weight.contiguous()
+    else:
+        rstd, g = y, y  # unused
+    b = bias.contiguous() if bias is not None else y
+    x_tl, h_tl = tl_dtype(x.dtype), tl_dtype(out_dtype)
+    common = dict(USE_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_NORM=has_norm,
+                  X_DTYPE=x_tl, H_DTYPE=h_tl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.kind == "gemv":
+        grid = (triton.cdiv(n, cfg.block_n), split, m)
+        _gemv_kernel[grid](
+            x2, weight, y, b, g, rstd, ws, cnt, m, n, k, k_per, x2.stride(0), weight.stride(0),
+            y.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=even_k, **common)
+    else:
+        dot_f32 = INTERPRETED or weight.dtype == torch.float32 or out_dtype != weight.dtype
+        grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
+        _gemm_kernel[grid](
+            x2, weight, y, b, g, rstd, ws, cnt, m, n, k, k_per, x2.stride(0), weight.stride(0),
+            y.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            EVEN_K=even_k, SWAP_AB=cfg.swap_ab, DOT_F32=dot_f32, **common)
+    return y.reshape(*lead, n)
+
+
+def _rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """Pure torch: ``F.linear(rms_norm(x) if norm_weight else x, weight, bias)`` in the
+    activation's dtype (the weight is cast to it; ops.rms_norm's rounding for the norm)."""
+    h = x if norm_weight is None else _rms_norm_ref(x, norm_weight, eps)
+    return F.linear(h, weight.to(h.dtype), None if bias is None else bias.to(h.dtype))

@@ -1,0 +1,172 @@
+"""Lossless 12-bit format: bit-exact round trips, escape table, serialisation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specc.formats import Packed12, pack_bf16_12bit
+from specc.formats.bf12 import MAX_BASE, MIN_BASE
+
+
+def all_bf16_patterns() -> torch.Tensor:
+    return torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+
+def assert_bit_exact(packed: Packed12, ref: torch.Tensor) -> None:
+    out = packed.unpack()
+    assert out.dtype == torch.bfloat16
+    assert tuple(out.shape) == tuple(ref.shape)
+    assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+
+
+@pytest.mark.parametrize("base", ["row", "tensor"])
+@pytest.mark.parametrize("shape", [(65536,), (256, 256), (16, 4096), (4096, 16), (64, 1024), (2, 32768),
+                                   (4, 16, 1024)])
+def test_all_65536_patterns_round_trip(shape, base):
+    # every bf16 bit pattern: +-0, subnormals, normals, +-inf, every NaN payload
+    w = all_bf16_patterns()
+    perm = torch.randperm(w.numel(), generator=torch.Generator().manual_seed(0))
+    for x in (w, w[perm]):  # sorted (rows = exponent ranges) and shuffled
+        assert_bit_exact(pack_bf16_12bit(x.reshape(shape), base=base), x.reshape(shape))
+
+
+def test_escape_table_cases():
+    w = (torch.randn(8, 300, generator=torch.Generator().manual_seed(1)) * 0.02).bfloat16()
+    bits = w.view(torch.int16)
+    specials = {  # flat index -> bf16 bit pattern
+        3: 0x0000,  # +0
+        4: -0x8000,  # -0 (0x8000)
+        5: 0x0001,  # smallest subnormal
+        6: -0x7FFF,  # negative subnormal (0x8001)
+        7: 0x7F80,  # +inf
+        8: -0x0080,  # -inf (0xFF80)
+        9: 0x7FC1,  # NaN with payload
+        10: -0x0001,  # NaN, all ones (0xFFFF)
+        11: 0x4700,  # 32768.0, far above the window
+        12: 0x0080,  # smallest normal, far below
+        2399: 0x7F7F,  # largest finite, last element
+        0: 0x0100,  # tiny normal, first element
+    }
+    for i, b in specials.items():
+        bits.view(-1)[i] = b
+    for base in ("row", "tensor"):
+        p = pack_bf16_12bit(w, base=base)
+        assert_bit_exact(p, w)
+        esc = set(p.esc_idx.tolist())
+        assert set(specials) <= esc, "zeros/subnormals/inf/nan/outliers must be escapes"
+        assert p.esc_idx.dtype == torch.int32 and p.esc_val.dtype == torch.int16
+        assert torch.all(p.esc_idx[1:] > p.esc_idx[:-1]), "escape table sorted, unique"
+        for i, b in specials.items():
+            j = p.esc_idx.tolist().index(i)
+            assert p.esc_val[j].item() == b
+        # escaped positions are stored as sm = 0, code = 0 (the window's smallest normal)
+        assert p.num_escapes == len(esc) and p.escape_rate == pytest.approx(len(esc) / w.numel())
+
+
+def test_window_choice_and_codes():
+    # a row whose values span exactly 16 binades: no escapes, base = smallest exponent
+    e = torch.arange(100, 116, dtype=torch.int32)
+    bits = (e << 7) | 0x35
+    w = bits.to(torch.int16).view(torch.bfloat16).reshape(1, 16)
+    p = pack_bf16_12bit(w)
+    assert p.num_escapes == 0 and int(p.base[0]) == 100
+    assert_bit_exact(p, w)
+    # one more binade: exactly one escape
+    w17 = torch.cat([w, torch.tensor([[2.0 ** (99 - 127)]], dtype=torch.bfloat16)], dim=1)
+    assert pack_bf16_12bit(w17).num_escapes == 1
+    # bases stay in range so the window never contains exponent 0 or 255
+    for x in (torch.full((1, 8), 1e-38, dtype=torch.bfloat16), torch.full((1, 8), 3e38, dtype=torch.bfloat16),
+              torch.zeros(3, 5, dtype=torch.bfloat16)):
+        p = pack_bf16_12bit(x)
+        assert MIN_BASE <= int(p.base.min()) and int(p.base.max()) <= MAX_BASE
+        assert_bit_exact(p, x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 70), min_size=1, max_size=3),
+    scale=st.sampled_from([0.02, 1.0, 1e-20, 1e20, 3e38]),
+    specials=st.floats(0.0, 0.3),
+    base=st.sampled_from(["row", "tensor"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_random_odd_shapes_round_trip(shape, scale, specials, base, seed):
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    w = (torch.randn(n, generator=g) * scale).bfloat16()
+    # sprinkle raw random bit patterns (NaNs, infs, subnormals, -0, ...)
+    raw = torch.randint(-32768, 32768, (n,), generator=g, dtype=torch.int32).to(torch.int16)
+    pick = torch.rand(n, generator=g) < specials
+    w = torch.where(pick, raw.view(torch.bfloat16), w).reshape(shape)
+    p = pack_bf16_12bit(w, base=base)
+    p.validate()
+    assert_bit_exact(p, w)
+    assert 0.0 <= p.escape_rate <= 1.0
+
+
+def test_realistic_escape_rates():
+    """N(0, 0.02) weights (also with per-row scales and heavier tails): escapes must be rare.
+    Prints the per-row vs per-tensor rates quoted in the format's docstring."""
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for n, k in [(1024, 4096), (4096, 1024)]:
+        iid = torch.randn(n, k, generator=g) * 0.02
+        row_scaled = iid * torch.exp(0.5 * torch.randn(n, 1, generator=g))
+        heavy = torch.randn(n, k, generator=g) * 0.02 / torch.sqrt(torch.rand(n, k, generator=g) + 0.05) / 3
+        for name, w in [("normal*0.02", iid), ("row-scaled", row_scaled), ("heavy-tailed", heavy)]:
+            w = w.bfloat16()
+            r = {b: pack_bf16_12bit(w, base=b) for b in ("row", "tensor")}
+            for p in r.values():
+                assert_bit_exact(p, w)
+            rows.append((name, n, k, r["row"].escape_rate, r["tensor"].escape_rate, r["row"].bits_per_weight))
+            assert r["row"].num_escapes <= r["tensor"].num_escapes  # per-row window is optimal per row
+            assert r["row"].escape_rate < 1e-3
+            if name == "normal*0.02":
+                assert r["tensor"].escape_rate < 3e-4
+    print("\nbf12 escape rates (per-row vs per-tensor base):")
+    for name, n, k, er, et, bpw in rows:
+        print(f"  {name:13s} {n:5d}x{k:<5d} row {er:.2e}  tensor {et:.2e}  ({bpw:.3f} bits/weight, row)")
+
+
+def test_state_dict_round_trip_through_safetensors(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(2)
+    w1 = (torch.randn(33, 70, generator=g) * 0.02).bfloat16()
+    w1.view(-1)[5] = 0.0
+    w2 = (torch.randn(5, 3, 17, generator=g)).bfloat16()
+    p1, p2 = pack_bf16_12bit(w1), pack_bf16_12bit(w2, base="tensor")
+    sd = {**p1.to_state_dict("layers.0.q."), **p2.to_state_dict("layers.0.k.")}
+    assert all(isinstance(v, torch.Tensor) and v.is_contiguous() for v in sd.values())
+    meta = {"q": str(p1.metadata()), "k": str(p2.metadata())}
+    save_file(sd, str(tmp_path / "w.safetensors"), metadata=meta)
+    back = load_file(str(tmp_path / "w.safetensors"))
+    q = Packed12.from_state_dict(back, "layers.0.q.", metadata=p1.metadata())
+    k = Packed12.from_state_dict(back, "layers.0.k.")
+    assert q.shape == (33, 70) and q.base_mode == "row"
+    assert k.shape == (5, 3, 17) and k.base_mode == "tensor"
+    assert_bit_exact(q, w1)
+    assert_bit_exact(k, w2)
+    assert q.nbytes == p1.nbytes
+    with pytest.raises(ValueError):
+        Packed12.from_state_dict(back, "layers.0.q.", metadata={"shape": [1, 2], "base": "row"})
+
+
+def test_sizes_and_errors():
+    w = (torch.randn(64, 4096) * 0.02).bfloat16()
+    p = pack_bf16_12bit(w)
+    assert p.sm.shape == (64, 4096) and p.ex.shape == (64, 2048) and p.base.shape == (64,)
+    assert 12.0 <= p.bits_per_weight < 12.1
+    assert p.nbytes == 64 * 4096 * 3 // 2 + 64 + p.num_escapes * 6
+    with pytest.raises(TypeError):
+        pack_bf16_12bit(w.float())
+    with pytest.raises(ValueError):
+        pack_bf16_12bit(w, base="column")
+    with pytest.raises(ValueError):
+        pack_bf16_12bit(torch.zeros(0, 4, dtype=torch.bfloat16))
+    assert_bit_exact(pack_bf16_12bit(torch.tensor(1.5, dtype=torch.bfloat16)), torch.tensor(1.5, dtype=torch.bfloat16))
