@@ -36,6 +36,22 @@ class EagerSpeculativeDecoder:
         return out if isinstance(out, tuple) else (out, None)
 
     @torch.inference_mode()
+    def forced_argmax(self, prompt: list[int], tokens: list[int]) -> list[int]:
+        """Target argmax at each position of ``tokens`` when fed them (token forcing): prefill
+        on the prompt, then verify-sized blocks through the KV cache."""
+        prompt, tokens = as_prompt_list(prompt), list(tokens)
+        logits, _ = self._target(prompt, 0)
+        out = [int(logits[0, -1].argmax())]
+        block = self.num_draft + 1
+        pos = len(prompt)
+        for start in range(0, len(tokens) - 1, block):
+            chunk = tokens[start:start + block][: len(tokens) - 1 - start]
+            logits, _ = self._target(chunk, pos)
+            out += logits[0].argmax(-1).tolist()
+            pos += len(chunk)
+        return out[: len(tokens)]
+
+    @torch.inference_mode()
     def generate(self, input_ids, max_new_tokens: int, eos_token_ids=()) -> GenerationResult:
         prompt = as_prompt_list(input_ids)
         if len(prompt) + max_new_tokens > self.max_len:

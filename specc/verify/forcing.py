@@ -1,0 +1,127 @@
+"""Token forcing: is a system's greedy output the stock output, position by position?
+
+Stock decodes each prompt; its target's logits over prompt + output give, at every generated
+position, the token stock chose and the top-2 margin there. The system under test is then fed
+stock's tokens (prefill on the prompt, then verify blocks over stock's tokens through its KV
+cache) and its argmax is compared at every position. A mismatch is a *numerical tie* only when
+stock's own top-2 margin there is below the stated tolerance; ties are counted and reported,
+every other mismatch fails. Finally the system decodes freely and must reproduce stock's tokens
+up to the first tie position.
+
+A system is anything with ``forced_argmax(prompt, tokens) -> list[int]`` and
+``generate(prompt, max_new_tokens, eos_token_ids) -> GenerationResult`` (the eager decoder and
+the compiled engine both are).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, Sequence
+
+import torch
+
+# Default tie tolerances (logit units) by compute dtype. fp32: rounding-order noise on CPU is
+# ~1e-5. bf16: measured on the H200 (docs/benchmarks/qwen3-8b-equality.md): two HF attention
+# backends disagree at positions with margins up to 0.22 on random weights, so 0.25.
+DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
+
+
+class System(Protocol):
+    def forced_argmax(self, prompt: list[int], tokens: list[int]) -> list[int]: ...
+
+    def generate(self, prompt, max_new_tokens: int, eos_token_ids=()): ...
+
+
+@dataclasses.dataclass
+class StockRun:
+    prompt: list[int]
+    tokens: list[int]
+    margins: list[float]  # stock's top-2 logit margin at each generated position
+
+
+@dataclasses.dataclass
+class Mismatch:
+    prompt_index: int
+    position: int
+    expected: int
+    got: int
+    margin: float
+
+
+@dataclasses.dataclass
+class ForcingReport:
+    tolerance: float
+    prompts: int = 0
+    positions: int = 0
+    ties: list[Mismatch] = dataclasses.field(default_factory=list)
+    failures: list[Mismatch] = dataclasses.field(default_factory=list)
+    generation_failures: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and not self.generation_failures
+
+    def summary(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        text = (f"token forcing {verdict}: {self.prompts} prompts, {self.positions} positions, "
+                f"{len(self.failures)} mismatches, {len(self.ties)} numerical ties (tolerance {self.tolerance:g})")
+        if self.failures:
+            m = self.failures[0]
+            text += (f"; first mismatch: prompt {m.prompt_index} position {m.position}: expected {m.expected}, "
+                     f"got {m.got}, stock margin {m.margin:.4g}")
+        if self.generation_failures:
+            text += f"; free generation: {self.generation_failures[0]}"
+        return text
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "tolerance": self.tolerance, "prompts": self.prompts,
+                "positions": self.positions, "ties": [dataclasses.asdict(m) for m in self.ties],
+                "failures": [dataclasses.asdict(m) for m in self.failures],
+                "generation_failures": list(self.generation_failures)}
+
+
+@torch.inference_mode()
+def stock_margins(hf_target, prompt: list[int], tokens: list[int]) -> list[float]:
+    """Stock target's top-2 margin at each generated position (one forward, no cache)."""
+    if not tokens:
+        return []
+    ids = torch.tensor([prompt + tokens], device=hf_target.device)
+    logits = hf_target(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    top2 = logits.topk(2, dim=-1).values
+    return (top2[:, 0] - top2[:, 1]).tolist()
+
+
+def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int, num_draft=None,
+                        dtype=torch.float32, device="cpu") -> list[StockRun]:
+    from specc.stock.runner import StockSystem
+
+    stock = StockSystem(pair, num_draft, dtype, device)
+    runs = []
+    for prompt in prompts:
+        result = stock.generate(prompt, max_new_tokens)
+        runs.append(StockRun(list(prompt), result.tokens, stock_margins(stock.target, list(prompt), result.tokens)))
+    return runs
+
+
+def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eos_token_ids=()) -> ForcingReport:
+    report = ForcingReport(tolerance=tolerance, prompts=len(runs))
+    for index, run in enumerate(runs):
+        got = system.forced_argmax(run.prompt, run.tokens)
+        report.positions += len(run.tokens)
+        first_tie = None
+        for pos, (want, have) in enumerate(zip(run.tokens, got)):
+            if want == have:
+                continue
+            m = Mismatch(index, pos, want, int(have), float(run.margins[pos]))
+            if m.margin < tolerance:
+                report.ties.append(m)
+                first_tie = pos if first_tie is None else first_tie
+            else:
+                report.failures.append(m)
+        free = system.generate(run.prompt, len(run.tokens), eos_token_ids).tokens
+        limit = len(run.tokens) if first_tie is None else first_tie + 1
+        if free[:limit] != run.tokens[:limit]:
+            diverge = next((i for i, (a, b) in enumerate(zip(free, run.tokens)) if a != b), min(len(free), limit))
+            report.generation_failures.append(
+                f"prompt {index}: free decoding diverges from stock at token {diverge} (no tie before it)")
+    return report
