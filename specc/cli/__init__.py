@@ -15,6 +15,8 @@ from specc.errors import UserError
 SUBCOMMANDS = [
     "specc.cli.models_cmd",
     "specc.cli.generate_cmd",
+    "specc.cli.compile_cmd",
+    "specc.cli.deployments_cmd",
     "specc.cli.ir_cmd",
     "specc.cli.passes_cmd",
 ]

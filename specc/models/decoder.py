@@ -142,6 +142,10 @@ class CausalLM(nn.Module):
             layer.self_attn.allocate_cache(batch, max_len, dtype, device)
         self.max_batch, self.max_len = batch, max_len
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return ops.embedding(input_ids, self.embed_tokens.weight)
 

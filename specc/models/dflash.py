@@ -127,6 +127,17 @@ class DFlashDrafter(nn.Module):
         self.embed_tokens = embed_tokens  # shared with the target, not copied
         self.lm_head = lm_head
 
+    @property
+    def spec(self) -> DFlashSpec:
+        return self.draft.spec
+
+    @property
+    def device(self) -> torch.device:
+        return self.draft.fc.weight.device
+
+    def setup_caches(self, batch: int, max_len: int, dtype=None, device=None) -> None:
+        self.draft.setup_caches(batch, max_len, dtype, device)
+
     def forward(self, block_ids, target_hidden, positions, cache_len):
         noise = ops.embedding(block_ids, self.embed_tokens.weight)
         hidden = self.draft(noise, target_hidden, positions, cache_len)

@@ -50,7 +50,7 @@ class ARDraft(Drafter):
     method = "ar-draft"
 
     def __init__(self, model: CausalLM):
-        self.model = model
+        self.model = model  # a CausalLM or a compiled step with the same call signature
         self.length = 0
 
     def setup(self, max_len: int) -> None:
@@ -60,7 +60,7 @@ class ARDraft(Drafter):
         self.length = 0
 
     def _step(self, ids: list[int], start: int) -> torch.Tensor:
-        dev = self.model.inv_freq.device
+        dev = self.model.device
         self.forwards += 1
         logits = self.model(_row(ids, dev), _positions(start, len(ids), dev), torch.tensor([start], device=dev))
         return logits[0, -1]
@@ -93,7 +93,7 @@ class PardDraft(Drafter):
         self.length = 0
 
     def propose(self, seq, k):
-        dev = self.model.inv_freq.device
+        dev = self.model.device
         feed = seq[self.length:] + [self.pard_token] * (k - 1)
         self.forwards += 1
         logits = self.model(_row(feed, dev), _positions(self.length, len(feed), dev),
@@ -107,19 +107,20 @@ class DFlashDraft(Drafter):
     needs_target_hidden = True
 
     def __init__(self, drafter: DFlashDrafter):
+        """``drafter``: a DFlashDrafter or a compiled draft step exposing ``spec``/``device``."""
         self.drafter = drafter
-        self.spec = drafter.draft.spec
+        self.spec = drafter.spec
         self.length = 0
         self.context: torch.Tensor | None = None
 
     def setup(self, max_len: int) -> None:
-        self.drafter.draft.setup_caches(1, max_len)
+        self.drafter.setup_caches(1, max_len)
 
     def reset(self, prompt, context) -> None:
         self.length, self.context = 0, context
 
     def propose(self, seq, k):
-        dev = self.drafter.draft.inv_freq.device
+        dev = self.drafter.device
         block = [seq[-1]] + [self.spec.mask_token_id] * k
         start = len(seq) - 1
         positions = _positions(self.length, self.context.shape[1] + len(block), dev)

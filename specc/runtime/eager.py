@@ -30,7 +30,7 @@ class EagerSpeculativeDecoder:
         return self.drafter.method if self.drafter is not None else "ar"
 
     def _target(self, ids: list[int], start: int):
-        dev = self.target.inv_freq.device
+        dev = self.target.device
         out = self.target(torch.tensor([ids], device=dev), torch.arange(start, start + len(ids), device=dev)[None],
                           torch.tensor([start], device=dev))
         return out if isinstance(out, tuple) else (out, None)
@@ -51,8 +51,26 @@ class EagerSpeculativeDecoder:
             pos += len(chunk)
         return out[: len(tokens)]
 
-    @torch.inference_mode()
     def generate(self, input_ids, max_new_tokens: int, eos_token_ids=()) -> GenerationResult:
+        result = None
+        gen = self._run(input_ids, max_new_tokens, eos_token_ids)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                result = stop.value
+                break
+        return result
+
+    def stream(self, input_ids, max_new_tokens: int, eos_token_ids=()):
+        """Yield each committed token as soon as its verification step finishes."""
+        yield from self._run(input_ids, max_new_tokens, eos_token_ids)
+
+    def _run(self, input_ids, max_new_tokens: int, eos_token_ids=()):
+        with torch.inference_mode():
+            return (yield from self._loop(input_ids, max_new_tokens, eos_token_ids))
+
+    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
         prompt = as_prompt_list(input_ids)
         if len(prompt) + max_new_tokens > self.max_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds max_len {self.max_len}")
@@ -60,6 +78,7 @@ class EagerSpeculativeDecoder:
         logits, context = self._target(prompt, 0)
         stats.target_forwards += 1
         tokens, stop = clip_committed([int(logits[0, -1].argmax())], 0, max_new_tokens, eos_token_ids)
+        yield from tokens
         if self.drafter is not None:
             self.drafter.forwards = 0
             self.drafter.reset(prompt, context)
@@ -80,6 +99,7 @@ class EagerSpeculativeDecoder:
             step, stop = clip_committed(drafts[:a] + [posterior[a]], len(tokens), max_new_tokens, eos_token_ids)
             tokens += step
             stats.accepted_lengths.append(len(step))
+            yield from step
         stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
         ended = bool(tokens) and tokens[-1] in set(eos_token_ids)
         return GenerationResult(tokens, stats, self.method, "eos" if ended else "length")

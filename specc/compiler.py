@@ -1,0 +1,157 @@
+"""The compile pipeline: load -> trace -> passes -> lower -> emit -> token forcing -> publish.
+
+``compile_artifact`` is what `specc compile` runs. It never publishes an artifact that fails
+token forcing against stock: the staged directory is deleted and ``VerificationFailed`` raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specc import __version__
+from specc.errors import UserError
+
+DEFAULT_PIPELINE = "fuse_qkv,fuse_gate_up,fuse_norm_linear,dce"
+
+
+class VerificationFailed(RuntimeError):
+    """Token forcing found a non-tie mismatch: nothing was written."""
+
+
+@dataclasses.dataclass
+class CompileResult:
+    path: Path
+    manifest: dict
+    summary_lines: list[str]
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _step_costs(ir, values: dict) -> dict:
+    from specc.ir import evaluate
+
+    totals = ir.totals()
+    return {"weight_bytes": float(evaluate(totals.weight_bytes, values)),
+            "bytes_read": float(evaluate(totals.bytes_read, values)),
+            "flops": float(evaluate(totals.flops, values))}
+
+
+def compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
+                     out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
+                     prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
+                     tolerance: float | None = None, progress: Callable[[str], None] | None = None) -> CompileResult:
+    from specc.codegen.artifact import publish, stage_artifact, write_manifest
+    from specc.codegen.emit import emit_step
+    from specc.codegen.lower import lower
+    from specc.ir import trace
+    from specc.models.dflash import DFlashDrafter
+    from specc.models.loading import content_hash, load_tokenizer
+    from specc.models.registry import load_model
+    from specc.pairing import resolve_pair
+    from specc.passes import PassManager, PipelineError
+    from specc.runtime.engine import load
+    from specc.search.deployments import get_deployment
+    from specc.verify import DEFAULT_TOLERANCE, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
+
+    say = progress or (lambda msg: None)
+    pair = resolve_pair(model, drafter, method)
+    dep = get_deployment(deployment)
+    if dep.device == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"deployment {dep.name} needs a CUDA GPU; none is available (use --deployment cpu)")
+    dtype, device = _dtype(dep.dtype), torch.device(dep.device)
+    tolerance = DEFAULT_TOLERANCE[dep.dtype] if tolerance is None else tolerance
+    out = Path(out)
+
+    say(f"loading {pair.target.name}" + (f" + {pair.drafter.name} ({pair.method})" if pair.drafter else ""))
+    target = load_model(pair.target.path, dtype, device, with_tokenizer=False).model
+    tokenizer = load_tokenizer(pair.target.path)
+    draft_module, spec, k = None, None, 0
+    if pair.method == "dflash":
+        draft = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
+        spec = draft.spec
+        target.capture_layers = tuple(spec.target_layer_ids)
+        draft_module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
+        k = num_draft or spec.block_size - 1
+    elif pair.method in ("pard", "ar-draft"):
+        draft_module = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
+        k = num_draft or (8 if pair.method == "pard" else 4)
+    target.setup_caches(1, 16)
+    if draft_module is not None:
+        draft_module.setup_caches(1, 16)
+
+    pipeline = DEFAULT_PIPELINE if passes is None else passes
+    say(f"tracing and running passes: {pipeline or '(none)'}")
+    irs = {"target": trace(target, "verify")}
+    if draft_module is not None:
+        irs["drafter"] = trace(draft_module, "draft")
+    pass_records, lowering, costs = {}, {}, {}
+    steps = {}
+    for role, ir in irs.items():
+        try:
+            report = PassManager(pipeline, check=True).run(ir) if pipeline else None
+        except PipelineError as exc:
+            raise UserError(str(exc)) from exc
+        pass_records[role] = [] if report is None else [
+            {"name": r.name, "changed": r.changed, "stats": r.stats} for r in report.records]
+        gm, low = lower(ir.gm)
+        lowering[role] = {"lowered": low.lowered, "eager": low.eager}
+        values = {"B": dep.batch_size, "Q": k + 1 if role == "target" else k + 1, "C": 1024, "N": 1}
+        costs[role] = _step_costs(ir, values)
+        extra = spec.block_size if role == "drafter" and spec is not None else 0
+        steps[role] = emit_step(gm, "TargetStep" if role == "target" else "DraftStep", cache_extra_len=extra)
+
+    manifest = {
+        "specc_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "method": pair.method, "num_draft": k,
+        "model": {"name": pair.target.name, "content_hash": content_hash(pair.target.path),
+                  "architecture": pair.target.raw.get("model_type"), "vocab_size": pair.target.raw.get("vocab_size"),
+                  "eos_token_ids": list(pair.eos_token_ids)},
+        "drafter": None if pair.drafter is None else {
+            "name": pair.drafter.name, "kind": pair.drafter.kind, "content_hash": content_hash(pair.drafter.path),
+            "pard_token": pair.drafter.raw.get("pard_token"),
+            "dflash": None if spec is None else {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
+                                                 "target_layer_ids": list(spec.target_layer_ids),
+                                                 "num_target_layers": spec.num_target_layers}},
+        "deployment": dep.to_json(), "passes": {"pipeline": pipeline, "applied": pass_records},
+        "lowering": lowering, "step_costs_at": {"B": dep.batch_size, "Q": k + 1, "C": 1024}, "step_costs": costs,
+        "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},
+    }
+    say("emitting the compiled module")
+    tmp = stage_artifact(out, steps, manifest, pair.target.path if tokenizer is not None else None)
+    try:
+        vocab = int(pair.target.raw["vocab_size"])
+        if prompts is None:
+            prompts = load_prompts_file(prompts_file, tokenizer, vocab) if prompts_file else calibration_prompts(tokenizer, vocab)
+        say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
+        engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1)
+        runs = run_stock_reference(pair, prompts, max_new_tokens, k or None, dtype, device)
+        report = verify_system(engine, runs, tolerance, pair.eos_token_ids)
+        manifest = dict(engine.manifest, verification=report.to_json())
+        if not report.passed:
+            raise VerificationFailed(report.summary())
+        write_manifest(tmp, manifest)
+        publish(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    lines = [
+        f"compiled {pair.target.name}" + (f" + {pair.drafter.name}" if pair.drafter else "") + f" ({pair.method}"
+        + (f", k={k}" if k else "") + f") for {dep.name} -> {out}",
+        "passes: " + "; ".join(f"{role}: " + (", ".join(f"{r['name']}{'' if r['changed'] else ' (no change)'}"
+                                                           for r in recs) or "none") for role, recs in pass_records.items()),
+        "lowering: " + "; ".join(f"{role}: {sum(v['lowered'].values())} kernel calls"
+                                 + (f", {sum(v['eager'].values())} eager" if v["eager"] else "") for role, v in lowering.items()),
+        "bytes per step at B={B}, Q={Q}, C={C}: ".format(**manifest["step_costs_at"]) + "; ".join(
+            f"{role} {c['bytes_read'] / 1e6:.2f} MB read ({c['weight_bytes'] / 1e6:.2f} MB weights)" for role, c in costs.items()),
+        report.summary(),
+    ]
+    return CompileResult(out, manifest, lines)

@@ -1,0 +1,61 @@
+"""The base class of generated step modules, and loading them from an artifact.
+
+A generated ``target.py`` / ``drafter.py`` defines a ``CompiledStep`` subclass whose ``forward``
+is the lowered graph. The artifact's manifest says which flat attributes are weights (stored in
+weights.safetensors) and which are KV caches (allocated here, per batch size and max length).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+from specc.models.dflash import DFlashSpec
+
+
+class CompiledStep(torch.nn.Module):
+    """Same call signature as the specc.models module it was traced from."""
+
+    def bind(self, weights: dict[str, torch.Tensor], caches: dict[str, dict], spec: DFlashSpec | None = None) -> None:
+        for name, tensor in weights.items():
+            setattr(self, name, tensor)
+        self._cache_specs = dict(caches)
+        self._spec = spec
+        self._device = next(iter(weights.values())).device if weights else torch.device("cpu")
+        self.max_batch = self.max_len = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def spec(self) -> DFlashSpec:
+        if self._spec is None:
+            raise AttributeError("this step is not a DFlash drafter")
+        return self._spec
+
+    def setup_caches(self, batch: int, max_len: int, dtype=None, device=None) -> None:
+        device = device or self._device
+        for name, spec in self._cache_specs.items():
+            dt = dtype or getattr(torch, spec["dtype"])
+            shape = (batch, spec["heads"], max_len + spec.get("extra_len", 0), spec["head_dim"])
+            setattr(self, name, torch.zeros(shape, dtype=dt, device=device))
+        self.max_batch, self.max_len = batch, max_len
+
+
+def import_step_class(path: Path, class_name: str, unique: str) -> type[CompiledStep]:
+    """Import a generated module from its file (a fresh module object per artifact)."""
+    mod_name = f"specc_compiled_{unique}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    cls = getattr(module, class_name)
+    if not issubclass(cls, CompiledStep):
+        raise ImportError(f"{path}: {class_name} is not a CompiledStep")
+    return cls

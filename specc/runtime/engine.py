@@ -1,0 +1,107 @@
+"""The engine that runs a compiled artifact: ``specc.load(path) -> Engine``.
+
+It imports the generated step modules, binds their weights, allocates static caches and runs
+the speculative loop of ``specc.runtime.eager`` with the compiled steps in place of the model
+definitions (same signatures, so the loop, and its proof against stock, is shared).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file
+
+from specc.codegen.artifact import ArtifactError, check_files, read_manifest
+from specc.models.dflash import DFlashSpec
+from specc.result import GenerationResult
+from specc.runtime.compiled import import_step_class
+from specc.runtime.drafters import ARDraft, DFlashDraft, PardDraft
+from specc.runtime.eager import EagerSpeculativeDecoder
+
+
+class Engine:
+    def __init__(self, path: Path, manifest: dict, steps: dict, device: torch.device, max_len: int):
+        self.path, self.manifest, self.steps, self.device = path, manifest, steps, device
+        self.method = manifest["method"]
+        self.num_draft = int(manifest.get("num_draft") or 0)
+        drafter = None
+        if self.method == "dflash":
+            drafter = DFlashDraft(steps["drafter"])
+        elif self.method == "pard":
+            drafter = PardDraft(steps["drafter"], manifest["drafter"]["pard_token"])
+        elif self.method == "ar-draft":
+            drafter = ARDraft(steps["drafter"])
+        self.loop = EagerSpeculativeDecoder(steps["target"], drafter, self.num_draft, max_len)
+        self.eos_token_ids = tuple(manifest["model"].get("eos_token_ids", ()))
+        self.last_stats: dict = {}
+        self.tokenizer = None
+
+    def _eos(self, eos_token_id):
+        if eos_token_id is None:
+            return self.eos_token_ids
+        return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
+
+    def generate(self, input_ids, max_new_tokens: int = 64, eos_token_id=None) -> GenerationResult:
+        """Greedy generation. ``eos_token_id``: an id, ids, or None for the model's own EOS; () for none."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = self.loop.generate(input_ids, max_new_tokens, self._eos(eos_token_id))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        self.last_stats = {"seconds": elapsed, "tokens": len(result.tokens),
+                           "tokens_per_s": len(result.tokens) / elapsed if elapsed > 0 else 0.0,
+                           "tau": result.stats.tau, "steps": result.stats.steps}
+        return result
+
+    def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None) -> Iterator[int]:
+        """Yield tokens as they are committed (one verification step at a time)."""
+        yield from self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id))
+
+    def forced_argmax(self, prompt, tokens):
+        return self.loop.forced_argmax(prompt, tokens)
+
+    def set_max_len(self, max_len: int) -> None:
+        if max_len > self.loop.max_len:
+            self.loop = EagerSpeculativeDecoder(self.loop.target, self.loop.drafter, self.num_draft, max_len)
+
+
+def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True) -> Engine:
+    """Load a compiled artifact. Refuses (ArtifactError) a tampered or incomplete one."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    if check:
+        check_files(path, manifest)
+    dev = torch.device(device or manifest["deployment"].get("device", "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ArtifactError(f"{path}: compiled for CUDA but no GPU is available (pass device='cpu')")
+    try:
+        tensors = load_file(str(path / "weights.safetensors"), device=str(dev))
+    except Exception as exc:
+        raise ArtifactError(f"{path}: weights unreadable ({type(exc).__name__})") from exc
+    unique = uuid.uuid4().hex[:8]
+    steps = {}
+    for role, info in manifest["steps"].items():
+        cls = import_step_class(path / info["module"], info["class"], unique)
+        step = cls()
+        try:
+            weights = {name: tensors[key] for name, key in info["weights"].items()}
+        except KeyError as exc:
+            raise ArtifactError(f"{path}: weights.safetensors lacks {exc.args[0]}") from None
+        spec = None
+        if role == "drafter" and manifest["method"] == "dflash":
+            d = manifest["drafter"]["dflash"]
+            spec = DFlashSpec(d["block_size"], d["mask_token_id"], tuple(d["target_layer_ids"]), d.get("num_target_layers"))
+        step.bind(weights, info["caches"], spec)
+        steps[role] = step
+    engine = Engine(path, manifest, steps, dev, max_len)
+    if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        from specc.models.loading import load_tokenizer
+
+        engine.tokenizer = load_tokenizer(path)
+    return engine

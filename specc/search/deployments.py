@@ -1,0 +1,148 @@
+"""Deployments: a named hardware profile x batch size, as data.
+
+A deployment says what the cost model and the compiler may assume: HBM bandwidth, bf16 peak,
+SM count, L2 size, launch and graph-replay overhead, memory, batch size and context range, and
+which device/dtype the compiled module runs in. Built-in profiles: ``{h100,h200,a100}-bs{1,8,16,32}``
+and ``cpu``; a custom one comes from a TOML or JSON file with the same fields (``base = "h200"``
+inherits a built-in GPU's fields). Calibration (``specc calibrate``) writes measured efficiency
+factors into such a file.
+
+Figures are datasheet leads except where a comment says measured; calibration replaces them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from specc.errors import UserError
+
+GPUS: dict[str, dict[str, Any]] = {
+    # H200 SXM: 4.8 TB/s datasheet; 4.26 TB/s read+write measured by a D2D copy here (DESIGN.md).
+    "h200": dict(gpu="NVIDIA H200", hbm_bandwidth=4.8e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
+                 memory_bytes=141e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
+                 bandwidth_efficiency=0.72, flops_efficiency=0.78),
+    "h100": dict(gpu="NVIDIA H100 SXM", hbm_bandwidth=3.35e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
+                 memory_bytes=80e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
+                 bandwidth_efficiency=0.80, flops_efficiency=0.75),
+    "a100": dict(gpu="NVIDIA A100 SXM 80GB", hbm_bandwidth=2.04e12, bf16_flops=312e12, sm_count=108,
+                 l2_bytes=40 * 2**20, memory_bytes=80e9, launch_overhead_s=5e-6, graph_node_overhead_s=2e-6,
+                 bandwidth_efficiency=0.85, flops_efficiency=0.75),
+}
+BATCH_SIZES = (1, 8, 16, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Deployment:
+    name: str
+    gpu: str
+    device: str  # "cuda" | "cpu"
+    dtype: str  # compute dtype of the compiled module
+    batch_size: int
+    hbm_bandwidth: float  # bytes/s (datasheet)
+    bf16_flops: float  # FLOP/s (datasheet, dense)
+    sm_count: int
+    l2_bytes: int
+    memory_bytes: float
+    launch_overhead_s: float  # one kernel launch, eager
+    graph_node_overhead_s: float  # one kernel inside a CUDA graph replay
+    bandwidth_efficiency: float = 0.8  # achieved / datasheet bandwidth (calibration sets it)
+    flops_efficiency: float = 0.7
+    context_min: int = 0
+    context_max: int = 4096
+    calibrated: bool = False
+    source: str = "built-in"
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.hbm_bandwidth * self.bandwidth_efficiency
+
+    @property
+    def effective_flops(self) -> float:
+        return self.bf16_flops * self.flops_efficiency
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _builtin() -> dict[str, Deployment]:
+    table = {}
+    for gpu, fields in GPUS.items():
+        for bs in BATCH_SIZES:
+            name = f"{gpu}-bs{bs}"
+            table[name] = Deployment(name=name, device="cuda", dtype="bfloat16", batch_size=bs, **fields)
+    # The CPU profile: fp32 reference kernels; figures are rough leads for a 2-core CI machine.
+    table["cpu"] = Deployment(name="cpu", gpu="cpu", device="cpu", dtype="float32", batch_size=1,
+                              hbm_bandwidth=20e9, bf16_flops=100e9, sm_count=2, l2_bytes=32 * 2**20,
+                              memory_bytes=24e9, launch_overhead_s=20e-6, graph_node_overhead_s=20e-6,
+                              bandwidth_efficiency=0.5, flops_efficiency=0.3)
+    return table
+
+
+BUILTIN = _builtin()
+
+
+def deployment_names() -> list[str]:
+    return list(BUILTIN)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read deployment file ({exc.strerror})") from exc
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            return tomllib.loads(text)
+        return json.loads(text)
+    except Exception as exc:
+        raise UserError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} ({exc})") from exc
+
+
+def from_dict(data: dict[str, Any], source: str) -> Deployment:
+    data = dict(data)
+    base = data.pop("base", None)
+    fields: dict[str, Any] = {}
+    if base is not None:
+        if base in BUILTIN:
+            fields.update(dataclasses.asdict(BUILTIN[base]))
+        elif base in GPUS:
+            fields.update(GPUS[base], device="cuda", dtype="bfloat16", batch_size=1)
+        else:
+            raise UserError(f"{source}: unknown base {base!r} (built-in GPUs: {', '.join(GPUS)})")
+    fields.update(data)
+    fields.setdefault("name", Path(source).stem)
+    fields["source"] = source
+    known = {f.name for f in dataclasses.fields(Deployment)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise UserError(f"{source}: unknown deployment fields {unknown} (known: {sorted(known)})")
+    missing = sorted(f.name for f in dataclasses.fields(Deployment)
+                     if f.name not in fields and f.default is dataclasses.MISSING)
+    if missing:
+        raise UserError(f"{source}: deployment misses fields {missing} (or give base = \"h200\")")
+    if fields["device"] not in ("cuda", "cpu"):
+        raise UserError(f"{source}: device must be 'cuda' or 'cpu'")
+    if int(fields["batch_size"]) < 1:
+        raise UserError(f"{source}: batch_size must be >= 1")
+    return Deployment(**fields)
+
+
+def get_deployment(name_or_path: str) -> Deployment:
+    """A built-in name (``h200-bs1``, ``cpu``...) or a TOML/JSON file path."""
+    if name_or_path in BUILTIN:
+        return BUILTIN[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in (".toml", ".json"):
+        if not path.is_file():
+            raise UserError(f"{path}: no such deployment file")
+        return from_dict(_read_file(path), str(path))
+    raise UserError(f"unknown deployment {name_or_path!r}; valid: {', '.join(BUILTIN)} or a .toml/.json file")
+
+
+def save_deployment(dep: Deployment, path) -> None:
+    Path(path).write_text(json.dumps(dep.to_json(), indent=2) + "\n")
