@@ -56,7 +56,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     from specc.models.loading import content_hash, load_tokenizer
     from specc.models.registry import load_model
     from specc.pairing import resolve_pair
-    from specc.passes import PassManager, PipelineError
+    from specc.passes import PassError, PassManager, PipelineError
     from specc.runtime.engine import load
     from specc.search.deployments import get_deployment
     from specc.verify import DEFAULT_TOLERANCE, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
@@ -97,8 +97,8 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     for role, ir in irs.items():
         try:
             report = PassManager(pipeline, check=True).run(ir) if pipeline else None
-        except PipelineError as exc:
-            raise UserError(str(exc)) from exc
+        except (PipelineError, PassError) as exc:
+            raise UserError(str(exc).splitlines()[0]) from exc
         pass_records[role] = [] if report is None else [
             {"name": r.name, "changed": r.changed, "stats": r.stats} for r in report.records]
         gm, low = lower(ir.gm)

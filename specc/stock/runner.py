@@ -10,7 +10,9 @@ from specc.result import GenerationResult
 
 def load_hf_causal_lm(path, dtype=torch.float32, device="cpu"):
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # specc reports its own progress
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
 
 

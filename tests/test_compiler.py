@@ -1,0 +1,91 @@
+"""`specc compile` end to end on tiny checkpoints: every target x drafter, run == HF greedy,
+verification recorded, artifacts refused when tampered, nothing written when verification fails."""
+
+import json
+
+import pytest
+from helpers import PROMPT, hf_greedy, hf_model
+
+from specc.cli import main
+from specc.codegen.artifact import ArtifactError
+from specc.compiler import VerificationFailed, compile_artifact
+from specc.runtime.engine import load
+
+IDS = ",".join(map(str, PROMPT))
+
+
+@pytest.mark.parametrize("drafter_key,method", [(None, "ar"), ("ar_same", "ar-draft"), ("pard_same", "pard"),
+                                                ("dflash", "dflash")])
+def test_compile_run_verify_every_drafter(checkpoints, tmp_path, capsys, drafter_key, method):
+    out = tmp_path / "model.specc"
+    argv = ["compile", checkpoints["target"], "-o", str(out), "--deployment", "cpu", "--verify-tokens", "12"]
+    if drafter_key:
+        argv += ["--drafter", checkpoints[drafter_key]]
+    assert main(argv) == 0
+    summary = capsys.readouterr().out
+    assert "token forcing PASS" in summary and "fuse_qkv" in summary
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["method"] == method and manifest["verification"]["passed"]
+    assert {r["name"] for r in manifest["passes"]["applied"]["target"] if r["changed"]} >= {"fuse_qkv", "fuse_gate_up"}
+    assert not manifest["lowering"]["target"]["eager"]
+
+    assert main(["run", str(out), "--input-ids", IDS, "--max-new-tokens", "12", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    target = hf_model(checkpoints["target"])
+    assert payload["tokens"] == hf_greedy(target, PROMPT, 12, target.config.eos_token_id)
+    assert payload["method"] == method
+
+    assert main(["verify", str(out), "--tokens", "8"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_stream_matches_generate(checkpoints, tmp_path):
+    out = tmp_path / "s.specc"
+    compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, max_new_tokens=8)
+    engine = load(out)
+    streamed = list(engine.stream(PROMPT, 10, eos_token_id=()))
+    assert streamed == engine.generate(PROMPT, 10, eos_token_id=()).tokens
+    assert engine.last_stats["tokens"] == 10
+
+
+def test_failed_verification_writes_nothing(checkpoints, tmp_path, capsys):
+    out = tmp_path / "broken.specc"
+    code = main(["compile", checkpoints["target"], "-o", str(out), "--verify-tokens", "6",
+                 "--passes", "fuse_qkv,+broken_passes:FlipFirstLinear"])
+    assert code == 1
+    assert "verification failed" in capsys.readouterr().err
+    assert not out.exists()
+    assert not list(tmp_path.glob(".broken.specc*"))
+    with pytest.raises(VerificationFailed, match="mismatch"):
+        compile_artifact(checkpoints["target"], out=out, passes="+broken_passes:FlipFirstLinear", max_new_tokens=6)
+
+
+def test_user_pass_without_kernel_runs_eagerly_and_is_reported(checkpoints, tmp_path):
+    out = tmp_path / "user.specc"
+    result = compile_artifact(checkpoints["target"], out=out, max_new_tokens=6,
+                              passes="fuse_gate_up,+examples.custom_pass:FuseSiluMulDown")
+    assert result.manifest["lowering"]["target"]["eager"] == {"silu_mul_linear": 4}
+    assert "eager" in "\n".join(result.summary_lines)
+
+
+def test_tampered_and_incomplete_artifacts_are_refused(checkpoints, tmp_path, capsys):
+    out = tmp_path / "t.specc"
+    compile_artifact(checkpoints["target"], out=out, max_new_tokens=4)
+    (out / "target.py").write_text((out / "target.py").read_text() + "\n# edited\n")
+    with pytest.raises(ArtifactError, match="does not match its manifest hash"):
+        load(out)
+    assert main(["run", str(out), "--input-ids", IDS]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    compile_artifact(checkpoints["target"], out=out, max_new_tokens=4)  # replaces the tampered one
+    (out / "weights.safetensors").unlink()
+    with pytest.raises(ArtifactError, match="missing file weights.safetensors"):
+        load(out)
+    with pytest.raises(ArtifactError, match="not a specc artifact"):
+        load(tmp_path)
+
+
+def test_compile_bad_inputs(checkpoints, tmp_path, capsys):
+    assert main(["compile", checkpoints["target"], "-o", str(tmp_path / "x"), "--deployment", "nope"]) == 2
+    assert "unknown deployment" in capsys.readouterr().err
+    assert main(["compile", checkpoints["target"], "-o", str(tmp_path / "x"), "--passes", "no_such_pass"]) == 2
+    assert "no_such_pass" in capsys.readouterr().err
