@@ -44,19 +44,49 @@ def _step_costs(ir, values: dict) -> dict:
             "flops": float(evaluate(totals.flops, values))}
 
 
+@dataclasses.dataclass
+class BuiltSteps:
+    irs: dict
+    emitted: dict
+    pass_records: dict
+    lowering: dict
+
+
+def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None) -> BuiltSteps:
+    """Trace the target's verify step (it also serves prefill and AR: same graph, other Q) and
+    the drafter's draft step, run the pass pipeline on each, lower and emit them."""
+    from specc.codegen.emit import emit_step
+    from specc.codegen.lower import lower
+    from specc.ir import trace
+    from specc.passes import PassError, PassManager, PipelineError
+
+    irs = {"target": trace(target, "verify")}
+    if draft_module is not None:
+        irs["drafter"] = trace(draft_module, "draft")
+    records, lowering, emitted = {}, {}, {}
+    for role, ir in irs.items():
+        try:
+            report = PassManager(pipeline, check=True).run(ir) if pipeline else None
+        except (PipelineError, PassError) as exc:
+            raise UserError(str(exc).splitlines()[0]) from exc
+        records[role] = [] if report is None else [
+            {"name": r.name, "changed": r.changed, "stats": r.stats} for r in report.records]
+        gm, low = lower(ir.gm)
+        lowering[role] = {"lowered": low.lowered, "eager": low.eager}
+        extra = spec.block_size if role == "drafter" and spec is not None else 0
+        emitted[role] = emit_step(gm, "TargetStep" if role == "target" else "DraftStep", cache_extra_len=extra)
+    return BuiltSteps(irs, emitted, records, lowering)
+
+
 def compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
                      out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
                      prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
                      tolerance: float | None = None, progress: Callable[[str], None] | None = None) -> CompileResult:
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
-    from specc.codegen.emit import emit_step
-    from specc.codegen.lower import lower
-    from specc.ir import trace
     from specc.models.dflash import DFlashDrafter
     from specc.models.loading import content_hash, load_tokenizer
     from specc.models.registry import load_model
     from specc.pairing import resolve_pair
-    from specc.passes import PassError, PassManager, PipelineError
     from specc.runtime.engine import load
     from specc.search.deployments import get_deployment
     from specc.verify import DEFAULT_TOLERANCE, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
@@ -89,24 +119,10 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
 
     pipeline = DEFAULT_PIPELINE if passes is None else passes
     say(f"tracing and running passes: {pipeline or '(none)'}")
-    irs = {"target": trace(target, "verify")}
-    if draft_module is not None:
-        irs["drafter"] = trace(draft_module, "draft")
-    pass_records, lowering, costs = {}, {}, {}
-    steps = {}
-    for role, ir in irs.items():
-        try:
-            report = PassManager(pipeline, check=True).run(ir) if pipeline else None
-        except (PipelineError, PassError) as exc:
-            raise UserError(str(exc).splitlines()[0]) from exc
-        pass_records[role] = [] if report is None else [
-            {"name": r.name, "changed": r.changed, "stats": r.stats} for r in report.records]
-        gm, low = lower(ir.gm)
-        lowering[role] = {"lowered": low.lowered, "eager": low.eager}
-        values = {"B": dep.batch_size, "Q": k + 1 if role == "target" else k + 1, "C": 1024, "N": 1}
-        costs[role] = _step_costs(ir, values)
-        extra = spec.block_size if role == "drafter" and spec is not None else 0
-        steps[role] = emit_step(gm, "TargetStep" if role == "target" else "DraftStep", cache_extra_len=extra)
+    built = build_steps(target, draft_module, pipeline, spec)
+    pass_records, lowering, steps = built.pass_records, built.lowering, built.emitted
+    values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1}
+    costs = {role: _step_costs(ir, values) for role, ir in built.irs.items()}
 
     manifest = {
         "specc_version": __version__,

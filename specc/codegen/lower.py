@@ -44,7 +44,7 @@ class LoweringReport:
 
 def _is_leaf_op(target) -> bool:
     module = getattr(target, "__module__", "") or ""
-    return callable(target) and module.startswith("specc") or module.startswith("examples")
+    return callable(target) and not module.startswith(("torch", "_operator", "builtins")) and module != "operator"
 
 
 def lower(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, LoweringReport]:

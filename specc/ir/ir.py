@@ -239,13 +239,15 @@ class IR:
         )
 
     def refresh(self) -> "IR":
-        """Recompute every node's metadata (call after rewriting the graph). Raises
-        :class:`~specc.ir.errors.ShapeError` naming the first node whose inputs do not fit."""
+        """Recompute every node's metadata and regenerate the GraphModule's code; call after
+        rewriting the graph. Raises :class:`~specc.ir.errors.ShapeError` naming the first node
+        whose inputs do not fit (and then changes nothing)."""
         metas: dict[torch.fx.Node, NodeMeta] = {}
         for node in self.gm.graph.nodes:
             metas[node] = self.infer(node, metas)
         for node, m in metas.items():
             node.meta[META_KEY] = m
+        self.gm.recompile()  # keep the generated forward in step with the graph
         return self
 
     def _feeds_cache(self, node: torch.fx.Node) -> bool:
@@ -385,6 +387,13 @@ class IR:
             vocab_size = int(self.meta(emb[0]).attrs["vocab_size"]) if emb else 2
         gen = torch.Generator().manual_seed(seed)
         c = int(vals.get(SYMBOLS["C"], 0))
+        pos = next((s for s in self.inputs if s.role == "positions"), None)
+        caches = self.cache_tensors()
+        if pos is not None and caches:
+            need, have = c + int(evaluate(pos.meta.shape[-1], vals)), min(int(t.shape[2]) for t in caches)
+            if need > have:
+                raise IRError(f"C + new positions = {need} exceed the KV cache length {have}: pass smaller "
+                              f"values (e.g. {{'C': 0}}) or call setup_caches with a larger max_len before tracing")
         out = []
         for spec in self.inputs:
             shape = [int(evaluate(d, vals)) for d in spec.meta.shape]

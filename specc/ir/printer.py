@@ -116,5 +116,6 @@ def render(ir: IR, values: Mapping | None = None, *, console: Console | None = N
     if show_nodes:
         console.print(node_table(ir, values, brief=brief, formulas=formulas))
     console.print(Text(f"ops: {kind_summary(ir)}", style="dim"))
-    console.print(Text(f"costs are per step; per-node columns evaluated at {values_line(ir, values) or '-'}", style="dim"))
+    if show_nodes:
+        console.print(Text(f"per-node costs evaluated at {values_line(ir, values) or '-'}", style="dim"))
     console.print(totals_table(ir, values))

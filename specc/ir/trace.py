@@ -227,10 +227,36 @@ def read_config(config: Any) -> tuple[dict, Path]:
             return json.loads(path.read_text()), path.parent
         except (OSError, json.JSONDecodeError) as exc:
             raise IRError(f"{path}: unreadable config ({exc})") from exc
-    from specc.models.loading import load_config, resolve_checkpoint
+    from specc.models.loading import ZOO_DIR, load_config, resolve_checkpoint
 
+    text = str(config)
+    is_hub_id = (not path.exists() and not (ZOO_DIR / text / "config.json").is_file()
+                 and text.count("/") == 1 and not text.startswith((".", "/", "~")))
+    if is_hub_id:  # fetch config.json only: resolve_checkpoint would download the weights too
+        cfg_path = _hub_config(text)
+        return json.loads(cfg_path.read_text()), cfg_path.parent
     resolved = resolve_checkpoint(config)
     return load_config(resolved), resolved
+
+
+def _hub_config(repo_id: str) -> Path:
+    import os
+
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as exc:  # pragma: no cover - a transformers dependency
+        raise IRError(f"{repo_id}: huggingface_hub is not installed") from exc
+    try:
+        return Path(hf_hub_download(repo_id, "config.json", local_files_only=True))
+    except Exception:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise IRError(f"{repo_id}: config.json is not in the local hub cache and HF_HUB_OFFLINE=1")
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise IRError(f"{repo_id}: cannot fetch config.json from the hub ({reason})") from exc
 
 
 def meta_model(config: Any, *, dtype: str | torch.dtype | None = None, max_len: int = 64):

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from specc.passes.base import Pass, PassContext, PassError, PassResult
+from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.manager import order_passes
 from specc.passes.registry import as_pass
 

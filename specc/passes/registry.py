@@ -20,6 +20,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -76,7 +77,8 @@ def register_pass(cls: type[Pass] | None = None, *, name: str | None = None, ori
     """Class decorator: make a Pass subclass available by name (pipelines, ``specc passes``).
 
     Re-registering the same class (same module and qualified name, e.g. after a reload) replaces
-    the entry; a different class under a taken name is an error.
+    the entry. Taking the name of a built-in pass is an error; another user pass of the same name
+    is replaced with a RuntimeWarning (code re-run in a notebook, a script importing itself).
     """
 
     def do(c: type[Pass]) -> type[Pass]:
@@ -88,7 +90,12 @@ def register_pass(cls: type[Pass] | None = None, *, name: str | None = None, ori
             raise ValueError(f"pass {c.__qualname__} has no name")
         old = _REGISTRY.get(c.name)
         if old is not None and old.cls is not c and not _same_definition(old.cls, c):
-            raise ValueError(f"pass name {c.name!r} is already registered by {old.cls.__module__}.{old.cls.__qualname__}")
+            where = f"{old.cls.__module__}.{old.cls.__qualname__}"
+            if old.origin == "builtin" or _origin(c) == "builtin":
+                raise ValueError(f"pass name {c.name!r} is already registered by {where}")
+            # user code re-run (a notebook cell, a script importing its own module): newest wins
+            warnings.warn(f"pass {c.name!r}: {c.__module__}.{c.__qualname__} replaces {where}", RuntimeWarning,
+                          stacklevel=2)
         _REGISTRY[c.name] = PassInfo(c.name, c, origin or (old.origin if old and old.cls is c else _origin(c)))
         return c
 

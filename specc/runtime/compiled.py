@@ -46,6 +46,18 @@ class CompiledStep(torch.nn.Module):
         self.max_batch, self.max_len = batch, max_len
 
 
+def instantiate(emitted, spec: DFlashSpec | None = None) -> CompiledStep:
+    """Build a step straight from an ``EmittedStep`` (no files): exec its source in a fresh
+    module and bind the in-memory weights. For benchmarks at sizes where writing weights is slow."""
+    import types
+
+    module = types.ModuleType(f"specc_compiled_mem_{id(emitted):x}")
+    exec(compile(emitted.source, f"<specc {emitted.class_name}>", "exec"), module.__dict__)
+    step = getattr(module, emitted.class_name)()
+    step.bind(emitted.weights, emitted.caches, spec)
+    return step
+
+
 def import_step_class(path: Path, class_name: str, unique: str) -> type[CompiledStep]:
     """Import a generated module from its file (a fresh module object per artifact)."""
     mod_name = f"specc_compiled_{unique}_{path.stem}"

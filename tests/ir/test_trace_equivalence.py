@@ -173,3 +173,28 @@ def test_batched_shapes_agree_with_execution():
     ir = trace(model, "verify")
     values = {"B": 3, "Q": 5, "C": 4}
     assert _assert_shapes_match(ir, ir.example_inputs(values), values) > 20
+
+
+def test_shapes_and_costs_at_random_sizes():
+    """Property: at any B, Q, C the rules' shapes match execution and every cost is >= 0."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from specc.ir.testing import random_model
+
+    model = random_model("qwen3", max_len=24)
+    model.setup_caches(3, 24)
+    ir = trace(model, "verify")
+    fields = ("flops", "bytes_read", "bytes_written", "weight_bytes", "cache_read", "cache_written")
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(b=st.integers(1, 3), q=st.integers(1, 6), c=st.integers(0, 12))
+    def check(b, q, c):
+        values = {"B": b, "Q": q, "C": c}
+        ir.reset_caches()
+        assert _assert_shapes_match(ir, ir.example_inputs(values), values) > 20
+        for node in ir.nodes:
+            m = ir.meta(node)
+            assert all(evaluate(getattr(m, f), values) >= 0 for f in fields), node.name
+
+    check()

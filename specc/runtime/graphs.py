@@ -1,0 +1,75 @@
+"""CUDA graphs for step functions: capture once per input shape, replay after.
+
+A decode step is dozens of small kernels; launching them one by one costs more than their work
+at batch 1. ``GraphedStep`` wraps any step callable (a compiled step or a model definition):
+on the first call with a new input signature it runs the step twice on a side stream (warm-up:
+Triton compiles, allocations settle), captures it into a CUDA graph with static input buffers,
+and from then on copies inputs into those buffers and replays. Steps are idempotent in their
+inputs (the KV write lands at the slots ``cache_len`` names), so warm-up calls are harmless.
+A step that cannot be captured (a host sync inside, e.g. reference kernels) runs eagerly for that
+signature, and ``eager_reasons`` says why. Outputs are static buffers: consume them before the
+next call of the same step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class GraphedStep:
+    def __init__(self, step, max_tokens: int = 64, warmup: int = 2, pool=None):
+        self.step, self.max_tokens, self.warmup = step, max_tokens, warmup
+        self.graphs: dict = {}
+        self.eager_reasons: dict = {}
+        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self.replays = 0
+
+    def __getattr__(self, name):  # device, spec, config... of the wrapped step
+        return getattr(self.__dict__["step"], name)
+
+    def setup_caches(self, *args, **kwargs) -> None:
+        self.graphs.clear()  # captured graphs point at the old cache tensors
+        self.step.setup_caches(*args, **kwargs)
+
+    @staticmethod
+    def _key(args):
+        return tuple((tuple(a.shape), a.dtype) if torch.is_tensor(a) else a for a in args)
+
+    def __call__(self, *args):
+        if not args[0].is_cuda or args[0].shape[-1] > self.max_tokens:
+            return self.step(*args)
+        key = self._key(args)
+        if key in self.eager_reasons:
+            return self.step(*args)
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self._capture(args, key)
+            if entry is None:
+                return self.step(*args)
+        static_in, graph, out = entry
+        for buf, a in zip(static_in, args):
+            if torch.is_tensor(a):
+                buf.copy_(a, non_blocking=True)
+        graph.replay()
+        self.replays += 1
+        return out
+
+    def _capture(self, args, key):
+        static_in = [a.clone() if torch.is_tensor(a) else a for a in args]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(stream):
+                for _ in range(self.warmup):
+                    self.step(*static_in)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.step(*static_in)
+        except Exception as exc:  # a host sync or an unsupported op inside the step
+            torch.cuda.synchronize()
+            self.eager_reasons[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            return None
+        entry = (static_in, graph, out)
+        self.graphs[key] = entry
+        return entry
