@@ -72,9 +72,19 @@ def rope(x, cos, sin):
     return ops.rope(x, cos, sin)
 
 
+def write_kv(k, v, cache_k, cache_v, cache_len) -> None:
+    """Scatter the block's K/V into the static cache at slots cache_len[b] + i (no host sync)."""
+    num_new = k.shape[1]
+    slots = cache_len[:, None] + torch.arange(num_new, device=k.device)[None, :]
+    rows = torch.arange(k.shape[0], device=k.device)[:, None].expand(-1, num_new)
+    cache_k[rows, :, slots] = k.to(cache_k.dtype)
+    cache_v[rows, :, slots] = v.to(cache_v.dtype)
+
+
 def attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale):
     if use_triton(q):
         from specc.codegen.kernels import attention as kern
 
-        return kern.attention_step(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale)
+        write_kv(k, v, cache_k, cache_v, cache_len)
+        return kern.attention(q, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale)
     return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale)

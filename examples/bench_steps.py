@@ -1,0 +1,288 @@
+"""Step-time benchmark and bf16 token forcing of compiled modules at real shapes (random weights).
+
+One GPU run does both halves of the codegen/runtime check:
+
+1. Token forcing in bf16: Qwen3-8B and Llama-3.1-8B shaped targets, each with a PARD drafter
+   (Qwen3-0.6B / Llama-3.2-1B shapes) and a DFlash-b16 drafter (5 layers), compiled in memory
+   with the default pass pipeline and run through the speculative loop; stock is HF transformers
+   eager on the same weights. Random drafters accept little: this checks the compiled target's
+   verify path and the drafters' kernels, not acceptance.
+2. Step times with CUDA graphs (median of replays, CUDA events), Qwen3-8B shapes, bs1, context
+   1024: compiled AR step, compiled verify at Q = 1, 4, 8, 16, 32, 64, compiled DFlash-b16 draft
+   step, beside the weight-bytes floor at the measured copy bandwidth.
+
+    PYTHONPATH=. python3 examples/bench_steps.py --out $OUT/steps.json
+    PYTHONPATH=. python3 examples/bench_steps.py --tiny --device cpu   # a CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+QWEN3_8B = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                max_position_embeddings=40960, tie_word_embeddings=False, eos_token_id=151645)
+QWEN3_06B = dict(QWEN3_8B, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                 tie_word_embeddings=True, pard_token=151669)
+LLAMA_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=5e5,
+                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192},
+                max_position_embeddings=131072, tie_word_embeddings=False, eos_token_id=128009)
+LLAMA_1B = dict(LLAMA_8B, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
+                tie_word_embeddings=True, pard_token=128250)
+
+
+def dflash_config(target: dict, layer_ids) -> dict:
+    return dict(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=target["hidden_size"],
+                intermediate_size=12288 if target["hidden_size"] == 4096 else 4 * target["hidden_size"],
+                num_hidden_layers=5, num_attention_heads=32 if target["hidden_size"] == 4096 else 4,
+                num_key_value_heads=8 if target["hidden_size"] == 4096 else 2, head_dim=128 if target["hidden_size"] == 4096 else 16,
+                vocab_size=target["vocab_size"], rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
+                block_size=16, num_target_layers=target["num_hidden_layers"],
+                dflash_config={"mask_token_id": 5, "target_layer_ids": list(layer_ids)})
+
+
+def tiny(cfg: dict, layers: int | None = None) -> dict:
+    out = dict(cfg, vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=16, num_hidden_layers=layers or 4, eos_token_id=511)
+    out.pop("pard_token", None)
+    if "pard_token" in cfg:
+        out["pard_token"] = 3
+    if "rope_scaling" in cfg:
+        out["rope_scaling"] = dict(cfg["rope_scaling"], original_max_position_embeddings=64)
+    return out
+
+
+def init_(module, seed: int, scaled_residual: bool = True) -> None:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    layers = max(1, sum(1 for n, _ in module.named_parameters() if n.endswith("o_proj.weight")))
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+                continue
+            std = 0.02 / math.sqrt(2 * layers) if scaled_residual and ("o_proj" in name or "down_proj" in name) else 0.02
+            p.copy_((torch.randn(p.shape, generator=g) * std).to(p.dtype))
+
+
+def build_causal(cfg: dict, dtype, device, seed: int):
+    from specc.models import CausalLM, model_config_from_hf
+
+    mc = model_config_from_hf(cfg)
+    with torch.device("meta"):
+        model = CausalLM(mc)
+    model = model.to_empty(device=device).to(dtype)
+    if mc.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    init_(model, seed)
+    model.inv_freq = mc.rope.inv_freq(mc.head_dim).to(device)
+    return model.eval()
+
+
+def build_dflash(cfg: dict, dtype, device, seed: int):
+    from specc.models import DFlashDraft
+
+    with torch.device("meta"):
+        draft = DFlashDraft.from_hf_config(cfg)
+    draft = draft.to_empty(device=device).to(dtype)
+    init_(draft, seed)
+    draft.inv_freq = draft.config.rope.inv_freq(draft.config.head_dim).to(device)
+    return draft.eval()
+
+
+def hf_twin(model, cfg: dict):
+    """An HF transformers model sharing ``model``'s tensors (stock runs on the same weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_cfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "pard_token"})
+    hf_cfg._attn_implementation = "eager"
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_cfg)
+    state = {("model." + k if not k.startswith("lm_head") else k): v for k, v in model.state_dict().items()
+             if "cache" not in k and k != "inv_freq"}
+    hf.load_state_dict(state, strict=False, assign=True)
+    if cfg.get("tie_word_embeddings"):
+        hf.lm_head.weight = hf.model.embed_tokens.weight
+    for m in hf.modules():  # rotary buffers were on meta; ours are computed as HF does (CPU tests)
+        if hasattr(m, "inv_freq"):
+            m.inv_freq = model.inv_freq.clone()
+            m.original_inv_freq = model.inv_freq.clone()
+    return hf.eval()
+
+
+def compiled_system(target, draft_module, method: str, k: int, spec, max_len: int, graphs: bool):
+    from specc.compiler import DEFAULT_PIPELINE, build_steps
+    from specc.runtime.compiled import instantiate
+    from specc.runtime.drafters import DFlashDraft, PardDraft
+    from specc.runtime.eager import EagerSpeculativeDecoder
+    from specc.runtime.graphs import GraphedStep
+
+    target.setup_caches(1, 16)
+    draft_module.setup_caches(1, 16)
+    built = build_steps(target, draft_module, DEFAULT_PIPELINE, spec)
+    t_step = instantiate(built.emitted["target"])
+    d_step = instantiate(built.emitted["drafter"], spec)
+    if graphs:
+        pool = torch.cuda.graph_pool_handle()
+        t_step, d_step = GraphedStep(t_step, k + 1, pool=pool), GraphedStep(d_step, 2 * k + 2, pool=pool)
+    drafter = DFlashDraft(d_step) if method == "dflash" else PardDraft(d_step, draft_module.config.raw["pard_token"])
+    return EagerSpeculativeDecoder(t_step, drafter, k, max_len), built, t_step
+
+
+def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol, graphs, small):
+    from specc.models.dflash import DFlashDrafter
+    from specc.stock import DFlashReference, generate_dflash, generate_pard
+    from specc.verify import StockRun, stock_margins, verify_system
+
+    target = build_causal(tcfg, dtype, dev, seed=1)
+    hf_target = hf_twin(target, tcfg)
+    if method == "pard":
+        draft = build_causal(pcfg, dtype, dev, seed=2)
+        hf_draft, k, spec, module = hf_twin(draft, pcfg), 7, None, draft
+    else:
+        L = tcfg["num_hidden_layers"]
+        ids = [1, L // 4, L // 2, 3 * L // 4, L - 3] if not small else [0, 1, 2]
+        dcfg = dflash_config(tcfg, ids) if not small else dict(tiny(dflash_config(tcfg, ids)), num_hidden_layers=2,
+                                                                 dflash_config={"mask_token_id": 5, "target_layer_ids": ids})
+        draft = build_dflash(dcfg, dtype, dev, seed=3)
+        ref = DFlashReference(dcfg).to(dev, dtype)
+        ref.load_state_dict({k_: v for k_, v in draft.state_dict().items() if "cache" not in k_ and k_ != "inv_freq"},
+                            strict=False)
+        spec, k = draft.spec, draft.spec.block_size - 1
+        target.capture_layers = tuple(spec.target_layer_ids)
+        module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
+    max_len = max(len(p) for p in prompts) + new_tokens + 2
+    system, built, _ = compiled_system(target, module, method, k, spec, max_len, graphs)
+    runs = []
+    t0 = time.time()
+    for p in prompts:
+        if method == "pard":
+            res = generate_pard(hf_target, hf_draft, pcfg["pard_token"], p, new_tokens, k, ())
+        else:
+            res = generate_dflash(hf_target, ref, p, new_tokens, k + 1, ())
+        runs.append(StockRun(p, res.tokens, stock_margins(hf_target, p, res.tokens)))
+    stock_s = time.time() - t0
+    report = verify_system(system, runs, tol)
+    out = report.to_json()
+    out.update(case=name, method=method, stock_seconds=round(stock_s, 1), lowering=built.lowering,
+               compiled_tau=system.generate(prompts[0], new_tokens, ()).stats.tau,
+               min_stock_margin=min(min(r.margins) for r in runs))
+    print(f"[forcing] {name}: {report.summary()}", flush=True)
+    del system, built, target, hf_target, draft, module
+    torch.cuda.empty_cache() if dev.type == "cuda" else None
+    return out
+
+
+def time_graph(fn, args, reps: int = 30) -> float:
+    """Median ms of a CUDA-graph replay of fn(*args) (warm-up and capture excluded)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(*args)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth(dev) -> float:
+    x = torch.empty(2 * 2**30, dtype=torch.uint8, device=dev)
+    y = torch.empty_like(x)
+    ms = time_graph(lambda: y.copy_(x), (), reps=20)
+    return 2 * x.numel() / (ms / 1e3)
+
+
+def step_times(dtype, dev, context: int) -> dict:
+    from specc.models.dflash import DFlashDrafter
+
+    target = build_causal(QWEN3_8B, dtype, dev, seed=1)
+    draft = build_dflash(dflash_config(QWEN3_8B, [1, 9, 17, 25, 33]), dtype, dev, seed=3)
+    spec = draft.spec
+    target.capture_layers = ()
+    module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
+    system, built, _ = compiled_system(target, module, "dflash", 15, spec, context + 128, graphs=False)
+    t_step = system.target
+    d_step = system.drafter.drafter
+    weight_bytes = float(sum(p.numel() * p.element_size() for n, p in target.named_parameters() if "embed" not in n))
+    res = {"weight_bytes_per_target_step": weight_bytes, "context": context, "verify_ms": {}}
+    for q in (1, 4, 8, 16, 32, 64):
+        ids = torch.randint(0, QWEN3_8B["vocab_size"], (1, q), device=dev)
+        pos = torch.arange(context, context + q, device=dev)[None]
+        res["verify_ms"][q] = time_graph(t_step, (ids, pos, torch.tensor([context], device=dev)))
+        print(f"[steps] compiled target Q={q:3d}: {res['verify_ms'][q]:.3f} ms", flush=True)
+    res["ar_ms"] = res["verify_ms"][1]
+    n_ctx = 8
+    block = torch.randint(0, QWEN3_8B["vocab_size"], (1, 16), device=dev)
+    hidden = torch.randn(1, n_ctx, 5 * 4096, device=dev, dtype=dtype)
+    pos = torch.arange(context - n_ctx, context + 16, device=dev)[None]
+    res["dflash_draft_ms"] = time_graph(d_step, (block, hidden, pos, torch.tensor([context - n_ctx], device=dev)))
+    res["dflash_draft_weight_bytes"] = float(sum(p.numel() * p.element_size() for p in draft.parameters()))
+    print(f"[steps] compiled DFlash-b16 draft step: {res['dflash_draft_ms']:.3f} ms", flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="steps.json")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke test)")
+    ap.add_argument("--skip-forcing", action="store_true")
+    ap.add_argument("--skip-steps", action="store_true")
+    ap.add_argument("--tokens", type=int, default=32)
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    tol = 0.25 if dtype == torch.bfloat16 else 1e-3
+    result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
+              "dtype": str(dtype), "tie_tolerance": tol, "forcing": [], "date": time.strftime("%Y-%m-%d")}
+    try:
+        import triton
+
+        result["triton"] = triton.__version__
+    except ImportError:
+        pass
+    gen = torch.Generator().manual_seed(0)
+    cases = [("qwen3-8b + pard", QWEN3_8B, QWEN3_06B, "pard"), ("qwen3-8b + dflash-b16", QWEN3_8B, None, "dflash"),
+             ("llama-3.1-8b + pard", LLAMA_8B, LLAMA_1B, "pard"), ("llama-3.1-8b + dflash-b16", LLAMA_8B, None, "dflash")]
+    if not args.skip_forcing:
+        for name, tcfg, pcfg, method in cases:
+            if args.tiny:
+                tcfg, pcfg = tiny(tcfg), tiny(pcfg, 2) if pcfg else None
+            prompts = [torch.randint(10, tcfg["vocab_size"] - 10, (24,), generator=gen).tolist() for _ in range(2)]
+            result["forcing"].append(forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, args.tokens, tol,
+                                                  graphs=dev.type == "cuda", small=args.tiny))
+    if dev.type == "cuda" and not args.skip_steps:
+        bw = copy_bandwidth(dev)
+        result["copy_bandwidth_Bps"] = bw
+        steps = step_times(dtype, dev, 1024)
+        steps["floor_ms"] = steps["weight_bytes_per_target_step"] / bw * 1e3
+        result["steps"] = steps
+        print(f"[steps] copy bandwidth {bw / 1e12:.2f} TB/s; weight floor {steps['floor_ms']:.2f} ms; "
+              f"AR {steps['ar_ms']:.2f} ms = {steps['ar_ms'] / steps['floor_ms']:.2f}x floor; "
+              f"verify Q=16 / AR = {steps['verify_ms'][16] / steps['ar_ms']:.2f}", flush=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
