@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import make_hf_model, save
+from model_factory import make_hf_model, save
 from helpers import PROMPT
 
 from specc.models import load_model

@@ -1,7 +1,7 @@
 """specc.models.DFlashDraft equals the stock reference drafter on the same checkpoint."""
 
 import torch
-from conftest import make_dflash_checkpoint, make_hf_model
+from model_factory import make_dflash_checkpoint, make_hf_model
 from transformers import DynamicCache
 
 from specc.models import load_model

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_hf_model
+from model_factory import make_hf_model
 
 from specc.models import CheckpointError, load_model
 from specc.models.loading import content_hash, resolve_checkpoint
