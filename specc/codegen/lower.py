@@ -17,6 +17,7 @@ import torch.fx
 from specc.codegen import kernel_abi as abi
 from specc.ir import fused
 from specc.models import ops
+from specc.passes.pack_weights_12bit import packed_linear
 
 LOWERING = {
     ops.embedding: abi.embedding,
@@ -27,6 +28,7 @@ LOWERING = {
     ops.rope: abi.rope,
     ops.attention: abi.attention,
     fused.norm_linear: abi.norm_linear,
+    packed_linear: abi.packed_linear,
 }
 
 

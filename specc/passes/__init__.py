@@ -3,7 +3,7 @@
     from specc.passes import PassManager, parse_pipeline
     report = PassManager("fuse_qkv,fuse_gate_up,fuse_norm_linear,dce").run(ir)
 
-Built-in passes (one file each): fuse_qkv, fuse_gate_up, fuse_norm_linear, dce.
+Built-in passes (one file each): fuse_qkv, fuse_gate_up, fuse_norm_linear, pack_weights_12bit, dce.
 Write your own: subclass :class:`Pass`, decorate with :func:`register_pass` (docs/writing-passes.md).
 """
 
@@ -16,7 +16,7 @@ from specc.passes.registry import (
 )
 
 # Built-in passes register themselves on import.
-from specc.passes import dce, fuse_gate_up, fuse_norm_linear, fuse_qkv  # noqa: E402,F401  isort: skip
+from specc.passes import dce, fuse_gate_up, fuse_norm_linear, fuse_qkv, pack_weights_12bit  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "BisectReport", "ENTRY_POINT_GROUP", "Pass", "PassContext", "PassError", "PassInfo", "PassManager", "PassRecord",

@@ -28,6 +28,13 @@ class Engine:
         self.path, self.manifest, self.steps, self.device = path, manifest, steps, device
         self.method = manifest["method"]
         self.num_draft = int(manifest.get("num_draft") or 0)
+        if device.type == "cuda":  # capture each step shape into a CUDA graph on first use
+            from specc.runtime.graphs import GraphedStep
+
+            pool = torch.cuda.graph_pool_handle()
+            steps = {role: GraphedStep(step, self.num_draft + 1 if role == "target" else 2 * self.num_draft + 2, pool=pool)
+                     for role, step in steps.items()}
+            self.steps = steps
         drafter = None
         if self.method == "dflash":
             drafter = DFlashDraft(steps["drafter"])

@@ -119,7 +119,7 @@ def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eo
             else:
                 report.failures.append(m)
         free = system.generate(run.prompt, len(run.tokens), eos_token_ids).tokens
-        limit = len(run.tokens) if first_tie is None else first_tie + 1
+        limit = len(run.tokens) if first_tie is None else first_tie  # a tie may go either way
         if free[:limit] != run.tokens[:limit]:
             diverge = next((i for i, (a, b) in enumerate(zip(free, run.tokens)) if a != b), min(len(free), limit))
             report.generation_failures.append(

@@ -1,0 +1,133 @@
+"""pack_weights_12bit: store linear weights in the lossless 12-bit format (bf12).
+
+Every ``linear`` / ``norm_linear`` whose weight is bf16 becomes a ``packed_linear`` reading the
+weight's bf12 planes (``specc.formats.bf12``: 1.5 bytes/weight + a sparse exact escape table)
+instead of the bf16 matrix. The weights are bit-exact (``Packed12.unpack()`` returns the
+original bf16 bits), so the rewritten step computes the same function; on the GPU the fused
+decode + GEMV/GEMM kernel (``specc.codegen.kernels.linear_bf12``) reads 25% fewer bytes.
+
+Options (``PassContext.option``): ``pack_include`` / ``pack_exclude``: substrings of weight
+names selecting the linears (default: all), so the cost model can pack a subset (e.g. only the
+MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor".
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from specc.formats.bf12 import Packed12, pack_bf16_12bit
+from specc.ir import IR, SCOPE_KEY, Cost, OpCall, linear_cost, register_op
+from specc.ir.meta import TensorMeta
+from specc.models import ops
+from specc.passes.base import Pass, PassContext, PassResult
+from specc.passes.registry import register_pass
+
+_UNPACKED: dict = {}  # sm tensor identity -> (tensor ref, unpacked bf16 weight): eager body cache
+
+
+@torch.fx.wrap
+def packed_linear(x, sm, ex, base, esc_idx, esc_val, n: int, k: int, base_mode: str, bias=None,
+                  norm_weight=None, eps: float = 1e-6):
+    """``linear([rms_norm](x), W, bias)`` with W given by its bf12 planes (exact bf16 weights)."""
+    key = (sm.data_ptr(), sm.device, tuple(sm.shape))
+    hit = _UNPACKED.get(key)
+    if hit is None or hit[0] is not sm:
+        packed = Packed12(sm=sm, ex=ex, base=base, esc_idx=esc_idx, esc_val=esc_val, shape=(n, k), base_mode=base_mode)
+        hit = (sm, packed.unpack())
+        _UNPACKED[key] = hit
+    if norm_weight is not None:
+        x = ops.rms_norm(x, norm_weight, eps)
+    return ops.linear(x, hit[1].to(x.dtype), bias)
+
+
+@register_op(packed_linear, "packed_linear")
+def _packed_linear_rule(op: OpCall) -> Cost:
+    """A linear whose weight is read as bf12 planes: bytes are the packed bytes (inputs 1-5)."""
+    x = op.tensor(0, "x")
+    n, k = op.arg(6, "n"), op.arg(7, "k")
+    bias = op.tensor(9, "bias", optional=True)
+    norm_w = op.tensor(10, "norm_weight", optional=True)
+    x_in = TensorMeta(x.shape, torch.bfloat16 if norm_w is None else torch.promote_types(norm_w.dtype, x.dtype))
+    cost = linear_cost(op, x_in, TensorMeta((n, k), torch.bfloat16), bias)
+    if norm_w is not None:
+        cost.flops = cost.flops + 4 * x.numel
+    cost.attrs = {**cost.attrs, "format": "bf12", "norm_prologue": norm_w is not None}
+    return cost
+
+
+def _weight_name(node: torch.fx.Node) -> str:
+    return node.target if node.op == "get_attr" else node.name
+
+
+@register_pass
+class PackWeights12bit(Pass):
+    """Store bf16 linear weights in the lossless 12-bit format (packed_linear, 1.5 B/weight)."""
+
+    name = "pack_weights_12bit"
+    after = ("fuse_qkv", "fuse_gate_up", "fuse_norm_linear")
+
+    def _targets(self, ir: IR, ctx: PassContext | None):
+        include = (ctx.option("pack_include") if ctx else None) or ()
+        exclude = (ctx.option("pack_exclude") if ctx else None) or ()
+        include = (include,) if isinstance(include, str) else tuple(include)
+        exclude = (exclude,) if isinstance(exclude, str) else tuple(exclude)
+        out = []
+        for node in ir.calls("linear") + ir.calls("norm_linear"):
+            w = node.args[1] if ir.meta(node).kind == "linear" else node.args[3]
+            if w.op != "get_attr" or ir.meta(w).out.dtype != torch.bfloat16:
+                continue
+            name = _weight_name(w)
+            if include and not any(s in name for s in include):
+                continue
+            if any(s in name for s in exclude):
+                continue
+            out.append((node, w))
+        return out
+
+    def requires(self, ir: IR) -> bool | str:
+        if self._targets(ir, None):
+            return True
+        return "no bf16 linear weights (bf12 packs bf16 weights: compile for a bfloat16 deployment)"
+
+    def run(self, ir: IR, ctx: PassContext) -> PassResult:
+        graph = ir.graph
+        base_mode = (ctx.option("pack_base") if ctx else None) or "row"
+        packed_count, weights, escapes = 0, 0, 0
+        bytes_before = bytes_after = 0
+        cache: dict[str, list[str]] = {}
+        for node, w in self._targets(ir, ctx):
+            kind = ir.meta(node).kind
+            name = _weight_name(w)
+            tensor = ir.gm.get_parameter(name) if w.op == "get_attr" else None
+            if name not in cache:
+                packed = pack_bf16_12bit(tensor.detach(), base=base_mode)
+                parts = packed.to_state_dict("")
+                cache[name] = [ir.add_weight(f"{name}_bf12_{p}", parts[p]) for p in ("sm", "ex", "base", "esc_idx", "esc_val")]
+                weights += tensor.numel()
+                escapes += packed.num_escapes
+                bytes_before += tensor.numel() * 2
+                bytes_after += packed.nbytes
+            n, k = tensor.shape
+            with graph.inserting_before(node):
+                attrs = [graph.get_attr(q) for q in cache[name]]
+                if kind == "linear":
+                    x, bias = node.args[0], node.args[2] if len(node.args) > 2 else None
+                    args = (x, *attrs, int(n), int(k), base_mode, bias)
+                else:
+                    x, g, eps, _, bias = (list(node.args) + [None])[:5]
+                    args = (x, *attrs, int(n), int(k), base_mode, bias, g, eps)
+                new = graph.create_node("call_function", packed_linear, args, name=f"packed_{node.name}")
+            new.meta[SCOPE_KEY] = node.meta.get(SCOPE_KEY, "")
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            packed_count += 1
+        ir.remove_dead()
+        ir.refresh()
+        return PassResult(packed_count > 0, {"packed": packed_count, "weights": weights, "escapes": escapes,
+                                             "escape_rate": escapes / weights if weights else 0.0,
+                                             "bytes_before": bytes_before, "bytes_after": bytes_after})
+
+    def ensures(self, ir: IR) -> bool | str:
+        left = self._targets(ir, None)
+        return True if not left else f"{len(left)} bf16 linears left unpacked"
