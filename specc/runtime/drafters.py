@@ -18,12 +18,12 @@ from specc.models.decoder import CausalLM
 from specc.models.dflash import DFlashDrafter
 
 
-def _row(ids: list[int], device) -> torch.Tensor:
-    return torch.tensor([ids], dtype=torch.long, device=device)
-
-
 def _positions(start: int, n: int, device) -> torch.Tensor:
     return torch.arange(start, start + n, device=device)[None]
+
+
+def _length(start: int, device) -> torch.Tensor:
+    return torch.full((1,), start, dtype=torch.long, device=device)
 
 
 class Drafter:
@@ -37,8 +37,15 @@ class Drafter:
     def reset(self, prompt: list[int], context: torch.Tensor | None) -> None:
         """Start a new sequence; ``context`` is the target's captured hidden states of the prompt."""
 
-    def propose(self, seq: list[int], k: int) -> list[int]:
+    def propose_tokens(self, seq: torch.Tensor, n: int, k: int) -> torch.Tensor:
+        """Draft k tokens [1, k] on the drafter's device, without a host sync. ``seq`` [1, >= n]
+        holds the committed tokens (the last, ``seq[0, n - 1]``, not yet seen by the target)."""
         raise NotImplementedError
+
+    def propose(self, seq: list[int], k: int) -> list[int]:
+        """Host-list convenience over ``propose_tokens`` (the eager loop uses it)."""
+        ids = torch.tensor([seq], dtype=torch.long, device=self.device)
+        return self.propose_tokens(ids, len(seq), k)[0].tolist()
 
     def accepted(self, seq_len: int, num_accepted: int, k: int, context: torch.Tensor | None) -> None:
         """Verification of a step that began with ``seq_len`` committed tokens accepted
@@ -59,20 +66,21 @@ class ARDraft(Drafter):
     def reset(self, prompt, context) -> None:
         self.length = 0
 
-    def _step(self, ids: list[int], start: int) -> torch.Tensor:
-        dev = self.model.device
-        self.forwards += 1
-        logits = self.model(_row(ids, dev), _positions(start, len(ids), dev), torch.tensor([start], device=dev))
-        return logits[0, -1]
+    @property
+    def device(self):
+        return self.model.device
 
-    def propose(self, seq, k):
-        drafts: list[int] = []
-        feed, start = seq[self.length:], self.length
+    def propose_tokens(self, seq, n, k):
+        dev = self.model.device
+        drafts = []
+        feed, start = seq[:, self.length:n], self.length
         for _ in range(k):
-            drafts.append(int(self._step(feed, start).argmax()))
-            start += len(feed)
-            feed = drafts[-1:]
-        return drafts
+            self.forwards += 1
+            logits = self.model(feed, _positions(start, feed.shape[1], dev), _length(start, dev))
+            drafts.append(logits[:, -1].argmax(-1, keepdim=True))  # fed back without leaving the GPU
+            start += feed.shape[1]
+            feed = drafts[-1]
+        return torch.cat(drafts, dim=1)
 
     def accepted(self, seq_len, num_accepted, k, context) -> None:
         if k:
@@ -92,14 +100,18 @@ class PardDraft(Drafter):
     def reset(self, prompt, context) -> None:
         self.length = 0
 
-    def propose(self, seq, k):
+    @property
+    def device(self):
+        return self.model.device
+
+    def propose_tokens(self, seq, n, k):
         dev = self.model.device
-        feed = seq[self.length:] + [self.pard_token] * (k - 1)
+        masks = torch.full((1, k - 1), self.pard_token, dtype=torch.long, device=dev)
+        feed = torch.cat([seq[:, self.length:n], masks], dim=1)
         self.forwards += 1
-        logits = self.model(_row(feed, dev), _positions(self.length, len(feed), dev),
-                            torch.tensor([self.length], device=dev))
-        self.length = len(seq)  # committed tokens stay, the mask slots are dropped
-        return logits[0, -k:].argmax(-1).tolist()
+        logits = self.model(feed, _positions(self.length, feed.shape[1], dev), _length(self.length, dev))
+        self.length = n  # committed tokens stay, the mask slots are dropped
+        return logits[:, -k:].argmax(-1)
 
 
 class DFlashDraft(Drafter):
@@ -119,16 +131,22 @@ class DFlashDraft(Drafter):
     def reset(self, prompt, context) -> None:
         self.length, self.context = 0, context
 
-    def propose(self, seq, k):
+    @property
+    def device(self):
+        return self.drafter.device
+
+    def propose_tokens(self, seq, n, k):
         dev = self.drafter.device
-        block = [seq[-1]] + [self.spec.mask_token_id] * k
-        start = len(seq) - 1
-        positions = _positions(self.length, self.context.shape[1] + len(block), dev)
-        assert self.length + self.context.shape[1] == start, "drafter context out of step with the target"
+        masks = torch.full((1, k), self.spec.mask_token_id, dtype=torch.long, device=dev)
+        block = torch.cat([seq[:, n - 1:n], masks], dim=1)
+        start = n - 1
+        if self.length + self.context.shape[1] != start:
+            raise RuntimeError("DFlash drafter context out of step with the target")
+        positions = _positions(self.length, self.context.shape[1] + block.shape[1], dev)
         self.forwards += 1
-        logits = self.drafter(_row(block, dev), self.context, positions, torch.tensor([self.length], device=dev))
+        logits = self.drafter(block, self.context, positions, _length(self.length, dev))
         self.length = start  # context K/V committed, block K/V dropped
-        return logits[0].argmax(-1).tolist()
+        return logits.argmax(-1)
 
     def accepted(self, seq_len, num_accepted, k, context) -> None:
         if context is not None:

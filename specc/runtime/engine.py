@@ -1,8 +1,10 @@
 """The engine that runs a compiled artifact: ``specc.load(path) -> Engine``.
 
 It imports the generated step modules, binds their weights, allocates static caches and runs
-the speculative loop of ``specc.runtime.eager`` with the compiled steps in place of the model
-definitions (same signatures, so the loop, and its proof against stock, is shared).
+the device-resident speculative loop (``specc.runtime.device_loop``: drafts, verification input
+and greedy acceptance stay on the device, one small host copy per step) with the compiled steps
+in place of the model definitions (same signatures as the definitions, so the loop is checked
+against the eager reference loop and stock on the same inputs).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from specc.models.dflash import DFlashSpec
 from specc.result import GenerationResult
 from specc.runtime.compiled import import_step_class
 from specc.runtime.drafters import ARDraft, DFlashDraft, PardDraft
-from specc.runtime.eager import EagerSpeculativeDecoder
+from specc.runtime.device_loop import DeviceSpeculativeDecoder
 
 
 class Engine:
@@ -42,7 +44,7 @@ class Engine:
             drafter = PardDraft(steps["drafter"], manifest["drafter"]["pard_token"])
         elif self.method == "ar-draft":
             drafter = ARDraft(steps["drafter"])
-        self.loop = EagerSpeculativeDecoder(steps["target"], drafter, self.num_draft, max_len)
+        self.loop = DeviceSpeculativeDecoder(steps["target"], drafter, self.num_draft, max_len)
         self.eos_token_ids = tuple(manifest["model"].get("eos_token_ids", ()))
         self.last_stats: dict = {}
         self.tokenizer = None
@@ -75,7 +77,7 @@ class Engine:
 
     def set_max_len(self, max_len: int) -> None:
         if max_len > self.loop.max_len:
-            self.loop = EagerSpeculativeDecoder(self.loop.target, self.loop.drafter, self.num_draft, max_len)
+            self.loop = DeviceSpeculativeDecoder(self.loop.target, self.loop.drafter, self.num_draft, max_len)
 
 
 def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True) -> Engine:
