@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -47,6 +48,36 @@ def round_to(x, DTYPE: tl.constexpr):
 def rounded(x, DTYPE: tl.constexpr):
     """fp32 -> DTYPE -> fp32: the value the reference holds after rounding to DTYPE."""
     return round_to(x, DTYPE).to(tl.float32)
+
+
+# Precise transcendental functions: libdevice (as torch's CUDA kernels use) when compiled, numpy
+# under the interpreter (which does not implement libdevice). tl.cos/tl.sin may lower to the
+# approximate hardware instructions, which are poor for rope's large arguments.
+_LIBDEVICE = tl.constexpr(not INTERPRETED)
+
+
+@triton.jit
+def precise_cos(x):
+    if _LIBDEVICE:
+        return libdevice.cos(x)
+    else:
+        return tl.cos(x)
+
+
+@triton.jit
+def precise_sin(x):
+    if _LIBDEVICE:
+        return libdevice.sin(x)
+    else:
+        return tl.sin(x)
+
+
+@triton.jit
+def precise_exp(x):
+    if _LIBDEVICE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
 
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -45,7 +45,8 @@ from specc.codegen.kernels._common import (
     use_triton,
 )
 
-__all__ = ["attention", "attention_reference", "attention_visibility", "MASK_KINDS", "pick_splits"]
+__all__ = ["attention", "attention_reference", "attention_visibility", "MASK_KINDS", "pick_splits",
+           "launch_plan"]
 
 MASK_KINDS = ("causal", "full", "tree")
 _MASK_IDS = {"causal": 0, "full": 1, "tree": 2}
@@ -61,8 +62,8 @@ def _attn_split_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oq,
     stride_tb, stride_ti,
-    D,
-    MASK: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    D, NUM_SPLITS,
+    MASK: tl.constexpr, DIRECT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
@@ -137,7 +138,7 @@ def _attn_split_kernel(
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
-    if NUM_SPLITS == 1:
+    if DIRECT:
         o_offs = b.to(tl.int64) * stride_ob + qi[:, None] * stride_oq + h[:, None] * D \
             + offs_d[None, :]
         tl.store(o_ptr + o_offs, round_to(out, o_ptr.dtype.element_ty),
@@ -153,8 +154,8 @@ def _attn_split_kernel(
 
 
 @triton.jit
-def _attn_merge_kernel(part_ptr, lse_ptr, o_ptr, QN, HQ, D, stride_ob, stride_oq,
-                       NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attn_merge_kernel(part_ptr, lse_ptr, o_ptr, QN, HQ, D, stride_ob, stride_oq, NUM_SPLITS,
+                       BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)  # (b * QN + qi) * HQ + h
     h = pid % HQ
     bq = pid // HQ
@@ -178,12 +179,32 @@ def _attn_merge_kernel(part_ptr, lse_ptr, o_ptr, QN, HQ, D, stride_ob, stride_oq
 
 
 def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
-                device: torch.device, block_n: int = 64, min_keys: int = 128) -> int:
-    """KV splits so that ~2 programs per SM run, with at least ``min_keys`` keys per split."""
+                device: torch.device, block_n: int = 64, rows: int = 1) -> int:
+    """KV splits: ~4 programs per SM, at least ``block_n`` keys per split, and the fp32 partial
+    outputs (``rows`` query rows per KV head, written and merged once per split) at most about
+    half the K/V bytes they save: ``splits <= kv_len / (4 * rows)``. On the H200 (bs 1, Hkv 8,
+    context 4096) this picks the fastest of the swept split counts at Q = 1, 16 and 64."""
     programs = batch * num_kv_heads * row_blocks
-    want = triton.cdiv(2 * num_sms(device), max(programs, 1))
-    cap = max(1, triton.cdiv(max_kv_len, max(min_keys, block_n)))
-    return int(max(1, min(want, cap, 64)))
+    want = triton.cdiv(4 * num_sms(device), max(programs, 1))
+    cap = max(1, triton.cdiv(max_kv_len, block_n))
+    traffic_cap = max(1, max_kv_len // (4 * max(rows, 1)))
+    return int(max(1, min(want, cap, traffic_cap, 128)))
+
+
+def launch_plan(bsz: int, num_q: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                max_kv_len: int, device: torch.device, block_n: int | None = None) -> dict:
+    """Tile sizes and KV splits :func:`attention` uses (also for cost models and sweeps)."""
+    rows = num_q * (num_heads // num_kv_heads)
+    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    if block_n is None:
+        block_n = 64 if head_dim <= 128 else 32
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"attention: block_n must be a power of two >= 16, got {block_n}")
+    row_blocks = triton.cdiv(rows, block_m)
+    return {"block_m": block_m, "block_n": block_n, "block_d": max(16, next_pow2(head_dim)),
+            "row_blocks": row_blocks, "num_stages": 3 if block_m >= 64 else 2,
+            "num_splits": pick_splits(bsz, num_kv_heads, row_blocks, max_kv_len, device, block_n,
+                                      rows)}
 
 
 def _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op):
@@ -224,14 +245,17 @@ def _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op):
 def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
               cache_len: torch.Tensor, num_new: int, mask_kind: str, scale: float,
               tree_mask: torch.Tensor | None = None, num_splits: int | None = None,
-              max_kv_len: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+              max_kv_len: int | None = None, out: torch.Tensor | None = None,
+              block_n: int | None = None, num_warps: int = 4,
+              num_stages: int | None = None) -> torch.Tensor:
     """Attention of q ``[B, Q, Hq, D]`` over ``cache_k/v [Bmax, Hkv, S, D]`` (new keys written).
 
     cache_len: ``[B]`` int committed lengths (device tensor; never read on the host); num_new:
     Qk, the number of new keys in slots ``cache_len + [0, Qk)``; mask_kind: "causal" | "full" |
     "tree" (with ``tree_mask``). num_splits: KV splits per row (default from ``max_kv_len``, the
     longest expected ``cache_len + Qk``, default the cache capacity S). Returns ``[B, Q, Hq*D]``
-    in q's dtype (into ``out`` if given, a contiguous tensor of that shape).
+    in q's dtype (into ``out`` if given, a contiguous tensor of that shape). block_n (keys per
+    tile, default 64), num_warps and num_stages are tuning knobs of the split kernel.
     """
     op = "attention"
     _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op)
@@ -251,15 +275,15 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
     if q.stride(-1) != 1 or cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
         raise ValueError(f"{op}: q and the caches need unit stride along the head dim")
     g = hq // hkv
-    rows = num_q * g
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
-    block_n = 64 if d <= 128 else 32
-    block_d = max(16, next_pow2(d))
-    row_blocks = triton.cdiv(rows, block_m)
+    kv_hint = min(s_cap, max_kv_len) if max_kv_len is not None else s_cap
+    plan = launch_plan(bsz, num_q, hq, hkv, d, kv_hint, q.device, block_n)
+    block_m, block_n, block_d = plan["block_m"], plan["block_n"], plan["block_d"]
+    row_blocks = plan["row_blocks"]
     if num_splits is None:
-        kv_hint = min(s_cap, max_kv_len) if max_kv_len is not None else s_cap
-        num_splits = pick_splits(bsz, hkv, row_blocks, kv_hint, q.device, block_n)
+        num_splits = plan["num_splits"]
     num_splits = int(max(1, num_splits))
+    if num_stages is None:
+        num_stages = plan["num_stages"]
     if tree_mask is not None:
         tm = tree_mask.to(torch.int8)
         if tm.dim() == 2:
@@ -286,15 +310,15 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
         out.stride(0), out.stride(1),
         stride_tb, stride_ti,
-        d,
-        MASK=_MASK_IDS[mask_kind], NUM_SPLITS=num_splits,
+        d, num_splits,
+        MASK=_MASK_IDS[mask_kind], DIRECT=num_splits == 1,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_F32=dot_f32,
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _attn_merge_kernel[(bsz * num_q * hq,)](
-            part, lse, out, num_q, hq, d, out.stride(0), out.stride(1),
-            NUM_SPLITS=num_splits, BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=block_d,
+            part, lse, out, num_q, hq, d, out.stride(0), out.stride(1), num_splits,
+            BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=block_d,
             num_warps=4,
         )
     return out

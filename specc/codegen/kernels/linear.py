@@ -14,7 +14,7 @@ config of the shape (:func:`get_config`, keyed by (M bucket, N, K)):
   computes ``W_tile @ x_tile^T`` so the wide weight tile is the MMA's M side and the skinny
   activation block its N side (Hopper's wgmma wants M = 64 per warpgroup).
 
-Split-K (``split_k > 1``, or ``0`` = automatic: enough programs for ~4 per SM) is deterministic:
+Split-K (``split_k > 1``, or ``0`` = automatic, see :class:`LinearConfig`) is deterministic:
 each program stores its fp32 partial tile into a workspace slot of its own, then takes a ticket
 (an acq_rel atomic on a per-tile counter); the last program of a tile sums the partials in split
 order, adds the bias, rounds once and stores, and resets the counter. One launch, no memset, the
@@ -26,7 +26,10 @@ Fused RMSNorm prologue (``norm_weight`` given): ``y = rms_norm(x, g, eps) @ W^T`
 inverse RMS once (``rsqrt(mean(x^2) + eps)``, over the whole row, which no K-split program
 sees), then the main kernel scales x tiles as they are loaded, rounding where the reference
 rounds: ``n = (x * rstd) -> x.dtype``, ``h = (g * n) -> promote(g.dtype, x.dtype)``. The output
-dtype is that of h (x.dtype when g and x share a dtype).
+dtype is that of h (x.dtype when g and x share a dtype). The prologue is the default of the gemv
+kernel only; for the dot kernel the launcher normalises the rows with the rms_norm kernel and
+runs the plain GEMM (same roundings, same two launches; measured faster on the H200), unless
+``LinearConfig.norm_prologue=True``.
 
 Numerics: fp32 accumulation; the output is rounded once. fp32 inputs use IEEE fp32 dots (no
 tf32). Under the Triton interpreter (CPU, ``TRITON_INTERPRET=1``) dots run in fp32, so bf16
@@ -132,11 +135,15 @@ def _gemv_kernel(
     M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
-    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr,
+    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, X_2D: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     m = tl.program_id(2)
+    # X_2D: load x as a [BLOCK_N, BLOCK_K] broadcast in the weight tile's layout (each thread
+    # reads the x elements it needs, L1 hits) instead of a 1-D load that Triton redistributes
+    # through shared memory (a barrier per iteration).
+    zrow = tl.zeros((BLOCK_N, 1), dtype=tl.int32)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(offs_n, N - 1)  # clamped: loads need no row mask
     k_lo = pid_k * K_PER_SPLIT
@@ -148,22 +155,29 @@ def _gemv_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
+        if X_2D:
+            xk = tl.max_contiguous(zrow + offs_k[None, :], [1, BLOCK_K])
+        else:
+            xk = offs_k
         if EVEN_K:
             offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
             w = tl.load(w_base + offs_k[None, :], eviction_policy="evict_first")
-            xv = tl.load(x_base + offs_k).to(tl.float32)
+            xv = tl.load(x_base + xk).to(tl.float32)
             if HAS_NORM:
-                gv = tl.load(g_ptr + offs_k).to(tl.float32)
+                gv = tl.load(g_ptr + xk).to(tl.float32)
         else:
             mk = offs_k < k_hi
             w = tl.load(w_base + offs_k[None, :], mask=mk[None, :], other=0.0,
                         eviction_policy="evict_first")
-            xv = tl.load(x_base + offs_k, mask=mk, other=0.0).to(tl.float32)
+            xv = tl.load(x_base + xk, mask=xk < k_hi, other=0.0).to(tl.float32)
             if HAS_NORM:
-                gv = tl.load(g_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
+                gv = tl.load(g_ptr + xk, mask=xk < k_hi, other=0.0).to(tl.float32)
         if HAS_NORM:
             xv = _prologue(xv, rstd, gv, X_DTYPE, H_DTYPE)
-        acc += w.to(tl.float32) * xv[None, :]
+        if X_2D:
+            acc += w.to(tl.float32) * xv
+        else:
+            acc += w.to(tl.float32) * xv[None, :]
     out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     offs_m = m + tl.arange(0, 1)
     _epilogue(out, offs_m, offs_n, M, N, m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
@@ -243,7 +257,8 @@ class LinearConfig:
 
     kind: "gemv" (FMA streaming, one program row per row of x; meant for M = 1) or "dot"
     (tensor cores, needs block_m, block_n, block_k >= 16). split_k: number of K splits, 0 =
-    automatic (enough programs for ~4 per SM, at least 2 BLOCK_K chunks per split)."""
+    automatic (gemv: ~4 programs per SM; dot: ~1 program per SM, none from SMs/2 tiles up).
+    x_2d (gemv): load x as a 2-D broadcast tile; norm_prologue: see :func:`linear`."""
 
     kind: str = "gemv"
     block_m: int = 16
@@ -253,6 +268,8 @@ class LinearConfig:
     num_warps: int = 4
     num_stages: int = 2
     swap_ab: bool = True
+    x_2d: bool | None = None  # gemv: x as a 2-D broadcast load; None = unless a norm prologue
+    norm_prologue: bool | None = None  # with norm_weight: None = gemv yes, dot no (see linear)
 
     def __post_init__(self):
         if self.kind not in ("gemv", "dot"):
@@ -279,8 +296,9 @@ def m_bucket(m: int) -> int:
 
 
 def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
-    if mb == 1:
-        return LinearConfig("gemv", block_m=1, block_n=16, block_k=256, split_k=0, num_warps=4,
+    if mb == 1:  # the H200 sweep: (4, 1024) was within 3% of the best config on every shape
+        bn, bk = (4, 1024) if k % 1024 == 0 else ((8, 512) if k % 512 == 0 else (16, 256))
+        return LinearConfig("gemv", block_m=1, block_n=bn, block_k=bk, split_k=0, num_warps=4,
                             num_stages=1)
     if mb <= 64:
         return LinearConfig("dot", block_m=max(16, mb), block_n=64, block_k=128, split_k=0,
@@ -289,9 +307,48 @@ def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
                         num_stages=4, swap_ab=False)
 
 
-# (m_bucket, N, K) -> config, measured on an H200 (examples/bench_kernels.py, see
-# docs/benchmarks/kernels.md). Anything not listed uses the heuristic; set_config() overrides.
-DEFAULT_CONFIGS: dict[tuple[int, int, int], LinearConfig] = {}
+# (m_bucket, N, K) -> config: the fastest of the sweep in examples/bench_kernels.py on an H200
+# (2026-12-02, docs/benchmarks/kernels.md; us and effective TB/s there). Qwen3-8B shapes:
+# qkv 6144x4096, o 4096x4096, gate_up 24576x4096, down 4096x12288, lm_head 151936x4096. Buckets
+# 2 and 8 reuse the M = 4 / 16 winners (the same BLOCK_M = 16 kernel; M = 2 and 8 were not
+# timed). Anything not listed uses the heuristic; set_config() overrides.
+def _table() -> dict[tuple[int, int, int], LinearConfig]:
+    gemv = lambda bn, bk, **kw: LinearConfig("gemv", block_m=1, block_n=bn, block_k=bk,  # noqa: E731
+                                             split_k=1, num_warps=4, num_stages=1, **kw)
+    dot = lambda bm, bn, split, w=4, st=4: LinearConfig("dot", block_m=bm, block_n=bn,  # noqa: E731
+                                                        block_k=128, split_k=split,
+                                                        num_warps=w, num_stages=st)
+    qkv, o, gate_up, down, lm_head = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), \
+        (151936, 4096)
+    t = {
+        (1, *qkv): gemv(8, 512),  # 14.5 us, 3.46 TB/s
+        (1, *o): gemv(4, 1024),  # 10.5 us, 3.20 TB/s
+        (1, *gate_up): gemv(16, 256, x_2d=False),  # 48.7 us, 4.13 TB/s
+        (1, *down): gemv(4, 1024),  # 25.7 us, 3.92 TB/s
+        (1, *lm_head): gemv(16, 256, x_2d=False),  # 279.6 us, 4.45 TB/s
+        (4, *qkv): dot(16, 64, 1),  # 19.9 us
+        (4, *o): dot(16, 32, 5),  # 14.0 us
+        (4, *gate_up): dot(16, 64, 1),  # 54.6 us
+        (4, *down): dot(16, 32, 5),  # 31.4 us
+        (4, *lm_head): dot(16, 64, 1),  # 285.6 us
+        (16, *qkv): dot(16, 64, 1),  # 16.3 us
+        (16, *o): dot(16, 32, 5),  # 13.1 us
+        (16, *gate_up): dot(16, 64, 1),  # 51.4 us
+        (16, *down): dot(16, 32, 5),  # 30.3 us
+        (16, *lm_head): dot(16, 128, 1, w=8, st=3),  # 286.5 us
+        (64, *qkv): dot(64, 64, 1),  # 18.6 us
+        (64, *o): dot(64, 64, 1),  # 14.9 us
+        (64, *gate_up): dot(64, 64, 1),  # 58.3 us
+        (64, *down): dot(64, 64, 1),  # 40.0 us
+        (64, *lm_head): dot(64, 128, 1, w=8, st=3),  # 306.4 us
+    }
+    for (mb, n, k), c in list(t.items()):
+        if mb in (4, 16):
+            t[(mb // 2, n, k)] = c
+    return t
+
+
+DEFAULT_CONFIGS: dict[tuple[int, int, int], LinearConfig] = _table()
 _OVERRIDES: dict[tuple[int, int, int], LinearConfig] = {}
 
 
@@ -332,11 +389,16 @@ def _split_plan(cfg: LinearConfig, m: int, n: int, k: int, device: torch.device)
     bk = cfg.block_k
     chunks = triton.cdiv(k, bk)
     split = cfg.split_k
-    if split == 0:
-        bm = 1 if cfg.kind == "gemv" else cfg.block_m
-        tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, bm)
-        target = 4 * num_sms(device)
-        split = max(1, min(triton.cdiv(target, tiles), chunks // 2))
+    if split == 0 and cfg.kind == "gemv":  # ~4 programs per SM
+        tiles = triton.cdiv(n, cfg.block_n) * m
+        split = max(1, min(triton.cdiv(4 * num_sms(device), tiles), chunks // 2))
+    elif split == 0:
+        # dot: a deep cp.async pipeline per program streams at nearly an SM's share of the
+        # bandwidth, and short K ranges never reach steady state (H200 sweep: split-K to ~4
+        # programs per SM was 25-70% slower than none on 64-384 tiles); split only to ~1 per SM
+        tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m)
+        sms = num_sms(device)
+        split = 1 if 2 * tiles >= sms else max(1, min(triton.cdiv(sms, tiles), chunks // 4))
     split = max(1, min(split, chunks))
     k_per = triton.cdiv(chunks, split) * bk
     return k_per, triton.cdiv(k, k_per)
@@ -413,6 +475,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     else:
         ws, cnt = y, y  # unused
     has_norm = norm_weight is not None
+    prologue = cfg.norm_prologue if cfg.norm_prologue is not None else cfg.kind == "gemv"
+    if has_norm and not prologue:
+        # normalise the few rows once (the rms_norm kernel, same roundings), then a plain GEMM:
+        # on the H200 the per-tile prologue cost the dot kernel 20% at M = 16 (the x operand
+        # then goes through registers instead of the cp.async pipeline)
+        from specc.codegen.kernels.rmsnorm import rms_norm as _rms_norm
+
+        h = _rms_norm(x2, norm_weight, eps)
+        return linear(h, weight, bias, config=cfg.replace(norm_prologue=None)).reshape(*lead, n)
     if has_norm:
         rstd = row_rstd(x2, eps)
         g = norm_weight.contiguous()
@@ -426,7 +497,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         grid = (triton.cdiv(n, cfg.block_n), split, m)
         _gemv_kernel[grid](
             x2, weight, y, b, g, rstd, ws, cnt, m, n, k, k_per, x2.stride(0), weight.stride(0),
-            y.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=even_k, **common)
+            y.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=even_k,
+            X_2D=(not has_norm) if cfg.x_2d is None else bool(cfg.x_2d), **common)
     else:
         dot_f32 = INTERPRETED or weight.dtype == torch.float32 or out_dtype != weight.dtype
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))

@@ -4,18 +4,24 @@ W is a :class:`specc.formats.bf12.Packed12` of an ``[N, K]`` bf16 weight (``nn.L
 its module docstring describes the layout this kernel was designed around. One Triton kernel,
 two inner loops chosen by the config:
 
-* ``kind="fma"`` (M = 1 .. ~4: decode-bound GEMV). Each program owns ``BLOCK_N`` rows and a
-  range of K-words (split-K); per iteration it loads three int64 ``[BLOCK_N, BLOCK_J]`` tiles
-  (two sign|mantissa planes, one code plane; 24 bytes per word of 16 weights, all contiguous
-  along K), decodes each phase pair into a bf16x2 word with ~4 integer ops (prmt + shift +
-  2 lop3; ``use_asm`` emits exactly that, else the same in Triton ops), widens to fp32 (one
-  shift / one and) and FMAs into an fp32 ``[BLOCK_M, BLOCK_N, BLOCK_J]`` accumulator, reduced
-  once at the end. The 16 phases of a word are 16 contiguous slices of x, so x loads are plain
-  vector loads too.
-* ``kind="dot"`` (M = 2 .. 64: tensor cores). The same decode yields 16 bf16 ``[BLOCK_N,
-  BLOCK_J]`` phase tiles per iteration; each goes through ``tl.dot`` with the matching x slice
-  (16 dots with K = BLOCK_J, fp32 accumulation). ``swap_ab`` computes ``W @ x^T`` instead, which
-  puts the decoded tile in the A (register) slot and the tiny M in the MMA's N.
+* ``kind="fma"`` (M = 1 .. 4: a decode-bound GEMV on CUDA cores). Each program owns
+  ``BLOCK_N`` rows and a range of 16-weight words (all of K, or a split-K share); per iteration
+  it loads three int64 ``[BLOCK_N, BLOCK_J]`` tiles (two sign|mantissa planes and the code
+  plane: 24 bytes per word, all contiguous along K and in one register layout), decodes each
+  pair of weights into a bf16x2 word with ~4 integer ops (prmt + shift + 2 lop3; ``use_asm``
+  emits exactly that, else the same in Triton ops), widens to fp32 (one shift / one and) and
+  FMAs into one fp32 ``[BLOCK_N, BLOCK_J]`` accumulator per row of x, reduced once at the end.
+  x is read as ``[1, BLOCK_J]`` slices broadcast along rows (bf16 x: as int32 pairs, one load
+  and shift/and per pair), so one x value serves every row a thread holds. ``prefetch`` issues
+  the next tile's loads before decoding the current one (software pipelining in registers;
+  Triton's own pipeliner only handles loops that feed a dot).
+* ``kind="dot"`` (M = 2 .. 64: tensor cores). The same decode gives 8 bf16x2 tiles per
+  iteration; a tree of ``tl.join`` puts them back in natural K order as one bf16
+  ``[BLOCK_N, 16 * BLOCK_J]`` tile (the order of the joins is the bit order of the weight's
+  index in its word, so the final reshape is free in registers), and one ``tl.dot`` with the
+  contiguous x tile ``[BLOCK_M, 16 * BLOCK_J]`` accumulates in fp32. Triton pipelines the raw
+  int64 tiles and x through shared memory (cp.async, ``num_stages``). ``swap_ab`` computes
+  ``W @ x^T`` instead (decoded tile as MMA operand A, the small M as the MMA's N).
 
 Exactness. The kernel never branches on escapes: the planes store an escaped weight as the
 finite stand-in ``2**(base - 127)`` (see the format). After the main loop each program walks
@@ -76,6 +82,72 @@ M_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # ------------------------------------------------------------------------------------------
 # the kernel
 # ------------------------------------------------------------------------------------------
+@triton.jit
+def _decode_pair(sw, c32, P: tl.constexpr, USE_ASM: tl.constexpr):
+    """Weights (8h + 2P, 8h + 2P + 1) of a word as one bf16x2 (uint32, low half first), with
+    exponent 0x70 + code, i.e. scaled by 2**(112 - base). ``sw``: the 4 sm bytes of pairs
+    (P & ~1, P | 1) of half h; ``c32``: the 8 codes of half h (see the format docstring)."""
+    # codes of the pair -> bits 7..10 and 23..26
+    if P == 0:
+        ec = c32 << 7
+    elif P == 1:
+        ec = c32 << 3
+    elif P == 2:
+        ec = c32 >> 1
+    else:
+        ec = c32 >> 5
+    if USE_ASM:
+        if P % 2 == 0:
+            wp = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, u; prmt.b32 t, $1, $1, 0x1100; "
+                "lop3.b32 u, $2, 0x07800780, 0x38003800, 0xEA; "
+                "lop3.b32 $0, t, 0x807F807F, u, 0xEA; }",
+                "=r,r,r", [sw, ec], dtype=tl.uint32, is_pure=True, pack=1)
+        else:
+            wp = tl.inline_asm_elementwise(
+                "{ .reg .b32 t, u; prmt.b32 t, $1, $1, 0x3322; "
+                "lop3.b32 u, $2, 0x07800780, 0x38003800, 0xEA; "
+                "lop3.b32 $0, t, 0x807F807F, u, 0xEA; }",
+                "=r,r,r", [sw, ec], dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        if P % 2 == 0:
+            smp = (sw & 0x7F) | ((sw << 8) & 0x7F8000) | ((sw << 16) & 0x80000000)
+        else:
+            smp = ((sw >> 16) & 0x7F) | ((sw >> 8) & 0x7F8000) | (sw & 0x80000000)
+        wp = smp | ((ec & 0x07800780) | 0x38003800)
+    return wp
+
+
+@triton.jit
+def _fma_pair(acc, wp, xp, k_e, xmask, K, X_PAIRS: tl.constexpr):
+    """acc += w[k_e] * x[k_e] + w[k_e + 1] * x[k_e + 1] in fp32 (weights from bf16x2 ``wp``).
+    ``xp``: the x row (int32 pairs of bf16 if X_PAIRS, else elements); ``k_e``: [1, BLOCK_J]."""
+    f_e = (wp << 16).to(tl.float32, bitcast=True)
+    f_o = (wp & 0xFFFF0000).to(tl.float32, bitcast=True)
+    if X_PAIRS:
+        x2 = tl.load(xp + (k_e >> 1), mask=xmask & (k_e < K), other=0)
+        x_e = (x2 << 16).to(tl.float32, bitcast=True)
+        x_o = (x2 & -65536).to(tl.float32, bitcast=True)
+    else:
+        x_e = tl.load(xp + k_e, mask=xmask & (k_e < K), other=0.0).to(tl.float32)
+        x_o = tl.load(xp + k_e + 1, mask=xmask & (k_e + 1 < K), other=0.0).to(tl.float32)
+    acc += f_e * x_e
+    acc += f_o * x_o
+    return acc
+
+
+@triton.jit
+def _halves(wp, DOT_BF16: tl.constexpr):
+    if DOT_BF16:
+        lo = wp.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        hi = (wp >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        lo = (wp << 16).to(tl.float32, bitcast=True)
+        hi = (wp & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
 def _bf12_linear_kernel(
     x_ptr, sm_ptr, ex_ptr, base_ptr, y_ptr, bias_ptr,
     rowptr_ptr, erow_ptr, ecol_ptr, etrue_ptr, efake_ptr,
@@ -86,6 +158,7 @@ def _bf12_linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ESC: tl.constexpr,
     ESC_BLOCK: tl.constexpr, DOT_BF16: tl.constexpr, USE_ASM: tl.constexpr,
+    X_PAIRS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -99,139 +172,138 @@ def _bf12_linear_kernel(
     rows64 = offs_n.to(tl.int64)
     sm_rows = sm_ptr + rows64[:, None] * (2 * K16)  # int64 words; plane h at + h * K16
     ex_rows = ex_ptr + rows64[:, None] * K16
-    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1]
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1] (escape loop)
 
     if USE_DOT:
         if SWAP_AB:
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_lim = tl.minimum(K, 16 * j_end)
     else:
-        # one [BLOCK_N, BLOCK_J] accumulator per row of x (BLOCK_M <= 4), all in the layout of
-        # the weight tiles: x slices are loaded as [BLOCK_N, BLOCK_J] broadcasts with the same
-        # per-thread vector width (max_contiguous 2 = the two int64 words a thread loads), so
-        # Triton needs no layout conversion (shared-memory round trip) inside the loop.
-        xb = x_ptr + (pid_m * BLOCK_M).to(tl.int64) * stride_xm
-        zrow = tl.zeros((BLOCK_N, 1), dtype=tl.int32)
-        mrow = pid_m * BLOCK_M + tl.zeros((1, 1), dtype=tl.int32)
+        # One [BLOCK_N, BLOCK_J] fp32 accumulator per row of x (BLOCK_M <= 4), in the layout of
+        # the weight tiles; the x slices are [1, BLOCK_J] and broadcast along rows.
+        x0 = x_ptr + (pid_m * BLOCK_M).to(tl.int64) * stride_xm
         acc0 = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
         if BLOCK_M > 1:
             acc1 = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
         if BLOCK_M > 2:
             acc2 = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
             acc3 = tl.zeros((BLOCK_N, BLOCK_J), dtype=tl.float32)
+        if PREFETCH:  # software pipelining in registers: next tile's loads fly during decode
+            offs_p = j_start + tl.arange(0, BLOCK_J)
+            pmask = mask_n[:, None] & (offs_p < j_end)[None, :]
+            nx_a = tl.load(sm_rows + offs_p[None, :], mask=pmask, other=0)
+            nx_b = tl.load(sm_rows + K16 + offs_p[None, :], mask=pmask, other=0)
+            nx_c = tl.load(ex_rows + offs_p[None, :], mask=pmask, other=0)
 
     for j0 in range(j_start, j_end, BLOCK_J):
         offs_j = j0 + tl.arange(0, BLOCK_J)
         mask_j = offs_j < j_end
-        wmask = mask_n[:, None] & mask_j[None, :]
-        s_a = tl.load(sm_rows + offs_j[None, :], mask=wmask, other=0)
-        s_b = tl.load(sm_rows + K16 + offs_j[None, :], mask=wmask, other=0)
-        cw = tl.load(ex_rows + offs_j[None, :], mask=wmask, other=0)
-        for h in tl.static_range(2):
-            if h == 0:
-                s64 = s_a
-                c32 = cw.to(tl.uint32)
+        if PREFETCH and not USE_DOT:
+            s_a = nx_a
+            s_b = nx_b
+            cw = nx_c
+            offs_p = offs_j + BLOCK_J
+            pmask = mask_n[:, None] & (offs_p < j_end)[None, :]
+            nx_a = tl.load(sm_rows + offs_p[None, :], mask=pmask, other=0)
+            nx_b = tl.load(sm_rows + K16 + offs_p[None, :], mask=pmask, other=0)
+            nx_c = tl.load(ex_rows + offs_p[None, :], mask=pmask, other=0)
+        else:
+            wmask = mask_n[:, None] & mask_j[None, :]
+            s_a = tl.load(sm_rows + offs_j[None, :], mask=wmask, other=0)
+            s_b = tl.load(sm_rows + K16 + offs_j[None, :], mask=wmask, other=0)
+            cw = tl.load(ex_rows + offs_j[None, :], mask=wmask, other=0)
+        c0 = cw.to(tl.uint32)
+        c1 = (cw >> 32).to(tl.uint32)
+        a_lo = s_a.to(tl.uint32)
+        a_hi = (s_a >> 32).to(tl.uint32)
+        b_lo = s_b.to(tl.uint32)
+        b_hi = (s_b >> 32).to(tl.uint32)
+        # w{h}{p}: weights 16 j + 8 h + 2 p (+1)
+        w00 = _decode_pair(a_lo, c0, 0, USE_ASM)
+        w01 = _decode_pair(a_lo, c0, 1, USE_ASM)
+        w02 = _decode_pair(a_hi, c0, 2, USE_ASM)
+        w03 = _decode_pair(a_hi, c0, 3, USE_ASM)
+        w10 = _decode_pair(b_lo, c1, 0, USE_ASM)
+        w11 = _decode_pair(b_lo, c1, 1, USE_ASM)
+        w12 = _decode_pair(b_hi, c1, 2, USE_ASM)
+        w13 = _decode_pair(b_hi, c1, 3, USE_ASM)
+        if USE_DOT:
+            # [BLOCK_N, 16 * BLOCK_J] in natural K order: joins from the slowest index of
+            # q = 8h + 4p1 + 2p0 + parity to the fastest (join appends the fastest dim)
+            l00, h00 = _halves(w00, DOT_BF16)
+            l01, h01 = _halves(w01, DOT_BF16)
+            l02, h02 = _halves(w02, DOT_BF16)
+            l03, h03 = _halves(w03, DOT_BF16)
+            l10, h10 = _halves(w10, DOT_BF16)
+            l11, h11 = _halves(w11, DOT_BF16)
+            l12, h12 = _halves(w12, DOT_BF16)
+            l13, h13 = _halves(w13, DOT_BF16)
+            # over h
+            t0l = tl.join(l00, l10)
+            t0h = tl.join(h00, h10)
+            t1l = tl.join(l01, l11)
+            t1h = tl.join(h01, h11)
+            t2l = tl.join(l02, l12)
+            t2h = tl.join(h02, h12)
+            t3l = tl.join(l03, l13)
+            t3h = tl.join(h03, h13)
+            # over p1 (p = 2 p1 + p0)
+            u0l = tl.join(t0l, t2l)
+            u0h = tl.join(t0h, t2h)
+            u1l = tl.join(t1l, t3l)
+            u1h = tl.join(t1h, t3h)
+            # over p0, then parity
+            vl = tl.join(u0l, u1l)
+            vh = tl.join(u0h, u1h)
+            wt = tl.reshape(tl.join(vl, vh), (BLOCK_N, 16 * BLOCK_J))
+            offs_k = 16 * j0 + tl.arange(0, 16 * BLOCK_J)
+            xt = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < k_lim)[None, :],
+                         other=0.0)
+            if DOT_BF16:
+                xt = xt.to(tl.bfloat16)
+                if SWAP_AB:
+                    acc = tl.dot(wt, tl.trans(xt), acc)
+                else:
+                    acc = tl.dot(xt, tl.trans(wt), acc)
             else:
-                s64 = s_b
-                c32 = (cw >> 32).to(tl.uint32)
-            for p in tl.static_range(4):
-                if p < 2:
-                    sw = s64.to(tl.uint32)
+                xt = xt.to(tl.float32)
+                if SWAP_AB:
+                    acc = tl.dot(wt, tl.trans(xt), acc, input_precision="ieee")
                 else:
-                    sw = (s64 >> 32).to(tl.uint32)
-                # codes of phases (8h + 2p, 8h + 2p + 1) -> bits 7..10 and 23..26
-                if p == 0:
-                    ec = c32 << 7
-                elif p == 1:
-                    ec = c32 << 3
-                elif p == 2:
-                    ec = c32 >> 1
+                    acc = tl.dot(xt, tl.trans(wt), acc, input_precision="ieee")
+        else:
+            kb = 16 * offs_j[None, :]  # [1, BLOCK_J]
+            for m in tl.static_range(BLOCK_M):
+                xp = x0 + m * stride_xm
+                m_ok = (pid_m * BLOCK_M + m + tl.zeros((1, 1), dtype=tl.int32)) < M
+                xmask = mask_j[None, :] & m_ok
+                if m == 0:
+                    a = acc0
+                elif m == 1:
+                    a = acc1
+                elif m == 2:
+                    a = acc2
                 else:
-                    ec = c32 >> 5
-                if USE_ASM:
-                    if p % 2 == 0:
-                        wp = tl.inline_asm_elementwise(
-                            "{ .reg .b32 t, u; prmt.b32 t, $1, $1, 0x1100; "
-                            "lop3.b32 u, $2, 0x07800780, 0x38003800, 0xEA; "
-                            "lop3.b32 $0, t, 0x807F807F, u, 0xEA; }",
-                            "=r,r,r", [sw, ec], dtype=tl.uint32, is_pure=True, pack=1)
-                    else:
-                        wp = tl.inline_asm_elementwise(
-                            "{ .reg .b32 t, u; prmt.b32 t, $1, $1, 0x3322; "
-                            "lop3.b32 u, $2, 0x07800780, 0x38003800, 0xEA; "
-                            "lop3.b32 $0, t, 0x807F807F, u, 0xEA; }",
-                            "=r,r,r", [sw, ec], dtype=tl.uint32, is_pure=True, pack=1)
+                    a = acc3
+                # (with X_PAIRS, K is even: a pair is all in range or all out)
+                a = _fma_pair(a, w00, xp, kb, xmask, K, X_PAIRS)
+                a = _fma_pair(a, w01, xp, kb + 2, xmask, K, X_PAIRS)
+                a = _fma_pair(a, w02, xp, kb + 4, xmask, K, X_PAIRS)
+                a = _fma_pair(a, w03, xp, kb + 6, xmask, K, X_PAIRS)
+                a = _fma_pair(a, w10, xp, kb + 8, xmask, K, X_PAIRS)
+                a = _fma_pair(a, w11, xp, kb + 10, xmask, K, X_PAIRS)
+                a = _fma_pair(a, w12, xp, kb + 12, xmask, K, X_PAIRS)
+                a = _fma_pair(a, w13, xp, kb + 14, xmask, K, X_PAIRS)
+                if m == 0:
+                    acc0 = a
+                elif m == 1:
+                    acc1 = a
+                elif m == 2:
+                    acc2 = a
                 else:
-                    if p % 2 == 0:
-                        smp = (sw & 0x7F) | ((sw << 8) & 0x7F8000) | ((sw << 16) & 0x80000000)
-                    else:
-                        smp = ((sw >> 16) & 0x7F) | ((sw >> 8) & 0x7F8000) | (sw & 0x80000000)
-                    wp = smp | ((ec & 0x07800780) | 0x38003800)
-                # wp: bf16x2, low half = phase q_e, high half = phase q_e + 1
-                q_e = 8 * h + 2 * p
-                k_e = q_e * K16 + offs_j
-                k_o = k_e + K16
-                if USE_DOT and DOT_BF16:
-                    w_e = wp.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-                    w_o = (wp >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-                else:
-                    w_e = (wp << 16).to(tl.float32, bitcast=True)
-                    w_o = (wp & 0xFFFF0000).to(tl.float32, bitcast=True)
-                if USE_DOT:
-                    xm_e = mask_m[:, None] & (mask_j & (k_e < K))[None, :]
-                    xm_o = mask_m[:, None] & (mask_j & (k_o < K))[None, :]
-                    x_e = tl.load(x_rows + k_e[None, :], mask=xm_e, other=0.0)
-                    x_o = tl.load(x_rows + k_o[None, :], mask=xm_o, other=0.0)
-                    if DOT_BF16:
-                        x_e = x_e.to(tl.bfloat16)
-                        x_o = x_o.to(tl.bfloat16)
-                    else:
-                        x_e = x_e.to(tl.float32)
-                        x_o = x_o.to(tl.float32)
-                    if DOT_BF16:
-                        if SWAP_AB:
-                            acc = tl.dot(w_e, tl.trans(x_e), acc)
-                            acc = tl.dot(w_o, tl.trans(x_o), acc)
-                        else:
-                            acc = tl.dot(x_e, tl.trans(w_e), acc)
-                            acc = tl.dot(x_o, tl.trans(w_o), acc)
-                    else:
-                        if SWAP_AB:
-                            acc = tl.dot(w_e, tl.trans(x_e), acc, input_precision="ieee")
-                            acc = tl.dot(w_o, tl.trans(x_o), acc, input_precision="ieee")
-                        else:
-                            acc = tl.dot(x_e, tl.trans(w_e), acc, input_precision="ieee")
-                            acc = tl.dot(x_o, tl.trans(w_o), acc, input_precision="ieee")
-                else:
-                    xo_e = k_e[None, :]
-                    xo_o = k_o[None, :]
-                    xm_e = mask_j[None, :] & (xo_e < K)
-                    xm_o = mask_j[None, :] & (xo_o < K)
-                    x_e = tl.load(xb + xo_e, mask=xm_e & (mrow < M), other=0.0)
-                    x_o = tl.load(xb + xo_o, mask=xm_o & (mrow < M), other=0.0)
-                    acc0 += w_e * x_e.to(tl.float32)
-                    acc0 += w_o * x_o.to(tl.float32)
-                    if BLOCK_M > 1:
-                        x_e = tl.load(xb + stride_xm + xo_e, mask=xm_e & (mrow + 1 < M),
-                                      other=0.0)
-                        x_o = tl.load(xb + stride_xm + xo_o, mask=xm_o & (mrow + 1 < M),
-                                      other=0.0)
-                        acc1 += w_e * x_e.to(tl.float32)
-                        acc1 += w_o * x_o.to(tl.float32)
-                    if BLOCK_M > 2:
-                        x_e = tl.load(xb + 2 * stride_xm + xo_e,
-                                      mask=xm_e & (mrow + 2 < M), other=0.0)
-                        x_o = tl.load(xb + 2 * stride_xm + xo_o,
-                                      mask=xm_o & (mrow + 2 < M), other=0.0)
-                        acc2 += w_e * x_e.to(tl.float32)
-                        acc2 += w_o * x_o.to(tl.float32)
-                        x_e = tl.load(xb + 3 * stride_xm + xo_e,
-                                      mask=xm_e & (mrow + 3 < M), other=0.0)
-                        x_o = tl.load(xb + 3 * stride_xm + xo_o,
-                                      mask=xm_o & (mrow + 3 < M), other=0.0)
-                        acc3 += w_e * x_e.to(tl.float32)
-                        acc3 += w_o * x_o.to(tl.float32)
+                    acc3 = a
 
     if USE_DOT:
         if SWAP_AB:
@@ -264,12 +336,18 @@ def _bf12_linear_kernel(
             e_row = tl.load(erow_ptr + offs_e, mask=m_e, other=-1)
             e_col = tl.load(ecol_ptr + offs_e, mask=m_e, other=0)
             if SPLIT_K > 1:
-                e_j = e_col % K16
+                e_j = e_col // 16
                 m_e = m_e & (e_j >= j_start) & (e_j < j_end)
             w_true = tl.load(etrue_ptr + offs_e, mask=m_e, other=0.0)
             w_fake = tl.load(efake_ptr + offs_e, mask=m_e, other=0.0)
-            xv = tl.load(x_rows + e_col[None, :], mask=mask_m[:, None] & m_e[None, :],
-                         other=0.0).to(tl.float32)  # [BLOCK_M, ESC_BLOCK]
+            if X_PAIRS:  # x is viewed as int32 pairs of bf16
+                x2 = tl.load(x_rows + (e_col >> 1)[None, :], mask=mask_m[:, None] & m_e[None, :],
+                             other=0)
+                x2 = tl.where((e_col & 1)[None, :] == 1, x2 & -65536, x2 << 16)
+                xv = x2.to(tl.float32, bitcast=True)
+            else:
+                xv = tl.load(x_rows + e_col[None, :], mask=mask_m[:, None] & m_e[None, :],
+                             other=0.0).to(tl.float32)  # [BLOCK_M, ESC_BLOCK]
             contrib = xv * w_true[None, :] - xv * w_fake[None, :]
             hit = (e_row[:, None] == offs_n[None, :]) & m_e[:, None]  # [ESC_BLOCK, BLOCK_N]
             out += tl.sum(tl.where(hit[None, :, :], contrib[:, :, None], 0.0), axis=1)
@@ -296,7 +374,7 @@ def _bf12_linear_kernel(
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
 
 
-_kernel = triton.jit(_bf12_linear_kernel)
+_kernel = _bf12_linear_kernel
 # Triton's interpreter replaces its own library functions (tl.zeros, tl.sum, ...) when it is
 # imported with TRITON_INTERPRET=1, so the mode is fixed process-wide at triton's import.
 INTERPRETED = type(_kernel).__name__ == "InterpretedFunction"
@@ -308,8 +386,9 @@ INTERPRETED = type(_kernel).__name__ == "InterpretedFunction"
 @dataclasses.dataclass(frozen=True)
 class Bf12Config:
     """Launch parameters. ``block_j`` counts 16-weight words, so one iteration covers
-    ``16 * block_j`` weights of K per row. ``kind="dot"`` needs ``block_m, block_n, block_j
-    >= 16``; for ``kind="fma"`` keep ``block_m`` small (it multiplies the accumulator)."""
+    ``16 * block_j`` weights of K per row (the dot's K tile). ``kind="dot"`` needs ``block_m,
+    block_n >= 16``; ``kind="fma"`` takes ``block_m`` in (1, 2, 4). ``prefetch`` (fma) loads
+    the next tile into registers while the current one is decoded."""
 
     kind: str = "fma"
     block_m: int = 1
@@ -320,6 +399,7 @@ class Bf12Config:
     num_stages: int = 2
     swap_ab: bool = False
     use_asm: bool = True
+    prefetch: bool = True
     esc_block: int = 16
 
     def __post_init__(self):
@@ -329,8 +409,8 @@ class Bf12Config:
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"Bf12Config.{name} must be a power of two, got {v}")
-        if self.kind == "dot" and min(self.block_m, self.block_n, self.block_j) < 16:
-            raise ValueError("Bf12Config(kind='dot') needs block_m, block_n, block_j >= 16")
+        if self.kind == "dot" and min(self.block_m, self.block_n) < 16:
+            raise ValueError("Bf12Config(kind='dot') needs block_m, block_n >= 16")
         if self.kind == "fma" and self.block_m > 4:
             raise ValueError("Bf12Config(kind='fma') supports block_m in (1, 2, 4)")
         if self.split_k < 1 or self.num_stages < 1:
@@ -350,12 +430,11 @@ def m_bucket(m: int) -> int:
 
 def _heuristic(mb: int, n: int, k: int) -> Bf12Config:
     if mb == 1:
-        return Bf12Config("fma", block_m=1, block_n=16, block_j=32, num_warps=4, num_stages=2)
+        return Bf12Config("fma", block_m=1, block_n=16, block_j=64, num_warps=4, num_stages=1)
     if mb <= 4:
-        return Bf12Config("fma", block_m=mb, block_n=16, block_j=16, num_warps=4, num_stages=2)
+        return Bf12Config("fma", block_m=mb, block_n=16, block_j=32, num_warps=4, num_stages=1)
     bm = max(16, mb)
-    return Bf12Config("dot", block_m=bm, block_n=32 if bm <= 16 else 64, block_j=32,
-                      num_warps=4, num_stages=2)
+    return Bf12Config("dot", block_m=bm, block_n=64, block_j=4, num_warps=4, num_stages=3)
 
 
 # (m_bucket, N, K) -> config, measured on an H200 (examples/bench_bf12.py; see
@@ -480,9 +559,6 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
     if x.device.type != "cuda" and not interpret:
         raise RuntimeError("linear_bf12 on a CPU tensor needs the Triton interpreter: set "
                            "TRITON_INTERPRET=1 before triton is first imported")
-    if interpret and x.dtype == torch.bfloat16:
-        raise TypeError("linear_bf12 under the Triton interpreter cannot do bf16 arithmetic; "
-                        "pass fp32 (or fp16) activations")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -499,6 +575,10 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
     if m == 0:
         return y.reshape(*lead, n)
     cfg = _as_config(config) if config is not None else get_config(m, n, k)
+    if interpret and x.dtype == torch.bfloat16 and cfg.kind == "dot":
+        # (the fma path is integer decode + fp32 FMAs, which the interpreter can run)
+        raise TypeError("linear_bf12 under the Triton interpreter cannot do bf16 dots; pass fp32 "
+                        "(or fp16) activations or use a kind='fma' config")
     meta = _kernel_meta(packed)
     k16 = packed.k16
     bj = cfg.block_j
@@ -511,17 +591,22 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
         ws, cnt = y, meta["rowptr"]  # unused
     kern = _kernel
     dummy = meta["rowptr"]
+    # fma path, bf16 x: load x as int32 pairs (one load + shift/and per pair of weights)
+    x_pairs = (cfg.kind == "fma" and x2.dtype == torch.bfloat16 and k % 2 == 0
+               and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0)
+    xk = x2.view(torch.int32) if x_pairs else x2
+    stride_xm = x2.stride(0) // 2 if x_pairs else x2.stride(0)
     kern[grid](
-        x2, meta["sm"], meta["ex"], meta["base"], y, bias if bias is not None else dummy,
+        xk, meta["sm"], meta["ex"], meta["base"], y, bias if bias is not None else dummy,
         meta["rowptr"], meta["erow"], meta["ecol"], meta["etrue"], meta["efake"],
         ws, cnt,
         m, n, k, k16, j_per,
-        x2.stride(0), y.stride(0), meta["stride_base"],
+        stride_xm, y.stride(0), meta["stride_base"],
         USE_DOT=cfg.kind == "dot", SWAP_AB=cfg.swap_ab,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_J=bj,
         SPLIT_K=split, HAS_BIAS=bias is not None, HAS_ESC=meta["num_esc"] > 0,
         ESC_BLOCK=cfg.esc_block, DOT_BF16=x.dtype == torch.bfloat16,
-        USE_ASM=cfg.use_asm and not interpret,
+        USE_ASM=cfg.use_asm and not interpret, X_PAIRS=x_pairs, PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y.reshape(*lead, n)

@@ -31,10 +31,11 @@ if not INTERPRETED and not HAS_CUDA:
 
 CONFIGS = {
     "fma-m1": Bf12Config("fma", block_m=1, block_n=16, block_j=4),
+    "fma-m1-noprefetch": Bf12Config("fma", block_m=1, block_n=8, block_j=2, prefetch=False, split_k=2),
     "fma-m2-split": Bf12Config("fma", block_m=2, block_n=8, block_j=2, split_k=3),
     "fma-m4": Bf12Config("fma", block_m=4, block_n=16, block_j=8),
-    "dot": Bf12Config("dot", block_m=16, block_n=16, block_j=16),
-    "dot-swap-split": Bf12Config("dot", block_m=16, block_n=16, block_j=16, swap_ab=True, split_k=2),
+    "dot": Bf12Config("dot", block_m=16, block_n=16, block_j=2),
+    "dot-swap-split": Bf12Config("dot", block_m=16, block_n=16, block_j=1, swap_ab=True, split_k=3),
 }
 
 
@@ -68,7 +69,7 @@ CASES = [(c, m) for c in CONFIGS for m in (1, 3, 16)
 @pytest.mark.parametrize("base", ["row", "tensor"])
 @pytest.mark.parametrize("cfg,m", CASES)
 def test_matches_reference_fp32(cfg, m, base):
-    n, k = 37, 200 + m  # N, K not multiples of any block; K16 = ceil(K / 16) words
+    n, k = 37, 120 + m  # N, K not multiples of any block; K16 = ceil(K / 16) words
     w = weight_with_escapes(n, k, seed=m)
     p = pack_bf16_12bit(w, base=base).to(DEV)
     assert p.num_escapes >= 4
@@ -80,6 +81,25 @@ def test_matches_reference_fp32(cfg, m, base):
     ref = linear_bf12_reference(x, p, bias)
     assert rel_err(y, ref64(x, w.to(DEV), bias)) < 2e-6
     assert rel_err(y, ref) < 2e-6
+
+
+def test_bf16_activations_on_fma_path():
+    # the fma path is integer decode + fp32 FMAs, so bf16 x (read as int32 pairs) runs anywhere;
+    # the accumulation must equal the fp32-x path's bit for bit (the interpreter truncates when
+    # it stores bf16, the GPU rounds to nearest: compare before the final rounding)
+    for k in (94, 206):  # K % 16 != 0: the x pair loads must stop at K
+        w = weight_with_escapes(40, k, seed=k)
+        p = pack_bf16_12bit(w).to(DEV)
+        x = torch.randn(3, k, device=DEV).bfloat16()
+        for cfg in (CONFIGS["fma-m1"], CONFIGS["fma-m4"], CONFIGS["fma-m2-split"]):
+            y = linear_bf12(x, p, config=cfg)
+            y32 = linear_bf12(x.float(), p, config=cfg)
+            assert y.dtype == torch.bfloat16
+            if INTERPRETED:
+                trunc = (y32.view(torch.int32) & -65536).view(torch.float32)
+                assert torch.equal(y.float(), trunc)
+            else:
+                assert torch.equal(y, y32.bfloat16())
 
 
 def test_escapes_are_applied_exactly():
@@ -138,6 +158,8 @@ def test_config_table_and_overrides():
     with pytest.raises(ValueError):
         Bf12Config("dot", block_m=8)
     with pytest.raises(ValueError):
+        Bf12Config("fma", block_m=8)
+    with pytest.raises(ValueError):
         Bf12Config("fma", block_n=24)
 
 
@@ -156,7 +178,9 @@ def test_launcher_errors():
         linear_bf12(torch.randn(1, 8, device=DEV), p3)
     if INTERPRETED:
         with pytest.raises(TypeError, match="bf16"):
-            linear_bf12(torch.randn(1, 32).bfloat16(), p)
+            linear_bf12(torch.randn(1, 32).bfloat16(), p, config=CONFIGS["dot"])
+    with pytest.raises(ValueError, match="out"):
+        linear_bf12(torch.randn(2, 32, device=DEV), p, out=torch.empty(2, 9, device=DEV))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,8 +202,10 @@ def test_bf16_gpu_matches_fp32_reference(m, base):
     bias = torch.randn(n, device="cuda").bfloat16()
     ref = ref64(x, w, bias)
     cublas = torch.nn.functional.linear(x, w, bias)
-    cfgs = [None, Bf12Config("dot", block_m=max(16, m_bucket(m)), block_n=32, block_j=32, split_k=2),
-            Bf12Config("fma", block_m=min(4, m_bucket(m)), block_n=32, block_j=16, use_asm=False)]
+    cfgs = [None, Bf12Config("dot", block_m=max(16, m_bucket(m)), block_n=32, block_j=4, split_k=2),
+            Bf12Config("dot", block_m=max(16, m_bucket(m)), block_n=64, block_j=4, swap_ab=True),
+            Bf12Config("fma", block_m=min(4, m_bucket(m)), block_n=32, block_j=16, use_asm=False,
+                       split_k=3)]
     for cfg in cfgs:
         if cfg is not None and cfg.kind == "fma" and m > 4:
             continue

@@ -1,0 +1,113 @@
+"""KV-cache compaction: move cache entries of chosen slots to other slots, per batch row.
+
+After tree verification the accepted path's K/V sit at scattered slots of the block; this copies
+``cache[b, :, src_slots[b, p]] -> cache[b, :, dst_slots[b, p]]`` for ``p < count[b]`` (all
+pairs without ``count``; pairs with a negative or out-of-range slot are skipped), for K and V,
+every KV head. Truncation needs no kernel: it is just the lengths.
+
+Each program owns one (row, KV head, D block) and loads every source entry of its pairs before
+it stores any (a barrier in between), so overlapping source and destination sets (compaction
+towards the front of the block) are safe. One launch per layer's cache pair.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specc.codegen.kernels._common import check_same_device, check_tensor, next_pow2, use_triton
+
+__all__ = ["kv_compact", "kv_compact_reference"]
+
+
+@triton.jit
+def _kv_compact_kernel(ck_ptr, cv_ptr, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
+                       stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                       stride_src, stride_dst,
+                       HAS_CNT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    b = pid // HKV
+    h = pid % HKV
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_p = tl.arange(0, BLOCK_P)
+    mask_p = offs_p < P
+    if HAS_CNT:
+        mask_p = mask_p & (offs_p < tl.load(cnt_ptr + b))
+    src = tl.load(src_ptr + b.to(tl.int64) * stride_src + offs_p, mask=mask_p, other=-1)
+    dst = tl.load(dst_ptr + b.to(tl.int64) * stride_dst + offs_p, mask=mask_p, other=-1)
+    ok = mask_p & (src >= 0) & (src < S) & (dst >= 0) & (dst < S)
+    m2 = ok[:, None] & (offs_d < D)[None, :]
+    kb = ck_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    vb = cv_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    src64 = src.to(tl.int64)[:, None]
+    dst64 = dst.to(tl.int64)[:, None]
+    kt = tl.load(kb + src64 * stride_ks + offs_d[None, :], mask=m2, other=0.0)
+    vt = tl.load(vb + src64 * stride_vs + offs_d[None, :], mask=m2, other=0.0)
+    tl.debug_barrier()
+    tl.store(kb + dst64 * stride_ks + offs_d[None, :], kt, mask=m2)
+    tl.store(vb + dst64 * stride_vs + offs_d[None, :], vt, mask=m2)
+
+
+def _check(cache_k, cache_v, src_slots, dst_slots, count, op):
+    check_tensor("cache_k", cache_k, op, ndim=4)
+    check_tensor("cache_v", cache_v, op, ndim=4)
+    if cache_k.shape != cache_v.shape:
+        raise ValueError(f"{op}: cache_k {tuple(cache_k.shape)} and cache_v "
+                         f"{tuple(cache_v.shape)} differ")
+    check_tensor("src_slots", src_slots, op, ndim=2, dtypes=(torch.int64, torch.int32))
+    check_tensor("dst_slots", dst_slots, op, ndim=2, dtypes=(torch.int64, torch.int32))
+    if src_slots.shape != dst_slots.shape:
+        raise ValueError(f"{op}: src_slots {tuple(src_slots.shape)} and dst_slots "
+                         f"{tuple(dst_slots.shape)} differ")
+    if src_slots.shape[0] > cache_k.shape[0]:
+        raise ValueError(f"{op}: {src_slots.shape[0]} rows of slots for a cache of "
+                         f"{cache_k.shape[0]} rows")
+    if count is not None:
+        check_tensor("count", count, op, ndim=1, dtypes=(torch.int64, torch.int32))
+        if count.shape[0] != src_slots.shape[0]:
+            raise ValueError(f"{op}: count must be [B={src_slots.shape[0]}]")
+    check_same_device(op, cache_k=cache_k, cache_v=cache_v, src_slots=src_slots,
+                      dst_slots=dst_slots, count=count)
+
+
+def kv_compact(cache_k: torch.Tensor, cache_v: torch.Tensor, src_slots: torch.Tensor,
+               dst_slots: torch.Tensor, count: torch.Tensor | None = None) -> None:
+    """In place: for rows b < B and pairs p (< count[b]) copy slot src_slots[b, p] to
+    dst_slots[b, p] in cache_k and cache_v ``[Bmax, Hkv, S, D]`` (all heads).
+    src/dst_slots: ``[B, P]`` int; count: ``[B]`` int or None."""
+    op = "kv_compact"
+    _check(cache_k, cache_v, src_slots, dst_slots, count, op)
+    if not use_triton(cache_k):
+        kv_compact_reference(cache_k, cache_v, src_slots, dst_slots, count)
+        return
+    bsz, p = src_slots.shape
+    _, hkv, s, d = cache_k.shape
+    if bsz == 0 or p == 0:
+        return
+    if cache_k.stride(-1) != 1 or cache_v.stride(-1) != 1:
+        raise ValueError(f"{op}: caches need unit stride along the head dim")
+    src = src_slots if src_slots.stride(-1) == 1 else src_slots.contiguous()
+    dst = dst_slots if dst_slots.stride(-1) == 1 else dst_slots.contiguous()
+    block_d = min(128, max(16, next_pow2(d)))
+    _kv_compact_kernel[(bsz * hkv, triton.cdiv(d, block_d))](
+        cache_k, cache_v, src, dst, count if count is not None else src, p, s, d, hkv,
+        cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
+        cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
+        src.stride(0), dst.stride(0),
+        HAS_CNT=count is not None, BLOCK_P=max(2, next_pow2(p)), BLOCK_D=block_d, num_warps=4)
+
+
+def kv_compact_reference(cache_k, cache_v, src_slots, dst_slots, count=None) -> None:
+    """Pure torch, in place (all sources are read before any destination is written)."""
+    bsz, p = src_slots.shape
+    s = cache_k.shape[2]
+    for b in range(bsz):
+        n = p if count is None else max(0, min(p, int(count[b])))
+        src = src_slots[b, :n].to(torch.int64)
+        dst = dst_slots[b, :n].to(torch.int64)
+        keep = (src >= 0) & (src < s) & (dst >= 0) & (dst < s)
+        src, dst = src[keep], dst[keep]
+        for cache in (cache_k, cache_v):
+            vals = cache[b, :, src].clone()
+            cache[b, :, dst] = vals

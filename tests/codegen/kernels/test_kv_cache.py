@@ -1,0 +1,60 @@
+"""kv_compact against the reference, including overlapping source/destination slots."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specc.codegen.kernels import kv_cache as C
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_compact(dev, dtype):
+    torch.manual_seed(0)
+    ck = torch.randn(3, 2, 20, 24).to(dtype).to(dev)
+    cv = torch.randn(3, 2, 20, 24).to(dtype).to(dev)
+    # row 0: accepted tree path at block slots 10 + [0, 2, 5] -> 10 + [0, 1, 2] (overlapping)
+    # row 1: a shifted chain 5..8 -> 4..7 (every destination but one is also a source)
+    # row 2: invalid slots are skipped
+    src = torch.tensor([[10, 12, 15, 0], [5, 6, 7, 8], [3, -1, 25, 4]], device=dev)
+    dst = torch.tensor([[10, 11, 12, 0], [4, 5, 6, 7], [9, 9, 1, 30]], device=dev)
+    count = torch.tensor([3, 4, 4], device=dev)
+    ck_r, cv_r = ck.clone(), cv.clone()
+    C.kv_compact(ck, cv, src, dst, count)
+    C.kv_compact_reference(ck_r, cv_r, src, dst, count)
+    assert torch.equal(ck, ck_r) and torch.equal(cv, cv_r)
+
+
+def test_kv_compact_semantics(dev):
+    ck = torch.arange(2 * 1 * 8 * 16, dtype=torch.float32, device=dev).view(2, 1, 8, 16)
+    cv = -ck.clone()
+    before_k, before_v = ck.clone(), cv.clone()
+    src = torch.tensor([[2, 4, 6]], device=dev)
+    dst = torch.tensor([[1, 2, 3]], device=dev)
+    C.kv_compact(ck, cv, src, dst)  # only row 0 (B = 1 < Bmax = 2)
+    for s, d in ((2, 1), (4, 2), (6, 3)):
+        assert torch.equal(ck[0, :, d], before_k[0, :, s])
+        assert torch.equal(cv[0, :, d], before_v[0, :, s])
+    assert torch.equal(ck[1], before_k[1]) and torch.equal(ck[0, :, 4:], before_k[0, :, 4:])
+
+
+def test_kv_compact_errors(dev):
+    ck = torch.zeros(1, 1, 4, 16, device=dev)
+    with pytest.raises(ValueError, match="differ"):
+        C.kv_compact(ck, ck.clone(), torch.zeros(1, 2, dtype=torch.long, device=dev),
+                     torch.zeros(1, 3, dtype=torch.long, device=dev))
+    with pytest.raises(ValueError, match="rows"):
+        C.kv_compact(ck, ck.clone(), torch.zeros(2, 2, dtype=torch.long, device=dev),
+                     torch.zeros(2, 2, dtype=torch.long, device=dev))
+
+
+@pytest.mark.gpu
+def test_kv_compact_bf16_gpu():
+    ck = torch.randn(8, 8, 4096, 128, device="cuda").bfloat16()
+    cv = torch.randn(8, 8, 4096, 128, device="cuda").bfloat16()
+    src = torch.randint(1000, 1064, (8, 16), device="cuda").sort(dim=1).values
+    dst = 1000 + torch.arange(16, device="cuda").expand(8, -1).contiguous()
+    ck_r, cv_r = ck.clone(), cv.clone()
+    C.kv_compact(ck, cv, src, dst)
+    C.kv_compact_reference(ck_r, cv_r, src, dst)
+    assert torch.equal(ck, ck_r) and torch.equal(cv, cv_r)

@@ -1,0 +1,172 @@
+"""linear: GEMV / skinny-GEMM Triton kernels (+ fused RMSNorm prologue) against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specc.codegen.kernels import linear as L
+from specc.models import ops
+
+GEMV = L.LinearConfig("gemv", block_n=8, block_k=32, split_k=1)
+GEMV_SPLIT = L.LinearConfig("gemv", block_n=16, block_k=16, split_k=3)
+DOT_SWAP = L.LinearConfig("dot", block_m=16, block_n=16, block_k=32, split_k=1, swap_ab=True)
+DOT_SPLIT = L.LinearConfig("dot", block_m=16, block_n=32, block_k=16, split_k=2, swap_ab=False)
+DOT_PROLOGUE = L.LinearConfig("dot", block_m=16, block_n=16, block_k=32, split_k=2,
+                              norm_prologue=True)
+CONFIGS = {"gemv": GEMV, "gemv_split": GEMV_SPLIT, "dot_swap": DOT_SWAP, "dot_split": DOT_SPLIT,
+           "dot_prologue": DOT_PROLOGUE, "auto": None}
+
+
+def _rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "dot_swap", "dot_split", "auto"])
+@pytest.mark.parametrize("m,n,k", [(1, 37, 96), (3, 21, 100), (18, 33, 64)])
+def test_linear_fp32(dev, cfg, m, n, k):
+    torch.manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, device=dev)
+    w = torch.randn(n, k, device=dev) * 0.1
+    b = torch.randn(n, device=dev)
+    y = L.linear(x, w, b, config=CONFIGS[cfg])
+    ref = L.linear_reference(x.double(), w.double(), b.double())
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    assert _rel(y, ref) < 2e-6
+
+
+@pytest.mark.parametrize("cfg", ["gemv_split", "dot_swap", "dot_prologue"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_linear_norm_prologue(dev, cfg, dtype):
+    torch.manual_seed(1)
+    m, n, k = (1 if cfg.startswith("gemv") else 5), 19, 80
+    x = (torch.randn(2, m, k, device=dev) * 3).to(dtype)
+    w = (torch.randn(n, k, device=dev) * 0.1).to(dtype)
+    g = (1 + 0.1 * torch.randn(k, device=dev)).to(dtype)
+    y = L.linear(x, w, None, norm_weight=g, eps=1e-6, config=CONFIGS[cfg])
+    assert y.shape == (2, m, n) and y.dtype == dtype
+    # the prologue rounds exactly like ops.rms_norm: same as the plain kernel on the normed x
+    h = ops.rms_norm(x, g, 1e-6)
+    y_unfused = L.linear(h, w, None, config=CONFIGS[cfg])
+    if dtype == torch.float32:
+        assert _rel(y, L.linear_reference(x.double(), w.double(), None, g.double(), 1e-6)) < 2e-6
+        assert _rel(y, y_unfused) < 2e-6
+    else:
+        # rstd may differ from torch's in the last fp32 bit: a rare one-ulp flip of h
+        assert _rel(y, y_unfused) < 2e-3
+        assert _rel(y, L.linear_reference(x.float(), w.float(), None, g.float(), 1e-6)) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cfg", ["gemv", "dot_split"])
+def test_linear_half_dtypes(dev, dtype, cfg):
+    torch.manual_seed(2)
+    m = 1 if cfg == "gemv" else 7
+    x = torch.randn(m, 64, device=dev).to(dtype)
+    w = (torch.randn(40, 64, device=dev) * 0.1).to(dtype)
+    b = torch.randn(40, device=dev).to(dtype)
+    y = L.linear(x, w, b, config=CONFIGS[cfg])
+    ref = L.linear_reference(x.float(), w.float(), b.float()).to(dtype)  # one rounding
+    assert y.dtype == dtype
+    ulp = 2.0 ** (-10 if dtype == torch.float16 else -7)
+    assert ((y.float() - ref.float()).abs() <= ulp * ref.float().abs() + 1e-3).all()
+
+
+def test_linear_bf16_weight_fp32_activations(dev):
+    torch.manual_seed(3)
+    x = torch.randn(3, 48, device=dev)
+    w = torch.randn(24, 48, device=dev).bfloat16()
+    y = L.linear(x, w, config=DOT_SWAP)
+    assert y.dtype == torch.float32
+    assert _rel(y, x.double() @ w.double().T) < 2e-6
+
+
+def test_split_k_deterministic_and_reusable(dev):
+    torch.manual_seed(4)
+    x = torch.randn(1, 128, device=dev)
+    w = torch.randn(50, 128, device=dev)
+    y1 = L.linear(x, w, config=GEMV_SPLIT)
+    y2 = L.linear(x, w, config=GEMV_SPLIT)
+    x2 = torch.randn(1, 128, device=dev)
+    y3 = L.linear(x2, w, config=GEMV_SPLIT)
+    assert torch.equal(y1, y2)
+    assert _rel(y3, x2.double() @ w.double().T) < 2e-6
+
+
+def test_empty_and_lead_dims(dev):
+    w = torch.randn(8, 16, device=dev)
+    assert L.linear(torch.randn(0, 16, device=dev), w).shape == (0, 8)
+    y = L.linear(torch.randn(2, 3, 16, device=dev), w)
+    assert y.shape == (2, 3, 8)
+
+
+def test_errors(dev):
+    w = torch.randn(8, 16, device=dev)
+    with pytest.raises(ValueError, match="expects"):
+        L.linear(torch.randn(2, 15, device=dev), w)
+    with pytest.raises(ValueError, match="bias"):
+        L.linear(torch.randn(2, 16, device=dev), w, torch.randn(7, device=dev))
+    with pytest.raises(ValueError, match="norm_weight"):
+        L.linear(torch.randn(2, 16, device=dev), w, norm_weight=torch.randn(8, device=dev))
+    with pytest.raises(TypeError):
+        L.linear(torch.randn(2, 16, device=dev).long(), w)
+    with pytest.raises(ValueError, match="power of two"):
+        L.LinearConfig("gemv", block_n=12)
+    with pytest.raises(ValueError, match=">= 16"):
+        L.LinearConfig("dot", block_m=8)
+
+
+def test_dot_norm_without_prologue_equals_rms_norm_then_linear(dev, monkeypatch):
+    torch.manual_seed(5)
+    x = torch.randn(4, 64, device=dev).bfloat16()
+    w = (torch.randn(24, 64, device=dev) * 0.1).bfloat16()
+    g = (1 + 0.1 * torch.randn(64, device=dev)).bfloat16()
+    from specc.codegen.kernels import rmsnorm as N
+
+    y = L.linear(x, w, None, g, 1e-6, config=DOT_SWAP)  # norm_prologue None: pre-normalise
+    assert torch.equal(y, L.linear(N.rms_norm(x, g, 1e-6), w, config=DOT_SWAP))
+
+
+def test_config_table():
+    assert [L.m_bucket(m) for m in (1, 2, 3, 5, 16, 17, 64, 65, 1000)] == [1, 2, 4, 8, 16, 32,
+                                                                          64, 128, 256]
+    assert L.get_config(1, 4096, 4096).kind == "gemv"
+    assert L.get_config(16, 4096, 4096).kind == "dot"
+    # measured table entries (Qwen3-8B), buckets 2 and 8 share the M = 4 / 16 winners
+    assert (1, 151936, 4096) in L.DEFAULT_CONFIGS and (64, 4096, 12288) in L.DEFAULT_CONFIGS
+    assert L.get_config(2, 4096, 4096) == L.get_config(4, 4096, 4096)
+    assert L.get_config(7, 6144, 4096) == L.get_config(16, 6144, 4096)
+    h = L.get_config(1, 1000, 2048)
+    assert (h.kind, h.block_n, h.block_k) == ("gemv", 4, 1024)
+    c = L.LinearConfig("gemv", block_n=32, block_k=128, split_k=2)
+    try:
+        L.set_config(1, 100, 200, c)
+        assert L.get_config(1, 100, 200) is c
+        L.set_config(3, 100, 200, {"kind": "dot", "block_m": 16, "block_n": 16, "block_k": 16})
+        assert L.get_config(4, 100, 200).block_k == 16
+    finally:
+        L.clear_configs()
+    assert L.get_config(1, 100, 200) != c
+
+
+def test_cpu_fallback_without_interpreter(monkeypatch):
+    monkeypatch.setattr(L, "use_triton", lambda *t: False)
+    x, w = torch.randn(2, 16), torch.randn(8, 16)
+    g = torch.rand(16) + 0.5
+    assert torch.equal(L.linear(x, w, None, g, 1e-5), L.linear_reference(x, w, None, g, 1e-5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 4, 16, 64])
+@pytest.mark.parametrize("norm", [False, True])
+def test_linear_bf16_gpu(m, norm):
+    torch.manual_seed(m)
+    n, k = 3000, 1024
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    w = (torch.randn(n, k, device="cuda") * 0.05).bfloat16()
+    b = torch.randn(n, device="cuda").bfloat16()
+    g = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16() if norm else None
+    y = L.linear(x, w, b, g, 1e-6)
+    ref = L.linear_reference(x.float(), w.float(), b.float(), None if g is None else g.float(), 1e-6)
+    assert _rel(y, ref) < 1e-2
