@@ -22,9 +22,11 @@ Usage:
   PYTHONPATH=. python examples/train_tiny.py --workdir /tmp/toy --stage all --preset toy \\
       --source-dir some/dir/with/py/files
 
-Each stage reads the previous stages' outputs from --workdir and writes its own there; the
-models land in WORKDIR/models/{specc-tiny,specc-tiny-pard,specc-tiny-dflash} with
-WORKDIR/models/MANIFEST.json. Stages with a time budget (``*_seconds``) shrink their step count
+--stage takes one stage, a comma-separated list, or all. Each stage reads the previous stages'
+outputs from --workdir and writes its own there; the models land in
+WORKDIR/models/{specc-tiny,specc-tiny-pard,specc-tiny-dflash} with WORKDIR/models/MANIFEST.json
+(ship them by copying those into specc/zoo/); eval writes WORKDIR/eval/metrics.json and
+tiny_acceptance.png. Stages with a time budget (``*_seconds``) shrink their step count
 to fit after timing their first steps; the step counts actually used are recorded, and passing
 them back (``--set target_steps=N``) with the same seed reproduces the run's data order.
 """
@@ -82,14 +84,14 @@ class Config:
     target_lr: float = 2e-3
     target_warmup: int = 150
     target_steps: int = 4000
-    target_seconds: float = 140.0
+    target_seconds: float = 110.0
     # target-generated (distillation) sequences shared by the drafters
     distill_batch: int = 2048
     distill_len: int = 384
     distill_prompt_min: int = 16
     distill_prompt_max: int = 128
     distill_max_seqs: int = 32768
-    distill_seconds: float = 20.0
+    distill_seconds: float = 12.0
     distill_fraction: float = 0.5  # share of drafter training samples taken from target generations
     # PARD drafter (Qwen3 causal LM)
     pard_hidden: int = 256
@@ -105,7 +107,7 @@ class Config:
     pard_lr: float = 2e-3
     pard_warmup: int = 100
     pard_steps: int = 4000
-    pard_seconds: float = 55.0
+    pard_seconds: float = 40.0
     # DFlash drafter
     dflash_layers: int = 2
     dflash_intermediate: int = 768
@@ -117,9 +119,10 @@ class Config:
     dflash_lr: float = 2e-3
     dflash_warmup: int = 100
     dflash_steps: int = 4000
-    dflash_seconds: float = 75.0
+    dflash_seconds: float = 65.0
     dflash_gamma: float = 7.0  # loss weight exp(-(i - 1) / gamma) at block slot i
     dflash_short_blocks: float = 0.25  # share of training blocks cut to a random shorter length
+    dflash_init_from_target: bool = True  # start the drafter layers as copies of the target's last layers
     # eval
     eval_prompts: int = 32
     eval_prompt_min: int = 64
@@ -236,6 +239,11 @@ class Budget:
         self.capped = False
 
     def update(self, step: int) -> None:
+        if step in (5, 25):
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
         if step == 5:
             self.t5 = time.time()
         if step == 25 and self.t5 is not None:
@@ -314,8 +322,6 @@ def lm_hidden(model, ids, positions, mask=None, capture=(), cache=None, start=0)
     """Final-normed hidden states of an HF Qwen3/Llama causal LM and the outputs of the layers in
     ``capture`` (HF's hidden_states[i + 1]). ``mask``: boolean [B, 1, T, T] visibility, else
     causal. ``cache``: per-layer [k, v] buffers for incremental decoding (positions start..)."""
-    import torch
-
     inner = model.model
     x = inner.embed_tokens(ids)
     cos, sin = inner.rotary_emb(x, positions)
@@ -552,7 +558,8 @@ def qwen3_config(cfg: Config, hidden, layers, heads, kv_heads, intermediate, ext
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.context, tie_word_embeddings=True, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}, rope_theta=cfg.rope_theta,
-        bos_token_id=None, eos_token_id=0, pad_token_id=0, initializer_range=0.02,
+        # no pad_token_id: HF would make the (eos) padding row of the tied embedding untrainable
+        bos_token_id=None, eos_token_id=0, pad_token_id=None, initializer_range=0.02,
     )
     for k, v in (extra or {}).items():
         setattr(conf, k, v)
@@ -572,6 +579,9 @@ def save_hf(model, path: Path, cfg: Config, work: Path, extra: dict | None = Non
     raw.update(extra or {})
     write_json(path / "config.json", raw)
     PreTrainedTokenizerFast.from_pretrained(str(work / "tokenizer")).save_pretrained(str(path))
+    tok_cfg = read_json(path / "tokenizer_config.json")
+    tok_cfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # transformers 5 writes its own alias; 4.x knows this
+    write_json(path / "tokenizer_config.json", tok_cfg)
 
 
 def load_target(work: Path, dev, dtype=None):
@@ -637,9 +647,9 @@ def stage_target(cfg: Config, work: Path) -> dict:
         step += 1
         budget.update(step)
         if step % cfg.log_every == 0 or step == budget.total:
-            losses.append((step, float(loss)))
+            losses.append((step, loss.item()))
             el = time.time() - t0
-            log(f"target: step {step}/{budget.total} loss {float(loss):.4f} lr {lr:.2e} "
+            log(f"target: step {step}/{budget.total} loss {loss.item():.4f} lr {lr:.2e} "
                 f"{step * cfg.target_batch * cfg.target_seq / el / 1e6:.2f}M tok/s {el:.0f}s")
     seconds = time.time() - t0
     model.eval()
@@ -730,34 +740,38 @@ def drafter_batch(tokens, generated, batch: int, length: int, fraction: float, r
 # stage: PARD
 
 
-def pard_layout(seq: int, k: int, ratio: float, min_ratio: float, rng, pad_to: int = 16):
-    """Conditional-drop-token layout for one row: (depth, pos) per element.
+def pard_layout(seq: int, k: int, ratio: float, min_ratio: float, rng, rows: int = 1, pad_to: int = 16):
+    """Conditional-drop-token layout: (depth, pos) per element, arrays [rows, N].
 
     Depth 0 holds the real tokens 0..seq-1. An element at depth d >= 1 and position p is a mask
     slot in the situation "tokens 0..p-d committed, masks at p-d+1..p"; it predicts token p+1.
-    A depth-d element at p exists only if the depth-(d-1) element at p-1 does (its chain).
-    Padding elements get depth -1.
+    A depth-d element at p exists only if the depth-(d-1) element at p-1 does (its chain), and
+    depth d keeps a random ratio**d (at least min_ratio) of the positions. Padding elements get
+    depth -1. N depends only on (seq, k, ratios).
     """
-    depth = [np.zeros(seq, dtype=np.int64)]
-    pos = [np.arange(seq, dtype=np.int64)]
-    prev = np.arange(seq)
+    depth = [np.zeros((rows, seq), dtype=np.int64)]
+    pos = [np.broadcast_to(np.arange(seq, dtype=np.int64), (rows, seq))]
+    prev = pos[0]
     for d in range(1, k):
-        cand = prev + 1
-        cand = cand[cand < seq]
-        keep = min(len(cand), int(seq * max(ratio ** d, min_ratio)))
-        if keep == 0:
+        cand = prev + 1  # sorted per row; only the last can fall off the end
+        # at least len(prev) - 1 candidates are valid, so this count is the same for every row
+        keep = min(prev.shape[1] - 1, int(seq * max(ratio ** d, min_ratio)))
+        if keep <= 0:
             break
-        prev = np.sort(rng.choice(cand, size=keep, replace=False))
-        depth.append(np.full(keep, d, dtype=np.int64))
+        key = np.where(cand < seq, rng.random(cand.shape), 2.0)
+        pick = np.sort(np.argsort(key, axis=1)[:, :keep], axis=1)
+        prev = np.take_along_axis(cand, pick, axis=1)
+        depth.append(np.full((rows, keep), d, dtype=np.int64))
         pos.append(prev)
-    depth, pos = np.concatenate(depth), np.concatenate(pos)
-    pad = (-len(depth)) % pad_to
-    return np.concatenate([depth, np.full(pad, -1)]), np.concatenate([pos, np.zeros(pad, dtype=np.int64)])
+    depth, pos = np.concatenate(depth, axis=1), np.concatenate(pos, axis=1)
+    pad = (-depth.shape[1]) % pad_to
+    return (np.concatenate([depth, np.full((rows, pad), -1)], axis=1),
+            np.concatenate([pos, np.zeros((rows, pad), dtype=np.int64)], axis=1))
 
 
 def pard_layout_size(cfg: Config) -> int:
     rng = np.random.default_rng(0)
-    return len(pard_layout(cfg.pard_seq, cfg.pard_k, cfg.pard_ratio, cfg.pard_min_ratio, rng)[0])
+    return pard_layout(cfg.pard_seq, cfg.pard_k, cfg.pard_ratio, cfg.pard_min_ratio, rng)[0].shape[1]
 
 
 def pard_mask(depth, pos):
@@ -777,9 +791,7 @@ def pard_inputs(rows: np.ndarray, cfg: Config, pard_token: int, rng):
     """ids, positions, labels, mask for a batch of [B, seq + 1] token rows."""
     import torch
 
-    layouts = [pard_layout(cfg.pard_seq, cfg.pard_k, cfg.pard_ratio, cfg.pard_min_ratio, rng) for _ in rows]
-    depth = np.stack([l[0] for l in layouts])
-    pos = np.stack([l[1] for l in layouts])
+    depth, pos = pard_layout(cfg.pard_seq, cfg.pard_k, cfg.pard_ratio, cfg.pard_min_ratio, rng, rows=len(rows))
     real = np.take_along_axis(rows, pos, axis=1)
     nxt = np.take_along_axis(rows, pos + 1, axis=1)
     ids = np.where(depth == 0, real, pard_token)
@@ -842,8 +854,8 @@ def stage_pard(cfg: Config, work: Path) -> dict:
                         depth_loss[k] = float(per_tok[sel].mean())
                         depth_acc[k] = float(correct[sel].mean())
                         depth_n[k] = float(sel.sum())
-            curve.append((step, float(loss)))
-            log(f"pard: step {step}/{budget.total} loss {float(loss):.4f} acc@depth0 {depth_acc[0]:.3f} "
+            curve.append((step, loss.item()))
+            log(f"pard: step {step}/{budget.total} loss {loss.item():.4f} acc@depth0 {depth_acc[0]:.3f} "
                 f"acc@depth{cfg.pard_k - 1} {depth_acc[-1]:.3f} lr {lr:.2e} {time.time() - t0:.0f}s")
     seconds = time.time() - t0
     model.eval()
@@ -906,6 +918,22 @@ def dflash_mask(anchors, lengths, ctx_len: int, block: int):
     return torch.cat([ctx_vis, blk_vis], dim=2)[:, None]
 
 
+def dflash_labels(greedy, anchors, lengths, block: int):
+    """Labels [B, n, b] and validity for training blocks: slot i of the block anchored at a
+    predicts the token at position a + i, and the label is the target's greedy choice there
+    given the sequence before it, greedy[a + i - 1] (on the target's own continuations this is
+    the next token itself). Slot 0, slots past the block's length and past the row are invalid."""
+    import torch
+
+    seq = greedy.shape[1]
+    bsz, n = anchors.shape
+    slot = torch.arange(block, device=anchors.device)
+    idx = anchors[:, :, None] + slot - 1
+    labels = greedy.gather(1, idx.clamp(0, seq - 1).reshape(bsz, -1)).reshape(bsz, n, block)
+    valid = (slot >= 1) & (slot < lengths[:, :, None]) & (idx <= seq - 1)
+    return labels, valid
+
+
 def new_dflash(cfg: Config, mask_token_id: int):
     import torch
 
@@ -918,6 +946,18 @@ def new_dflash(cfg: Config, mask_token_id: int):
             if p.dim() == 2:
                 p.normal_(0.0, 0.02)
     return draft, raw
+
+
+def init_from_target(draft, target) -> None:
+    """Copy the target's last layers into the drafter's layers (same shapes, same names)."""
+    import torch
+
+    src = target.model.layers[len(target.model.layers) - len(draft.layers):]
+    with torch.no_grad():
+        for mine, theirs in zip(draft.layers, src):
+            ref = dict(theirs.named_parameters())
+            for name, p in mine.named_parameters():
+                p.copy_(ref[name])
 
 
 def stage_dflash(cfg: Config, work: Path) -> dict:
@@ -934,6 +974,8 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
     for p in target.parameters():
         p.requires_grad_(False)
     draft, raw = new_dflash(cfg, mask_id)
+    if cfg.dflash_init_from_target and cfg.dflash_intermediate == cfg.intermediate:
+        init_from_target(draft, target)
     draft.to(dev).train()
     ids_layers = layer_ids(cfg)
     nparams = sum(p.numel() for p in draft.parameters())
@@ -960,9 +1002,8 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
             h, cap = lm_hidden(target, rows, pos, capture=ids_layers)
             greedy = head(h).argmax(-1)  # greedy[t]: the target's next token after position t
             ctx = torch.cat([cap[i] for i in ids_layers], dim=-1)
-        lab_idx = anchors[:, :, None] + slot - 1  # slot i predicts position anchor+i = greedy[anchor+i-1]
-        labels = greedy.gather(1, lab_idx.clamp(0, seq - 1).reshape(bsz, -1)).reshape(bsz, n, b)
-        weight = ((slot >= 1) & (slot < lengths[:, :, None]) & (lab_idx <= seq - 1)).float() * decay
+        labels, valid = dflash_labels(greedy, anchors, lengths, b)
+        weight = valid.float() * decay
         block_ids = torch.full((bsz, n, b), mask_id, dtype=torch.long, device=dev)
         block_ids[:, :, 0] = rows.gather(1, anchors)
         positions = torch.cat([pos, (anchors[:, :, None] + slot).reshape(bsz, -1)], dim=1)
@@ -988,8 +1029,8 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
                 for i in range(1, b):
                     sel = valid[:, :, i]
                     acc_slot[i] = float(hit[:, :, i][sel].mean()) if sel.any() else float("nan")
-            curve.append((step, float(loss)))
-            log(f"dflash: step {step}/{budget.total} loss {float(loss):.4f} acc@slot1 {acc_slot[1]:.3f} "
+            curve.append((step, loss.item()))
+            log(f"dflash: step {step}/{budget.total} loss {loss.item():.4f} acc@slot1 {acc_slot[1]:.3f} "
                 f"acc@slot{b - 1} {acc_slot[b - 1]:.3f} lr {lr:.2e} {time.time() - t0:.0f}s")
     seconds = time.time() - t0
     draft.eval()
@@ -1093,8 +1134,6 @@ def acceptance_curve(runs: list[dict], block: int, max_new: int) -> dict:
 
 
 def stage_eval(cfg: Config, work: Path) -> dict:
-    import torch
-
     dev = device()
     models = work / "models"
     target = load_target(work, dev)
@@ -1194,8 +1233,10 @@ def write_manifest(cfg: Config, work: Path, argv: list[str]) -> None:
         d = work / "models" / name
         if d.is_dir():
             files[name] = {f.name: f.stat().st_size for f in sorted(d.iterdir())}
+    commands_path = work / "commands.json"
+    commands = read_json(commands_path) if commands_path.is_file() else []
     manifest = {
-        "made_by": "examples/train_tiny.py", "command": " ".join(["python", "examples/train_tiny.py"] + argv),
+        "made_by": "examples/train_tiny.py", "commands": commands,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "seed": cfg.seed, "versions": versions(), "save_dtype": str(save_dtype(cfg)).replace("torch.", ""),
         "corpus": read_json(work / "corpus" / "manifest.json") if (work / "corpus" / "manifest.json").is_file() else None,
@@ -1210,9 +1251,10 @@ def write_manifest(cfg: Config, work: Path, argv: list[str]) -> None:
     write_json(work / "models" / "MANIFEST.json", manifest)
 
 
-def parse_config(args) -> Config:
+def parse_config(args, saved: dict | None = None) -> Config:
+    """The preset, or the settings a workdir's earlier stages ran with, then the overrides."""
     cfg = Config()
-    for k, v in PRESETS[args.preset].items():
+    for k, v in (saved if saved is not None else PRESETS[args.preset]).items():
         setattr(cfg, k, v)
     for item in args.set or []:
         key, _, value = item.partition("=")
@@ -1234,20 +1276,31 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", required=True, type=Path)
-    ap.add_argument("--stage", default="all", choices=STAGES + ("all", "manifest"))
+    ap.add_argument("--stage", default="all",
+                    help=f"one of {', '.join(STAGES)}, 'all', 'manifest', or a comma-separated list of stages")
     ap.add_argument("--preset", default="full", choices=sorted(PRESETS))
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--source-dir", action="append", help="directories to take .py files from (repeatable)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a Config field (JSON value)")
     args = ap.parse_args(argv)
+    if args.stage == "all":
+        stages = STAGES
+    elif args.stage == "manifest":
+        stages = ()
+    else:
+        stages = tuple(args.stage.split(","))
+        bad = [s for s in stages if s not in STAGES]
+        if bad:
+            ap.error(f"unknown stage {bad[0]!r} (choose from {', '.join(STAGES)}, all, manifest)")
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
     saved = work / "config.json"
-    cfg = parse_config(args)
-    if args.stage not in ("all", "corpus") and saved.is_file() and not args.set and args.seed is None \
-            and not args.source_dir and args.preset == "full":
-        cfg = Config(**read_json(saved))  # later stages reuse the run's settings
+    # a run that starts at the corpus takes the preset; later stages reuse the workdir's settings
+    cfg = parse_config(args, read_json(saved) if "corpus" not in stages and saved.is_file() else None)
     write_json(saved, dataclasses.asdict(cfg))
+    commands_path = work / "commands.json"
+    commands = read_json(commands_path) if commands_path.is_file() and "corpus" not in stages else []
+    write_json(commands_path, commands + [" ".join(["python", "examples/train_tiny.py"] + argv)])
 
     import torch
     from transformers.utils import logging as hf_logging
@@ -1260,7 +1313,6 @@ def main(argv=None) -> int:
     log(f"train_tiny: {versions()}; workdir {work}; seed {cfg.seed}; save dtype {save_dtype(cfg)}; "
         f"params target {param_count('target', cfg) / 1e6:.2f}M pard {param_count('pard', cfg) / 1e6:.2f}M "
         f"dflash {param_count('dflash', cfg) / 1e6:.2f}M")
-    stages = STAGES if args.stage == "all" else ((args.stage,) if args.stage != "manifest" else ())
     timings_path = work / "timings.json"
     timings = read_json(timings_path) if timings_path.is_file() else {}
     fns = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "pard": stage_pard,

@@ -1,0 +1,228 @@
+"""examples/train_tiny.py: its training forwards match inference, and it runs end to end.
+
+The training-time layouts (PARD's conditional-drop-token mask, DFlash's many-blocks-per-row
+mask) must reproduce exactly what the stock inference loops compute, or the drafters learn the
+wrong task; these tests check that on random tiny models, then run every stage at toy scale.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "train_tiny.py"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one intra-op thread is faster, and far faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tt():
+    spec = importlib.util.spec_from_file_location("train_tiny", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["train_tiny"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _toy_cfg(tt, **over):
+    cfg = tt.Config()
+    for k, v in tt.PRESETS["toy"].items():
+        setattr(cfg, k, v)
+    cfg.vocab_size = 64
+    for k, v in over.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def _model(tt, cfg, seed=0):
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(tt.qwen3_config(cfg, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+def test_lm_hidden_matches_hf(tt):
+    cfg = _toy_cfg(tt)
+    model = _model(tt, cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 20))
+    pos = torch.arange(20)[None].expand(2, -1)
+    with torch.no_grad():
+        h, cap = tt.lm_hidden(model, ids, pos, capture=(0, 1))
+        ours = model.lm_head(h)
+        ref = model(input_ids=ids, output_hidden_states=True)
+    torch.testing.assert_close(ours, ref.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(cap[1], ref.hidden_states[2], atol=1e-4, rtol=1e-4)
+
+
+def test_cached_generation_matches_hf_greedy(tt):
+    cfg = _toy_cfg(tt)
+    model = _model(tt, cfg, seed=1)
+    prompts = torch.randint(2, cfg.vocab_size, (3, 7))
+    got = tt.generate_batch(model, prompts, 19, torch.device("cpu"))
+    for row in range(3):
+        want = model.generate(prompts[row:row + 1], max_new_tokens=12, do_sample=False, pad_token_id=0,
+                              eos_token_id=None, attention_mask=torch.ones(1, 7, dtype=torch.long))
+        assert got[row].tolist() == want[0].tolist()
+
+
+def test_pard_training_layout_matches_inference(tt):
+    """Every element of a COD row gives the logits the PARD inference loop gets for it:
+    committed tokens 0..p-d then d pard tokens, one causal forward."""
+    cfg = _toy_cfg(tt, pard_seq=12, pard_k=5, pard_ratio=0.8, pard_min_ratio=0.5)
+    model = _model(tt, cfg, seed=2)
+    pard_token = 1
+    rng = np.random.default_rng(0)
+    rows = rng.integers(2, cfg.vocab_size, size=(2, cfg.pard_seq + 1))
+    ids, pos, labels, depth = tt.pard_inputs(rows, cfg, pard_token, rng)
+    assert (depth > 0).any() and (depth < 0).any()  # mask slots and padding present
+    with torch.no_grad():
+        h, _ = tt.lm_hidden(model, ids, pos, mask=tt.pard_mask(depth, pos))
+        logits = model.lm_head(h)
+        for b in range(2):
+            for e in range(ids.shape[1]):
+                d, p = int(depth[b, e]), int(pos[b, e])
+                if d < 0:
+                    assert labels[b, e] == -100
+                    continue
+                anchor = p - d
+                feed = rows[b, :anchor + 1].tolist() + [pard_token] * d
+                ref = model(input_ids=torch.tensor([feed])).logits[0, -1]
+                torch.testing.assert_close(logits[b, e], ref, atol=1e-4, rtol=1e-4)
+                assert labels[b, e] == rows[b, p + 1]
+
+
+def test_dflash_training_blocks_match_reference(tt):
+    """Each training block's drafter output equals DFlashReference's inference forward with the
+    context of all positions before the block's anchor (the stock DFlash loop's situation)."""
+    from transformers import DynamicCache
+
+    cfg = _toy_cfg(tt, dflash_block=5, dflash_anchors=4, dflash_short_blocks=0.5)
+    target = _model(tt, cfg, seed=3)
+    ids_layers = tt.layer_ids(cfg)
+    torch.manual_seed(4)
+    draft, raw = tt.new_dflash(cfg, mask_token_id=1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    draft.eval()
+    seq, b = 16, cfg.dflash_block
+    rows = torch.randint(2, cfg.vocab_size, (2, seq))
+    rng = np.random.default_rng(1)
+    anchors, lengths = tt.dflash_inputs(cfg, 2, seq, rng, torch.device("cpu"))
+    assert (lengths < b).any()
+    slot = torch.arange(b)
+    with torch.no_grad():
+        pos = torch.arange(seq)[None].expand(2, -1)
+        _, cap = tt.lm_hidden(target, rows, pos, capture=ids_layers)
+        ctx = torch.cat([cap[i] for i in ids_layers], dim=-1)
+        n = anchors.shape[1]
+        block_ids = torch.full((2, n, b), 1)
+        block_ids[:, :, 0] = rows.gather(1, anchors)
+        positions = torch.cat([pos, (anchors[:, :, None] + slot).reshape(2, -1)], dim=1)
+        embed = target.model.embed_tokens
+        out = tt.dflash_hidden(draft, embed(block_ids.reshape(2, -1)), ctx,
+                               positions, tt.dflash_mask(anchors, lengths, seq, b)).reshape(2, n, b, -1)
+        hf_hidden = target(input_ids=rows, output_hidden_states=True).hidden_states
+        for r in range(2):
+            for j in range(n):
+                a, length = int(anchors[r, j]), int(lengths[r, j])
+                # reference: context = stock's hidden_states[i + 1] of positions < anchor
+                context = torch.cat([hf_hidden[i + 1][r:r + 1, :a] for i in ids_layers], dim=-1)
+                block = torch.tensor([[int(rows[r, a])] + [1] * (length - 1)])
+                ref = draft(embed(block), context, torch.arange(0, a + length)[None], DynamicCache())
+                torch.testing.assert_close(out[r, j, :length], ref[0], atol=1e-4, rtol=1e-4)
+
+
+def test_acceptance_curve(tt):
+    runs = [{"accepted_lengths": [3, 1, 4, 2]}]  # block 4 -> up to 3 drafts, max_new 12
+    curve = tt.acceptance_curve(runs, 4, 12)
+    # steps: a = 2, 0, 3 (k=3 each), then produced=9 -> k = min(3, 12-9-1=2) = 2, a = 1
+    assert curve["reached"] == [4, 3, 2]
+    assert curve["accepted"] == [3, 2, 1]
+
+
+def test_end_to_end_toy(tmp_path):
+    """Every stage at toy scale on CPU; the checkpoints load with specc and HF and pair up."""
+    src = tmp_path / "src"
+    src.mkdir()
+    import json as json_mod
+    import textwrap as textwrap_mod
+
+    for module in (json_mod.encoder, json_mod.decoder, textwrap_mod, subprocess, importlib.util):
+        (src / Path(module.__file__).name).write_text(Path(module.__file__).read_text())
+    (src / "dup.py").write_text(Path(textwrap_mod.__file__).read_text())  # a duplicate
+    work = tmp_path / "work"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--workdir", str(work), "--preset", "toy",
+                           "--source-dir", str(src)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    corpus = json.loads((work / "corpus" / "manifest.json").read_text())
+    assert corpus["duplicates"] == 1 and corpus["heldout_files"] >= 1
+    held = {json.loads(line)["sha256"] for line in open(work / "corpus" / "heldout.jsonl")}
+    train = {json.loads(line)["sha256"] for line in open(work / "corpus" / "train.jsonl")}
+    assert held and train and not held & train
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specc.models.registry import load_model
+    from specc.pairing import resolve_pair
+
+    models = work / "models"
+    tok = AutoTokenizer.from_pretrained(str(models / "specc-tiny"))
+    assert tok.eos_token_id == 0 and tok.convert_tokens_to_ids("<|mask|>") == 1
+    assert tok.decode(tok("def f(x):\n    return x\n")["input_ids"]) == "def f(x):\n    return x\n"
+    for name, kind in (("specc-tiny", "causal_lm"), ("specc-tiny-pard", "pard"), ("specc-tiny-dflash", "dflash")):
+        assert load_model(models / name).kind == kind
+    AutoModelForCausalLM.from_pretrained(str(models / "specc-tiny-pard"))
+    assert resolve_pair(str(models / "specc-tiny"), str(models / "specc-tiny-dflash")).method == "dflash"
+    assert resolve_pair(str(models / "specc-tiny"), str(models / "specc-tiny-pard")).method == "pard"
+    metrics = json.loads((work / "eval" / "metrics.json").read_text())
+    assert metrics["lossless_all_methods_equal"]
+    assert set(metrics["results"]) == {f"{m}@{b}" for m in ("ar-draft", "pard", "dflash") for b in (4, 8)}
+    assert (work / "eval" / "tiny_acceptance.png").stat().st_size > 0
+    manifest = json.loads((models / "MANIFEST.json").read_text())
+    assert manifest["seed"] == 0 and manifest["training"]["target"]["steps"] == 4
+
+
+def test_dflash_labels_are_the_targets_next_tokens(tt):
+    """On a target-greedy sequence, slot i's label is the sequence's own token at anchor + i."""
+    cfg = _toy_cfg(tt)
+    target = _model(tt, cfg, seed=5)
+    seq = tt.generate_batch(target, torch.randint(2, cfg.vocab_size, (2, 4)), 20, torch.device("cpu"))
+    with torch.no_grad():
+        h, _ = tt.lm_hidden(target, seq, torch.arange(20)[None].expand(2, -1))
+        greedy = target.lm_head(h).argmax(-1)
+    anchors = torch.tensor([[4, 9, 17], [5, 6, 12]])
+    lengths = torch.tensor([[5, 3, 5], [5, 5, 2]])
+    labels, valid = tt.dflash_labels(greedy, anchors, lengths, 5)
+    for r in range(2):
+        for j in range(3):
+            a = int(anchors[r, j])
+            for i in range(5):
+                # the last position's greedy choice is a label too (beyond the row)
+                expect = i >= 1 and i < int(lengths[r, j]) and a + i <= 20
+                assert bool(valid[r, j, i]) == expect
+                if expect and a + i <= 19:
+                    assert int(labels[r, j, i]) == int(seq[r, a + i])
