@@ -46,37 +46,32 @@ REPLAYS = 15
 def candidates(m: int, quick: bool = False):
     from specc.codegen.kernels.linear_bf12 import Bf12Config as C
 
-    def fma(bm, bn, bj, split=1, warps=4, asm=True):
+    def fma(bm, bn, bj, split=1, warps=4, asm=True, pf=True):
         return C("fma", block_m=bm, block_n=bn, block_j=bj, split_k=split, num_warps=warps,
-                 num_stages=1, use_asm=asm)
+                 num_stages=1, use_asm=asm, prefetch=pf)
 
     def dot(bm, bn, bj, split=1, warps=4, stages=3, swap=False):
         return C("dot", block_m=bm, block_n=bn, block_j=bj, split_k=split, num_warps=warps,
                  num_stages=stages, swap_ab=swap)
 
     if m == 1:
-        c = [fma(1, 16, 32), fma(1, 32, 32), fma(1, 32, 16), fma(1, 64, 16), fma(1, 64, 32, warps=8),
-             fma(1, 32, 32, split=2), fma(1, 64, 32, split=4), fma(1, 16, 64), fma(1, 32, 32, warps=8),
-             fma(1, 32, 32, asm=False), fma(1, 8, 64), fma(1, 16, 32, split=2)]
-    elif m == 2:
-        c = [fma(2, 32, 16), fma(2, 16, 32), fma(2, 32, 32, warps=8), fma(2, 16, 16),
-             dot(16, 32, 32), dot(16, 16, 32)]
-    elif m == 4:
-        c = [fma(4, 32, 16), fma(4, 16, 16), fma(4, 16, 32), fma(4, 32, 32, warps=8),
-             dot(16, 32, 32), dot(16, 16, 32)]
-    elif m == 8:
-        c = [dot(16, 16, 32), dot(16, 32, 32), dot(16, 32, 32, split=2), dot(16, 64, 32, split=2),
-             dot(16, 16, 64), dot(16, 32, 16)]
-    elif m == 16:
-        c = [dot(16, 16, 32), dot(16, 32, 32), dot(16, 64, 32), dot(16, 64, 32, split=2),
-             dot(16, 32, 32, split=2), dot(16, 64, 32, swap=True), dot(16, 32, 16), dot(16, 16, 64),
-             dot(16, 32, 32, stages=2)]
-    elif m == 32:
-        c = [dot(32, 16, 32), dot(32, 32, 32), dot(32, 64, 32), dot(32, 64, 32, split=2),
-             dot(32, 64, 32, swap=True), dot(32, 32, 16)]
+        c = [fma(1, 16, 64), fma(1, 16, 32), fma(1, 32, 32), fma(1, 8, 64), fma(1, 16, 128, warps=8),
+             fma(1, 32, 64, warps=8), fma(1, 16, 64, pf=False),
+             fma(1, 16, 64, split=2), fma(1, 32, 32, split=2), fma(1, 16, 64, asm=False), fma(1, 8, 32),
+             fma(1, 32, 16)]
+    elif m in (2, 4):
+        c = [fma(m, 16, 64), fma(m, 16, 32), fma(m, 8, 64), dot(16, 32, 4), dot(16, 64, 4), dot(16, 64, 8)]
+    elif m in (8, 16):
+        c = [dot(16, 32, 4), dot(16, 64, 4), dot(16, 64, 8), dot(16, 128, 4, warps=8), dot(16, 64, 4, swap=True),
+             dot(16, 32, 8), dot(16, 64, 4, split=2), dot(16, 64, 4, stages=4), dot(16, 128, 8, warps=8, swap=True),
+             dot(16, 16, 8), dot(16, 32, 4, split=2)]
     else:
-        c = [dot(64, 32, 32), dot(64, 64, 32), dot(64, 64, 32, warps=8), dot(64, 64, 32, split=2),
-             dot(64, 64, 32, swap=True), dot(64, 128, 32, warps=8, swap=True), dot(64, 32, 16)]
+        c = [dot(m, 32, 4), dot(m, 64, 4), dot(m, 64, 8, warps=8), dot(m, 64, 4, swap=True),
+             dot(m, 64, 4, split=2), dot(m, 32, 8)]
+        if m == 32:
+            c += [dot(m, 128, 4, warps=8), dot(m, 128, 4, warps=8, swap=True)]
+        else:
+            c += [dot(m, 64, 8, warps=8, swap=True)]
     return c[:3] if quick else c
 
 
@@ -162,6 +157,8 @@ def cfg_str(c) -> str:
         s += " swap"
     if not c.use_asm:
         s += " noasm"
+    if c.kind == "fma" and not c.prefetch:
+        s += " nopf"
     return s
 
 
@@ -193,7 +190,7 @@ def main():
         shapes = [(nm, 16 * (k // 1024) + 32, n // 1024 + 8) for nm, k, n in shapes]
         ROTATE_BYTES, MIN_CALLS, REPLAYS = 2000, 2, 1
         timer, sync, gpu_name, sms = wall_time_us, (lambda: None), "cpu-smoke", 0
-        args.no_precompile, args.quick = True, True
+        args.no_precompile = True
     else:
         assert torch.cuda.is_available(), "needs a CUDA GPU"
         dev, act, timer, sync = torch.device("cuda"), torch.bfloat16, graph_time_us, torch.cuda.synchronize
@@ -209,10 +206,9 @@ def main():
     if not args.no_precompile:
         precompile(ms, [4096], args.quick, args.workers)  # K matters only via divisibility
     # one workspace big enough for every split-K call (allocated outside graph capture)
-    if not smoke:
-        L._workspace(dev, 64 * max(n for _, _, n in shapes), 1 << 16)
+    L._workspace(dev, 64 * max(n for _, _, n in shapes), 1 << 16)
 
-    results, best = [], []
+    results = []
     gen = torch.Generator(device=dev).manual_seed(0)
     for name, k, n in shapes:
         w = (torch.randn(n, k, device=dev, generator=gen) * 0.02).bfloat16()
@@ -266,7 +262,7 @@ def main():
                                                   f"FAIL({c.get('error', c.get('rel_err'))})")
                            for c in row["configs"])
             print(f"  M={m:2d} cuBLAS {t_cub:8.1f} us | {cs}", flush=True)
-        del ws, ps, w, wf
+        ws = ps = w = wf = None  # free this shape's copies
         if not smoke:
             torch.cuda.empty_cache()
 

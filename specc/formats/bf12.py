@@ -31,29 +31,28 @@ The consumer that matters is the fused decode + GEMV/GEMM kernel
 (``specc.codegen.kernels.linear_bf12``), which streams every byte exactly once and must decode
 with a handful of integer instructions. Three choices serve it:
 
-1. **Sixteen K-segments ("phases").** K is padded to ``Kp = 16 * K16`` (``K16 = ceil(K / 16)``)
-   and split into 16 contiguous segments: weight ``k = q * K16 + j`` is phase ``q`` (0..15) of
-   *word* ``j`` (0..K16-1). One word holds the 16 weights ``{q * K16 + j : q}``: 16 sm bytes
-   and 16 codes = 24 bytes. A kernel tile is a range of words ``j``, and for each phase the
-   activations it needs, ``x[q * K16 + j]``, are a *contiguous* slice of x. The phase split is
-   a fixed permutation of K that the kernel undoes by indexing x, so no shuffles are needed
-   in registers, and each phase is a plain ``[BLOCK_N, BLOCK_J]`` tile (a dot operand as is).
+1. **16-weight words.** K is padded to ``Kp = 16 * K16`` (``K16 = ceil(K / 16)``); word ``j``
+   of a row holds the 16 consecutive weights ``k = 16 j + q`` (q = 0..15): 16 sm bytes and 16
+   codes, 24 bytes. Kernel tiles are ranges of words, so a tile covers a contiguous range of K
+   and its activations are one contiguous slice of x (a single load, a plain ``tl.dot``
+   operand), and a decoded pair (q, q+1) is two *consecutive* K elements -- the bf16x2 register
+   pair that MMA operands are made of.
 2. **Three 8-byte streams of one shape.** Per row, ``sm`` holds two planes of ``K16`` 8-byte
-   words: ``sm[n, 8 * (h * K16 + j) + i]`` is the sm byte of phase ``q = 8h + i`` of word j
-   (h = 0, 1; i = 0..7); ``ex[n, 8 * j:8 * j + 8]`` is one 64-bit word with the 16 codes of
-   word j. The kernel loads three int64 tensors of shape ``[BLOCK_N, BLOCK_J]`` that are all
-   contiguous along j, so Triton gives them one register layout (no layout conversion between
-   the streams), each access is a wide coalesced load, and all streams run along K.
-3. **Nibble order made for the decoder.** In each 32-bit half of an ex word (half h: phases
-   8h..8h+7), nibble slot ``s`` (bits 4s..4s+3) holds phase ``8h + 2s`` for s < 4 and
-   ``8h + 2(s - 4) + 1`` for s >= 4. Then one shift by ``7 - 4p`` puts the codes of the phase
-   pair (8h+2p, 8h+2p+1) at bits 7..10 and 23..26 of a word -- exactly where the exponent
-   fields of a packed bf16x2 pair sit -- and the sm bytes of the pair are spread into the same
-   bf16x2 word by one byte permute (``prmt``). One pair of weights decodes in about four
-   integer instructions (prmt, shift, two lop3), producing the bf16x2 register that tensor
-   cores and fp32 FMAs (one more shift/and each) consume. In bytes: byte ``4h + b`` of the ex
-   word holds phase ``8h + [0, 4, 1, 5][b]`` in its low nibble and ``8h + [2, 6, 3, 7][b]`` in
-   its high nibble. (Little-endian, as on every CUDA GPU and x86/ARM host.)
+   words: ``sm[n, 8 * (h * K16 + j) + i]`` is the sm byte of weight ``16 j + 8 h + i`` (h = 0, 1;
+   i = 0..7); ``ex[n, 8 * j:8 * j + 8]`` is one 64-bit word with the 16 codes of word j. A kernel
+   loads three int64 tensors of shape ``[BLOCK_N, BLOCK_J]``, all contiguous along j, so Triton
+   gives them one register layout (no layout conversion between the streams), each access is a
+   wide coalesced load, and every stream runs along K.
+3. **Nibble order made for the decoder.** In each 32-bit half of an ex word (half h: weights
+   16j + 8h + 0..7), nibble slot ``s`` (bits 4s..4s+3) holds weight ``8h + 2s`` for s < 4 and
+   ``8h + 2(s - 4) + 1`` for s >= 4. Then one shift by ``7 - 4p`` puts the codes of the pair
+   (8h+2p, 8h+2p+1) at bits 7..10 and 23..26 of a word -- exactly where the exponent fields of
+   a packed bf16x2 pair sit -- and the sm bytes of the pair are spread into the same word by
+   one byte permute (``prmt``). A pair of weights decodes in about four integer instructions
+   (prmt, shift, two lop3) into the bf16x2 register that tensor cores and fp32 FMAs (one more
+   shift / and each) consume. In bytes: byte ``4h + b`` of the ex word holds weight
+   ``8h + [0, 4, 1, 5][b]`` in its low nibble and ``8h + [2, 6, 3, 7][b]`` in its high nibble.
+   (Little-endian, as on every CUDA GPU and x86/ARM host.)
 
 The kernel decodes the code into the exponent ``0x70 + c`` (a constant, not the row's base):
 the result is the weight times ``2**(112 - base)``, a power of two that is undone once per
@@ -61,13 +60,24 @@ output element (``y[n] *= 2**(base_n - 112)``); scaling by a power of two is exa
 the same bf16 product with fp32 accumulation, and no per-row value enters the inner loop. The
 escape table gives the kernel a sparse, exact correction (see the kernel module).
 
-Escape rates (measured by tests/formats/test_bf12.py::test_realistic_escape_rates, N(0, 0.02)
-bf16 weights, 4096 x 4096 and 1024 x 4096): per-row base 6e-5 to 9e-5 escaped, per-tensor base
-1.2e-4 to 1.6e-4. For a bell-shaped row the optimal window drops the few weights above ~4 sigma
-and the ones below ~2**-11 sigma; a per-row window also follows rows of different scale (the
-per-tensor window loses whole binades of a row whose scale differs from the tensor's), at the
-cost of one byte per row. Per-row is the default; per-tensor is kept (one byte per tensor) for
-tensors whose rows share one scale.
+Escape rates (tests/formats/test_bf12.py::test_realistic_escape_rates prints them; 1024 x 4096
+and 4096 x 1024 bf16 weights):
+
+  ===========================================  ===============  ===============
+  weights                                      per-row base     per-tensor base
+  ===========================================  ===============  ===============
+  N(0, 0.02), every row the same distribution  6.8e-5 - 8.3e-5  7.4e-5 - 8.3e-5
+  N(0, 0.02) * per-row scale (lognormal 0.5)   6.1e-5 - 7.1e-5  1.8e-4 - 2.0e-4
+  heavier tails (scale mixture)                1.2e-4 - 1.5e-4  1.6e-4
+  ===========================================  ===============  ===============
+
+(Qwen3-8B shapes, N(0, 0.02), per-row: 7.4e-5 - 7.9e-5.) For a bell-shaped row the best
+16-binade window drops the few weights above ~4 sigma and those below ~2**-12 sigma. When all
+rows share one distribution the two modes are equal; when row scales differ -- as in trained
+checkpoints, where rows of one matrix differ in norm -- a per-tensor window loses whole binades
+of the outlying rows and escapes 3x more. Per-row costs one byte per row (4 KB of a 25 MB
+4096 x 4096 matrix) and is the default; per-tensor (one byte per tensor) is kept for tensors whose
+rows share one scale. Either way the cost is ~6 bytes per escape: ~0.005 bits per weight.
 """
 
 from __future__ import annotations
@@ -111,7 +121,7 @@ class Packed12:
     """A bf16 tensor in the lossless 12-bit format (see the module docstring for the layout).
 
     Tensors (all on one device):
-      sm       uint8 [N, Kp]      sign|mantissa bytes, phase-permuted (Kp = 16 * ceil(K / 16))
+      sm       uint8 [N, Kp]      sign|mantissa bytes, two planes (Kp = 16 * ceil(K / 16))
       ex       uint8 [N, Kp // 2] 4-bit exponent codes, 16 per 8-byte word
       base     uint8 [N] ("row") or [1] ("tensor"), window = [base, base + 15]
       esc_idx  int32 (int64 if numel >= 2**31) [E], sorted flat indices into the tensor
@@ -186,8 +196,8 @@ class Packed12:
         codes = torch.empty(n, k16, 2, 8, dtype=torch.int32, device=dev)
         codes[..., list(_I_LO)] = ex & 0xF
         codes[..., list(_I_HI)] = ex >> 4
-        codes = codes.permute(0, 2, 3, 1).reshape(n, NUM_PHASES * k16)[:, :k]
-        sm = self.sm.view(n, 2, k16, 8).permute(0, 1, 3, 2).reshape(n, NUM_PHASES * k16)[:, :k]
+        codes = codes.reshape(n, NUM_PHASES * k16)[:, :k]
+        sm = self.sm.view(n, 2, k16, 8).permute(0, 2, 1, 3).reshape(n, NUM_PHASES * k16)[:, :k]
         sm = sm.to(torch.int32)
         base = self.base.to(torch.int32).view(-1, 1)
         bits = ((sm & 0x80) << 8) | ((codes + base) << 7) | (sm & 0x7F)
@@ -329,9 +339,9 @@ def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row") -> Packed12:
         if kp != k:
             sm = torch.nn.functional.pad(sm, (0, kp - k))
             code = torch.nn.functional.pad(code, (0, kp - k))
-        # [r, 16 phases, K16] -> [r, 2 halves, K16 words, 8 phases-in-half]
-        sm_out[r0:r0 + r] = sm.view(r, 2, 8, k16).permute(0, 1, 3, 2).reshape(r, kp).to(torch.uint8)
-        c = code.view(r, 2, 8, k16).permute(0, 3, 1, 2)  # [r, K16, 2, 8]
+        # [r, K16 words, 2 halves, 8] -> sm planes [r, 2 halves, K16 words, 8]
+        sm_out[r0:r0 + r] = sm.view(r, k16, 2, 8).permute(0, 2, 1, 3).reshape(r, kp).to(torch.uint8)
+        c = code.view(r, k16, 2, 8)
         exb = c.index_select(3, i_lo) | (c.index_select(3, i_hi) << 4)  # [r, K16, 2, 4]
         ex_out[r0:r0 + r] = exb.reshape(r, kp // 2).to(torch.uint8)
     if base == "tensor":

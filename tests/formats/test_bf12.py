@@ -25,7 +25,7 @@ def assert_bit_exact(packed: Packed12, ref: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("base", ["row", "tensor"])
-@pytest.mark.parametrize("shape", [(65536,), (256, 256), (16, 4096), (4096, 16), (64, 1024), (2, 32768),
+@pytest.mark.parametrize("shape", [(65536,), (256, 256), (16, 4096), (4096, 16),
                                    (4, 16, 1024)])
 def test_all_65536_patterns_round_trip(shape, base):
     # every bf16 bit pattern: +-0, subnormals, normals, +-inf, every NaN payload
@@ -87,7 +87,7 @@ def test_window_choice_and_codes():
         assert_bit_exact(p, x)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     shape=st.lists(st.integers(1, 70), min_size=1, max_size=3),
     scale=st.sampled_from([0.02, 1.0, 1e-20, 1e20, 3e38]),

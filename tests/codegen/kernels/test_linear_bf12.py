@@ -6,8 +6,6 @@ CUDA the same fp32 cases run compiled on the GPU and the bf16 cases (marked gpu)
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -63,7 +61,8 @@ def ref64(x, w, bias=None):
 
 
 CASES = [(c, m) for c in CONFIGS for m in (1, 3, 16)
-         if not (c.startswith("fma") and m == 16 and c != "fma-m4")]  # fma is the small-M path
+         if not (c.startswith("fma") and m == 16 and c != "fma-m4")  # fma is the small-M path
+         and not (c == "fma-m1-noprefetch" and m != 1)]
 
 
 @pytest.mark.parametrize("base", ["row", "tensor"])
@@ -90,8 +89,8 @@ def test_bf16_activations_on_fma_path():
     for k in (94, 206):  # K % 16 != 0: the x pair loads must stop at K
         w = weight_with_escapes(40, k, seed=k)
         p = pack_bf16_12bit(w).to(DEV)
-        x = torch.randn(3, k, device=DEV).bfloat16()
-        for cfg in (CONFIGS["fma-m1"], CONFIGS["fma-m4"], CONFIGS["fma-m2-split"]):
+        x = torch.randn(2, k, device=DEV).bfloat16()
+        for cfg in (CONFIGS["fma-m1"], CONFIGS["fma-m2-split"]):
             y = linear_bf12(x, p, config=cfg)
             y32 = linear_bf12(x.float(), p, config=cfg)
             assert y.dtype == torch.bfloat16
@@ -170,7 +169,7 @@ def test_launcher_errors():
     with pytest.raises(ValueError, match="bias"):
         linear_bf12(torch.randn(2, 32, device=DEV), p, bias=torch.randn(7, device=DEV))
     with pytest.raises(TypeError):
-        linear_bf12(torch.randn(2, 32, device=DEV), w := torch.randn(8, 32))  # noqa: F841
+        linear_bf12(torch.randn(2, 32, device=DEV), torch.randn(8, 32))
     with pytest.raises(TypeError):
         linear_bf12(torch.randint(0, 3, (2, 32), device=DEV), p)
     p3 = pack_bf16_12bit(torch.randn(2, 4, 8).bfloat16()).to(DEV)
