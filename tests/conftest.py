@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from model_factory import make_constant, make_dflash_checkpoint, make_hf_model, perturbed, save
+
+# Tiny models: thread start-up costs more than the matmuls (several times faster on 2 cores).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", params=["qwen3", "llama"])

@@ -53,8 +53,9 @@ class Drafter:
         of the newly committed inputs (DFlash)."""
 
 
-class ARDraft(Drafter):
-    method = "ar-draft"
+class CausalDrafter(Drafter):
+    """A drafter that is a causal LM step (specc CausalLM or its compiled step). ``length`` is
+    how many committed tokens its KV cache holds."""
 
     def __init__(self, model: CausalLM):
         self.model = model  # a CausalLM or a compiled step with the same call signature
@@ -69,6 +70,10 @@ class ARDraft(Drafter):
     @property
     def device(self):
         return self.model.device
+
+
+class ARDraft(CausalDrafter):
+    method = "ar-draft"
 
     def propose_tokens(self, seq, n, k):
         dev = self.model.device
@@ -87,22 +92,12 @@ class ARDraft(Drafter):
             self.length = seq_len + min(num_accepted, k - 1)
 
 
-class PardDraft(Drafter):
+class PardDraft(CausalDrafter):
     method = "pard"
 
     def __init__(self, model: CausalLM, pard_token: int):
-        self.model, self.pard_token = model, int(pard_token)
-        self.length = 0
-
-    def setup(self, max_len: int) -> None:
-        self.model.setup_caches(1, max_len)
-
-    def reset(self, prompt, context) -> None:
-        self.length = 0
-
-    @property
-    def device(self):
-        return self.model.device
+        super().__init__(model)
+        self.pard_token = int(pard_token)
 
     def propose_tokens(self, seq, n, k):
         dev = self.model.device

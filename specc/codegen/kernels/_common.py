@@ -10,6 +10,8 @@ do bf16 arithmetic); dots take fp32 operands (``input_precision="ieee"``) when i
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 import triton
 import triton.language as tl
@@ -155,3 +157,46 @@ class Workspaces:
 
 
 WORKSPACES = Workspaces()
+
+
+class ConfigTable:
+    """Per-shape launch configs of a GEMM-like kernel, keyed by (M bucket, N, K).
+
+    Lookup order: a deployment's override (``set``), then the tuned table shipped with the
+    kernel, then the kernel's heuristic. One class so every kernel's tuning hooks behave alike.
+    """
+
+    def __init__(self, config_cls, defaults: dict, heuristic, bucket):
+        self.config_cls, self.defaults, self.heuristic, self.bucket = config_cls, defaults, heuristic, bucket
+        self.overrides: dict = {}
+
+    def key(self, m: int, n: int, k: int) -> tuple[int, int, int]:
+        return (self.bucket(m), int(n), int(k))
+
+    def get(self, m: int, n: int, k: int):
+        """Config for an ``[m, k] x [n, k]^T`` product: override, else table, else heuristic."""
+        key = self.key(m, n, k)
+        if key in self.overrides:
+            return self.overrides[key]
+        if key in self.defaults:
+            return self.defaults[key]
+        return self.heuristic(*key)
+
+    def set(self, m: int, n: int, k: int, config) -> None:
+        """Override the config of (bucket(m), n, k); ``None`` removes the override."""
+        key = self.key(m, n, k)
+        if config is None:
+            self.overrides.pop(key, None)
+        else:
+            self.overrides[key] = self.coerce(config)
+
+    def clear(self) -> None:
+        """Drop all overrides."""
+        self.overrides.clear()
+
+    def coerce(self, c):
+        if isinstance(c, self.config_cls):
+            return c
+        if isinstance(c, Mapping):
+            return self.config_cls(**c)
+        raise TypeError(f"config must be a {self.config_cls.__name__} or a mapping, got {type(c).__name__}")

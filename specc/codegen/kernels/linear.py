@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import (
+    ConfigTable,
     FLOAT_DTYPES,
     INTERPRETED,
     WORKSPACES,
@@ -349,39 +350,11 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
 
 
 DEFAULT_CONFIGS: dict[tuple[int, int, int], LinearConfig] = _table()
-_OVERRIDES: dict[tuple[int, int, int], LinearConfig] = {}
-
-
-def get_config(m: int, n: int, k: int) -> LinearConfig:
-    """Config for an ``[m, k] x [n, k]^T`` product: override, else table, else heuristic."""
-    key = (m_bucket(m), int(n), int(k))
-    if key in _OVERRIDES:
-        return _OVERRIDES[key]
-    if key in DEFAULT_CONFIGS:
-        return DEFAULT_CONFIGS[key]
-    return _heuristic(*key)
-
-
-def set_config(m: int, n: int, k: int, config: LinearConfig | Mapping | None) -> None:
-    """Override the config of (m_bucket(m), n, k); ``None`` removes the override."""
-    key = (m_bucket(m), int(n), int(k))
-    if config is None:
-        _OVERRIDES.pop(key, None)
-    else:
-        _OVERRIDES[key] = _as_config(config)
-
-
-def clear_configs() -> None:
-    """Drop all overrides set with set_config()."""
-    _OVERRIDES.clear()
-
-
-def _as_config(c: LinearConfig | Mapping) -> LinearConfig:
-    if isinstance(c, LinearConfig):
-        return c
-    if isinstance(c, Mapping):
-        return LinearConfig(**c)
-    raise TypeError(f"config must be a LinearConfig or a mapping, got {type(c).__name__}")
+_TABLE = ConfigTable(LinearConfig, DEFAULT_CONFIGS, _heuristic, m_bucket)
+get_config = _TABLE.get  # (m, n, k) -> config: override, else DEFAULT_CONFIGS, else heuristic
+set_config = _TABLE.set  # (m, n, k, config | mapping | None): a deployment's override
+clear_configs = _TABLE.clear
+_as_config = _TABLE.coerce
 
 
 def _split_plan(cfg: LinearConfig, m: int, n: int, k: int, device: torch.device):

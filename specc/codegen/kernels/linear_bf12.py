@@ -60,6 +60,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from specc.codegen.kernels._common import ConfigTable
 from specc.formats.bf12 import Packed12
 
 __all__ = [
@@ -478,39 +479,11 @@ DEFAULT_CONFIGS: dict[tuple[int, int, int], Bf12Config] = {
     (32, 151936, 4096): Bf12Config('dot', block_m=32, block_n=64, block_j=4, num_stages=3, swap_ab=True),  # 0.55x cuBLAS
     (64, 151936, 4096): Bf12Config('dot', block_m=64, block_n=64, block_j=4, num_stages=3, swap_ab=True),  # 0.38x cuBLAS
 }
-_OVERRIDES: dict[tuple[int, int, int], Bf12Config] = {}
-
-
-def get_config(m: int, n: int, k: int) -> Bf12Config:
-    """Config for an ``[m, k] x [n, k]^T`` product: override, else table, else heuristic."""
-    key = (m_bucket(m), int(n), int(k))
-    if key in _OVERRIDES:
-        return _OVERRIDES[key]
-    if key in DEFAULT_CONFIGS:
-        return DEFAULT_CONFIGS[key]
-    return _heuristic(*key)
-
-
-def set_config(m: int, n: int, k: int, config: Bf12Config | Mapping | None) -> None:
-    """Override the config of (m_bucket(m), n, k); ``None`` removes the override."""
-    key = (m_bucket(m), int(n), int(k))
-    if config is None:
-        _OVERRIDES.pop(key, None)
-    else:
-        _OVERRIDES[key] = _as_config(config)
-
-
-def clear_configs() -> None:
-    """Drop all overrides set with set_config()."""
-    _OVERRIDES.clear()
-
-
-def _as_config(c: Bf12Config | Mapping) -> Bf12Config:
-    if isinstance(c, Bf12Config):
-        return c
-    if isinstance(c, Mapping):
-        return Bf12Config(**c)
-    raise TypeError(f"config must be a Bf12Config or a mapping, got {type(c).__name__}")
+_TABLE = ConfigTable(Bf12Config, DEFAULT_CONFIGS, _heuristic, m_bucket)
+get_config = _TABLE.get  # (m, n, k) -> config: override, else DEFAULT_CONFIGS, else heuristic
+set_config = _TABLE.set  # (m, n, k, config | mapping | None): a deployment's override
+clear_configs = _TABLE.clear
+_as_config = _TABLE.coerce
 
 
 # ------------------------------------------------------------------------------------------
