@@ -19,6 +19,9 @@ SUBCOMMANDS = [
     "specc.cli.deployments_cmd",
     "specc.cli.ir_cmd",
     "specc.cli.passes_cmd",
+    "specc.cli.cost_cmd",
+    "specc.cli.calibrate_cmd",
+    "specc.cli.search_cmd",
 ]
 
 

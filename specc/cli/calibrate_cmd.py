@@ -1,0 +1,65 @@
+"""`specc calibrate`: microbenchmarks -> a calibrated deployment file the cost model uses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EPILOG = """\
+examples:
+  specc calibrate --deployment h200-bs1 -o h200-bs1.json          # on the GPU (CUDA events, graphs)
+  specc calibrate --deployment cpu -o cpu.json --device cpu --quick
+  specc cost Qwen3-8B/config.json --deployment h200-bs1.json     # predictions with the calibration
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "calibrate", help="measure bandwidth, matmul, attention and launch costs into a deployment file",
+        description="Run microbenchmarks (copy bandwidth; linear by M and shape with torch and specc's Triton linear "
+                    "on CUDA; attention by Q and C; kernel launch and CUDA-graph replay overhead; a square matmul) "
+                    "and write the base deployment with fitted efficiency factors (calibrated = true) to FILE, plus "
+                    "the measurements and per-kind efficiencies to FILE-stem.calibration.json beside it.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--deployment", required=True, metavar="NAME", help="base deployment (`specc deployments`) or file")
+    p.add_argument("-o", "--out", required=True, metavar="FILE", help="calibrated deployment file to write (.json)")
+    p.add_argument("--device", choices=("cuda", "cpu"), help="device to measure (default: the deployment's)")
+    p.add_argument("--quick", action="store_true", help="fewer, smaller measurements")
+    p.add_argument("--json", action="store_true", help="print the calibration record as JSON")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from specc.search.calibrate import calibrate, write_calibration
+    from specc.search.deployments import get_deployment
+
+    base = get_deployment(args.deployment)
+    device = args.device or base.device
+    if device != base.device:
+        print(f"specc: warning: measuring on {device} for a {base.device} deployment ({base.name}); the figures "
+              f"describe {device}", file=sys.stderr)
+    say = (lambda msg: None) if args.json else (lambda msg: print(f"[calibrate] {msg}", file=sys.stderr, flush=True))
+    dep, record = calibrate(base, device=device, quick=args.quick, progress=say)
+    path, rec = write_calibration(args.out, dep, record)
+    if args.json:
+        json.dump(record.to_json(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"calibration of {base.name} on {record.device_name}")
+    for col in ("field", "before", "after"):
+        table.add_column(col)
+    for field in ("bandwidth_efficiency", "flops_efficiency", "launch_overhead_s", "graph_node_overhead_s"):
+        table.add_row(field, f"{getattr(base, field):.4g}", f"{getattr(dep, field):.4g}")
+    for kind, effs in record.kind_efficiency.items():
+        for what, value in effs.items():
+            table.add_row(f"{kind} {what} efficiency", "-", f"{value:.4g}")
+    for m, eff in record.linear_flops_by_m.items():
+        table.add_row(f"linear flops efficiency at M={m}", "-", f"{eff:.4g}")
+    console = Console()
+    console.print(table)
+    console.print(f"wrote {path} and {rec}", highlight=False)
+    return 0

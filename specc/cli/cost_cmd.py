@@ -1,0 +1,142 @@
+"""`specc cost`: the cost model's prediction and gap report for a model (+ drafter) on a deployment.
+
+Needs no weights: the step functions are traced from config.json on the meta device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specc.errors import UserError
+
+EPILOG = """\
+examples:
+  specc cost Qwen3-8B/config.json --deployment h200-bs1                       # AR step
+  specc cost Qwen3-8B/config.json --drafter dflash/config.json --deployment h200-bs1 --tau 6.55
+  specc cost ./qwen3-tiny --drafter ./pard-tiny --deployment h200-bs16 --acceptance acc.json --sweep
+  specc cost Qwen3-8B/config.json --deployment h200-bs1 --nodes --json         # per-node costs + formulas
+acceptance: --tau T (published acceptance length at --num-draft, geometric fit), --alpha A (constant
+per-position acceptance), or --acceptance FILE ({"alphas": [...]}, {"tau": T, "num_draft": K} or
+{"accepted_lengths": [[...]], "num_draft": K}); without one, E = 1 token per step is assumed.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "cost", help="predict step times, tokens/s and the gap report (cost model; no weights needed)",
+        description="Trace the target's verify step (and the drafter's draft step) from config.json on the meta "
+                    "device, apply passes, and price every node for a deployment: max(bytes / bandwidth, FLOPs / peak) "
+                    "+ launch overhead. Prints AR, draft and verify step times, tokens/s, speedup over AR and the gap "
+                    "report (predicted vs floor per component, largest gap first).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL", help="target: config.json file, checkpoint directory, zoo name or hub id")
+    p.add_argument("--drafter", metavar="D", help="drafter config.json / checkpoint")
+    p.add_argument("--method", choices=("ar", "ar-draft", "pard", "dflash"), help="default: from the drafter")
+    p.add_argument("--deployment", default="cpu", metavar="NAME", help="deployment name or file (default: cpu)")
+    p.add_argument("--passes", metavar="LIST", help="pass pipeline to apply first (default: the compile default; '' none)")
+    p.add_argument("--num-draft", type=int, metavar="K", help="drafts per step (default: the method's)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--tau", type=float, metavar="T", help="published acceptance length at --num-draft drafts")
+    group.add_argument("--alpha", type=float, metavar="A", help="constant per-position acceptance probability")
+    group.add_argument("--acceptance", metavar="FILE", help="acceptance model JSON file")
+    p.add_argument("--context", "-C", type=int, metavar="C", help="tokens in the KV cache (default 1024)")
+    p.add_argument("--batch", "-B", type=int, metavar="B", help="batch rows (default: the deployment's)")
+    p.add_argument("--no-graphs", action="store_true", help="price launches as eager launches, not CUDA-graph nodes")
+    p.add_argument("--sweep", action="store_true", help="also print tokens/s and speedup for each drafts-per-step")
+    p.add_argument("--nodes", action="store_true", help="with --json: every node's costs and formulas")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=run)
+
+
+def _method(args, drafter_kind: str | None) -> str:
+    if args.method:
+        if args.method != "ar" and drafter_kind is None:
+            raise UserError(f"--method {args.method} needs a --drafter")
+        return args.method
+    return {None: "ar", "dflash": "dflash", "pard": "pard", "causal_lm": "ar-draft"}[drafter_kind]
+
+
+def run(args) -> int:
+    from specc.ir import IRError
+    from specc.ir.trace import read_config
+    from specc.models.config import ConfigError
+    from specc.models.loading import CheckpointError
+    from specc.models.registry import classify
+    from specc.search.acceptance import AcceptanceModel
+    from specc.search.cost_model import CostModel, fmt_seconds, speedup_table
+    from specc.search.deployments import get_deployment
+    from specc.search.driver import K_CHOICES, MetaPair, default_pipeline
+
+    dep = get_deployment(args.deployment)
+    try:
+        raw_t, _ = read_config(args.model)
+        raw_d = read_config(args.drafter)[0] if args.drafter else None
+        kind = classify(raw_d) if raw_d is not None else None
+    except (IRError, ConfigError, CheckpointError, OSError) as exc:
+        raise UserError(str(exc)) from exc
+    method = _method(args, kind)
+    if method == "ar":
+        k = 0
+    elif args.num_draft is not None:
+        if args.num_draft < 1:
+            raise UserError("--num-draft must be >= 1")
+        k = args.num_draft
+    elif method == "dflash":
+        k = int(raw_d.get("block_size") or raw_d.get("dflash_config", {}).get("block_size") or 16) - 1
+    else:
+        k = {"pard": 8, "ar-draft": 4}[method]
+    if args.tau is not None:
+        acc = AcceptanceModel.from_tau(args.tau, max(k, 1))
+    elif args.alpha is not None:
+        acc = AcceptanceModel.constant(args.alpha, max(k, 1))
+    elif args.acceptance:
+        acc = AcceptanceModel.from_file(args.acceptance)
+    else:
+        acc = AcceptanceModel([], source="none given: E = 1 token per step assumed") if method != "ar" else None
+    pipeline = default_pipeline() if args.passes is None else args.passes
+    try:
+        pair = MetaPair(raw_t, raw_d if method != "ar" else None, method, dep.dtype)
+        t_ir, d_ir = pair.irs(pipeline)
+    except (IRError, ConfigError) as exc:
+        raise UserError(str(exc)) from exc
+    except Exception as exc:
+        from specc.passes import PassError, PipelineError
+
+        if isinstance(exc, (PassError, PipelineError)):
+            raise UserError(str(exc).splitlines()[0]) from exc
+        raise
+    model = CostModel(dep, graphs=False if args.no_graphs else None)
+    pred = model.predict(t_ir, d_ir, method=method, num_draft=k, acceptance=acc, context=args.context,
+                         batch_size=args.batch, formula=True)
+    sweep = []
+    if args.sweep and method != "ar":
+        ks = sorted({*K_CHOICES.get(method, ()), k})
+        if method == "dflash":
+            ks = [x for x in ks if x <= k]
+        sweep = speedup_table(model, t_ir, d_ir, method, acc, ks, args.context)
+    if args.json:
+        out = pred.to_json(nodes=args.nodes)
+        out.update(pipeline=pipeline, sweep=sweep, calibrated=dep.calibrated, graphs=model.graphs)
+        json.dump(out, sys.stdout, default=str)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{dep.name}: {dep.gpu}, {dep.hbm_bandwidth / 1e12:.2f} TB/s x {model.bandwidth_efficiency('linear'):.2f}, "
+          f"{dep.bf16_flops / 1e12:.0f} TFLOP/s x {dep.flops_efficiency:.2f}, "
+          f"{'graph node' if model.graphs else 'launch'} {model.overhead * 1e6:.2f} us"
+          + (" (calibrated)" if dep.calibrated else ""))
+    print(f"passes: {pipeline or '(none)'}; B={pred.batch_size}, C={pred.context}")
+    print(f"AR step: {fmt_seconds(pred.ar.time)} (floor {fmt_seconds(pred.ar.floor)}; {pred.ar.launches} launches; "
+          f"weights {pred.ar.weight_bytes / 1e9:.3f} GB)")
+    if pred.verify is not None:
+        print(f"verify Q={k + 1}: {fmt_seconds(pred.verify.time)}; draft: {fmt_seconds(pred.draft_time)} "
+              f"({', '.join(f'{n} x Q={p.values.get(chr(81))}' for p, n in pred.drafts)})")
+        print(f"acceptance: {acc.describe(k)}")
+    print(pred.summary())
+    print()
+    print(pred.gap_report().text())
+    for row in sweep:
+        print(f"  k={row['num_draft']:>2}: E {row['expected_tokens']:.2f}, step {fmt_seconds(row['step_s'])}, "
+              f"{row['tokens_per_s']:,.1f} tok/s, {row['speedup']:.2f}x")
+    return 0

@@ -1,0 +1,441 @@
+"""Calibration: microbenchmarks -> efficiency factors the cost model uses for a deployment.
+
+``specc calibrate --deployment h200-bs1 -o h200-bs1.json`` measures, on the device it runs on:
+
+- copy bandwidth (device-to-device copy, read + write bytes / time);
+- linear ``y = x W^T`` by M (rows) and shape: torch ``F.linear`` and, on CUDA, specc's Triton
+  linear (``specc.codegen.kernels.linear.linear``, what compiled modules call) and the fused
+  12-bit one (``linear_bf12``, what ``pack_weights_12bit`` lowers to); weights are rotated over
+  enough copies that they cannot stay in L2;
+- attention by Q and C (specc's Triton attention on CUDA, the reference op on CPU);
+- kernel launch overhead (back-to-back tiny kernels, eager) and CUDA-graph per-node replay
+  overhead (the same kernels captured in one graph);
+- a large square matmul (achievable fraction of the bf16 peak).
+
+On CUDA every time is a median over CUDA-event-timed graph replays after warm-up; on CPU a
+median of ``perf_counter`` times after warm-up, at tiny sizes (so tests can run it).
+
+Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
+
+- ``bandwidth_efficiency`` (deployment field) = median over memory-bound linear points of
+  ``bytes / t_net / hbm_bandwidth`` (weight streaming dominates a decode step);
+- ``flops_efficiency`` (deployment field) = ``2 n^3 / t_net / bf16_flops`` of the square matmul;
+- ``launch_overhead_s`` / ``graph_node_overhead_s`` (deployment fields): as measured;
+- per-kind efficiencies (the calibration record): ``elementwise`` bandwidth from the copy,
+  ``attention`` bandwidth (memory-bound points) and flops (compute-limited points), ``linear``
+  bandwidth, ``packed_linear`` bandwidth (on packed bytes), and ``linear_flops_by_m``: per M, ``flops / t_net / bf16_flops`` where the point is
+  compute-limited (``t_net > 1.15 x bytes / (hbm_bandwidth x linear bandwidth efficiency)``), else
+  the square-matmul efficiency (the flops term does not bind there).
+
+Output: the deployment file (every field of the base deployment kept, the fitted ones replaced,
+``calibrated = true``), loadable with ``get_deployment(FILE)``, and beside it the calibration
+record ``FILE-stem.calibration.json`` with every measurement and the per-kind efficiencies; the
+cost model finds the record through the deployment's ``source`` path (:func:`calibration_for`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from specc.errors import UserError
+
+COMPUTE_LIMITED = 1.15  # t_net above this multiple of the memory time counts as compute-limited
+
+
+@dataclasses.dataclass
+class Calibration:
+    """A calibration record: per-kind efficiencies plus the raw measurements they came from."""
+
+    deployment: str
+    device: str
+    device_name: str = ""
+    kind_efficiency: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    linear_flops_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
+    fitted: dict[str, float] = dataclasses.field(default_factory=dict)
+    measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
+    date: str = ""
+    specc_version: str = ""
+    torch_version: str = ""
+    quick: bool = False
+
+    def linear_flops_at(self, rows: float) -> float:
+        """Flops efficiency of a linear with ``rows`` = M, log-linear between measured M."""
+        table = sorted((int(m), float(e)) for m, e in self.linear_flops_by_m.items())
+        if not table:
+            raise ValueError("no linear flops table")
+        if rows <= table[0][0]:
+            return table[0][1]
+        if rows >= table[-1][0]:
+            return table[-1][1]
+        for (m0, e0), (m1, e1) in zip(table, table[1:]):
+            if m0 <= rows <= m1:
+                w = (math.log(rows) - math.log(m0)) / (math.log(m1) - math.log(m0))
+                return e0 + w * (e1 - e0)
+        return table[-1][1]  # pragma: no cover
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["linear_flops_by_m"] = {str(k): v for k, v in self.linear_flops_by_m.items()}
+        out["format"] = "specc-calibration/1"
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Calibration":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in fields}
+        kwargs["linear_flops_by_m"] = {int(k): float(v) for k, v in (data.get("linear_flops_by_m") or {}).items()}
+        return cls(**kwargs)
+
+
+def record_path(deployment_file) -> Path:
+    """``h200.json`` -> ``h200.calibration.json`` (the record beside a calibrated deployment)."""
+    p = Path(deployment_file)
+    return p.with_name(p.stem + ".calibration.json")
+
+
+def calibration_for(deployment) -> Calibration | None:
+    """The calibration record of a deployment loaded from a file, if one lies beside it."""
+    source = getattr(deployment, "source", "") or ""
+    if not getattr(deployment, "calibrated", False) or not source.endswith((".json", ".toml")):
+        return None
+    path = record_path(source)
+    if not path.is_file():
+        return None
+    try:
+        return Calibration.from_json(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError, TypeError) as exc:
+        raise UserError(f"{path}: unreadable calibration record ({exc})") from exc
+
+
+# --------------------------------------------------------------------------- timing
+
+
+class Timer:
+    """Median time of a callable on a device: CUDA graphs + events, or perf_counter on CPU."""
+
+    def __init__(self, device: str, reps: int = 10, warmup: int = 2):
+        self.device, self.reps, self.warmup = device, reps, warmup
+
+    def __call__(self, fn: Callable[[], Any], inner: int = 1) -> float:
+        """Seconds per call of ``fn`` (which may itself do ``inner`` calls: divided out)."""
+        import torch
+
+        if self.device == "cuda":
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(self.warmup):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            for _ in range(self.warmup):
+                graph.replay()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(self.reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                graph.replay()
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b) / 1e3)
+            return statistics.median(times) / inner
+        for _ in range(self.warmup):
+            fn()
+        times = []
+        for _ in range(self.reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) / inner
+
+
+# --------------------------------------------------------------------------- benchmarks
+
+
+def _sizes(device: str, quick: bool) -> dict[str, Any]:
+    if device == "cuda":
+        if quick:
+            return dict(copy_bytes=256 * 2**20, square=4096, linear_shapes=[(4096, 12288), (12288, 4096)],
+                        linear_m=[1, 16, 128], attn_heads=(32, 8, 128), attn_q=[1, 16], attn_c=[1024, 4096],
+                        launches=200)
+        return dict(copy_bytes=2 * 2**30, square=8192,
+                    linear_shapes=[(4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096), (4096, 151936)],
+                    linear_m=[1, 4, 16, 64, 256, 512], attn_heads=(32, 8, 128), attn_q=[1, 4, 16, 64],
+                    attn_c=[512, 1024, 4096], launches=1000)
+    if quick:
+        return dict(copy_bytes=1 * 2**20, square=96, linear_shapes=[(128, 256)], linear_m=[1, 32],
+                    attn_heads=(4, 2, 16), attn_q=[1, 8], attn_c=[64], launches=100)
+    return dict(copy_bytes=16 * 2**20, square=256, linear_shapes=[(256, 512), (512, 256)], linear_m=[1, 8, 64],
+                attn_heads=(4, 2, 16), attn_q=[1, 8], attn_c=[128, 512], launches=500)
+
+
+def measure_launch(device: str, n: int, timer: Timer) -> dict[str, float]:
+    """Per-kernel overhead: n tiny kernels back to back, eager (wall clock) and in a CUDA graph."""
+    import torch
+
+    x = torch.zeros(1, device=device)
+
+    def many():
+        for _ in range(n):
+            x.add_(1.0)
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        many()  # warm-up
+        torch.cuda.synchronize()
+        walls = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            many()
+            torch.cuda.synchronize()
+            walls.append((time.perf_counter() - t0) / n)
+        eager = statistics.median(walls)
+        graph = timer(many, inner=n)
+        return {"launch_overhead_s": eager, "graph_node_overhead_s": graph, "kernels": n}
+    per_op = timer(many, inner=n)
+    return {"launch_overhead_s": per_op, "graph_node_overhead_s": per_op, "kernels": n}
+
+
+def measure_copy(device: str, nbytes: int, timer: Timer) -> dict[str, float]:
+    import torch
+
+    x = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    t = timer(lambda: y.copy_(x))
+    return {"bytes": 2 * nbytes, "seconds": t, "bandwidth": 2 * nbytes / t}
+
+
+def measure_square(device: str, n: int, dtype, timer: Timer) -> dict[str, float]:
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = timer(lambda: torch.matmul(a, b))
+    return {"n": n, "flops": 2.0 * n ** 3, "seconds": t, "flops_per_s": 2.0 * n ** 3 / t}
+
+
+def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, impl: str = "torch") -> list[dict]:
+    """Time y = x W^T for each (K, N) shape and M; weights rotate over copies exceeding 2 x L2."""
+    import torch
+    import torch.nn.functional as F
+
+    fn = F.linear
+    pack = None
+    if impl == "specc":
+        from specc.codegen.kernels.linear import linear as fn  # noqa: N813
+    elif impl == "bf12":
+        from specc.codegen.kernels.linear_bf12 import linear_bf12 as fn  # noqa: N813
+        from specc.formats.bf12 import pack_bf16_12bit as pack
+    out = []
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    for k, n in shapes:
+        wbytes = k * n * itemsize
+        copies = max(1, min(16, math.ceil(2 * l2_bytes / wbytes) + 1)) if device == "cuda" else 1
+        weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
+        if pack is not None:
+            weights = [pack(w) for w in weights]
+            wbytes = weights[0].nbytes
+        for m in ms:
+            x = torch.randn(m, k, device=device, dtype=dtype)
+
+            def run():
+                for w in weights:
+                    fn(x, w)
+
+            t = timer(run, inner=copies)
+            nbytes = wbytes + (m * k + m * n) * itemsize
+            out.append({"impl": impl, "K": k, "N": n, "M": m, "seconds": t, "bytes": nbytes, "flops": 2.0 * m * k * n})
+        weights = []  # free before the next shape
+    return out
+
+
+def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Timer) -> list[dict]:
+    import torch
+
+    hq, hkv, d = heads
+    out = []
+    for c in cs:
+        for q in qs:
+            s = c + q
+            cache_k = torch.randn(batch, hkv, s, d, device=device, dtype=dtype)
+            cache_v = torch.randn_like(cache_k)
+            qt = torch.randn(batch, q, hq, d, device=device, dtype=dtype)
+            kt = torch.randn(batch, q, hkv, d, device=device, dtype=dtype)
+            vt = torch.randn_like(kt)
+            cache_len = torch.full((batch,), c, dtype=torch.long, device=device)
+            scale = 1.0 / math.sqrt(d)
+            if device == "cuda":
+                from specc.codegen.kernels.attention import attention as kern
+
+                def run():
+                    kern(qt, cache_k, cache_v, cache_len, q, "causal", scale)
+                impl = "specc"
+            else:
+                from specc.models import ops
+
+                def run():
+                    ops.attention(qt, kt, vt, cache_k, cache_v, cache_len, "causal", scale)
+                impl = "reference"
+            t = timer(run)
+            item = cache_k.element_size()
+            nbytes = 2 * batch * hkv * s * d * item + 2 * batch * q * hq * d * item
+            flops = 4.0 * batch * hq * q * s * d
+            out.append({"impl": impl, "B": batch, "Q": q, "C": c, "seconds": t, "bytes": nbytes, "flops": flops})
+    return out
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def _median(values, default: float | None = None) -> float | None:
+    values = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    return statistics.median(values) if values else default
+
+
+def fit(dep, m: dict[str, Any], device: str) -> tuple[dict[str, float], dict[str, dict[str, float]], dict[int, float]]:
+    """Efficiency factors from measurements (formulas in the module docstring)."""
+    from specc.search.cost_model import LAUNCHES
+
+    launch = m["launch"]
+    overhead = launch["graph_node_overhead_s"] if device == "cuda" else launch["launch_overhead_s"]
+    fields: dict[str, float] = {"launch_overhead_s": launch["launch_overhead_s"],
+                                "graph_node_overhead_s": launch["graph_node_overhead_s"]}
+    sq = m["square"]
+    peak_eff = min(1.0, sq["flops"] / max(sq["seconds"] - overhead, 1e-12) / dep.bf16_flops)
+    fields["flops_efficiency"] = peak_eff
+    copy_eff = m["copy"]["bandwidth"] / dep.hbm_bandwidth
+
+    lin = [r for r in m["linear"] if r["impl"] == m.get("linear_impl", "torch")] or m["linear"]
+    for r in lin:
+        r["net_s"] = max(r["seconds"] - overhead, 1e-12)
+        r["bw_eff"] = r["bytes"] / r["net_s"] / dep.hbm_bandwidth
+        r["flops_eff"] = r["flops"] / r["net_s"] / dep.bf16_flops
+    small = [r["bw_eff"] for r in lin if r["M"] <= 16] or [r["bw_eff"] for r in lin]
+    lin_bw = min(1.0, _median(small, dep.bandwidth_efficiency))
+    fields["bandwidth_efficiency"] = lin_bw
+    by_m: dict[int, list[float]] = {}
+    for r in lin:
+        t_mem = r["bytes"] / (dep.hbm_bandwidth * lin_bw)
+        r["compute_limited"] = r["net_s"] > COMPUTE_LIMITED * t_mem
+        by_m.setdefault(r["M"], []).append(r["flops_eff"] if r["compute_limited"] else peak_eff)
+    linear_by_m = {mm: min(1.0, statistics.median(v)) for mm, v in sorted(by_m.items())}
+
+    attn_launch = LAUNCHES.get(device, {}).get("attention", 1) if device == "cpu" else 2
+    attn_bw, attn_fl = [], []
+    for r in m["attention"]:
+        r["net_s"] = max(r["seconds"] - attn_launch * overhead, 1e-12)
+        bw_eff = r["bytes"] / r["net_s"] / dep.hbm_bandwidth
+        t_mem_copy = r["bytes"] / (dep.hbm_bandwidth * copy_eff)
+        if r["net_s"] > COMPUTE_LIMITED * t_mem_copy and r["Q"] > 1:
+            attn_fl.append(r["flops"] / r["net_s"] / dep.bf16_flops)
+        else:
+            attn_bw.append(bw_eff)
+    kinds = {
+        "elementwise": {"bandwidth": min(1.0, copy_eff)},
+        "linear": {"bandwidth": lin_bw, "flops": peak_eff},
+        "attention": {"bandwidth": min(1.0, _median(attn_bw, copy_eff)),
+                      "flops": min(1.0, _median(attn_fl, peak_eff))},
+    }
+    if m.get("linear_bf12"):  # 12-bit weights (pack_weights_12bit's packed_linear): bandwidth on packed bytes
+        effs = [r["bytes"] / max(r["seconds"] - overhead, 1e-12) / dep.hbm_bandwidth
+                for r in m["linear_bf12"] if r["M"] <= 16]
+        kinds["packed_linear"] = {"bandwidth": min(1.0, _median(effs, lin_bw))}
+    return fields, kinds, linear_by_m
+
+
+def calibrate(deployment, device: str | None = None, quick: bool = False,
+              progress: Callable[[str], None] | None = None, threads: int | None = None) -> tuple[Any, Calibration]:
+    """Run the microbenchmarks and return (calibrated Deployment, Calibration record).
+
+    On CPU the benchmarks run with ``threads`` intra-op threads (default 1: on a shared machine,
+    several threads stall on each other and timings turn into scheduler quanta); predictions made
+    with the result describe a step run with as many threads.
+    """
+    import torch
+
+    if (device or "") == "cpu" or (device is None and getattr(deployment, "device", "") == "cpu") or \
+            (device is None and deployment == "cpu"):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads or 1)
+        try:
+            return _calibrate(deployment, device, quick, progress, threads or 1)
+        finally:
+            torch.set_num_threads(before)
+    return _calibrate(deployment, device, quick, progress, None)
+
+
+def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calibration]:
+    import torch
+
+    from specc import __version__
+    from specc.search.deployments import get_deployment
+
+    dep = get_deployment(deployment) if isinstance(deployment, str) else deployment
+    device = device or dep.device
+    if device not in ("cuda", "cpu"):
+        raise UserError(f"--device must be cuda or cpu (got {device!r})")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is available (use --device cpu)")
+    say = progress or (lambda msg: None)
+    sizes = _sizes(device, quick)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    timer = Timer(device, reps=5 if quick else 15)
+    m: dict[str, Any] = {"sizes": {k: v for k, v in sizes.items()}, "threads": threads}
+    say("launch and graph-replay overhead")
+    m["launch"] = measure_launch(device, sizes["launches"], timer)
+    say("copy bandwidth")
+    m["copy"] = measure_copy(device, sizes["copy_bytes"], timer)
+    say("square matmul")
+    m["square"] = measure_square(device, sizes["square"], dtype, timer)
+    say("linear by M and shape")
+    m["linear"] = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer, dep.l2_bytes, "torch")
+    m["linear_impl"] = "torch"
+    if device == "cuda":
+        try:
+            m["linear"] += measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer,
+                                          dep.l2_bytes, "specc")
+            m["linear_impl"] = "specc"
+        except Exception as exc:  # pragma: no cover - GPU only
+            m["linear_specc_error"] = f"{type(exc).__name__}: {exc}"
+        say("bf12 (12-bit weight) linear by M and shape")
+        try:
+            m["linear_bf12"] = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer,
+                                              dep.l2_bytes, "bf12")
+        except Exception as exc:  # pragma: no cover - GPU only
+            m["linear_bf12_error"] = f"{type(exc).__name__}: {exc}"
+    say("attention by Q and C")
+    m["attention"] = measure_attention(device, dep.batch_size if device == "cuda" else 1, sizes["attn_heads"],
+                                       sizes["attn_q"], sizes["attn_c"], dtype, timer)
+    fields, kinds, by_m = fit(dep, m, device)
+    new = dataclasses.replace(dep, calibrated=True, **fields)
+    record = Calibration(
+        deployment=dep.name, device=device,
+        device_name=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        kind_efficiency=kinds, linear_flops_by_m=by_m, fitted=fields, measurements=m,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        specc_version=__version__, torch_version=torch.__version__, quick=quick)
+    return new, record
+
+
+def write_calibration(path, deployment, record: Calibration) -> tuple[Path, Path]:
+    """Write the deployment file and its calibration record beside it."""
+    path = Path(path)
+    if path.suffix != ".json":
+        raise UserError(f"{path}: the calibrated deployment is written as JSON (give a .json path)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = deployment.to_json()
+    data.pop("source", None)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    rec = record_path(path)
+    rec.write_text(json.dumps(record.to_json(), indent=1) + "\n")
+    return path, rec

@@ -1,0 +1,209 @@
+"""The search memory: validated mechanisms per model family x deployment, as JSON files.
+
+One file per (family, deployment), ``<dir>/<family>__<deployment>.json``; the directory is
+``$SPECC_MEMORY_DIR`` or ``~/.cache/specc/memory`` (``specc search --memory FILE`` names the
+file itself; its directory then holds the other deployments' files). Format::
+
+    {"format": "specc-memory/1", "family": "qwen3", "deployment": "h200-bs1",
+     "entries": [{"mechanism": "num_draft 15 -> 7", "parameters": {"passes": {...}, "num_draft": 7, "options": {...}},
+                  "predicted_gain": 1.12, "measured_gain": null, "validated": true,
+                  "date": "2026-12-03T10:00:00+00:00", "specc_version": "0.1.0",
+                  "model": "...", "drafter": "...", "method": "dflash", "deployment": "h200-bs1",
+                  "prediction": {"tokens_per_s": ..., "speedup": ...}, "notes": ""}],
+     "acceptance": {"<model>|<drafter>|<method>|k=<k>": {"alphas": [...], "source": "...", "date": "..."}}}
+
+``parameters`` always holds the *complete* configuration (passes per role, num_draft, pass
+options), so an entry can be re-applied as is; ``mechanism`` says what it changed relative to
+the configuration it improved on, and the gains are relative to that configuration (tokens/s
+ratio). ``validated`` means it passed token forcing against stock. Later search rounds and
+searches on other deployments try validated entries first; ``choose_pipeline`` picks among them
+by predicted tokens/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from specc.errors import UserError
+
+FORMAT = "specc-memory/1"
+
+
+def memory_dir() -> Path:
+    env = os.environ.get("SPECC_MEMORY_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specc" / "memory"
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "x"
+
+
+def family_of(raw_config: dict[str, Any]) -> str:
+    """A model family key from a target's config.json (``qwen3``, ``llama``...)."""
+    return _safe(str(raw_config.get("model_type") or "unknown").lower())
+
+
+def memory_path(family: str, deployment: str, directory: Path | None = None) -> Path:
+    return (directory or memory_dir()) / f"{_safe(family)}__{_safe(deployment)}.json"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclasses.dataclass
+class MemoryEntry:
+    mechanism: str
+    parameters: dict[str, Any]
+    predicted_gain: float | None = None
+    measured_gain: float | None = None
+    validated: bool = False
+    date: str = ""
+    specc_version: str = ""
+    model: str = ""
+    drafter: str = ""
+    method: str = ""
+    deployment: str = ""
+    prediction: dict[str, Any] = dataclasses.field(default_factory=dict)
+    notes: str = ""
+
+    def __post_init__(self):
+        if not self.date:
+            self.date = now()
+        if not self.specc_version:
+            from specc import __version__
+
+            self.specc_version = __version__
+
+    def key(self) -> str:
+        return json.dumps(self.parameters, sort_keys=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str = "") -> "MemoryEntry":
+        if not isinstance(data, dict) or "mechanism" not in data or not isinstance(data.get("parameters"), dict):
+            raise UserError(f"{where}: a memory entry needs 'mechanism' and a 'parameters' object")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+class Memory:
+    """One memory file (family x deployment), plus read-only access to its siblings."""
+
+    def __init__(self, path: Path, family: str, deployment: str, entries: list[MemoryEntry] | None = None,
+                 acceptance: dict[str, Any] | None = None):
+        self.path, self.family, self.deployment = Path(path), family, deployment
+        self.entries: list[MemoryEntry] = list(entries or [])
+        self.acceptance: dict[str, Any] = dict(acceptance or {})
+
+    # ------------------------------------------------------------------ files
+
+    @classmethod
+    def open(cls, family: str, deployment: str, path: str | os.PathLike | None = None) -> "Memory":
+        """Load (or start) the memory of ``family`` on ``deployment``. ``path``: a .json file to use
+        instead of the default location, or a directory to put the default file name in."""
+        if path is None:
+            p = memory_path(family, deployment)
+        else:
+            p = Path(path).expanduser()
+            if p.suffix != ".json":
+                p = memory_path(family, deployment, p)
+        return cls.load(p, family, deployment)
+
+    @classmethod
+    def load(cls, path: Path, family: str | None = None, deployment: str | None = None) -> "Memory":
+        path = Path(path)
+        if not path.is_file():
+            return cls(path, family or "", deployment or "")
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read the search memory ({exc.strerror})") from exc
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}: the search memory is not valid JSON ({exc})") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
+            raise UserError(f"{path}: not a specc search memory (expected an object with 'entries')")
+        entries = [MemoryEntry.from_json(e, str(path)) for e in data.get("entries", [])]
+        return cls(path, data.get("family") or family or "", data.get("deployment") or deployment or "", entries,
+                   data.get("acceptance") or {})
+
+    def save(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"format": FORMAT, "family": self.family, "deployment": self.deployment,
+                   "entries": [e.to_json() for e in self.entries], "acceptance": self.acceptance}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(payload, indent=1) + "\n")
+        os.replace(tmp, self.path)
+        return self.path
+
+    def siblings(self) -> list["Memory"]:
+        """Memories of the same family on other deployments (same directory)."""
+        out = []
+        if not self.path.parent.is_dir():
+            return out
+        for p in sorted(self.path.parent.glob(f"{_safe(self.family)}__*.json")):
+            if p.resolve() == self.path.resolve():
+                continue
+            try:
+                out.append(Memory.load(p))
+            except UserError:
+                continue  # a broken sibling does not stop this search
+        return out
+
+    # ------------------------------------------------------------------ entries
+
+    def add(self, entry: MemoryEntry) -> MemoryEntry:
+        """Insert, or replace the entry with the same parameters (the newer record wins)."""
+        for i, e in enumerate(self.entries):
+            if e.key() == entry.key() and e.model == entry.model and e.drafter == entry.drafter:
+                self.entries[i] = entry
+                return entry
+        self.entries.append(entry)
+        return entry
+
+    def validated(self, model: str | None = None, drafter: str | None = None, method: str | None = None) -> list[MemoryEntry]:
+        """Validated entries, those for this exact model/drafter first, then by gain."""
+        out = [e for e in self.entries if e.validated and (method is None or not e.method or e.method == method)]
+
+        def rank(e: MemoryEntry):
+            same = (model is not None and e.model == model) + (drafter is not None and e.drafter == drafter)
+            gain = e.measured_gain if e.measured_gain is not None else (e.predicted_gain or 0.0)
+            return (-same, -(e.prediction.get("tokens_per_s") or 0.0), -gain)
+
+        return sorted(out, key=rank)
+
+    def __iter__(self) -> Iterable[MemoryEntry]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # ------------------------------------------------------------------ acceptance
+
+    @staticmethod
+    def acceptance_key(model: str, drafter: str, method: str, k: int) -> str:
+        return f"{model}|{drafter}|{method}|k={k}"
+
+    def record_acceptance(self, model: str, drafter: str, method: str, k: int, acceptance) -> None:
+        self.acceptance[self.acceptance_key(model, drafter, method, k)] = dict(acceptance.to_json(), date=now())
+
+    def find_acceptance(self, model: str, drafter: str, method: str, k: int | None = None):
+        """The recorded AcceptanceModel for a pair (at k, else the largest k recorded), or None."""
+        from specc.search.acceptance import AcceptanceModel
+
+        prefix = f"{model}|{drafter}|{method}|k="
+        found = {int(key[len(prefix):]): v for key, v in self.acceptance.items() if key.startswith(prefix)}
+        if not found:
+            return None
+        k_use = k if k in found else max(found)
+        data = found[k_use]
+        return AcceptanceModel([float(a) for a in data["alphas"]], source=data.get("source", "memory"),
+                               measured_k=data.get("measured_k") or k_use)

@@ -1,0 +1,165 @@
+"""The analytic cost model: formulas per node, step times, trends at real sizes, the gap report."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy
+
+from specc.ir import evaluate
+from specc.search.acceptance import AcceptanceModel
+from specc.search.cost_model import CostModel, component_of
+from specc.search.deployments import get_deployment
+
+
+@pytest.fixture(scope="module")
+def qwen8b(meta8b):
+    """(target verify IR, DFlash draft IR) with the default pipeline applied."""
+    from specc.search.driver import default_pipeline
+
+    return meta8b.irs(default_pipeline())
+
+
+def test_ar_step_is_weights_over_bandwidth_plus_launches(qwen8b):
+    t_ir, _ = qwen8b
+    dep = get_deployment("h200-bs1")
+    model = CostModel(dep)
+    ar = model.step(t_ir, {"B": 1, "Q": 1, "C": 1024}, step="ar", sync=False)
+    assert 15.0e9 < ar.weight_bytes < 15.3e9  # 15.1 GB of weights per token
+    # at bs1 every node is memory-bound: time = bytes / effective bandwidth + launches x graph-node cost
+    assert all(n.bound in ("memory", "launch") for n in ar.nodes)
+    expected = ar.bytes / (dep.hbm_bandwidth * dep.bandwidth_efficiency) + ar.launches * dep.graph_node_overhead_s
+    assert ar.time == pytest.approx(expected, rel=1e-9)
+    weights_only = ar.weight_bytes / dep.effective_bandwidth
+    assert weights_only < ar.time < weights_only * 1.05 + ar.launches * dep.graph_node_overhead_s
+    # the floor: datasheet bandwidth, no launches
+    assert ar.floor == pytest.approx(ar.bytes / dep.hbm_bandwidth, rel=1e-9)
+    # eager (no CUDA graph) launches cost more
+    eager = CostModel(dep, graphs=False).step(t_ir, {"B": 1, "Q": 1, "C": 1024}, sync=False)
+    assert eager.time - ar.time == pytest.approx(ar.launches * (dep.launch_overhead_s - dep.graph_node_overhead_s))
+
+
+def test_verify_trend_memory_bound_at_bs1_compute_heavier_at_bs32(qwen8b):
+    t_ir, _ = qwen8b
+    bs1, bs32 = CostModel("h200-bs1"), CostModel("h200-bs32")
+    ar1 = bs1.step(t_ir, {"B": 1, "Q": 1, "C": 1024})
+    v1 = bs1.step(t_ir, {"B": 1, "Q": 16, "C": 1024})
+    assert 1.0 < v1.time / ar1.time < 1.1  # verifying 16 tokens costs about one AR step at bs1
+    ar32 = bs32.step(t_ir, {"B": 32, "Q": 1, "C": 1024})
+    v32 = bs32.step(t_ir, {"B": 32, "Q": 16, "C": 1024})
+    assert v32.time / ar32.time > 1.5 * (v1.time / ar1.time)
+
+    def compute_share(p):
+        return sum(n.work_time for n in p.nodes if n.bound == "compute") / p.time
+
+    assert compute_share(v1) == 0.0
+    assert compute_share(v32) > 0.3 and compute_share(v32) > compute_share(ar32)
+    # monotone in Q
+    times = [bs32.step(t_ir, {"B": 32, "Q": q, "C": 1024}).time for q in (1, 4, 16, 64)]
+    assert times == sorted(times)
+
+
+def test_every_number_traces_to_a_formula(qwen8b):
+    t_ir, _ = qwen8b
+    model = CostModel("h200-bs8")
+    values = {"B": 8, "Q": 8, "C": 2048}
+    step = model.step(t_ir, values, sync=False, formula=True)
+    for n in step.nodes:
+        node = t_ir.node(n.node)
+        meta = t_ir.meta(node)
+        assert n.bytes == evaluate(meta.bytes_read + meta.bytes_written, values)
+        assert n.flops == evaluate(meta.flops, values)
+        assert n.time == pytest.approx(max(n.bytes / n.bandwidth, n.flops / n.peak) + n.t_launch)
+        assert "max(" in n.formula()
+    # the whole step as one sympy expression in B, Q, C reproduces the sum
+    formula = step.formula()
+    assert formula.free_symbols <= {sympy.Symbol(s, integer=True, positive=True) for s in "BQ"} | {
+        sympy.Symbol("C", integer=True, nonnegative=True)}
+    assert float(formula.subs({s: values[str(s)] for s in formula.free_symbols})) == pytest.approx(step.time, rel=1e-4)
+    js = step.to_json(nodes=True)
+    assert js["formula"] and js["nodes"][0]["bytes_formula"]
+
+
+def test_gap_report_components(qwen8b):
+    t_ir, d_ir = qwen8b
+    model = CostModel("h200-bs1")
+    pred = model.predict(t_ir, d_ir, method="dflash", num_draft=15, acceptance=AcceptanceModel.from_tau(6.55, 15))
+    report = pred.gap_report()
+    names = [r.name for r in report.rows]
+    assert {"target linear weights", "target attention KV read", "target launch overhead", "target LM head"} <= set(names)
+    assert any(n.startswith("drafter step") for n in names)
+    gaps = [r.gap for r in report.rows]
+    assert gaps == sorted(gaps, reverse=True)
+    assert sum(r.time for r in report.rows) == pytest.approx(pred.step_time, rel=1e-9)
+    assert all(r.floor <= r.time + 1e-15 for r in report.rows)
+    drafter = next(r for r in report.rows if r.name.startswith("drafter step"))
+    assert drafter.detail and drafter.time == pytest.approx(pred.draft_time)
+    text = report.text()
+    assert "target linear weights" in text and "floor" in text
+    # a high published tau makes DFlash several times faster than AR; none makes it slower
+    assert 3.0 < pred.speedup < 8.0
+    assert pred.tokens_per_s == pytest.approx(6.55 / pred.step_time)
+    none = model.predict(t_ir, d_ir, method="dflash", num_draft=15, acceptance=AcceptanceModel.none())
+    assert none.speedup < 1.0
+    js = pred.to_json()
+    assert js["gap_report"]["rows"][0]["gap_s"] >= js["gap_report"]["rows"][-1]["gap_s"]
+
+
+def test_fusion_lowers_launches_and_bytes(meta8b, qwen8b):
+    plain, fused = meta8b.irs(""), qwen8b
+    model = CostModel("h200-bs1")
+    a = model.step(plain[0], {"B": 1, "Q": 1, "C": 1024})
+    b = model.step(fused[0], {"B": 1, "Q": 1, "C": 1024})
+    assert b.launches < a.launches and b.bytes < a.bytes and b.time < a.time
+    assert b.weight_bytes == a.weight_bytes
+
+
+def test_methods_on_tiny_steps():
+    from specc.ir import trace
+    from specc.ir.testing import random_model
+
+    target = random_model("qwen3")
+    draft = random_model("qwen3", seed=1)
+    t_ir, d_ir = trace(target, "verify"), trace(draft, "draft")
+    model = CostModel("h100-bs1")
+    acc = AcceptanceModel([0.9, 0.7, 0.5, 0.3])
+    pard = model.predict(t_ir, d_ir, method="pard", num_draft=4, acceptance=acc)
+    assert [n for _, n in pard.drafts] == [1]
+    assert pard.drafts[0][0].values["Q"] == round(acc.expected_tokens(4)) + 3
+    chain = model.predict(t_ir, d_ir, method="ar-draft", num_draft=4, acceptance=acc)
+    assert [n for _, n in chain.drafts] == [4] and chain.drafts[0][0].values["Q"] == 1
+    assert chain.draft_time == pytest.approx(4 * chain.drafts[0][0].time)
+    ar = model.predict(t_ir, None, method="ar")
+    assert ar.speedup == pytest.approx(1.0) and ar.verify is None and ar.expected_tokens == 1
+    assert "speedup" in pard.summary()
+    assert math.isfinite(pard.to_json()["tokens_per_s"])
+
+
+def test_components_by_kind_and_role():
+    from specc.ir import trace
+    from specc.ir.testing import random_model
+
+    ir = trace(random_model("qwen3"), "verify")
+    seen = {component_of(ir.meta(n), n.name) for n in ir.calls()}
+    assert {"linear weights", "LM head", "attention KV read", "norms", "rope", "elementwise", "embedding"} <= seen
+
+
+def test_calibration_record_changes_the_prediction(qwen8b):
+    from specc.search.calibrate import Calibration
+
+    t_ir, _ = qwen8b
+    dep = get_deployment("h200-bs32")
+    base = CostModel(dep).step(t_ir, {"B": 32, "Q": 16, "C": 1024})
+    cal = Calibration("h200-bs32", "cuda", kind_efficiency={"linear": {"bandwidth": 0.5, "flops": 0.3},
+                                                              "attention": {"bandwidth": 0.4}},
+                      linear_flops_by_m={1: 0.7, 64: 0.5, 512: 0.25})
+    model = CostModel(dep, calibration=cal)
+    assert cal.linear_flops_at(1) == 0.7 and cal.linear_flops_at(4096) == 0.25
+    assert 0.25 < cal.linear_flops_at(256) < 0.5
+    slow = model.step(t_ir, {"B": 32, "Q": 16, "C": 1024})
+    assert slow.time > base.time
+    lin = next(n for n in slow.nodes if n.kind in ("linear", "norm_linear") and n.component == "linear weights")
+    assert lin.peak == pytest.approx(dep.bf16_flops * cal.linear_flops_at(512))
+    att = next(n for n in slow.nodes if n.kind == "attention")
+    assert att.bandwidth == pytest.approx(dep.hbm_bandwidth * 0.4)
