@@ -81,7 +81,14 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
 def compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
                      out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
                      prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
-                     tolerance: float | None = None, progress: Callable[[str], None] | None = None) -> CompileResult:
+                     tolerance: float | None = None, progress: Callable[[str], None] | None = None,
+                     memory=None) -> CompileResult:
+    """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
+
+    ``passes=None`` lets the cost model choose the pipeline and drafts per step
+    (``specc.search.choose_pipeline``: validated mechanisms from the search memory first, else
+    the default pipeline); ``memory``: a memory file, None for the default location, False for
+    none. Raises ``VerificationFailed`` (nothing written) when token forcing fails."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
     from specc.models.dflash import DFlashDrafter
     from specc.models.loading import content_hash, load_tokenizer
@@ -117,7 +124,16 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     if draft_module is not None:
         draft_module.setup_caches(1, 16)
 
-    pipeline = DEFAULT_PIPELINE if passes is None else passes
+    choice = None
+    if passes is None:
+        from specc.search.driver import choose_pipeline
+
+        choice = choose_pipeline(pair, dep, memory, num_draft=num_draft)
+        pipeline = choice.pipeline
+        if pair.method != "ar" and not num_draft:
+            k = choice.num_draft
+    else:
+        pipeline = passes
     say(f"tracing and running passes: {pipeline or '(none)'}")
     built = build_steps(target, draft_module, pipeline, spec)
     pass_records, lowering, steps = built.pass_records, built.lowering, built.emitted
@@ -140,6 +156,9 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "deployment": dep.to_json(), "passes": {"pipeline": pipeline, "applied": pass_records},
         "lowering": lowering, "step_costs_at": {"B": dep.batch_size, "Q": k + 1, "C": 1024}, "step_costs": costs,
         "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},
+        "prediction": None if choice is None else {
+            key: choice.prediction.get(key) for key in ("tokens_per_s", "speedup", "step_s", "ar_step_s",
+                                                         "expected_tokens_per_step", "acceptance_source", "source")},
     }
     say("emitting the compiled module")
     tmp = stage_artifact(out, steps, manifest, pair.target.path if tokenizer is not None else None)
@@ -170,4 +189,9 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
             f"{role} {c['bytes_read'] / 1e6:.2f} MB read ({c['weight_bytes'] / 1e6:.2f} MB weights)" for role, c in costs.items()),
         report.summary(),
     ]
+    if choice is not None:
+        p = manifest["prediction"]
+        lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "
+                        f"(step {p['step_s'] * 1e3:.3f} ms, {p['expected_tokens_per_step']:.2f} tokens/step, "
+                        f"acceptance {p['acceptance_source']}; `specc cost` shows the gap report)")
     return CompileResult(out, manifest, lines)

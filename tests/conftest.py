@@ -10,6 +10,15 @@ from model_factory import make_constant, make_dflash_checkpoint, make_hf_model, 
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_search_memory(tmp_path_factory):
+    """Never read or write the user's search memory (~/.cache/specc/memory) from tests."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPECC_MEMORY_DIR", str(tmp_path_factory.mktemp("specc-memory")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session", params=["qwen3", "llama"])
 def family(request):
     return request.param

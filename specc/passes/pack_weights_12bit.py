@@ -91,6 +91,7 @@ class PackWeights12bit(Pass):
         return "no bf16 linear weights (bf12 packs bf16 weights: compile for a bfloat16 deployment)"
 
     def run(self, ir: IR, ctx: PassContext) -> PassResult:
+        self._ctx = ctx  # ensures() checks the same selection
         graph = ir.graph
         base_mode = (ctx.option("pack_base") if ctx else None) or "row"
         packed_count, weights, escapes = 0, 0, 0
@@ -129,5 +130,5 @@ class PackWeights12bit(Pass):
                                              "bytes_before": bytes_before, "bytes_after": bytes_after})
 
     def ensures(self, ir: IR) -> bool | str:
-        left = self._targets(ir, None)
+        left = self._targets(ir, getattr(self, "_ctx", None))
         return True if not left else f"{len(left)} bf16 linears left unpacked"

@@ -42,9 +42,11 @@ def test_pack_subset_by_name(checkpoints):
 
     PassManager("fuse_gate_up").run(ir)
     ctx = PassContext(options={"pack_include": ["mlp"]})
-    result = PackWeights12bit().run(ir, ctx)
+    pack = PackWeights12bit()
+    result = pack.run(ir, ctx)
     assert result.stats["packed"] == 2 * 4  # gate_up + down in each of 4 layers
     assert ir.count("linear") > 0
+    assert pack.ensures(ir) is True  # the postcondition checks the selection it was given
 
 
 def test_pack_skips_fp32(checkpoints):
