@@ -173,6 +173,16 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         manifest = dict(engine.manifest, verification=report.to_json())
         if not report.passed:
             raise VerificationFailed(report.summary())
+        if choice is not None and k and any(r.accepted_lengths for r in runs):
+            # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
+            from specc.search.acceptance import AcceptanceModel
+            from specc.search.driver import choose_pipeline
+
+            acc = AcceptanceModel.from_accepted_lengths([r.accepted_lengths for r in runs], k,
+                                                        source=f"measured by stock on {len(runs)} calibration prompts")
+            measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc).prediction
+            measured["acceptance_source"] = acc.source or "measured"
+            manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}
         write_manifest(tmp, manifest)
         publish(tmp, out)
     finally:

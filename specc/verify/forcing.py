@@ -37,6 +37,7 @@ class StockRun:
     prompt: list[int]
     tokens: list[int]
     margins: list[float]  # stock's top-2 logit margin at each generated position
+    accepted_lengths: list[int] = dataclasses.field(default_factory=list)  # stock's per-step commits
 
 
 @dataclasses.dataclass
@@ -99,7 +100,8 @@ def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int,
     runs = []
     for prompt in prompts:
         result = stock.generate(prompt, max_new_tokens)
-        runs.append(StockRun(list(prompt), result.tokens, stock_margins(stock.target, list(prompt), result.tokens)))
+        runs.append(StockRun(list(prompt), result.tokens, stock_margins(stock.target, list(prompt), result.tokens),
+                             list(result.stats.accepted_lengths)))
     return runs
 
 
