@@ -50,6 +50,12 @@ class GenerationResult:
         return {"tokens": self.tokens, "stats": self.stats.to_json(), "method": self.method,
                 "finished_by": self.finished_by}
 
+    @classmethod
+    def finish(cls, tokens: list[int], stats: GenerationStats, method: str, eos_token_ids=()) -> "GenerationResult":
+        """The result of a loop that stopped: finished by EOS when its last token is one."""
+        ended = bool(tokens) and tokens[-1] in set(eos_token_ids)
+        return cls(tokens=tokens, stats=stats, method=method, finished_by="eos" if ended else "length")
+
 
 def clip_committed(
     new_tokens: Sequence[int], produced: int, max_new_tokens: int, eos_ids: Iterable[int]

@@ -74,5 +74,4 @@ class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
             stats.accepted_lengths.append(len(step))
             yield from step
         stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
-        ended = bool(tokens) and tokens[-1] in set(eos_token_ids)
-        return GenerationResult(tokens, stats, self.method, "eos" if ended else "length")
+        return GenerationResult.finish(tokens, stats, self.method, eos_token_ids)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
+from specc.result import GenerationResult, as_prompt_list, clip_committed
 from specc.stock import hf
-from specc.stock.ar import _finish
 
 
 @torch.inference_mode()
@@ -20,11 +19,8 @@ def generate_chain(target, draft, input_ids, max_new_tokens: int, num_draft: int
     """``cap_to_budget``: draft at most as many tokens as the budget can still take (the
     default); False drafts k every step and clips the committed block instead."""
     prompt = as_prompt_list(input_ids)
-    stats = GenerationStats()
-    t_cache, d_cache = hf.new_cache(target), hf.new_cache(draft)
-    logits = hf.forward(target, prompt, t_cache, 0).logits
-    stats.target_forwards += 1
-    tokens, stop = clip_committed([int(logits[0, -1].argmax())], 0, max_new_tokens, eos_token_ids)
+    t_cache, _, tokens, stop, stats = hf.prefill(target, prompt, max_new_tokens, eos_token_ids)
+    d_cache = hf.new_cache(draft)
     draft_len = 0  # positions of the committed sequence held in the draft cache
     while not stop:
         seq = prompt + tokens
@@ -51,4 +47,4 @@ def generate_chain(target, draft, input_ids, max_new_tokens: int, num_draft: int
         step, stop = clip_committed(committed, len(tokens), max_new_tokens, eos_token_ids)
         tokens += step
         stats.accepted_lengths.append(len(step))
-    return _finish(tokens, stats, "ar-draft", eos_token_ids)
+    return GenerationResult.finish(tokens, stats, "ar-draft", eos_token_ids)

@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
+from specc.result import GenerationResult, as_prompt_list, clip_committed
 from specc.stock import hf
-from specc.stock.ar import _finish
 
 
 def _context(hidden_states, layer_ids) -> torch.Tensor:
@@ -28,12 +27,9 @@ def generate_dflash(target, draft, input_ids, max_new_tokens: int, block_size: i
     prompt = as_prompt_list(input_ids)
     spec = draft.spec
     block_size = block_size or spec.block_size
-    stats = GenerationStats()
-    t_cache, d_cache = hf.new_cache(target), DynamicCache()
-    out = hf.forward(target, prompt, t_cache, 0, hidden=True)
-    stats.target_forwards += 1
+    t_cache, out, tokens, stop, stats = hf.prefill(target, prompt, max_new_tokens, eos_token_ids, hidden=True)
+    d_cache = DynamicCache()
     ctx = _context(out.hidden_states, spec.target_layer_ids)
-    tokens, stop = clip_committed([int(out.logits[0, -1].argmax())], 0, max_new_tokens, eos_token_ids)
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     while not stop:
         start = len(prompt) + len(tokens) - 1  # position of the last committed token
@@ -55,4 +51,4 @@ def generate_dflash(target, draft, input_ids, max_new_tokens: int, block_size: i
         stats.accepted_lengths.append(len(step))
         if b > 1:
             ctx = _context(out.hidden_states, spec.target_layer_ids)[:, : len(committed)]
-    return _finish(tokens, stats, "dflash", eos_token_ids)
+    return GenerationResult.finish(tokens, stats, "dflash", eos_token_ids)

@@ -7,6 +7,8 @@ import warnings
 import torch
 from transformers import DynamicCache
 
+from specc.result import GenerationStats, clip_committed
+
 
 def new_cache(model) -> DynamicCache:
     return DynamicCache(config=model.config)
@@ -21,6 +23,16 @@ def forward(model, ids: list[int] | torch.Tensor, cache: DynamicCache, start: in
         warnings.simplefilter("ignore", FutureWarning)
         return model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
                  output_hidden_states=hidden)
+
+
+def prefill(target, prompt: list[int], max_new_tokens: int, eos_token_ids, hidden: bool = False):
+    """Run the target on the prompt: (cache, model output, first committed tokens, stop, stats)."""
+    stats = GenerationStats()
+    cache = new_cache(target)
+    out = forward(target, prompt, cache, 0, hidden=hidden)
+    stats.target_forwards += 1
+    tokens, stop = clip_committed([int(out.logits[0, -1].argmax())], 0, max_new_tokens, eos_token_ids)
+    return cache, out, tokens, stop, stats
 
 
 def crop(cache: DynamicCache, length: int) -> None:

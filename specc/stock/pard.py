@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
+from specc.result import GenerationResult, as_prompt_list, clip_committed
 from specc.stock import hf
-from specc.stock.ar import _finish
 
 
 @torch.inference_mode()
@@ -20,11 +19,8 @@ def generate_pard(target, draft, pard_token: int, input_ids, max_new_tokens: int
                   eos_token_ids=(), cap_to_budget: bool = True) -> GenerationResult:
     """``cap_to_budget`` as in ``generate_chain``; PARD's published loop does not cap."""
     prompt = as_prompt_list(input_ids)
-    stats = GenerationStats()
-    t_cache, d_cache = hf.new_cache(target), hf.new_cache(draft)
-    logits = hf.forward(target, prompt, t_cache, 0).logits
-    stats.target_forwards += 1
-    tokens, stop = clip_committed([int(logits[0, -1].argmax())], 0, max_new_tokens, eos_token_ids)
+    t_cache, _, tokens, stop, stats = hf.prefill(target, prompt, max_new_tokens, eos_token_ids)
+    d_cache = hf.new_cache(draft)
     draft_len = 0
     while not stop:
         seq = prompt + tokens
@@ -45,4 +41,4 @@ def generate_pard(target, draft, pard_token: int, input_ids, max_new_tokens: int
         step, stop = clip_committed(committed, len(tokens), max_new_tokens, eos_token_ids)
         tokens += step
         stats.accepted_lengths.append(len(step))
-    return _finish(tokens, stats, "pard", eos_token_ids)
+    return GenerationResult.finish(tokens, stats, "pard", eos_token_ids)

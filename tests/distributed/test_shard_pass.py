@@ -21,13 +21,6 @@ FUSED = ["fuse_qkv", "fuse_gate_up", "fuse_norm_linear", "dce"]
 AT = {"B": 1, "Q": 8, "C": 1024}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def _layer_weight_bytes(ir) -> int:
     """Weight bytes the decoder layers read per step, by the metadata (norms included)."""

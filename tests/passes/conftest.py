@@ -34,14 +34,6 @@ def _ids(ids, start):
     return t, torch.arange(start, start + t.shape[1])[None], torch.tensor([start])
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread is faster than two fighting over a loaded CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="session")
 def steps(checkpoints) -> dict[str, Step]:

@@ -8,18 +8,8 @@ one family only and stay fast.
 from __future__ import annotations
 
 import pytest
-import torch
 from model_factory import make_dflash_checkpoint, make_hf_model, save
 from search_configs import QWEN3_8B, QWEN3_8B_DFLASH
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny shapes: one intra-op thread is faster than two fighting over a loaded CPU (module scope:
-    it must be in place before the module-scoped search fixtures run)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -18,14 +18,6 @@ pytestmark = pytest.mark.skipif(not all((ZOO_DIR / n / "config.json").is_file() 
 CODE = "import os\n\n\ndef read_lines(path):\n    with open(path) as fh:\n"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and far faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_zoo_size_budget():
     total = sum(f.stat().st_size for n in NAMES for f in (ZOO_DIR / n).iterdir())

@@ -159,6 +159,14 @@ class Workspaces:
 WORKSPACES = Workspaces()
 
 
+def bucket_of(m: int, buckets) -> int:
+    """The smallest bucket >= m (the largest bucket above them all): M rows -> config key."""
+    for b in buckets:
+        if m <= b:
+            return b
+    return buckets[-1]
+
+
 class ConfigTable:
     """Per-shape launch configs of a GEMM-like kernel, keyed by (M bucket, N, K).
 

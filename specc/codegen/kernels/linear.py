@@ -49,6 +49,7 @@ import triton.language as tl
 
 from specc.codegen.kernels._common import (
     ConfigTable,
+    bucket_of,
     FLOAT_DTYPES,
     INTERPRETED,
     WORKSPACES,
@@ -290,10 +291,7 @@ class LinearConfig:
 
 def m_bucket(m: int) -> int:
     """The config bucket of M rows: the smallest of M_BUCKETS >= M (the largest above)."""
-    for b in M_BUCKETS:
-        if m <= b:
-            return b
-    return M_BUCKETS[-1]
+    return bucket_of(m, M_BUCKETS)
 
 
 def _heuristic(mb: int, n: int, k: int) -> LinearConfig:

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from specc.codegen.kernels._common import ConfigTable
+from specc.codegen.kernels._common import ConfigTable, bucket_of
 from specc.formats.bf12 import Packed12
 
 __all__ = [
@@ -422,10 +422,7 @@ class Bf12Config:
 
 def m_bucket(m: int) -> int:
     """The config bucket of a batch of M rows: the smallest of M_BUCKETS >= M (64 above)."""
-    for b in M_BUCKETS:
-        if m <= b:
-            return b
-    return M_BUCKETS[-1]
+    return bucket_of(m, M_BUCKETS)
 
 
 def _heuristic(mb: int, n: int, k: int) -> Bf12Config:
