@@ -46,6 +46,10 @@ def test_stream_matches_generate(checkpoints, tmp_path):
     streamed = list(engine.stream(PROMPT, 10, eos_token_id=()))
     assert streamed == engine.generate(PROMPT, 10, eos_token_id=()).tokens
     assert engine.last_stats["tokens"] == 10
+    profiled = engine.generate(PROMPT, 10, eos_token_id=(), profile=True)
+    assert profiled.tokens == streamed
+    parts = engine.last_stats["part_seconds"]
+    assert set(parts) == {"prefill", "draft", "verify", "accept"} and all(v > 0 for v in parts.values())
 
 
 def test_failed_verification_writes_nothing(checkpoints, tmp_path, capsys):

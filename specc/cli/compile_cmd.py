@@ -35,6 +35,7 @@ def register(sub) -> None:
     add_prompt_args(r)
     r.add_argument("--device", help="override the artifact's device (e.g. cpu)")
     r.add_argument("--stream", action="store_true", help="print tokens as they are committed")
+    r.add_argument("--profile", action="store_true", help="also time prefill / draft / verify / accept")
     r.set_defaults(handler=run_run)
 
     v = sub.add_parser("verify", help="re-run token forcing of an artifact against stock",
@@ -105,8 +106,14 @@ def run_run(args) -> int:
             sys.stdout.flush()
         sys.stdout.write("\n")
         return 0
-    result = engine.generate(ids, args.max_new_tokens)
-    emit_result(result, args, tokenizer, {"engine": "compiled", "tokens_per_s": engine.last_stats["tokens_per_s"]})
+    result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
+    extra = {"engine": "compiled", "tokens_per_s": engine.last_stats["tokens_per_s"]}
+    if args.profile:
+        extra["part_seconds"] = engine.last_stats["part_seconds"]
+        if not args.json:
+            print("time per part: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in extra["part_seconds"].items()),
+                  file=sys.stderr)
+    emit_result(result, args, tokenizer, extra)
     return 0
 
 

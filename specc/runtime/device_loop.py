@@ -11,6 +11,8 @@ forward without leaving the GPU. This is the loop the compiled engine runs.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
@@ -30,7 +32,32 @@ def greedy_accept(drafts: torch.Tensor, posterior: torch.Tensor):
     return accepted, torch.where(index < accepted[:, None], padded, posterior)
 
 
+class PartTimer:
+    """Wall time per loop part (prefill / draft / verify / accept). Synchronises the device at
+    each boundary, so it perturbs what it measures a little: on only when asked (profile=True)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.parts, self._last = device, {}, None
+
+    def mark(self, part: str | None) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        if self._last is not None:
+            name, start = self._last
+            self.parts[name] = self.parts.get(name, 0.0) + now - start
+        self._last = (part, now) if part else None
+
+
+class _NoTimer:
+    parts: dict = {}
+
+    def mark(self, part) -> None:
+        pass
+
+
 class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
+    profile = False  # set True to time the loop's parts (``self.part_seconds`` after a run)
     def _target_dev(self, ids: torch.Tensor, start: int):
         dev = ids.device
         out = self.target(ids, torch.arange(start, start + ids.shape[1], device=dev)[None],
@@ -45,6 +72,8 @@ class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
         seq = torch.zeros(1, len(prompt) + max_new_tokens + self.num_draft + 2, dtype=torch.long, device=dev)
         seq[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         stats = GenerationStats()
+        timer = PartTimer(dev) if self.profile else _NoTimer()
+        timer.mark("prefill")
         n = len(prompt)
         logits, context = self._target_dev(seq[:, :n], 0)
         stats.target_forwards += 1
@@ -60,9 +89,12 @@ class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
             k = 0
             if self.drafter is not None:
                 k = min(self.num_draft, max_new_tokens - len(tokens) - 1) if self.cap_to_budget else self.num_draft
+            timer.mark("draft")
             drafts = self.drafter.propose_tokens(seq, n, k) if k > 0 else seq[:, :0]
+            timer.mark("verify")
             logits, context = self._target_dev(torch.cat([seq[:, n - 1:n], drafts], dim=1), n - 1)
             stats.target_forwards += 1
+            timer.mark("accept")
             accepted, committed = greedy_accept(drafts, logits.argmax(-1))
             seq[:, n:n + k + 1] = committed
             host = torch.cat([accepted, committed[0]]).tolist()  # the step's one device -> host copy
@@ -73,5 +105,7 @@ class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
             tokens += step
             stats.accepted_lengths.append(len(step))
             yield from step
+        timer.mark(None)
+        self.part_seconds = dict(timer.parts)
         stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
         return GenerationResult.finish(tokens, stats, self.method, eos_token_ids)

@@ -54,8 +54,11 @@ class Engine:
             return self.eos_token_ids
         return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
 
-    def generate(self, input_ids, max_new_tokens: int = 64, eos_token_id=None) -> GenerationResult:
-        """Greedy generation. ``eos_token_id``: an id, ids, or None for the model's own EOS; () for none."""
+    def generate(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, profile: bool = False) -> GenerationResult:
+        """Greedy generation. ``eos_token_id``: an id, ids, or None for the model's own EOS; () for none.
+        ``profile``: also time the loop's parts (prefill / draft / verify / accept) into
+        ``last_stats["part_seconds"]`` (synchronises at each boundary)."""
+        self.loop.profile = profile
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -66,6 +69,8 @@ class Engine:
         self.last_stats = {"seconds": elapsed, "tokens": len(result.tokens),
                            "tokens_per_s": len(result.tokens) / elapsed if elapsed > 0 else 0.0,
                            "tau": result.stats.tau, "steps": result.stats.steps}
+        if profile:
+            self.last_stats["part_seconds"] = dict(self.loop.part_seconds)
         return result
 
     def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None) -> Iterator[int]:
