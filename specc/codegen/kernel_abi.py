@@ -109,3 +109,19 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, eps)
     return linear_bf12(x, hit[1], bias)
+
+
+def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
+                   eps, mask_kind, scale):
+    """Two kernels on CUDA: rope_and_cache (q/k norm, rotation, KV write) then attention."""
+    from specc.passes.fuse_rope_attention import rope_attention as reference
+
+    if not use_triton(q):
+        return reference(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
+                         eps, mask_kind, scale)
+    from specc.codegen.kernels import attention as attn
+    from specc.codegen.kernels import rope
+
+    q_rot = rope.rope_and_cache(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight,
+                                k_norm_weight, eps)
+    return attn.attention(q_rot, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale)

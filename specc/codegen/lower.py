@@ -17,6 +17,7 @@ import torch.fx
 from specc.codegen import kernel_abi as abi
 from specc.ir import fused
 from specc.models import ops
+from specc.passes.fuse_rope_attention import rope_attention
 from specc.passes.pack_weights_12bit import packed_linear
 
 LOWERING = {
@@ -29,6 +30,7 @@ LOWERING = {
     ops.attention: abi.attention,
     fused.norm_linear: abi.norm_linear,
     packed_linear: abi.packed_linear,
+    rope_attention: abi.rope_attention,
 }
 
 

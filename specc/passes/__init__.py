@@ -16,7 +16,7 @@ from specc.passes.registry import (
 )
 
 # Built-in passes register themselves on import.
-from specc.passes import dce, fuse_gate_up, fuse_norm_linear, fuse_qkv, pack_weights_12bit  # noqa: E402,F401  isort: skip
+from specc.passes import dce, fuse_gate_up, fuse_norm_linear, fuse_qkv, fuse_rope_attention, pack_weights_12bit  # noqa: E402,F401  isort: skip
 from specc.passes import shard_tensor_parallel  # noqa: E402,F401  isort: skip
 
 __all__ = [

@@ -49,10 +49,12 @@ LAUNCHES: dict[str, dict[str, Any]] = {
     # rope / rope_tables run their eager bodies (mul, neg, cat, mul, add / float, mul, cat, cos, sin, 2 casts);
     # norm_linear: the row-rstd pre-kernel + the GEMM; packed_linear: the bf12 GEMM (+ an rms_norm kernel
     # when it carries a norm prologue).
-    "cuda": {"attention": 7, "rope": 5, "rope_tables": 7, "norm_linear": 2,
+    # rope_attention: rope_and_cache + the attention split and merge kernels.
+    "cuda": {"attention": 7, "rope": 5, "rope_tables": 7, "norm_linear": 2, "rope_attention": 3,
              "packed_linear": lambda m: 2 if m.attrs.get("norm_prologue") else 1},
     # CPU runs the reference bodies: each aten op is one dispatch.
     "cpu": {"attention": 20, "rope": 5, "rope_tables": 7, "norm_linear": 9, "rms_norm": 8, "silu_mul": 2,
+            "rope_attention": 48,
             "packed_linear": lambda m: 10 if m.attrs.get("norm_prologue") else 2},
 }
 
@@ -74,7 +76,7 @@ def component_of(meta, name: str) -> str:
         return "context injection (fc + norm)"
     if name == "lm_head" or meta.scope.startswith("lm_head"):
         return "LM head"
-    if kind == "attention":
+    if kind in ("attention", "rope_attention"):
         return "attention KV read"
     if LINEAR_LIKE_ATTR in meta.attrs or "linear" in kind:
         return "linear weights"
@@ -91,7 +93,7 @@ def component_of(meta, name: str) -> str:
 
 def efficiency_class(meta) -> str:
     """Which calibrated efficiency applies: "linear", "attention" or "elementwise"."""
-    if meta.kind == "attention":
+    if meta.kind in ("attention", "rope_attention"):
         return "attention"
     if LINEAR_LIKE_ATTR in meta.attrs or "linear" in meta.kind:
         return "linear"

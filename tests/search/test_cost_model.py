@@ -161,5 +161,5 @@ def test_calibration_record_changes_the_prediction(qwen8b):
     assert slow.time > base.time
     lin = next(n for n in slow.nodes if n.kind in ("linear", "norm_linear") and n.component == "linear weights")
     assert lin.peak == pytest.approx(dep.bf16_flops * cal.linear_flops_at(512))
-    att = next(n for n in slow.nodes if n.kind == "attention")
+    att = next(n for n in slow.nodes if n.kind in ("attention", "rope_attention"))
     assert att.bandwidth == pytest.approx(dep.hbm_bandwidth * 0.4)

@@ -1,0 +1,120 @@
+"""fuse_rope_attention: per-head q/k norm + rotary embedding + KV-cache write + attention, as one op.
+
+In a decoder layer the query and key of each attention go through (Qwen3) a per-head RMSNorm and
+the rotary embedding, the rotated keys and the values are written into the KV cache, and then
+attention runs: a dozen small elementwise kernels around one attention kernel, at every layer of
+every step. This pass rewrites
+
+    attention(rope([rms_norm](q), cos, sin), rope([rms_norm](k), cos, sin), v, cache_k, cache_v, cache_len, ...)
+    with (cos, sin) = rope_tables(positions, inv_freq, _)
+
+into ``rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm, k_norm,
+eps, mask_kind, scale)``, which codegen lowers to two kernels: ``rope_and_cache`` (norm, rotation
+with cos/sin computed in-kernel, cache write) and the attention kernel. The op's eager body calls
+the same leaf ops in the same order, so on CPU the rewritten step is bit-identical. Only the
+target-style pattern (q and k rotated with the same cos/sin, as many keys as queries) is fused;
+DFlash drafter layers (queries rotated with the last Q positions only) are left alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from specc.ir import IR, SCOPE_KEY, Cost, OpCall, register_op
+from specc.ir.meta import TensorMeta
+from specc.models import ops
+from specc.passes.base import Pass, PassContext, PassResult
+from specc.passes.registry import register_pass
+
+
+@torch.fx.wrap
+def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
+                   eps: float, mask_kind: str, scale: float):
+    """``attention(rope(norm(q)), rope(norm(k)), v, ...)`` with cos/sin from positions (norms optional)."""
+    if q_norm_weight is not None:
+        q = ops.rms_norm(q, q_norm_weight, eps)
+        k = ops.rms_norm(k, k_norm_weight, eps)
+    cos, sin = ops.rope_tables(positions, inv_freq, q)
+    q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
+    return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale)
+
+
+@register_op(rope_attention, "rope_attention", impure=True, cache_args=(5, 6))
+def _rope_attention_rule(op: OpCall) -> Cost:
+    """Attention's costs plus the norm/rotation arithmetic; q and k are read once, never rewritten."""
+    q, k, v = op.tensor(0, "q"), op.tensor(1, "k"), op.tensor(2, "v")
+    ck = op.tensor(5, "cache_k")
+    cache_len = op.tensor(7, "cache_len")
+    mask_kind, scale = op.arg(11, "mask_kind"), op.arg(12, "scale")
+    op.check(mask_kind in ops.MASK_KINDS, f"unknown mask kind {mask_kind!r}")
+    op.check(q.ndim == 4 and k.ndim == 4 and v.ndim == 4, f"q/k/v must be [B, T, H, D]: q {q}, k {k}, v {v}")
+    bsz, nq, hq, d = q.shape
+    _, nk, hkv, _ = k.shape
+    if cache_len.value is None:
+        op.fail("cache_len has no symbolic value: it must come from the step's cache_len input (value C)")
+    kv_len = cache_len.value + nk
+    cache_positions = bsz * hkv * d * ck.itemsize
+    return Cost(
+        TensorMeta((bsz, nq, hq * d), q.dtype),
+        flops=4 * bsz * hq * nq * kv_len * d + 7 * (q.numel + k.numel),
+        reads={5: cache_positions * kv_len, 6: cache_positions * kv_len},
+        cache_writes={5: cache_positions * nk, 6: cache_positions * nk},
+        attrs={"mask_kind": mask_kind, "scale": float(scale), "num_heads": int(hq), "num_kv_heads": int(hkv),
+               "head_dim": int(d), "kv_len": kv_len, "qk_norm": op.arg(8, "q_norm_weight") is not None},
+    )
+
+
+def _unnormed(ir: IR, node: torch.fx.Node):
+    """(input, norm weight, eps) of an optional per-head rms_norm feeding rope."""
+    if node.op == "call_function" and ir.meta(node).kind == "rms_norm" and len(node.users) == 1:
+        return node.args[0], node.args[1], node.args[2]
+    return node, None, None
+
+
+def _match(ir: IR, attn: torch.fx.Node):
+    q_rot, k_rot = attn.args[0], attn.args[1]
+    for rot in (q_rot, k_rot):
+        if rot.op != "call_function" or ir.meta(rot).kind != "rope" or len(rot.users) != 1:
+            return None
+    if q_rot.args[1] is not k_rot.args[1] or q_rot.args[2] is not k_rot.args[2]:
+        return None  # q rotated with other positions than k (DFlash)
+    cos = q_rot.args[1]
+    tables = cos.args[0] if cos.op == "call_function" and cos.args else None
+    if tables is None or tables.op != "call_function" or ir.meta(tables).kind != "rope_tables":
+        return None
+    q, qn, eps_q = _unnormed(ir, q_rot.args[0])
+    k, kn, eps_k = _unnormed(ir, k_rot.args[0])
+    if (qn is None) != (kn is None) or (qn is not None and eps_q != eps_k):
+        return None
+    return q, k, qn, kn, eps_q, tables.args[0], tables.args[1]
+
+
+@register_pass
+class FuseRopeAttention(Pass):
+    """Fuse q/k norm + rotary embedding + KV write into attention (rope_attention)."""
+
+    name = "fuse_rope_attention"
+
+    def run(self, ir: IR, ctx: PassContext) -> PassResult:
+        graph = ir.graph
+        fused = 0
+        for attn in list(ir.calls("attention")):
+            m = _match(ir, attn)
+            if m is None:
+                continue
+            q, k, qn, kn, eps, positions, inv_freq = m
+            _, _, v, cache_k, cache_v, cache_len, mask_kind, scale = attn.args
+            with graph.inserting_before(attn):
+                new = graph.create_node(
+                    "call_function", rope_attention,
+                    (q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, qn, kn,
+                     1e-6 if eps is None else eps, mask_kind, scale), name=f"rope_{attn.name}")
+            new.meta[SCOPE_KEY] = attn.meta.get(SCOPE_KEY, "")
+            attn.replace_all_uses_with(new)
+            graph.erase_node(attn)
+            fused += 1
+        if fused:
+            ir.remove_dead()
+            ir.refresh()
+        return PassResult(fused > 0, {"fused": fused})
