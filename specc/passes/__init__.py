@@ -3,7 +3,8 @@
     from specc.passes import PassManager, parse_pipeline
     report = PassManager("fuse_qkv,fuse_gate_up,fuse_norm_linear,dce").run(ir)
 
-Built-in passes (one file each): fuse_qkv, fuse_gate_up, fuse_norm_linear, pack_weights_12bit, dce.
+Built-in passes (one file each): fuse_qkv, fuse_gate_up, fuse_norm_linear, fuse_rope_attention,
+pack_weights_12bit, shard_tensor_parallel, dce.
 Write your own: subclass :class:`Pass`, decorate with :func:`register_pass` (docs/writing-passes.md).
 """
 
