@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from model_factory import make_dflash_checkpoint, make_hf_model, save
-from search_configs import QWEN3_8B, QWEN3_8B_DFLASH
+from real_configs import QWEN3_8B, QWEN3_8B_DFLASH
 
 
 @pytest.fixture(autouse=True, scope="module")

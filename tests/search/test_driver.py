@@ -9,7 +9,7 @@ import textwrap
 import time
 
 import pytest
-from search_configs import QWEN3_8B, QWEN3_8B_DFLASH
+from real_configs import QWEN3_8B, QWEN3_8B_DFLASH
 
 from specc.search.acceptance import AcceptanceModel
 from specc.search.driver import Choice, Search, choose_pipeline, default_pipeline
