@@ -24,11 +24,11 @@ def run(args) -> int:
     from rich.table import Table
 
     table = Table(title="Deployments")
-    for col in ("name", "gpu", "batch", "dtype", "HBM TB/s", "bf16 TFLOP/s", "SMs", "launch us", "calibrated"):
+    for col in ("name", "gpu", "batch", "dtype", "HBM TB/s", "bf16 TFLOP/s", "SMs", "launch us", "link GB/s", "calibrated"):
         table.add_column(col)
     for d in deps:
         table.add_row(d.name, d.gpu, str(d.batch_size), d.dtype, f"{d.hbm_bandwidth / 1e12:.2f}",
                       f"{d.bf16_flops / 1e12:.0f}", str(d.sm_count), f"{d.launch_overhead_s * 1e6:.1f}",
-                      "yes" if d.calibrated else "no")
+                      f"{d.link_bandwidth / 1e9:.0f}" if d.link_bandwidth else "-", "yes" if d.calibrated else "no")
     Console().print(table)
     return 0

@@ -78,6 +78,8 @@ def component_of(meta, name: str) -> str:
         return "LM head"
     if kind in ("attention", "rope_attention"):
         return "attention KV read"
+    if kind == "all_reduce":
+        return "all-reduce (GPU link)"
     if LINEAR_LIKE_ATTR in meta.attrs or "linear" in kind:
         return "linear weights"
     if kind == "embedding":
@@ -480,6 +482,18 @@ class CostModel:
         bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind)
         peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
         n_launch = self.launches(meta)
+        if meta.kind == "all_reduce" and dep.link_bandwidth > 0:
+            # A ring all-reduce is bound by the GPU-to-GPU link, not HBM (specc.ir.collectives).
+            from specc.ir.collectives import all_reduce_time
+
+            message = self._num(meta.attrs["message_bytes"], values)
+            t_link = float(all_reduce_time(message, meta.attrs["world_size"], dep.link_bandwidth, dep.link_latency_s))
+            floor = float(all_reduce_time(message, meta.attrs["world_size"], dep.link_bandwidth, 0.0))
+            return NodeCost(
+                node=node.name, kind=meta.kind, component=component_of(meta, node.name), bytes=nbytes, flops=flops,
+                weight_bytes=0.0, cache_bytes=0.0, launches=n_launch, t_memory=t_link, t_compute=0.0,
+                t_launch=n_launch * self.overhead, floor=floor, bandwidth=dep.link_bandwidth, peak=peak,
+                bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
         return NodeCost(
             node=node.name, kind=meta.kind, component=component_of(meta, node.name), bytes=nbytes, flops=flops,
             weight_bytes=self._num(meta.weight_bytes, values),

@@ -8,6 +8,8 @@ inherits a built-in GPU's fields). Calibration (``specc calibrate``) writes meas
 factors into such a file.
 
 Figures are datasheet leads except where a comment says measured; calibration replaces them.
+Link figures: NVLink 4 (H100/H200 SXM) 900 GB/s bidirectional = 450 GB/s per direction, NVLink 3
+(A100) 600 GB/s = 300 GB/s; ring-step latency a few microseconds (leads, not measured here).
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ GPUS: dict[str, dict[str, Any]] = {
     # H200 SXM: 4.8 TB/s datasheet; 4.26 TB/s read+write measured by a D2D copy here (DESIGN.md).
     "h200": dict(gpu="NVIDIA H200", hbm_bandwidth=4.8e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
                  memory_bytes=141e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
-                 bandwidth_efficiency=0.72, flops_efficiency=0.78),
+                 bandwidth_efficiency=0.72, flops_efficiency=0.78, link_bandwidth=450e9, link_latency_s=3e-6),
     "h100": dict(gpu="NVIDIA H100 SXM", hbm_bandwidth=3.35e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
                  memory_bytes=80e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
-                 bandwidth_efficiency=0.80, flops_efficiency=0.75),
+                 bandwidth_efficiency=0.80, flops_efficiency=0.75, link_bandwidth=450e9, link_latency_s=3e-6),
     "a100": dict(gpu="NVIDIA A100 SXM 80GB", hbm_bandwidth=2.04e12, bf16_flops=312e12, sm_count=108,
                  l2_bytes=40 * 2**20, memory_bytes=80e9, launch_overhead_s=5e-6, graph_node_overhead_s=2e-6,
-                 bandwidth_efficiency=0.85, flops_efficiency=0.75),
+                 bandwidth_efficiency=0.85, flops_efficiency=0.75, link_bandwidth=300e9, link_latency_s=4e-6),
 }
 BATCH_SIZES = (1, 8, 16, 32)
 
@@ -50,6 +52,10 @@ class Deployment:
     graph_node_overhead_s: float  # one kernel inside a CUDA graph replay
     bandwidth_efficiency: float = 0.8  # achieved / datasheet bandwidth (calibration sets it)
     flops_efficiency: float = 0.7
+    # GPU-to-GPU link (NVLink) per direction, and the fixed cost of one ring step: the cost of the
+    # all-reduce nodes of tensor-parallel steps. 0 = no link (single GPU, CPU).
+    link_bandwidth: float = 0.0
+    link_latency_s: float = 0.0
     context_min: int = 0
     context_max: int = 4096
     calibrated: bool = False

@@ -163,3 +163,24 @@ def test_calibration_record_changes_the_prediction(qwen8b):
     assert lin.peak == pytest.approx(dep.bf16_flops * cal.linear_flops_at(512))
     att = next(n for n in slow.nodes if n.kind in ("attention", "rope_attention"))
     assert att.bandwidth == pytest.approx(dep.hbm_bandwidth * 0.4)
+
+
+def test_all_reduce_costs_the_gpu_link():
+    """Tensor-parallel steps: each all_reduce node costs a ring all-reduce over the deployment's
+    link (specc.ir.collectives.all_reduce_time), and the gap report shows it as its own component."""
+    from real_configs import QWEN3_8B
+
+    from specc.ir import meta_model, trace
+    from specc.ir.collectives import all_reduce_time
+    from specc.passes.shard_tensor_parallel import shard
+
+    dep = get_deployment("h200-bs1")
+    ir = trace(meta_model(QWEN3_8B, dtype="bfloat16"), "ar")
+    shard(ir, 2, 0)
+    pred = CostModel(dep).step(ir, {"B": 1, "Q": 1, "C": 1024})
+    reduces = [n for n in pred.nodes if n.kind == "all_reduce"]
+    assert len(reduces) == 2 * QWEN3_8B["num_hidden_layers"]
+    message = 4096 * 2  # one token's hidden state in bf16
+    assert reduces[0].t_memory == pytest.approx(all_reduce_time(message, 2, dep.link_bandwidth, dep.link_latency_s))
+    assert reduces[0].component == "all-reduce (GPU link)"
+    assert reduces[0].t_memory > reduces[0].floor > 0
