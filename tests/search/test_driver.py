@@ -9,6 +9,7 @@ import textwrap
 import time
 
 import pytest
+from broken_passes import negate_logits_source
 from real_configs import QWEN3_8B, QWEN3_8B_DFLASH
 
 from specc.search.acceptance import AcceptanceModel
@@ -18,25 +19,7 @@ from specc.search.proposers import BuiltinProposer, Candidate, Proposer
 
 FAST = dict(num_prompts=2, max_new_tokens=10, max_verify=2)
 
-BROKEN_PASS = '''
-import operator
-
-from specc.passes import Pass, PassResult
-
-
-class NegateLogits(Pass):
-    """Broken on purpose: negates the LM head's output (the argmax becomes the argmin)."""
-
-    name = "negate_logits"
-
-    def run(self, ir, ctx):
-        node = next(n for n in ir.calls() if ir.meta(n).scope == "lm_head")
-        with ir.graph.inserting_after(node):
-            neg = ir.graph.call_function(operator.mul, (node, -1.0))
-        node.replace_all_uses_with(neg, delete_user_cb=lambda user: user is not neg)
-        ir.refresh()
-        return PassResult(True, {"negated": 1})
-'''
+BROKEN_PASS = negate_logits_source("negate_logits")
 
 
 class BrokenProposer(Proposer):

@@ -9,6 +9,7 @@ import json
 import threading
 
 import pytest
+from broken_passes import negate_logits_source
 
 from specc.search.driver import Search
 from specc.search.llm_proposer import LLMProposer, parse_reply, plan_candidate, source_candidate
@@ -20,26 +21,8 @@ PLAN = """Fusing removes launches, which lead the gap report.
 {"plan": ["fuse_qkv", "fuse_gate_up", "fuse_norm_linear", "dce"], "why": "fewer launches"}
 ```"""
 
-BROKEN_SOURCE = '''Here is a pass that "simplifies" the LM head:
-```python
-import operator
-
-from specc.passes import Pass, PassResult
-
-
-class NegateLogits(Pass):
-    """Negates the logits (wrong on purpose)."""
-
-    name = "llm_negate_logits"
-
-    def run(self, ir, ctx):
-        node = next(n for n in ir.calls() if ir.meta(n).scope == "lm_head")
-        with ir.graph.inserting_after(node):
-            neg = ir.graph.call_function(operator.mul, (node, -1.0))
-        node.replace_all_uses_with(neg, delete_user_cb=lambda user: user is not neg)
-        ir.refresh()
-        return PassResult(True, {"negated": 1})
-```'''
+BROKEN_SOURCE = ('Here is a pass that "simplifies" the LM head:\n```python'
+                 + negate_logits_source("llm_negate_logits") + "```")
 
 
 class Stub:
