@@ -181,29 +181,11 @@ def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol,
 
 
 def time_graph(fn, args, reps: int = 30) -> float:
-    """Median ms of a CUDA-graph replay of fn(*args) (warm-up and capture excluded)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn(*args)
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+    """Median ms of a CUDA-graph replay of fn(*args), warm-up and capture excluded (the
+    calibration timer: side-stream warm-up, one graph, CUDA events)."""
+    from specc.search.calibrate import Timer
+
+    return Timer("cuda", reps=reps)(lambda: fn(*args)) * 1e3
 
 
 class CublasBaseline:
