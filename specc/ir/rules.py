@@ -283,12 +283,10 @@ def _rope(op: OpCall) -> Cost:
     return Cost(out, flops=3 * x.numel)
 
 
-@register_op(ops.attention, "attention", impure=True, cache_args=(3, 4))
-def _attention(op: OpCall) -> Cost:
-    q, k, v = op.tensor(0, "q"), op.tensor(1, "k"), op.tensor(2, "v")
-    ck, cv = op.tensor(3, "cache_k"), op.tensor(4, "cache_v")
-    cache_len = op.tensor(5, "cache_len")
-    mask_kind, scale = op.arg(6, "mask_kind"), op.arg(7, "scale")
+def attention_cost(op: OpCall, q: TensorMeta, k: TensorMeta, v: TensorMeta, ck: TensorMeta, cv: TensorMeta,
+                   cache_len: TensorMeta, mask_kind, scale, cache_args: tuple[int, int] = (3, 4)) -> Cost:
+    """Checks and cost of attention over a static KV cache (shared by attention and fused forms):
+    reads C + Qk cache positions, writes Qk; ``cache_args`` are the cache arguments' positions."""
     op.check(mask_kind in ops.MASK_KINDS, f"unknown mask kind {mask_kind!r} (known: {ops.MASK_KINDS})")
     op.check(q.ndim == 4 and k.ndim == 4 and v.ndim == 4, f"q/k/v must be [B, T, H, D]: q {q}, k {k}, v {v}")
     bsz, nq, hq, d = q.shape
@@ -308,14 +306,22 @@ def _attention(op: OpCall) -> Cost:
     kv_len = cache_len.value + nk
     cache_positions = bsz * hkv * d * ck.itemsize
     out = TensorMeta((bsz, nq, hq * d), q.dtype)
+    ik, iv = cache_args
     return Cost(
         out,
         flops=4 * bsz * hq * nq * kv_len * d,
-        reads={3: cache_positions * kv_len, 4: cache_positions * kv_len},
-        cache_writes={3: cache_positions * nk, 4: cache_positions * nk},
+        reads={ik: cache_positions * kv_len, iv: cache_positions * kv_len},
+        cache_writes={ik: cache_positions * nk, iv: cache_positions * nk},
         attrs={"mask_kind": mask_kind, "scale": float(scale), "num_heads": int(hq), "num_kv_heads": int(hkv),
                "head_dim": int(d), "kv_len": kv_len},
     )
+
+
+@register_op(ops.attention, "attention", impure=True, cache_args=(3, 4))
+def _attention(op: OpCall) -> Cost:
+    return attention_cost(op, op.tensor(0, "q"), op.tensor(1, "k"), op.tensor(2, "v"), op.tensor(3, "cache_k"),
+                          op.tensor(4, "cache_v"), op.tensor(5, "cache_len"), op.arg(6, "mask_kind"),
+                          op.arg(7, "scale"))
 
 
 # --------------------------------------------------------------------------- glue

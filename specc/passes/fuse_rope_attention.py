@@ -22,7 +22,7 @@ import torch
 import torch.fx
 
 from specc.ir import IR, SCOPE_KEY, Cost, OpCall, register_op
-from specc.ir.meta import TensorMeta
+from specc.ir.rules import attention_cost
 from specc.models import ops
 from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.registry import register_pass
@@ -43,26 +43,12 @@ def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_
 @register_op(rope_attention, "rope_attention", impure=True, cache_args=(5, 6))
 def _rope_attention_rule(op: OpCall) -> Cost:
     """Attention's costs plus the norm/rotation arithmetic; q and k are read once, never rewritten."""
-    q, k, v = op.tensor(0, "q"), op.tensor(1, "k"), op.tensor(2, "v")
-    ck = op.tensor(5, "cache_k")
-    cache_len = op.tensor(7, "cache_len")
-    mask_kind, scale = op.arg(11, "mask_kind"), op.arg(12, "scale")
-    op.check(mask_kind in ops.MASK_KINDS, f"unknown mask kind {mask_kind!r}")
-    op.check(q.ndim == 4 and k.ndim == 4 and v.ndim == 4, f"q/k/v must be [B, T, H, D]: q {q}, k {k}, v {v}")
-    bsz, nq, hq, d = q.shape
-    _, nk, hkv, _ = k.shape
-    if cache_len.value is None:
-        op.fail("cache_len has no symbolic value: it must come from the step's cache_len input (value C)")
-    kv_len = cache_len.value + nk
-    cache_positions = bsz * hkv * d * ck.itemsize
-    return Cost(
-        TensorMeta((bsz, nq, hq * d), q.dtype),
-        flops=4 * bsz * hq * nq * kv_len * d + 7 * (q.numel + k.numel),
-        reads={5: cache_positions * kv_len, 6: cache_positions * kv_len},
-        cache_writes={5: cache_positions * nk, 6: cache_positions * nk},
-        attrs={"mask_kind": mask_kind, "scale": float(scale), "num_heads": int(hq), "num_kv_heads": int(hkv),
-               "head_dim": int(d), "kv_len": kv_len, "qk_norm": op.arg(8, "q_norm_weight") is not None},
-    )
+    q, k = op.tensor(0, "q"), op.tensor(1, "k")
+    cost = attention_cost(op, q, k, op.tensor(2, "v"), op.tensor(5, "cache_k"), op.tensor(6, "cache_v"),
+                          op.tensor(7, "cache_len"), op.arg(11, "mask_kind"), op.arg(12, "scale"), cache_args=(5, 6))
+    cost.flops = cost.flops + 7 * (q.numel + k.numel)
+    cost.attrs["qk_norm"] = op.arg(8, "q_norm_weight") is not None
+    return cost
 
 
 def _unnormed(ir: IR, node: torch.fx.Node):
