@@ -37,13 +37,13 @@ def build_target(cfg: dict, dtype, device, seed: int = 1):
     with torch.device("meta"):
         model = CausalLM(mc)
     model = model.to_empty(device=device).to(dtype)
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)  # on the GPU: seconds, not minutes
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
                 p.fill_(1.0)
             else:
-                p.copy_((torch.randn(p.shape, generator=g) * 0.02).to(p.dtype))
+                p.copy_((torch.randn(p.shape, generator=g, device=device) * 0.02).to(p.dtype))
     model.inv_freq = mc.rope.inv_freq(mc.head_dim).to(device)
     return model.eval()
 

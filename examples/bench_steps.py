@@ -61,7 +61,10 @@ def tiny(cfg: dict, layers: int | None = None) -> dict:
 
 
 def init_(module, seed: int, scaled_residual: bool = True) -> None:
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    """N(0, 0.02) weights (residual projections scaled by depth), drawn on the parameters' device:
+    an 8B model's 8e9 normals take seconds on the GPU and minutes on one CPU core."""
+    dev = next(module.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
     layers = max(1, sum(1 for n, _ in module.named_parameters() if n.endswith("o_proj.weight")))
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -69,7 +72,7 @@ def init_(module, seed: int, scaled_residual: bool = True) -> None:
                 p.fill_(1.0)
                 continue
             std = 0.02 / math.sqrt(2 * layers) if scaled_residual and ("o_proj" in name or "down_proj" in name) else 0.02
-            p.copy_((torch.randn(p.shape, generator=g) * std).to(p.dtype))
+            p.copy_((torch.randn(p.shape, generator=g, device=dev) * std).to(p.dtype))
 
 
 def build_causal(cfg: dict, dtype, device, seed: int):
@@ -182,10 +185,12 @@ def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol,
 
 def time_graph(fn, args, reps: int = 30) -> float:
     """Median ms of a CUDA-graph replay of fn(*args), warm-up and capture excluded (the
-    calibration timer: side-stream warm-up, one graph, CUDA events)."""
+    calibration timer: side-stream warm-up, one graph, CUDA events); perf_counter on CPU."""
     from specc.search.calibrate import Timer
 
-    return Timer("cuda", reps=reps)(lambda: fn(*args)) * 1e3
+    device = "cuda" if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args) else "cpu"
+    with torch.inference_mode():
+        return Timer(device, reps=reps)(lambda: fn(*args)) * 1e3
 
 
 class CublasBaseline:
@@ -240,17 +245,22 @@ class CublasBaseline:
 
 
 def copy_bandwidth(dev) -> float:
-    x = torch.empty(2 * 2**30, dtype=torch.uint8, device=dev)
+    x = torch.empty(2 * 2**30 if dev.type == "cuda" else 2**24, dtype=torch.uint8, device=dev)
     y = torch.empty_like(x)
     ms = time_graph(lambda: y.copy_(x), (), reps=20)
     return 2 * x.numel() / (ms / 1e3)
 
 
-def step_times(dtype, dev, context: int) -> dict:
+def step_times(dtype, dev, context: int, small: bool = False) -> dict:
     from specc.models.dflash import DFlashDrafter
 
-    target = build_causal(QWEN3_8B, dtype, dev, seed=1)
-    draft = build_dflash(dflash_config(QWEN3_8B, [1, 9, 17, 25, 33]), dtype, dev, seed=3)
+    tcfg = tiny(QWEN3_8B) if small else QWEN3_8B
+    ids_ = [0, 1, 2] if small else [1, 9, 17, 25, 33]
+    dcfg = dflash_config(tcfg, ids_)
+    if small:
+        dcfg = dict(tiny(dcfg), num_hidden_layers=2, dflash_config={"mask_token_id": 5, "target_layer_ids": ids_})
+    target = build_causal(tcfg, dtype, dev, seed=1)
+    draft = build_dflash(dcfg, dtype, dev, seed=3)
     spec = draft.spec
     target.capture_layers = ()
     module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
@@ -260,7 +270,7 @@ def step_times(dtype, dev, context: int) -> dict:
     weight_bytes = float(sum(p.numel() * p.element_size() for n, p in target.named_parameters() if "embed" not in n))
     res = {"weight_bytes_per_target_step": weight_bytes, "context": context, "verify_ms": {}}
     for q in (1, 4, 8, 16, 32, 64):
-        ids = torch.randint(0, QWEN3_8B["vocab_size"], (1, q), device=dev)
+        ids = torch.randint(0, tcfg["vocab_size"], (1, q), device=dev)
         pos = torch.arange(context, context + q, device=dev)[None]
         res["verify_ms"][q] = time_graph(t_step, (ids, pos, torch.tensor([context], device=dev)))
         print(f"[steps] compiled target Q={q:3d}: {res['verify_ms'][q]:.3f} ms", flush=True)
@@ -268,14 +278,14 @@ def step_times(dtype, dev, context: int) -> dict:
     baseline = CublasBaseline(target, context + 128)
     res["cublas_sdpa_graph_ms"] = {}
     for q in (1, 4, 8, 16, 32, 64):
-        ids = torch.randint(0, QWEN3_8B["vocab_size"], (1, q), device=dev)
+        ids = torch.randint(0, tcfg["vocab_size"], (1, q), device=dev)
         pos = torch.arange(context, context + q, device=dev)[None]
         res["cublas_sdpa_graph_ms"][q] = time_graph(baseline, (ids, pos, torch.tensor([context], device=dev)))
         print(f"[steps] cuBLAS+SDPA graph Q={q:3d}: {res['cublas_sdpa_graph_ms'][q]:.3f} ms", flush=True)
     del baseline
     n_ctx = 8
-    block = torch.randint(0, QWEN3_8B["vocab_size"], (1, 16), device=dev)
-    hidden = torch.randn(1, n_ctx, 5 * 4096, device=dev, dtype=dtype)
+    block = torch.randint(0, tcfg["vocab_size"], (1, 16), device=dev)
+    hidden = torch.randn(1, n_ctx, len(ids_) * tcfg["hidden_size"], device=dev, dtype=dtype)
     pos = torch.arange(context - n_ctx, context + 16, device=dev)[None]
     res["dflash_draft_ms"] = time_graph(d_step, (block, hidden, pos, torch.tensor([context - n_ctx], device=dev)))
     res["dflash_draft_weight_bytes"] = float(sum(p.numel() * p.element_size() for p in draft.parameters()))
@@ -313,10 +323,10 @@ def main() -> None:
             prompts = [torch.randint(10, tcfg["vocab_size"] - 10, (24,), generator=gen).tolist() for _ in range(2)]
             result["forcing"].append(forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, args.tokens, tol,
                                                   graphs=dev.type == "cuda", small=args.tiny))
-    if dev.type == "cuda" and not args.skip_steps:
+    if not args.skip_steps:
         bw = copy_bandwidth(dev)
         result["copy_bandwidth_Bps"] = bw
-        steps = step_times(dtype, dev, 1024)
+        steps = step_times(dtype, dev, 64 if args.tiny else 1024, small=args.tiny)
         steps["floor_ms"] = steps["weight_bytes_per_target_step"] / bw * 1e3
         result["steps"] = steps
         print(f"[steps] copy bandwidth {bw / 1e12:.2f} TB/s; weight floor {steps['floor_ms']:.2f} ms; "
