@@ -25,8 +25,7 @@ def compiled_system(pair, num_draft, dtype, device, max_len):
     from specc.models.dflash import DFlashDrafter
     from specc.models.registry import load_model
     from specc.runtime.compiled import instantiate
-    from specc.runtime.device_loop import DeviceSpeculativeDecoder
-    from specc.runtime.drafters import ARDraft, DFlashDraft, PardDraft
+    from specc.runtime.engine import build_loop
 
     target = load_model(pair.target.path, dtype, device, with_tokenizer=False).model
     draft_module, spec = None, None
@@ -42,20 +41,9 @@ def compiled_system(pair, num_draft, dtype, device, max_len):
         draft_module.setup_caches(1, 16)
     built = build_steps(target, draft_module, DEFAULT_PIPELINE, spec)
     steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}
-    if torch.device(device).type == "cuda":
-        from specc.runtime.graphs import GraphedStep
-
-        pool = torch.cuda.graph_pool_handle()
-        steps = {r: GraphedStep(s, num_draft + 1 if r == "target" else 2 * num_draft + 2, pool=pool)
-                 for r, s in steps.items()}
-    drafter = None
-    if pair.method == "dflash":
-        drafter = DFlashDraft(steps["drafter"])
-    elif pair.method == "pard":
-        drafter = PardDraft(steps["drafter"], pair.drafter.raw["pard_token"])
-    elif pair.method == "ar-draft":
-        drafter = ARDraft(steps["drafter"])
-    return DeviceSpeculativeDecoder(steps["target"], drafter, num_draft if drafter else 0, max_len)
+    pard_token = pair.drafter.raw["pard_token"] if pair.method == "pard" else None
+    return build_loop(steps, pair.method if pair.method in ("dflash", "pard", "ar-draft") else "ar", num_draft,
+                      max_len, pard_token)
 
 
 def run(system, prompts, new_tokens, device):
@@ -106,6 +94,12 @@ def main() -> None:
             if reference is None:
                 reference = outs
             figures.update(method=method, engine=engine, lossless=outs == reference)
+            if engine == "compiled":
+                figures["graphs"] = {role: step.stats() for role, step in system.steps.items() if hasattr(step, "stats")}
+                system.profile = True  # one more prompt, timed per loop part (synchronising)
+                system.generate(prompts[-1], args.new_tokens, ())
+                system.profile = False
+                figures["part_seconds_last_prompt"] = system.part_seconds
             rows.append(figures)
             print(f"{method:7s} {engine:9s} {figures['tokens_per_s']:8.1f} tok/s  tau {figures['tau']:.2f}  "
                   f"lossless {figures['lossless']}", flush=True)

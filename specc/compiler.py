@@ -17,7 +17,7 @@ import torch
 from specc import __version__
 from specc.errors import UserError
 
-DEFAULT_PIPELINE = "fuse_qkv,fuse_gate_up,fuse_norm_linear,fuse_rope_attention,dce"
+DEFAULT_PIPELINE = "fuse_qkv,fuse_gate_up,fuse_norm_linear,fuse_rope_attention,fuse_residual_add,dce"
 
 
 class VerificationFailed(RuntimeError):

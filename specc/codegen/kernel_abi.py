@@ -40,6 +40,14 @@ def linear(x, weight, bias=None):
     return ops.linear(x, weight, bias)
 
 
+def linear_add(x, weight, bias, residual):
+    if use_triton(x):
+        from specc.codegen.kernels import linear as k
+
+        return k.linear(x, weight, bias, residual=residual)
+    return fused.linear_add(x, weight, bias, residual)
+
+
 def norm_linear(x, norm_weight, eps, weight, bias=None):
     if use_triton(x):
         from specc.codegen.kernels import linear as k

@@ -29,6 +29,7 @@ LOWERING = {
     ops.rope: abi.rope,
     ops.attention: abi.attention,
     fused.norm_linear: abi.norm_linear,
+    fused.linear_add: abi.linear_add,
     packed_linear: abi.packed_linear,
     rope_attention: abi.rope_attention,
 }

@@ -34,3 +34,25 @@ def _norm_linear(op: OpCall) -> Cost:
     cost.flops = cost.flops + 4 * x.numel
     cost.attrs = {**cost.attrs, "eps": float(eps)}
     return cost
+
+
+@torch.fx.wrap
+def linear_add(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               residual: torch.Tensor) -> torch.Tensor:
+    """``residual + linear(x, weight, bias)`` with the add in the GEMM epilogue (the product is
+    rounded, then the sum: the same two roundings as the separate ops)."""
+    return residual + ops.linear(x, weight, bias)
+
+
+@register_op(linear_add, "linear_add")
+def _linear_add(op: OpCall) -> Cost:
+    """A linear whose epilogue adds the residual stream: the product is never stored."""
+    x, w = op.tensor(0, "x"), op.tensor(1, "weight")
+    b, r = op.tensor(2, "bias", optional=True), op.tensor(3, "residual")
+    cost = linear_cost(op, x, w, b)
+    out = cost.out
+    op.check(r.dtype == out.dtype and len(r.shape) == len(out.shape)
+             and all(op.same(a, c) for a, c in zip(r.shape, out.shape)),
+             f"residual {r} must match the linear's output {out}")
+    cost.flops = cost.flops + out.numel
+    return cost

@@ -22,7 +22,7 @@ from specc.ir.rules import STRUCTURAL_KINDS
 from specc.ir.symbols import evaluate, fmt_bytes, fmt_expr, fmt_flops, fmt_shape
 
 KIND_STYLE = {
-    "linear": "bold cyan", "norm_linear": "bold cyan", "attention": "bold magenta", "embedding": "cyan",
+    "linear": "bold cyan", "norm_linear": "bold cyan", "linear_add": "bold cyan", "attention": "bold magenta", "embedding": "cyan",
     "rms_norm": "green", "rope": "yellow", "rope_tables": "yellow", "silu_mul": "green", "input": "bold",
     "output": "bold",
 }

@@ -51,6 +51,7 @@ KINDS: dict[str, str] = {
     "attention": "write new K/V into the static cache at cache_len, attend over C + new keys",
     # fused ops introduced by passes (specc.ir.fused)
     "norm_linear": "rms_norm as the prologue of a linear: the normed activation is never stored",
+    "linear_add": "a linear whose epilogue adds the residual stream: the product is never stored",
     # glue
     "add": "elementwise add (residual), with broadcasting",
     "mul": "elementwise multiply, with broadcasting",

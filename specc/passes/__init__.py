@@ -4,6 +4,7 @@
     report = PassManager("fuse_qkv,fuse_gate_up,fuse_norm_linear,dce").run(ir)
 
 Built-in passes (one file each): fuse_qkv, fuse_gate_up, fuse_norm_linear, fuse_rope_attention,
+fuse_residual_add,
 pack_weights_12bit, shard_tensor_parallel, dce.
 Write your own: subclass :class:`Pass`, decorate with :func:`register_pass` (docs/writing-passes.md).
 """
@@ -17,7 +18,7 @@ from specc.passes.registry import (
 )
 
 # Built-in passes register themselves on import.
-from specc.passes import dce, fuse_gate_up, fuse_norm_linear, fuse_qkv, fuse_rope_attention, pack_weights_12bit  # noqa: E402,F401  isort: skip
+from specc.passes import dce, fuse_gate_up, fuse_norm_linear, fuse_qkv, fuse_residual_add, fuse_rope_attention, pack_weights_12bit  # noqa: E402,F401  isort: skip
 from specc.passes import shard_tensor_parallel  # noqa: E402,F401  isort: skip
 
 __all__ = [

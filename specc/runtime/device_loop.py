@@ -57,7 +57,15 @@ class _NoTimer:
 
 
 class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
+    """``capture_shapes``: before the first generation's first step, call the drafter with every
+    input shape it can see (``Drafter.capture_shapes``) so graphed steps are all captured up
+    front. Set on CUDA, where the engine also drafts the full k at the end of the budget
+    (``cap_to_budget=False``: the surplus is clipped) so that verification has one shape."""
+
     profile = False  # set True to time the loop's parts (``self.part_seconds`` after a run)
+    capture_shapes = False
+    _shapes_captured = False
+
     def _target_dev(self, ids: torch.Tensor, start: int):
         dev = ids.device
         out = self.target(ids, torch.arange(start, start + ids.shape[1], device=dev)[None],
@@ -84,6 +92,9 @@ class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
         if self.drafter is not None:
             self.drafter.forwards = 0
             self.drafter.reset(prompt, context)
+            if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
+                self.drafter.capture_shapes(seq, self.num_draft)
+                self._shapes_captured = True
         while not stop:
             n = len(prompt) + len(tokens)  # committed; seq[0, n - 1] not yet seen by the target
             k = 0

@@ -26,6 +26,13 @@ def _length(start: int, device) -> torch.Tensor:
     return torch.full((1,), start, dtype=torch.long, device=device)
 
 
+def _run(step, first: bool, *args):
+    """Call a drafter step; its first call after ``reset`` (over the whole prompt, a shape that
+    occurs once) bypasses CUDA-graph capture when the step is graphed (``GraphedStep.eager``)."""
+    fn = getattr(step, "eager", None) if first else None
+    return (fn or step)(*args)
+
+
 class Drafter:
     method = "none"
     needs_target_hidden = False
@@ -46,6 +53,12 @@ class Drafter:
         """Host-list convenience over ``propose_tokens`` (the eager loop uses it)."""
         ids = torch.tensor([seq], dtype=torch.long, device=self.device)
         return self.propose_tokens(ids, len(seq), k)[0].tolist()
+
+    def capture_shapes(self, seq: torch.Tensor, k: int) -> None:
+        """Call the drafter step once with every input shape a generation with ``k`` drafts can
+        produce, so that CUDA graphs (``GraphedStep``) are captured before timing starts rather
+        than whenever an acceptance length first occurs. Runs right after ``reset``: what it
+        writes into the KV cache lies in slots every real call rewrites before reading."""
 
     def accepted(self, seq_len: int, num_accepted: int, k: int, context: torch.Tensor | None) -> None:
         """Verification of a step that began with ``seq_len`` committed tokens accepted
@@ -72,6 +85,17 @@ class CausalDrafter(Drafter):
         return self.model.device
 
 
+    def capture_shapes(self, seq, k):
+        dev = self.model.device
+        extra = self.mask_slots(k)
+        for fed in range(1, k + 2):  # newly committed tokens: 1 .. k + 1
+            feed = seq[:, :1].expand(1, fed + extra).contiguous()
+            self.model(feed, _positions(0, feed.shape[1], dev), _length(0, dev))
+
+    def mask_slots(self, k: int) -> int:
+        return 0
+
+
 class ARDraft(CausalDrafter):
     method = "ar-draft"
 
@@ -81,7 +105,7 @@ class ARDraft(CausalDrafter):
         feed, start = seq[:, self.length:n], self.length
         for _ in range(k):
             self.forwards += 1
-            logits = self.model(feed, _positions(start, feed.shape[1], dev), _length(start, dev))
+            logits = _run(self.model, start == 0, feed, _positions(start, feed.shape[1], dev), _length(start, dev))
             drafts.append(logits[:, -1].argmax(-1, keepdim=True))  # fed back without leaving the GPU
             start += feed.shape[1]
             feed = drafts[-1]
@@ -99,12 +123,16 @@ class PardDraft(CausalDrafter):
         super().__init__(model)
         self.pard_token = int(pard_token)
 
+    def mask_slots(self, k: int) -> int:
+        return k - 1
+
     def propose_tokens(self, seq, n, k):
         dev = self.model.device
         masks = torch.full((1, k - 1), self.pard_token, dtype=torch.long, device=dev)
         feed = torch.cat([seq[:, self.length:n], masks], dim=1)
         self.forwards += 1
-        logits = self.model(feed, _positions(self.length, feed.shape[1], dev), _length(self.length, dev))
+        logits = _run(self.model, self.length == 0, feed, _positions(self.length, feed.shape[1], dev),
+                      _length(self.length, dev))
         self.length = n  # committed tokens stay, the mask slots are dropped
         return logits[:, -k:].argmax(-1)
 
@@ -139,9 +167,16 @@ class DFlashDraft(Drafter):
             raise RuntimeError("DFlash drafter context out of step with the target")
         positions = _positions(self.length, self.context.shape[1] + block.shape[1], dev)
         self.forwards += 1
-        logits = self.drafter(block, self.context, positions, _length(self.length, dev))
+        logits = _run(self.drafter, self.length == 0, block, self.context, positions, _length(self.length, dev))
         self.length = start  # context K/V committed, block K/V dropped
         return logits.argmax(-1)
+
+    def capture_shapes(self, seq, k):
+        dev = self.drafter.device
+        block = torch.full((1, k + 1), self.spec.mask_token_id, dtype=torch.long, device=dev)
+        for n_ctx in range(1, k + 2):  # context rows after a step: accepted + 1 = 1 .. k + 1
+            context = self.context[:, :1].expand(1, n_ctx, -1).contiguous()
+            self.drafter(block, context, _positions(0, n_ctx + k + 1, dev), _length(0, dev))
 
     def accepted(self, seq_len, num_accepted, k, context) -> None:
         if context is not None:

@@ -30,21 +30,9 @@ class Engine:
         self.path, self.manifest, self.steps, self.device = path, manifest, steps, device
         self.method = manifest["method"]
         self.num_draft = int(manifest.get("num_draft") or 0)
-        if device.type == "cuda":  # capture each step shape into a CUDA graph on first use
-            from specc.runtime.graphs import GraphedStep
-
-            pool = torch.cuda.graph_pool_handle()
-            steps = {role: GraphedStep(step, self.num_draft + 1 if role == "target" else 2 * self.num_draft + 2, pool=pool)
-                     for role, step in steps.items()}
-            self.steps = steps
-        drafter = None
-        if self.method == "dflash":
-            drafter = DFlashDraft(steps["drafter"])
-        elif self.method == "pard":
-            drafter = PardDraft(steps["drafter"], manifest["drafter"]["pard_token"])
-        elif self.method == "ar-draft":
-            drafter = ARDraft(steps["drafter"])
-        self.loop = DeviceSpeculativeDecoder(steps["target"], drafter, self.num_draft, max_len)
+        pard_token = manifest["drafter"].get("pard_token") if self.method == "pard" else None
+        self.loop = build_loop(steps, self.method, self.num_draft, max_len, pard_token)
+        self.steps = self.loop.steps  # GraphedStep-wrapped on CUDA
         self.eos_token_ids = tuple(manifest["model"].get("eos_token_ids", ()))
         self.last_stats: dict = {}
         self.tokenizer = None
@@ -80,9 +68,47 @@ class Engine:
     def forced_argmax(self, prompt, tokens):
         return self.loop.forced_argmax(prompt, tokens)
 
+    def graph_stats(self) -> dict:
+        """Per step role: CUDA graphs captured, replays, eager calls (empty on CPU)."""
+        return {role: step.stats() for role, step in self.steps.items() if hasattr(step, "stats")}
+
     def set_max_len(self, max_len: int) -> None:
         if max_len > self.loop.max_len:
-            self.loop = DeviceSpeculativeDecoder(self.loop.target, self.loop.drafter, self.num_draft, max_len)
+            old = self.loop
+            self.loop = DeviceSpeculativeDecoder(old.target, old.drafter, self.num_draft, max_len,
+                                                 cap_to_budget=old.cap_to_budget)
+            self.loop.steps, self.loop.capture_shapes = old.steps, old.capture_shapes
+
+
+def build_loop(steps: dict, method: str, num_draft: int, max_len: int, pard_token: int | None = None,
+               graphs: bool | None = None) -> DeviceSpeculativeDecoder:
+    """The device-resident loop over step callables {"target": ..., "drafter": ...}.
+
+    On CUDA (or ``graphs=True``) every step is wrapped in ``GraphedStep`` sharing one memory
+    pool, drafting is uncapped at the end of the budget (one verify shape; the surplus is
+    clipped) and all drafter input shapes are captured before the first step, so no graph is
+    captured while tokens are being timed."""
+    target = steps["target"]
+    if graphs is None:
+        graphs = target.device.type == "cuda"
+    if graphs:
+        from specc.runtime.graphs import GraphedStep
+
+        pool = torch.cuda.graph_pool_handle()
+        steps = {role: GraphedStep(step, num_draft + 1 if role == "target" else 2 * num_draft + 2, pool=pool)
+                 for role, step in steps.items()}
+    drafter = None
+    if method == "dflash":
+        drafter = DFlashDraft(steps["drafter"])
+    elif method == "pard":
+        drafter = PardDraft(steps["drafter"], pard_token)
+    elif method == "ar-draft":
+        drafter = ARDraft(steps["drafter"])
+    loop = DeviceSpeculativeDecoder(steps["target"], drafter, num_draft if drafter else 0, max_len,
+                                    cap_to_budget=not graphs)
+    loop.capture_shapes = graphs
+    loop.steps = steps
+    return loop
 
 
 def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True) -> Engine:

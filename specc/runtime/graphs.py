@@ -7,8 +7,10 @@ Triton compiles, allocations settle), captures it into a CUDA graph with static 
 and from then on copies inputs into those buffers and replays. Steps are idempotent in their
 inputs (the KV write lands at the slots ``cache_len`` names), so warm-up calls are harmless.
 A step that cannot be captured (a host sync inside, e.g. reference kernels) runs eagerly for that
-signature, and ``eager_reasons`` says why. Outputs are static buffers: consume them before the
-next call of the same step.
+signature, and ``eager_reasons`` says why. Calls whose token dimension (dim 1 of any tensor
+argument of rank >= 2) exceeds ``max_tokens`` run eagerly: prefills and a DFlash drafter's first
+call over a whole prompt's context are one-offs, not worth a graph each. Outputs are static
+buffers: consume them before the next call of the same step.
 """
 
 from __future__ import annotations
@@ -23,6 +25,27 @@ class GraphedStep:
         self.eager_reasons: dict = {}
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.replays = 0
+        self.eager_calls = 0
+
+    @property
+    def captures(self) -> int:
+        return len(self.graphs)
+
+    def stats(self) -> dict:
+        """Graphs captured, replays, eager calls and why any shape could not be captured."""
+        return {"captures": self.captures, "replays": self.replays, "eager_calls": self.eager_calls,
+                "eager_reasons": {str(k): v for k, v in self.eager_reasons.items()}}
+
+    def eager(self, *args):
+        """Run the step without a graph: for one-off shapes (a drafter's first call over a
+        whole prompt) that would otherwise cost a capture each."""
+        self.eager_calls += 1
+        return self.step(*args)
+
+    def _graphable(self, args) -> bool:
+        tensors = [a for a in args if torch.is_tensor(a)]
+        return bool(tensors) and tensors[0].is_cuda and all(a.dim() < 2 or a.shape[1] <= self.max_tokens
+                                                             for a in tensors)
 
     def __getattr__(self, name):  # device, spec, config... of the wrapped step
         return getattr(self.__dict__["step"], name)
@@ -36,15 +59,15 @@ class GraphedStep:
         return tuple((tuple(a.shape), a.dtype) if torch.is_tensor(a) else a for a in args)
 
     def __call__(self, *args):
-        if not args[0].is_cuda or args[0].shape[-1] > self.max_tokens:
-            return self.step(*args)
-        key = self._key(args)
-        if key in self.eager_reasons:
+        key = self._key(args) if self._graphable(args) else None
+        if key is None or key in self.eager_reasons:
+            self.eager_calls += 1
             return self.step(*args)
         entry = self.graphs.get(key)
         if entry is None:
             entry = self._capture(args, key)
             if entry is None:
+                self.eager_calls += 1
                 return self.step(*args)
         static_in, graph, out = entry
         for buf, a in zip(static_in, args):

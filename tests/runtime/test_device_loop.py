@@ -45,3 +45,44 @@ def test_greedy_accept_kernel_semantics():
     assert a.tolist() == [4] and committed[0].tolist() == [4, 5, 6, 7, 8]
     a, committed = greedy_accept(drafts[:, :0], torch.tensor([[3]]))
     assert a.tolist() == [0] and committed[0].tolist() == [3]
+
+
+class _ShapeRecorder:
+    """Wraps a drafter step and records the input shapes of each call (what GraphedStep keys on)."""
+
+    def __init__(self, step):
+        self.step, self.shapes = step, []
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["step"], name)
+
+    def __call__(self, *args):
+        self.shapes.append(tuple(tuple(a.shape) for a in args if torch.is_tensor(a)))
+        return self.step(*args)
+
+
+@pytest.mark.parametrize("method,drafter_key,num_draft", [("pard", "pard_same", 4), ("dflash", "dflash", 3),
+                                                          ("ar-draft", "ar_perturbed", 3)])
+def test_capture_shapes_covers_every_drafter_shape(checkpoints, method, drafter_key, num_draft):
+    """With capture_shapes on, every drafter call of the generation that fits a graph
+    (token dimension <= 2k + 2) has a shape the up-front capture already produced, the capture
+    happens once per decoder, and the junk it writes into the drafter cache changes no token."""
+    target = checkpoints["target"]
+    eager = build_eager(resolve_pair(target, checkpoints[drafter_key], method), num_draft, max_len=len(PROMPT) + 24)
+    attr = "drafter" if method == "dflash" else "model"
+    recorder = _ShapeRecorder(getattr(eager.drafter, attr))
+    setattr(eager.drafter, attr, recorder)
+    loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len, cap_to_budget=False)
+    loop.capture_shapes = True
+    k = eager.num_draft
+    got = loop.generate(PROMPT, 24)
+    assert got.tokens == reference(target, 24)
+    captured = set(recorder.shapes[:k + 1])
+    later = recorder.shapes[k + 2:]  # after the first real call, over the prompt (GraphedStep.eager)
+    graphable = [s for s in later if all(len(d) < 2 or d[1] <= 2 * k + 2 for d in s)]
+    assert len(captured) == k + 1 and graphable
+    assert set(graphable) <= captured
+    before = len(recorder.shapes)
+    again = loop.generate(PROMPT, 24)
+    assert again.tokens == got.tokens
+    assert len(recorder.shapes) - before == again.stats.draft_forwards

@@ -102,9 +102,25 @@ def _prologue(xf, rstd, gf, X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _finish(tot, b_ptr, r_ptr, offs_n, y_offs, mask_n, y_mask, y_ptr,
+            HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):
+    """Bias, rounding and the fused residual add of a finished fp32 tile, then the store. The
+    residual is added to the *rounded* product, then rounded again: exactly ``r + linear(x)``
+    computed as two ops in the output dtype."""
+    if HAS_BIAS:
+        tot += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    y = round_to(tot, y_ptr.dtype.element_ty)
+    if HAS_RES:
+        r = tl.load(r_ptr + y_offs, mask=y_mask, other=0.0).to(tl.float32)
+        y = round_to(y.to(tl.float32) + r, y_ptr.dtype.element_ty)
+    tl.store(y_ptr + y_offs, y, mask=y_mask)
+
+
+@triton.jit
 def _epilogue(out, offs_m, offs_n, M, N, pid_m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
-              cnt_ptr, HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr):
-    """Store an fp32 [BM, BN] output tile (+ bias), directly or through the split-K workspace."""
+              cnt_ptr, r_ptr, HAS_BIAS: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_RES: tl.constexpr):
+    """Store an fp32 [BM, BN] output tile (+ bias, + residual), directly or through the split-K
+    workspace."""
     mask_m = offs_m < M
     mask_n = offs_n < N
     y_mask = mask_m[:, None] & mask_n[None, :]
@@ -121,22 +137,18 @@ def _epilogue(out, offs_m, offs_n, M, N, pid_m, pid_n, pid_k, y_ptr, stride_ym, 
             for s in range(0, n_split):
                 part_offs = (s * M + offs_m).to(tl.int64)[:, None] * N + offs_n[None, :]
                 tot += tl.load(ws_ptr + part_offs, mask=y_mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                tot += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr + y_offs, round_to(tot, y_ptr.dtype.element_ty), mask=y_mask)
+            _finish(tot, b_ptr, r_ptr, offs_n, y_offs, mask_n, y_mask, y_ptr, HAS_BIAS, HAS_RES)
             tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
     else:
-        if HAS_BIAS:
-            out += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + y_offs, round_to(out, y_ptr.dtype.element_ty), mask=y_mask)
+        _finish(out, b_ptr, r_ptr, offs_n, y_offs, mask_n, y_mask, y_ptr, HAS_BIAS, HAS_RES)
 
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr,
+    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr,
     M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+    USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
     X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, X_2D: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -183,16 +195,16 @@ def _gemv_kernel(
     out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     offs_m = m + tl.arange(0, 1)
     _epilogue(out, offs_m, offs_n, M, N, m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
-              cnt_ptr, HAS_BIAS, USE_SPLIT)
+              cnt_ptr, r_ptr, HAS_BIAS, USE_SPLIT, HAS_RES)
 
 
 @triton.jit
 def _gemm_kernel(
-    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr,
+    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr,
     M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr,
-    USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+    USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
     X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -247,7 +259,7 @@ def _gemm_kernel(
     else:
         out = acc
     _epilogue(out, offs_m, offs_n, M, N, pid_m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
-              cnt_ptr, HAS_BIAS, USE_SPLIT)
+              cnt_ptr, r_ptr, HAS_BIAS, USE_SPLIT, HAS_RES)
 
 
 # ------------------------------------------------------------------------------------------
@@ -390,8 +402,11 @@ def row_rstd(x2: torch.Tensor, eps: float) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-           config: LinearConfig | Mapping | None = None) -> torch.Tensor:
-    """``x @ weight^T (+ bias)``; with ``norm_weight``: ``rms_norm(x, norm_weight, eps) @ weight^T``.
+           config: LinearConfig | Mapping | None = None,
+           residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight^T (+ bias)``; with ``norm_weight``: ``rms_norm(x, norm_weight, eps) @ weight^T``;
+    with ``residual`` (shape and dtype of the output): ``residual + that``, added in the epilogue
+    to the rounded product and rounded again (bit-identical to the separate add).
 
     x: ``[..., K]`` (bf16/fp16/fp32); weight: ``[N, K]`` with unit stride along K (bf16 on the
     GPU; any float dtype); bias: ``[N]`` or None; norm_weight: ``[K]`` or None. Returns
@@ -414,11 +429,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if norm_weight.shape[0] != k:
             raise ValueError(f"{op}: norm_weight must have shape ({k},), got "
                              f"{tuple(norm_weight.shape)}")
-    check_same_device(op, x=x, weight=weight, bias=bias, norm_weight=norm_weight)
-    if not use_triton(x):
-        return linear_reference(x, weight, bias, norm_weight, eps)
-
+    check_same_device(op, x=x, weight=weight, bias=bias, norm_weight=norm_weight, residual=residual)
     out_dtype = x.dtype if norm_weight is None else torch.promote_types(norm_weight.dtype, x.dtype)
+    if residual is not None and (tuple(residual.shape) != (*x.shape[:-1], n) or residual.dtype != out_dtype):
+        raise ValueError(f"{op}: residual must be {out_dtype} of shape {(*x.shape[:-1], n)}, got "
+                         f"{residual.dtype} {tuple(residual.shape)}")
+    if not use_triton(x):
+        y = linear_reference(x, weight, bias, norm_weight, eps)
+        return y if residual is None else residual + y
+
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -434,7 +453,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         y.zero_()
         if bias is not None:
             y += bias.to(out_dtype)
-        return y.reshape(*lead, n)
+        return (y if residual is None else residual.reshape(m, n) + y).reshape(*lead, n)
     cfg = _as_config(config) if config is not None else get_config(m, n, k)
     k_per, split = _split_plan(cfg, m, n, k, x.device)
     even_k = k % cfg.block_k == 0
@@ -454,27 +473,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         from specc.codegen.kernels.rmsnorm import rms_norm as _rms_norm
 
         h = _rms_norm(x2, norm_weight, eps)
-        return linear(h, weight, bias, config=cfg.replace(norm_prologue=None)).reshape(*lead, n)
+        r2 = None if residual is None else residual.reshape(m, n)
+        return linear(h, weight, bias, config=cfg.replace(norm_prologue=None), residual=r2).reshape(*lead, n)
     if has_norm:
         rstd = row_rstd(x2, eps)
         g = norm_weight.contiguous()
     else:
         rstd, g = y, y  # unused
     b = bias.contiguous() if bias is not None else y
+    r = residual.reshape(m, n).contiguous() if residual is not None else y  # y's [M, N] layout
     x_tl, h_tl = tl_dtype(x.dtype), tl_dtype(out_dtype)
-    common = dict(USE_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_NORM=has_norm,
+    common = dict(USE_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_NORM=has_norm, HAS_RES=residual is not None,
                   X_DTYPE=x_tl, H_DTYPE=h_tl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.kind == "gemv":
         grid = (triton.cdiv(n, cfg.block_n), split, m)
         _gemv_kernel[grid](
-            x2, weight, y, b, g, rstd, ws, cnt, m, n, k, k_per, x2.stride(0), weight.stride(0),
+            x2, weight, y, b, g, rstd, ws, cnt, r, m, n, k, k_per, x2.stride(0), weight.stride(0),
             y.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=even_k,
             X_2D=(not has_norm) if cfg.x_2d is None else bool(cfg.x_2d), **common)
     else:
         dot_f32 = INTERPRETED or weight.dtype == torch.float32 or out_dtype != weight.dtype
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
         _gemm_kernel[grid](
-            x2, weight, y, b, g, rstd, ws, cnt, m, n, k, k_per, x2.stride(0), weight.stride(0),
+            x2, weight, y, b, g, rstd, ws, cnt, r, m, n, k, k_per, x2.stride(0), weight.stride(0),
             y.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             EVEN_K=even_k, SWAP_AB=cfg.swap_ab, DOT_F32=dot_f32, **common)
     return y.reshape(*lead, n)

@@ -92,6 +92,9 @@ def main() -> int:
             "dot", block_m=16, block_n=32, block_k=128, split_k=5)),
         "linear dot prologue": lambda: L.linear(z(16, 4096), z(4096, 4096), None, z(4096),
                                                 config=L.LinearConfig("dot", norm_prologue=True)),
+        "linear gemv +residual": lambda: L.linear(z(1, 4096), z(4096, 4096), residual=z(1, 4096)),
+        "linear dot split +residual": lambda: L.linear(z(16, 4096), z(4096, 4096), config=L.LinearConfig(
+            "dot", block_m=16, block_n=32, block_k=128, split_k=5), residual=z(16, 4096)),
         "linear gemv +bias +norm": lambda: L.linear(z(1, 4096), z(6144, 4096), z(6144), z(4096)),
         "linear dot swap m16": lambda: L.linear(z(16, 4096), z(6144, 4096)),
         "linear dot m64 +norm": lambda: L.linear(z(64, 4096), z(4096, 4096), None, z(4096)),

@@ -36,6 +36,31 @@ def test_linear_fp32(dev, cfg, m, n, k):
     assert _rel(y, ref) < 2e-6
 
 
+@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "dot_swap", "dot_split", "dot_prologue"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_linear_residual_epilogue_equals_separate_add(dev, cfg, dtype):
+    """residual + linear(x) in one kernel is bit-identical to the same kernel then a torch add
+    (the product is rounded, then the sum), with and without the norm prologue."""
+    torch.manual_seed(2)
+    m, n, k = (1 if cfg.startswith("gemv") else 6), 40, 96
+    x = torch.randn(m, k, device=dev).to(dtype)
+    w = (torch.randn(n, k, device=dev) * 0.1).to(dtype)
+    r = torch.randn(m, n, device=dev).to(dtype)
+    g = (1 + 0.1 * torch.randn(k, device=dev)).to(dtype)
+    for norm in (None, g):
+        fused = L.linear(x, w, None, norm_weight=norm, config=CONFIGS[cfg], residual=r)
+        separate = r + L.linear(x, w, None, norm_weight=norm, config=CONFIGS[cfg])
+        assert fused.dtype == dtype and torch.equal(fused, separate)
+
+
+def test_linear_residual_is_checked(dev):
+    x, w = torch.randn(2, 8, device=dev), torch.randn(4, 8, device=dev)
+    with pytest.raises(ValueError, match="residual must be"):
+        L.linear(x, w, residual=torch.zeros(2, 5, device=dev))
+    with pytest.raises(ValueError, match="residual must be"):
+        L.linear(x, w, residual=torch.zeros(2, 4, device=dev, dtype=torch.float16))
+
+
 @pytest.mark.parametrize("cfg", ["gemv_split", "dot_swap", "dot_prologue"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_linear_norm_prologue(dev, cfg, dtype):

@@ -1,0 +1,71 @@
+"""fuse_residual_add: two fusions per decoder layer (o_proj, down_proj), bit-identical outputs,
+drafters included; packed linears and broadcasting adds are left alone."""
+
+import pytest
+import torch
+
+from specc.ir import bind_dflash, trace
+from specc.models import load_model
+from specc.passes import PassManager
+
+
+def _run(ir, inputs):
+    with torch.no_grad():
+        ir.reset_caches()
+        return ir(*inputs)
+
+
+@pytest.mark.parametrize("pipeline", ["fuse_residual_add",
+                                      "fuse_qkv,fuse_gate_up,fuse_norm_linear,fuse_rope_attention,fuse_residual_add,dce"])
+def test_fires_twice_per_layer_and_is_exact(checkpoints, pipeline):
+    model = load_model(checkpoints["target"]).model
+    model.setup_caches(1, 32)
+    ir = trace(model, "verify")
+    inputs = ir.example_inputs({"B": 1, "Q": 5, "C": 0})
+    want = _run(ir, inputs)
+    adds = ir.count("add")
+    report = PassManager(pipeline).run(ir)
+    layers = model.config.num_layers
+    assert report.stats("fuse_residual_add")["adds"] == 2 * layers == ir.count("linear_add")
+    assert ir.count("add") == adds - 2 * layers
+    assert torch.equal(_run(ir, inputs), want)
+
+
+def test_dflash_drafter_is_exact(checkpoints):
+    target = load_model(checkpoints["target"]).model
+    draft = load_model(checkpoints["dflash"]).model
+    drafter = bind_dflash(target, draft)
+    drafter.setup_caches(1, 32)
+    ir = trace(drafter, "draft")
+    inputs = ir.example_inputs({"B": 1, "Q": 4, "C": 0, "N": 3})
+    want = _run(ir, inputs)
+    report = PassManager("fuse_residual_add").run(ir)
+    assert report.stats("fuse_residual_add")["adds"] == 2 * draft.config.num_layers
+    assert torch.equal(_run(ir, inputs), want)
+
+
+def test_packed_linears_are_not_matched(checkpoints):
+    model = load_model(checkpoints["target"], torch.bfloat16).model
+    model.setup_caches(1, 32)
+    ir = trace(model, "verify")
+    report = PassManager("fuse_residual_add,pack_weights_12bit").run(ir)  # ordered: pack first
+    assert report.stats("pack_weights_12bit")["packed"] > 0
+    assert report.stats("fuse_residual_add")["adds"] == 0 and ir.count("linear_add") == 0
+
+
+def test_broadcasting_add_is_not_fused(checkpoints):
+    """An add whose other operand broadcasts (here the final norm's [hidden] weight) is no
+    residual: fusing it would change the output shape the kernel writes."""
+    from specc.passes.fuse_residual_add import candidates
+
+    model = load_model(checkpoints["target"]).model
+    model.setup_caches(1, 32)
+    ir = trace(model, "verify")
+    before = candidates(ir)
+    add, lin, res = before[0]
+    weight = next(n for n in ir.graph.nodes if n.op == "get_attr" and n.target.endswith("norm.weight")
+                  and ir.meta(n).out.ndim == 1)
+    add.replace_input_with(res, weight)
+    ir.refresh()
+    after = candidates(ir)
+    assert len(after) == len(before) - 1 and all(a is not add for a, _, _ in after)
