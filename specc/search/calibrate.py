@@ -22,10 +22,15 @@ Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
 - ``flops_efficiency`` (deployment field) = ``2 n^3 / t_net / bf16_flops`` of the square matmul;
 - ``launch_overhead_s`` / ``graph_node_overhead_s`` (deployment fields): as measured;
 - per-kind efficiencies (the calibration record): ``elementwise`` bandwidth from the copy,
-  ``attention`` bandwidth (memory-bound points) and flops (compute-limited points), ``linear``
-  bandwidth, ``packed_linear`` bandwidth (on packed bytes), and ``linear_flops_by_m``: per M, ``flops / t_net / bf16_flops`` where the point is
-  compute-limited (``t_net > 1.15 x bytes / (hbm_bandwidth x linear bandwidth efficiency)``), else
-  the square-matmul efficiency (the flops term does not bind there).
+  ``linear`` bandwidth, ``packed_linear`` bandwidth (on packed bytes), ``attention`` as a line
+  ``t = latency_s + bytes / (bandwidth x hbm_bandwidth)`` fitted by least squares over Q, C and
+  batch (a batch-1 call moves a few MB and is mostly fixed latency: a bare efficiency would
+  mistake that for slow streaming and overprice large batches), attention ``flops`` = the
+  square-matmul efficiency;
+- ``linear_bandwidth_by_m`` and ``linear_flops_by_m``: per M, the median over shapes of
+  ``bytes / t_net / hbm_bandwidth`` and of ``flops / t_net / bf16_flops``. At one M the weight-
+  dominated shapes share an arithmetic intensity (~M flops per weight byte), so the roofline
+  ``max(bytes / bw(M), flops / peak(M))`` reproduces the measurements whichever side binds.
 
 Output: the deployment file (every field of the base deployment kept, the fitted ones replaced,
 ``calibrated = true``), loadable with ``get_deployment(FILE)``, and beside it the calibration
@@ -46,8 +51,6 @@ from typing import Any, Callable
 
 from specc.errors import UserError
 
-COMPUTE_LIMITED = 1.15  # t_net above this multiple of the memory time counts as compute-limited
-
 
 @dataclasses.dataclass
 class Calibration:
@@ -58,6 +61,7 @@ class Calibration:
     device_name: str = ""
     kind_efficiency: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     linear_flops_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
+    linear_bandwidth_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
     fitted: dict[str, float] = dataclasses.field(default_factory=dict)
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
     date: str = ""
@@ -67,22 +71,16 @@ class Calibration:
 
     def linear_flops_at(self, rows: float) -> float:
         """Flops efficiency of a linear with ``rows`` = M, log-linear between measured M."""
-        table = sorted((int(m), float(e)) for m, e in self.linear_flops_by_m.items())
-        if not table:
-            raise ValueError("no linear flops table")
-        if rows <= table[0][0]:
-            return table[0][1]
-        if rows >= table[-1][0]:
-            return table[-1][1]
-        for (m0, e0), (m1, e1) in zip(table, table[1:]):
-            if m0 <= rows <= m1:
-                w = (math.log(rows) - math.log(m0)) / (math.log(m1) - math.log(m0))
-                return e0 + w * (e1 - e0)
-        return table[-1][1]  # pragma: no cover
+        return _interpolate_log(self.linear_flops_by_m, rows, "flops")
+
+    def linear_bandwidth_at(self, rows: float) -> float:
+        """Bandwidth efficiency of a linear with ``rows`` = M, log-linear between measured M."""
+        return _interpolate_log(self.linear_bandwidth_by_m, rows, "bandwidth")
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["linear_flops_by_m"] = {str(k): v for k, v in self.linear_flops_by_m.items()}
+        for key in ("linear_flops_by_m", "linear_bandwidth_by_m"):
+            out[key] = {str(k): v for k, v in getattr(self, key).items()}
         out["format"] = "specc-calibration/1"
         return out
 
@@ -90,8 +88,24 @@ class Calibration:
     def from_json(cls, data: dict[str, Any]) -> "Calibration":
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in fields}
-        kwargs["linear_flops_by_m"] = {int(k): float(v) for k, v in (data.get("linear_flops_by_m") or {}).items()}
+        for key in ("linear_flops_by_m", "linear_bandwidth_by_m"):
+            kwargs[key] = {int(k): float(v) for k, v in (data.get(key) or {}).items()}
         return cls(**kwargs)
+
+
+def _interpolate_log(by_m: dict[int, float], rows: float, what: str) -> float:
+    table = sorted((int(m), float(e)) for m, e in by_m.items())
+    if not table:
+        raise ValueError(f"no linear {what} table")
+    if rows <= table[0][0]:
+        return table[0][1]
+    if rows >= table[-1][0]:
+        return table[-1][1]
+    for (m0, e0), (m1, e1) in zip(table, table[1:]):
+        if m0 <= rows <= m1:
+            w = (math.log(rows) - math.log(m0)) / (math.log(m1) - math.log(m0))
+            return e0 + w * (e1 - e0)
+    return table[-1][1]  # pragma: no cover
 
 
 def record_path(deployment_file) -> Path:
@@ -167,16 +181,16 @@ def _sizes(device: str, quick: bool) -> dict[str, Any]:
         if quick:
             return dict(copy_bytes=256 * 2**20, square=4096, linear_shapes=[(4096, 12288), (12288, 4096)],
                         linear_m=[1, 16, 128], attn_heads=(32, 8, 128), attn_q=[1, 16], attn_c=[1024, 4096],
-                        launches=200)
+                        attn_b=[1, 8], launches=200)
         return dict(copy_bytes=2 * 2**30, square=8192,
                     linear_shapes=[(4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096), (4096, 151936)],
-                    linear_m=[1, 4, 16, 64, 256, 512], attn_heads=(32, 8, 128), attn_q=[1, 4, 16, 64],
-                    attn_c=[512, 1024, 4096], launches=1000)
+                    linear_m=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048], attn_heads=(32, 8, 128),
+                    attn_q=[1, 4, 16, 64], attn_c=[512, 1024, 4096], attn_b=[1, 8, 32], launches=1000)
     if quick:
         return dict(copy_bytes=1 * 2**20, square=96, linear_shapes=[(128, 256)], linear_m=[1, 32],
-                    attn_heads=(4, 2, 16), attn_q=[1, 8], attn_c=[64], launches=100)
+                    attn_heads=(4, 2, 16), attn_q=[1, 8], attn_c=[64], attn_b=[1], launches=100)
     return dict(copy_bytes=16 * 2**20, square=256, linear_shapes=[(256, 512), (512, 256)], linear_m=[1, 8, 64],
-                attn_heads=(4, 2, 16), attn_q=[1, 8], attn_c=[128, 512], launches=500)
+                attn_heads=(4, 2, 16), attn_q=[1, 8], attn_c=[128, 512], attn_b=[1, 2], launches=500)
 
 
 def measure_launch(device: str, n: int, timer: Timer) -> dict[str, float]:
@@ -302,10 +316,9 @@ def _median(values, default: float | None = None) -> float | None:
     return statistics.median(values) if values else default
 
 
-def fit(dep, m: dict[str, Any], device: str) -> tuple[dict[str, float], dict[str, dict[str, float]], dict[int, float]]:
-    """Efficiency factors from measurements (formulas in the module docstring)."""
-    from specc.search.cost_model import LAUNCHES
-
+def fit(dep, m: dict[str, Any], device: str):
+    """-> (deployment fields, per-kind efficiencies, linear flops efficiency by M, linear
+    bandwidth efficiency by M); formulas in the module docstring."""
     launch = m["launch"]
     overhead = launch["graph_node_overhead_s"] if device == "cuda" else launch["launch_overhead_s"]
     fields: dict[str, float] = {"launch_overhead_s": launch["launch_overhead_s"],
@@ -323,34 +336,50 @@ def fit(dep, m: dict[str, Any], device: str) -> tuple[dict[str, float], dict[str
     small = [r["bw_eff"] for r in lin if r["M"] <= 16] or [r["bw_eff"] for r in lin]
     lin_bw = min(1.0, _median(small, dep.bandwidth_efficiency))
     fields["bandwidth_efficiency"] = lin_bw
-    by_m: dict[int, list[float]] = {}
+    # per M: the median over shapes of both efficiencies. At one M every weight-dominated shape
+    # has about the same arithmetic intensity (~M flops per weight byte), so the roofline
+    # max(bytes / bw(M), flops / peak(M)) reproduces each measurement without having to decide
+    # which side limited it.
+    bw_by_m: dict[int, list[float]] = {}
+    fl_by_m: dict[int, list[float]] = {}
     for r in lin:
-        t_mem = r["bytes"] / (dep.hbm_bandwidth * lin_bw)
-        r["compute_limited"] = r["net_s"] > COMPUTE_LIMITED * t_mem
-        by_m.setdefault(r["M"], []).append(r["flops_eff"] if r["compute_limited"] else peak_eff)
-    linear_by_m = {mm: min(1.0, statistics.median(v)) for mm, v in sorted(by_m.items())}
+        bw_by_m.setdefault(r["M"], []).append(r["bw_eff"])
+        fl_by_m.setdefault(r["M"], []).append(r["flops_eff"])
+    linear_by_m = {mm: min(1.0, statistics.median(v)) for mm, v in sorted(fl_by_m.items())}
+    linear_bw_by_m = {mm: min(1.0, statistics.median(v)) for mm, v in sorted(bw_by_m.items())}
 
-    attn_launch = LAUNCHES.get(device, {}).get("attention", 1) if device == "cpu" else 2
-    attn_bw, attn_fl = [], []
-    for r in m["attention"]:
-        r["net_s"] = max(r["seconds"] - attn_launch * overhead, 1e-12)
-        bw_eff = r["bytes"] / r["net_s"] / dep.hbm_bandwidth
-        t_mem_copy = r["bytes"] / (dep.hbm_bandwidth * copy_eff)
-        if r["net_s"] > COMPUTE_LIMITED * t_mem_copy and r["Q"] > 1:
-            attn_fl.append(r["flops"] / r["net_s"] / dep.bf16_flops)
-        else:
-            attn_bw.append(bw_eff)
+    # attention: time = latency + bytes / (eff * BW), a least-squares line over the samples (the
+    # KV bytes of one batch-1 call are a few MB: its time is mostly fixed latency, which a pure
+    # efficiency would misread as slow streaming and extrapolate 30x at batch 32)
+    attn = m["attention"]
+    xs = [r["bytes"] for r in attn]
+    ys = [max(r["seconds"] - attn_launch(device) * overhead, 1e-12) for r in attn]
+    attn_kind: dict[str, float] = {}
+    if len(set(xs)) >= 2:
+        slope, intercept = statistics.linear_regression(xs, ys)
+        if slope > 0:
+            attn_kind["bandwidth"] = min(1.0, 1.0 / (slope * dep.hbm_bandwidth))
+            attn_kind["latency_s"] = max(0.0, intercept)
+    if "bandwidth" not in attn_kind:
+        attn_kind["bandwidth"] = min(1.0, _median([x / y / dep.hbm_bandwidth for x, y in zip(xs, ys)], copy_eff))
+    attn_kind["flops"] = peak_eff
     kinds = {
         "elementwise": {"bandwidth": min(1.0, copy_eff)},
         "linear": {"bandwidth": lin_bw, "flops": peak_eff},
-        "attention": {"bandwidth": min(1.0, _median(attn_bw, copy_eff)),
-                      "flops": min(1.0, _median(attn_fl, peak_eff))},
+        "attention": attn_kind,
     }
     if m.get("linear_bf12"):  # 12-bit weights (pack_weights_12bit's packed_linear): bandwidth on packed bytes
         effs = [r["bytes"] / max(r["seconds"] - overhead, 1e-12) / dep.hbm_bandwidth
                 for r in m["linear_bf12"] if r["M"] <= 16]
         kinds["packed_linear"] = {"bandwidth": min(1.0, _median(effs, lin_bw))}
-    return fields, kinds, linear_by_m
+    return fields, kinds, linear_by_m, linear_bw_by_m
+
+
+def attn_launch(device: str) -> int:
+    """Kernels the attention microbenchmark launches per call (its launch cost is removed)."""
+    from specc.search.cost_model import LAUNCHES
+
+    return LAUNCHES.get(device, {}).get("attention", 1) if device == "cpu" else 2
 
 
 def calibrate(deployment, device: str | None = None, quick: bool = False,
@@ -409,19 +438,20 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
             m["linear_specc_error"] = f"{type(exc).__name__}: {exc}"
         say("bf12 (12-bit weight) linear by M and shape")
         try:
-            m["linear_bf12"] = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer,
-                                              dep.l2_bytes, "bf12")
+            m["linear_bf12"] = measure_linear(device, sizes["linear_shapes"], [x for x in sizes["linear_m"] if x <= 64],
+                                              dtype, timer, dep.l2_bytes, "bf12")
         except Exception as exc:  # pragma: no cover - GPU only
             m["linear_bf12_error"] = f"{type(exc).__name__}: {exc}"
     say("attention by Q and C")
-    m["attention"] = measure_attention(device, dep.batch_size if device == "cuda" else 1, sizes["attn_heads"],
-                                       sizes["attn_q"], sizes["attn_c"], dtype, timer)
-    fields, kinds, by_m = fit(dep, m, device)
+    batches = sorted(set(sizes["attn_b"]) | ({dep.batch_size} if device == "cuda" else set()))
+    m["attention"] = [r for b in batches for r in measure_attention(device, b, sizes["attn_heads"], sizes["attn_q"],
+                                                                     sizes["attn_c"], dtype, timer)]
+    fields, kinds, by_m, bw_by_m = fit(dep, m, device)
     new = dataclasses.replace(dep, calibrated=True, **fields)
     record = Calibration(
         deployment=dep.name, device=device,
         device_name=torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        kind_efficiency=kinds, linear_flops_by_m=by_m, fitted=fields, measurements=m,
+        kind_efficiency=kinds, linear_flops_by_m=by_m, linear_bandwidth_by_m=bw_by_m, fitted=fields, measurements=m,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         specc_version=__version__, torch_version=torch.__version__, quick=quick)
     return new, record

@@ -3,15 +3,16 @@
 Every number is a formula over node metadata (docs/ir.md) and deployment fields
 (specc.search.deployments), nothing is measured here:
 
-    time(node)  = max(bytes / (hbm_bandwidth * eff_bw(kind)),  flops / (bf16_flops * eff_flops(kind, M)))
-                  + launches(kind) * overhead
+    time(node)  = max(bytes / (hbm_bandwidth * eff_bw(kind, M)),  flops / (bf16_flops * eff_flops(kind, M)))
+                  + launches(kind) * overhead + latency(kind)
     floor(node) = max(bytes / hbm_bandwidth, flops / bf16_flops)           (datasheet, no launch)
     step time   = sum over the step's compute nodes of time(node)
 
 - ``bytes`` = bytes_read + bytes_written of the node (weights, KV cache, activations);
 - ``eff_bw`` / ``eff_flops``: the deployment's ``bandwidth_efficiency`` / ``flops_efficiency``,
   unless a calibration record (specc.search.calibrate) gives a per-kind value ("linear",
-  "attention", "elementwise") or, for linears, a flops efficiency by the GEMM's M (rows);
+  "attention", "elementwise") or, for linears, efficiencies by the GEMM's M (rows);
+- ``latency``: a calibrated fixed time per call (attention's fitted intercept), else 0;
 - ``overhead``: ``graph_node_overhead_s`` when the step is CUDA-graphed (the default on CUDA
   deployments), ``launch_overhead_s`` otherwise; ``launches(kind)`` is how many kernels the kind
   lowers to (:data:`LAUNCHES`, default 1); structural nodes (views, weights, sizes) cost nothing.
@@ -423,20 +424,25 @@ class CostModel:
 
     # ------------------------------------------------------------ efficiencies
 
-    def bandwidth_efficiency(self, eclass: str, kind: str | None = None) -> float:
-        """Calibrated efficiency of the node kind, else of its class, else the deployment's."""
+    def bandwidth_efficiency(self, eclass: str, kind: str | None = None, rows: float | None = None) -> float:
+        """Calibrated efficiency of the node kind, else (linears) of its row count M, else of its
+        class, else the deployment's."""
         cal = self.calibration
         if cal is not None:
-            for key in (kind, eclass):
-                eff = cal.kind_efficiency.get(key, {}).get("bandwidth") if key else None
-                if eff:
-                    return float(eff)
+            eff = cal.kind_efficiency.get(kind, {}).get("bandwidth") if kind and kind != eclass else None
+            if eff:
+                return float(eff)
+            if eclass == "linear" and rows is not None and getattr(cal, "linear_bandwidth_by_m", None):
+                return cal.linear_bandwidth_at(rows)
+            eff = cal.kind_efficiency.get(eclass, {}).get("bandwidth")
+            if eff:
+                return float(eff)
         return self.deployment.bandwidth_efficiency
 
     def flops_efficiency(self, eclass: str, rows: float | None = None, kind: str | None = None) -> float:
         cal = self.calibration
         if cal is not None:
-            eff = cal.kind_efficiency.get(kind, {}).get("flops") if kind else None
+            eff = cal.kind_efficiency.get(kind, {}).get("flops") if kind and kind != eclass else None
             if eff:
                 return float(eff)
             if eclass == "linear" and rows is not None and cal.linear_flops_by_m:
@@ -445,6 +451,17 @@ class CostModel:
             if eff:
                 return float(eff)
         return self.deployment.flops_efficiency
+
+    def latency(self, eclass: str, kind: str | None = None) -> float:
+        """Calibrated fixed time per call of the kind (attention's fitted intercept), else 0."""
+        cal = self.calibration
+        if cal is None:
+            return 0.0
+        for key in (kind, eclass):
+            value = cal.kind_efficiency.get(key, {}).get("latency_s") if key else None
+            if value:
+                return float(value)
+        return 0.0
 
     def launches(self, meta) -> int:
         """Kernels a node lowers to on this deployment's device (:data:`LAUNCHES`, default 1)."""
@@ -479,7 +496,7 @@ class CostModel:
         rows = None
         if eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim >= 1:
             rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values) if meta.out.ndim > 1 else 1.0
-        bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind)
+        bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows)
         peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
         n_launch = self.launches(meta)
         if meta.kind == "all_reduce" and dep.link_bandwidth > 0:
@@ -498,7 +515,8 @@ class CostModel:
             node=node.name, kind=meta.kind, component=component_of(meta, node.name), bytes=nbytes, flops=flops,
             weight_bytes=self._num(meta.weight_bytes, values),
             cache_bytes=self._num(meta.cache_read + meta.cache_written, values), launches=n_launch,
-            t_memory=nbytes / bw, t_compute=flops / peak, t_launch=n_launch * self.overhead,
+            t_memory=nbytes / bw, t_compute=flops / peak,
+            t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind),
             floor=max(nbytes / dep.hbm_bandwidth, flops / dep.bf16_flops), bandwidth=bw, peak=peak,
             bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
 
@@ -538,18 +556,18 @@ class CostModel:
             rows = None
             if values is not None and eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim > 1:
                 rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values)
-            bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind)
+            bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows)
             peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
             key = (sympy.expand(meta.bytes_read + meta.bytes_written), sympy.expand(meta.flops), bw, peak,
-                   self.launches(meta))
+                   self.launches(meta), self.latency(eclass, meta.kind))
             if key[0] == 0 and key[1] == 0:
                 continue
             terms[key] += 1
         total = sympy.Integer(0)
-        for (nbytes, flops, bw, peak, n_launch), count in terms.items():
+        for (nbytes, flops, bw, peak, n_launch, latency), count in terms.items():
             work = sympy.Max(nbytes / sympy.Float(bw, 6), flops / sympy.Float(peak, 6)) if flops != 0 else \
                 nbytes / sympy.Float(bw, 6)
-            total += count * (work + n_launch * sympy.Float(self.overhead, 4))
+            total += count * (work + n_launch * sympy.Float(self.overhead, 4) + sympy.Float(latency, 4))
         return total
 
     # ------------------------------------------------------------ systems
