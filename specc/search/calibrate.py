@@ -348,21 +348,30 @@ def fit(dep, m: dict[str, Any], device: str):
     linear_by_m = {mm: min(1.0, statistics.median(v)) for mm, v in sorted(fl_by_m.items())}
     linear_bw_by_m = {mm: min(1.0, statistics.median(v)) for mm, v in sorted(bw_by_m.items())}
 
-    # attention: time = latency + bytes / (eff * BW), a least-squares line over the samples (the
-    # KV bytes of one batch-1 call are a few MB: its time is mostly fixed latency, which a pure
-    # efficiency would misread as slow streaming and extrapolate 30x at batch 32)
+    # attention: time = latency + max(bytes / (bw_eff * BW), flops / (flops_eff * peak)). The
+    # latency and bandwidth are a least-squares line over the single-token (memory-bound)
+    # samples across C and batch: a batch-1 call moves a few MB and is mostly fixed latency,
+    # which a bare efficiency would misread as slow streaming and extrapolate 30x at batch 32.
+    # The flops efficiency is the median over the samples the line underprices (many new tokens
+    # over a long cache: tensor-core work of a decode-shaped kernel, far below the matmul peak).
     attn = m["attention"]
-    xs = [r["bytes"] for r in attn]
-    ys = [max(r["seconds"] - attn_launch(device) * overhead, 1e-12) for r in attn]
+    net = [max(r["seconds"] - attn_launch(device) * overhead, 1e-12) for r in attn]
+    q_min = min((r["Q"] for r in attn), default=1)
+    line = [(r["bytes"], t) for r, t in zip(attn, net) if r["Q"] == q_min]
     attn_kind: dict[str, float] = {}
-    if len(set(xs)) >= 2:
-        slope, intercept = statistics.linear_regression(xs, ys)
+    if len({x for x, _ in line}) >= 2:
+        slope, intercept = statistics.linear_regression([x for x, _ in line], [t for _, t in line])
         if slope > 0:
             attn_kind["bandwidth"] = min(1.0, 1.0 / (slope * dep.hbm_bandwidth))
             attn_kind["latency_s"] = max(0.0, intercept)
     if "bandwidth" not in attn_kind:
-        attn_kind["bandwidth"] = min(1.0, _median([x / y / dep.hbm_bandwidth for x, y in zip(xs, ys)], copy_eff))
-    attn_kind["flops"] = peak_eff
+        attn_kind["bandwidth"] = min(1.0, _median([r["bytes"] / t / dep.hbm_bandwidth for r, t in zip(attn, net)],
+                                                   copy_eff))
+    lat = attn_kind.get("latency_s", 0.0)
+    bw = attn_kind["bandwidth"] * dep.hbm_bandwidth
+    heavy = [r["flops"] / (t - lat) / dep.bf16_flops for r, t in zip(attn, net)
+             if t - lat > 1.2 * r["bytes"] / bw and r["flops"] > 0]
+    attn_kind["flops"] = min(1.0, _median(heavy, peak_eff))
     kinds = {
         "elementwise": {"bandwidth": min(1.0, copy_eff)},
         "linear": {"bandwidth": lin_bw, "flops": peak_eff},
