@@ -121,22 +121,18 @@ def hf_twin(model, cfg: dict):
 
 
 def compiled_system(target, draft_module, method: str, k: int, spec, max_len: int, graphs: bool):
+    """The compiled steps under the engine's loop (``specc.runtime.engine.build_loop``)."""
     from specc.compiler import DEFAULT_PIPELINE, build_steps
     from specc.runtime.compiled import instantiate
-    from specc.runtime.drafters import DFlashDraft, PardDraft
-    from specc.runtime.eager import EagerSpeculativeDecoder
-    from specc.runtime.graphs import GraphedStep
+    from specc.runtime.engine import build_loop
 
     target.setup_caches(1, 16)
     draft_module.setup_caches(1, 16)
     built = build_steps(target, draft_module, DEFAULT_PIPELINE, spec)
-    t_step = instantiate(built.emitted["target"])
-    d_step = instantiate(built.emitted["drafter"], spec)
-    if graphs:
-        pool = torch.cuda.graph_pool_handle()
-        t_step, d_step = GraphedStep(t_step, k + 1, pool=pool), GraphedStep(d_step, 2 * k + 2, pool=pool)
-    drafter = DFlashDraft(d_step) if method == "dflash" else PardDraft(d_step, draft_module.config.raw["pard_token"])
-    return EagerSpeculativeDecoder(t_step, drafter, k, max_len), built, t_step
+    steps = {"target": instantiate(built.emitted["target"]), "drafter": instantiate(built.emitted["drafter"], spec)}
+    pard_token = draft_module.config.raw["pard_token"] if method == "pard" else None
+    system = build_loop(steps, method, k, max_len, pard_token, graphs=graphs)
+    return system, built
 
 
 def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol, graphs, small):
@@ -162,7 +158,7 @@ def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol,
         target.capture_layers = tuple(spec.target_layer_ids)
         module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
     max_len = max(len(p) for p in prompts) + new_tokens + 2
-    system, built, _ = compiled_system(target, module, method, k, spec, max_len, graphs)
+    system, built = compiled_system(target, module, method, k, spec, max_len, graphs)
     runs = []
     t0 = time.time()
     for p in prompts:
@@ -307,7 +303,7 @@ def step_times(dtype, dev, context: int, small: bool = False) -> dict:
     spec = draft.spec
     target.capture_layers = ()
     module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
-    system, built, _ = compiled_system(target, module, "dflash", 15, spec, context + 128, graphs=False)
+    system, built = compiled_system(target, module, "dflash", 15, spec, context + 128, graphs=False)
     t_step = system.target
     d_step = system.drafter.drafter
     weight_bytes = float(sum(p.numel() * p.element_size() for n, p in target.named_parameters() if "embed" not in n))

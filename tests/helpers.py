@@ -26,3 +26,10 @@ def eos_inside_block(tokens: list[int], block: int) -> int | None:
         if tokens[j] not in tokens[:j] and j % block != 0:
             return tokens[j]
     return None
+
+
+def run_ir(ir, inputs):
+    """Run a step IR from empty caches (so before/after a pass see the same state)."""
+    with torch.no_grad():
+        ir.reset_caches()
+        return ir(*inputs)

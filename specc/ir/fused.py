@@ -51,8 +51,6 @@ def _linear_add(op: OpCall) -> Cost:
     b, r = op.tensor(2, "bias", optional=True), op.tensor(3, "residual")
     cost = linear_cost(op, x, w, b)
     out = cost.out
-    op.check(r.dtype == out.dtype and len(r.shape) == len(out.shape)
-             and all(op.same(a, c) for a, c in zip(r.shape, out.shape)),
-             f"residual {r} must match the linear's output {out}")
+    op.check(r.same_as(out), f"residual {r} must match the linear's output {out}")
     cost.flops = cost.flops + out.numel
     return cost

@@ -22,9 +22,8 @@ from specc.passes.registry import register_pass
 
 
 def _same(ir: IR, a: torch.fx.Node, b: torch.fx.Node) -> bool:
-    ma, mb = ir.meta(a).out, ir.meta(b).out
-    return (isinstance(ma, TensorMeta) and isinstance(mb, TensorMeta) and ma.dtype == mb.dtype
-            and len(ma.shape) == len(mb.shape) and all(str(x) == str(y) for x, y in zip(ma.shape, mb.shape)))
+    ma = ir.meta(a).out
+    return isinstance(ma, TensorMeta) and ma.same_as(ir.meta(b).out)
 
 
 def candidates(ir: IR) -> list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:

@@ -66,6 +66,10 @@ class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
     capture_shapes = False
     _shapes_captured = False
 
+    def resize(self, max_len: int) -> None:
+        super().resize(max_len)
+        self._shapes_captured = False  # graphed steps drop their graphs with the old caches
+
     def _target_dev(self, ids: torch.Tensor, start: int):
         dev = ids.device
         out = self.target(ids, torch.arange(start, start + ids.shape[1], device=dev)[None],

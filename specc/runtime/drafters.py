@@ -84,7 +84,6 @@ class CausalDrafter(Drafter):
     def device(self):
         return self.model.device
 
-
     def capture_shapes(self, seq, k):
         dev = self.model.device
         extra = self.mask_slots(k)
@@ -93,6 +92,7 @@ class CausalDrafter(Drafter):
             self.model(feed, _positions(0, feed.shape[1], dev), _length(0, dev))
 
     def mask_slots(self, k: int) -> int:
+        """Mask tokens appended after the newly committed ones in one drafting forward."""
         return 0
 
 
@@ -128,7 +128,7 @@ class PardDraft(CausalDrafter):
 
     def propose_tokens(self, seq, n, k):
         dev = self.model.device
-        masks = torch.full((1, k - 1), self.pard_token, dtype=torch.long, device=dev)
+        masks = torch.full((1, self.mask_slots(k)), self.pard_token, dtype=torch.long, device=dev)
         feed = torch.cat([seq[:, self.length:n], masks], dim=1)
         self.forwards += 1
         logits = _run(self.model, self.length == 0, feed, _positions(self.length, feed.shape[1], dev),

@@ -21,9 +21,14 @@ class EagerSpeculativeDecoder:
         self.target, self.drafter, self.num_draft, self.max_len = target, drafter, num_draft, max_len
         if drafter is not None and drafter.needs_target_hidden:
             target.capture_layers = tuple(drafter.spec.target_layer_ids)
-        target.setup_caches(1, max_len + num_draft + 1)
-        if drafter is not None:
-            drafter.setup(max_len + num_draft + 1)
+        self.resize(max_len)
+
+    def resize(self, max_len: int) -> None:
+        """(Re)allocate the static caches for sequences of up to ``max_len`` tokens."""
+        self.max_len = max_len
+        self.target.setup_caches(1, max_len + self.num_draft + 1)
+        if self.drafter is not None:
+            self.drafter.setup(max_len + self.num_draft + 1)
 
     @property
     def method(self) -> str:

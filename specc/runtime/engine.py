@@ -27,7 +27,7 @@ from specc.runtime.device_loop import DeviceSpeculativeDecoder
 
 class Engine:
     def __init__(self, path: Path, manifest: dict, steps: dict, device: torch.device, max_len: int):
-        self.path, self.manifest, self.steps, self.device = path, manifest, steps, device
+        self.path, self.manifest, self.device = path, manifest, device
         self.method = manifest["method"]
         self.num_draft = int(manifest.get("num_draft") or 0)
         pard_token = manifest["drafter"].get("pard_token") if self.method == "pard" else None
@@ -74,10 +74,7 @@ class Engine:
 
     def set_max_len(self, max_len: int) -> None:
         if max_len > self.loop.max_len:
-            old = self.loop
-            self.loop = DeviceSpeculativeDecoder(old.target, old.drafter, self.num_draft, max_len,
-                                                 cap_to_budget=old.cap_to_budget)
-            self.loop.steps, self.loop.capture_shapes = old.steps, old.capture_shapes
+            self.loop.resize(max_len)
 
 
 def build_loop(steps: dict, method: str, num_draft: int, max_len: int, pard_token: int | None = None,

@@ -3,16 +3,11 @@ drafters included; packed linears and broadcasting adds are left alone."""
 
 import pytest
 import torch
+from helpers import run_ir
 
 from specc.ir import bind_dflash, trace
 from specc.models import load_model
 from specc.passes import PassManager
-
-
-def _run(ir, inputs):
-    with torch.no_grad():
-        ir.reset_caches()
-        return ir(*inputs)
 
 
 @pytest.mark.parametrize("pipeline", ["fuse_residual_add",
@@ -22,13 +17,13 @@ def test_fires_twice_per_layer_and_is_exact(checkpoints, pipeline):
     model.setup_caches(1, 32)
     ir = trace(model, "verify")
     inputs = ir.example_inputs({"B": 1, "Q": 5, "C": 0})
-    want = _run(ir, inputs)
+    want = run_ir(ir, inputs)
     adds = ir.count("add")
     report = PassManager(pipeline).run(ir)
     layers = model.config.num_layers
     assert report.stats("fuse_residual_add")["adds"] == 2 * layers == ir.count("linear_add")
     assert ir.count("add") == adds - 2 * layers
-    assert torch.equal(_run(ir, inputs), want)
+    assert torch.equal(run_ir(ir, inputs), want)
 
 
 def test_dflash_drafter_is_exact(checkpoints):
@@ -38,10 +33,10 @@ def test_dflash_drafter_is_exact(checkpoints):
     drafter.setup_caches(1, 32)
     ir = trace(drafter, "draft")
     inputs = ir.example_inputs({"B": 1, "Q": 4, "C": 0, "N": 3})
-    want = _run(ir, inputs)
+    want = run_ir(ir, inputs)
     report = PassManager("fuse_residual_add").run(ir)
     assert report.stats("fuse_residual_add")["adds"] == 2 * draft.config.num_layers
-    assert torch.equal(_run(ir, inputs), want)
+    assert torch.equal(run_ir(ir, inputs), want)
 
 
 def test_packed_linears_are_not_matched(checkpoints):

@@ -3,16 +3,11 @@ outputs bit-identical. (Its kernel lowering: tests/codegen/kernels/test_rope_att
 
 import pytest
 import torch
+from helpers import run_ir
 
 from specc.ir import bind_dflash, trace
 from specc.models import load_model
 from specc.passes import PassManager
-
-
-def _run(ir, inputs):
-    with torch.no_grad():
-        ir.reset_caches()
-        return ir(*inputs)
 
 
 @pytest.mark.parametrize("pipeline", ["fuse_rope_attention", "fuse_qkv,fuse_gate_up,fuse_norm_linear,fuse_rope_attention,dce"])
@@ -21,11 +16,11 @@ def test_fires_per_layer_and_is_exact(checkpoints, pipeline):
     model.setup_caches(1, 32)
     ir = trace(model, "verify")
     inputs = ir.example_inputs({"B": 1, "Q": 5, "C": 0})
-    want = _run(ir, inputs)
+    want = run_ir(ir, inputs)
     report = PassManager(pipeline).run(ir)
     assert report.stats("fuse_rope_attention")["fused"] == model.config.num_layers == ir.count("rope_attention")
     assert ir.count("rope") == 0 and ir.count("attention") == 0
-    assert torch.equal(_run(ir, inputs), want)
+    assert torch.equal(run_ir(ir, inputs), want)
 
 
 def test_dflash_drafter_layers_are_left_alone(checkpoints):
