@@ -138,7 +138,7 @@ def compiled_system(target, draft_module, method: str, k: int, spec, max_len: in
 def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol, graphs, small):
     from specc.models.dflash import DFlashDrafter
     from specc.stock import DFlashReference, generate_dflash, generate_pard
-    from specc.verify import StockRun, stock_margins, verify_system
+    from specc.verify import Fp32Referee, StockRun, stock_margins, verify_system
 
     target = build_causal(tcfg, dtype, dev, seed=1)
     hf_target = hf_twin(target, tcfg)
@@ -168,9 +168,13 @@ def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol,
             res = generate_dflash(hf_target, ref, p, new_tokens, k + 1, ())
         runs.append(StockRun(p, res.tokens, stock_margins(hf_target, p, res.tokens)))
     stock_s = time.time() - t0
-    report = verify_system(system, runs, tol)
+    referee = Fp32Referee(hf_target) if dtype != torch.float32 else None
+    report = verify_system(system, runs, tol, referee=referee)
     out = report.to_json()
-    out["fp32_audit"] = fp32_audit(hf_target, runs, out["failures"] + out["ties"])
+    out["passed_without_audit"] = report.passed and not report.audited_ties
+    if referee is not None:
+        out["fp32_audit"] = fp32_audit(referee, runs, out["failures"] + out["audited_ties"] + out["ties"])
+        del referee
     out.update(case=name, method=method, stock_seconds=round(stock_s, 1), lowering=built.lowering,
                compiled_tau=system.generate(prompts[0], new_tokens, ()).stats.tau,
                min_stock_margin=min(min(r.margins) for r in runs))
@@ -180,33 +184,14 @@ def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol,
     return out
 
 
-def fp32_audit(hf_bf16, runs, positions) -> list[dict]:
-    """For each disagreement (failure or tie): the same HF model in fp32 on the same weights, fed
-    stock's tokens, says which of the two tokens is ahead and by how much, beside how far
-    stock's own bf16 logits of those two tokens are from fp32. A disagreement where fp32's margin
-    is within stock's own bf16 error is bf16 noise on either side; one where fp32 clearly
-    prefers stock's token is a defect of the compiled step."""
-    if not positions:
-        return []
-    import copy
-
-    hf32 = copy.deepcopy(hf_bf16).float()
+def fp32_audit(referee, runs, positions) -> list[dict]:
+    """For each disagreement (failure, tie or audited tie): what stock run in fp32 on the same
+    weights says (``specc.verify.Fp32Referee``): the fp32 margin between stock's token and the
+    compiled step's, beside stock's own bf16 error on those two logits and the logit scale."""
     out = []
-    with torch.inference_mode():
-        for i, run in enumerate(runs):
-            mine = [p for p in positions if p["prompt_index"] == i]
-            if not mine:
-                continue
-            ids = torch.tensor([list(run.prompt) + list(run.tokens)], device=hf32.device)
-            l32 = hf32(ids).logits[0].float()
-            l16 = hf_bf16(ids).logits[0].float()
-            for p in mine:
-                row = len(run.prompt) + p["position"] - 1
-                e, g = p["expected"], p["got"]
-                err16 = max(abs(l16[row, e] - l32[row, e]).item(), abs(l16[row, g] - l32[row, g]).item())
-                out.append({**p, "fp32_margin_expected_minus_got": (l32[row, e] - l32[row, g]).item(),
-                            "stock_bf16_abs_error": err16, "logit_scale": l32[row].abs().max().item()})
-    del hf32
+    for p in positions:
+        margin, error = referee(p["prompt_index"], runs[p["prompt_index"]], p["position"], p["expected"], p["got"])
+        out.append({**p, "fp32_margin_expected_minus_got": margin, "stock_bf16_abs_error": error})
     return out
 
 
@@ -362,6 +347,7 @@ def main() -> None:
     ap.add_argument("--skip-forcing", action="store_true")
     ap.add_argument("--skip-steps", action="store_true")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--cases", default=None, help="comma-separated forcing cases to run (default: all), e.g. 'qwen3-8b + dflash-b16'")
     args = ap.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -378,7 +364,13 @@ def main() -> None:
     cases = [("qwen3-8b + pard", QWEN3_8B, QWEN3_06B, "pard"), ("qwen3-8b + dflash-b16", QWEN3_8B, None, "dflash"),
              ("llama-3.1-8b + pard", LLAMA_8B, LLAMA_1B, "pard"), ("llama-3.1-8b + dflash-b16", LLAMA_8B, None, "dflash")]
     if not args.skip_forcing:
+        wanted = None if args.cases is None else {c.strip() for c in args.cases.split(",")}
+        unknown = (wanted or set()) - {c[0] for c in cases}
+        if unknown:
+            ap.error(f"unknown case {sorted(unknown)[0]!r}; cases: {', '.join(c[0] for c in cases)}")
         for name, tcfg, pcfg, method in cases:
+            if wanted is not None and name not in wanted:
+                continue
             if args.tiny:
                 tcfg, pcfg = tiny(tcfg), tiny(pcfg, 2) if pcfg else None
             prompts = [torch.randint(10, tcfg["vocab_size"] - 10, (24,), generator=gen).tolist() for _ in range(2)]

@@ -48,6 +48,9 @@ def register(sub) -> None:
     v.add_argument("--prompts", metavar="FILE", help="prompts file (default: the built-in calibration set)")
     v.add_argument("--tokens", type=int, default=24, metavar="N", help="tokens per prompt (default 24)")
     v.add_argument("--tolerance", type=float, help="tie margin (default: the artifact's)")
+    v.add_argument("--fp32-audit", action="store_true",
+                   help="ask stock again in fp32 about each mismatch above the tolerance: one within stock's own "
+                        "rounding error on the two logits is reported as an fp32-audited tie, not a failure")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(handler=run_verify)
 
@@ -123,7 +126,8 @@ def run_verify(args) -> int:
     import torch
 
     from specc.pairing import resolve_pair
-    from specc.verify import calibration_prompts, load_prompts_file, run_stock_reference, verify_system
+    from specc.stock.runner import StockSystem
+    from specc.verify import Fp32Referee, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
     engine = _load_engine(args.artifact)
     m = engine.manifest
@@ -133,9 +137,11 @@ def run_verify(args) -> int:
     prompts = load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts else calibration_prompts(engine.tokenizer, vocab)
     engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
     dep = m["deployment"]
-    runs = run_stock_reference(pair, prompts, args.tokens, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
+    stock = StockSystem(pair, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
+    runs = run_stock_reference(pair, prompts, args.tokens, stock=stock)
     tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
-    report = verify_system(engine, runs, tol, pair.eos_token_ids)
+    referee = Fp32Referee(stock.target) if args.fp32_audit else None
+    report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee)
     if args.json:
         print(json.dumps(report.to_json()))
     else:

@@ -42,3 +42,51 @@ def test_tie_tolerance_turns_mismatches_into_ties(checkpoints):
     report = verify_system(system, runs, tolerance=1e9)
     assert report.ties and not report.failures
     assert report.to_json()["ties"][0]["margin"] >= 0
+
+
+def _broken(pair):
+    system = build_eager(pair, None, max_len=64)
+    with torch.no_grad():
+        system.target.layers[1].mlp.down_proj.weight.mul_(-3.0)
+    return system
+
+
+def test_fp32_audit_moves_only_mismatches_within_stock_error(checkpoints):
+    """An audited tie needs |fp32 margin| <= stock's own error; it is listed apart from the
+    ordinary ties, with both numbers, and every other mismatch still fails."""
+    pair = resolve_pair(checkpoints["target"])
+    runs = run_stock_reference(pair, [PROMPT], 16)
+    plain = verify_system(_broken(pair), runs, tolerance=1e-3)
+    assert plain.failures
+    inside = verify_system(_broken(pair), runs, tolerance=1e-3, referee=lambda *a: (0.1, 0.2))
+    assert not inside.failures and len(inside.audited_ties) == len(plain.failures) and inside.passed
+    assert inside.audited_ties[0].fp32_margin == 0.1 and inside.audited_ties[0].stock_error == 0.2
+    assert "fp32-audited ties" in inside.summary() and inside.to_json()["audited_ties"]
+    outside = verify_system(_broken(pair), runs, tolerance=1e-3, referee=lambda *a: (-0.3, 0.2))
+    assert len(outside.failures) == len(plain.failures) and not outside.audited_ties and not outside.passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp32_referee_measures_margin_and_stock_error(checkpoints, dtype):
+    from specc.stock.runner import StockSystem
+    from specc.verify import Fp32Referee
+
+    pair = resolve_pair(checkpoints["target"])
+    stock = StockSystem(pair, None, dtype, "cpu")
+    runs = run_stock_reference(pair, [PROMPT], 8, stock=stock)
+    referee = Fp32Referee(stock.target)
+    run = runs[0]
+    ids = torch.tensor([PROMPT + run.tokens])
+    with torch.inference_mode():
+        low = stock.target(input_ids=ids).logits[0].float()
+        ref = referee.fp32(input_ids=ids).logits[0].float()
+    row = len(PROMPT) + 2 - 1
+    e, g = run.tokens[2], int(ref[row].argsort()[-2])
+    margin, error = referee(0, run, 2, e, g)
+    assert margin == pytest.approx((ref[row, e] - ref[row, g]).item(), abs=1e-6)
+    assert error == pytest.approx(max(abs(low[row, e] - ref[row, e]).item(), abs(low[row, g] - ref[row, g]).item()),
+                                  abs=1e-6)
+    if dtype == torch.float32:
+        assert error == 0.0  # an fp32 stock is its own reference: the audit can never apply
+    else:
+        assert error > 0.0
