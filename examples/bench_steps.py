@@ -369,11 +369,12 @@ def main() -> None:
         if unknown:
             ap.error(f"unknown case {sorted(unknown)[0]!r}; cases: {', '.join(c[0] for c in cases)}")
         for name, tcfg, pcfg, method in cases:
-            if wanted is not None and name not in wanted:
-                continue
             if args.tiny:
                 tcfg, pcfg = tiny(tcfg), tiny(pcfg, 2) if pcfg else None
+            # drawn for every case, run or not: a case sees the same prompts alone as in the full run
             prompts = [torch.randint(10, tcfg["vocab_size"] - 10, (24,), generator=gen).tolist() for _ in range(2)]
+            if wanted is not None and name not in wanted:
+                continue
             result["forcing"].append(forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, args.tokens, tol,
                                                   graphs=dev.type == "cuda", small=args.tiny))
     if not args.skip_steps:
