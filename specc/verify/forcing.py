@@ -108,7 +108,8 @@ def stock_margins(hf_target, prompt: list[int], tokens: list[int]) -> list[float
 class Fp32Referee:
     """The stock target again in fp32 on the same weights, asked about a mismatch: (fp32 margin
     between stock's token and the system's, stock's own error on those two logits). Logits are
-    computed once per run (one forward over prompt + stock tokens in each precision)."""
+    computed once per run (one forward over prompt + stock tokens in each precision) and cached
+    by the run's index: use one referee per list of runs."""
 
     def __init__(self, stock_target):
         import copy
@@ -156,13 +157,15 @@ def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eo
                 continue
             m = Mismatch(index, pos, want, int(have), float(run.margins[pos]))
             if m.margin < tolerance:
-                report.ties.append(m)
-            elif referee is not None and _audited_tie(m, referee(index, run, pos, want, int(have))):
-                report.audited_ties.append(m)
+                kind = report.ties
+            elif referee is not None:
+                m.fp32_margin, m.stock_error = referee(index, run, pos, want, int(have))
+                kind = report.audited_ties if abs(m.fp32_margin) <= m.stock_error else report.failures
             else:
-                report.failures.append(m)
-                continue
-            first_tie = pos if first_tie is None else first_tie
+                kind = report.failures
+            kind.append(m)
+            if kind is not report.failures and first_tie is None:
+                first_tie = pos
         free = system.generate(run.prompt, len(run.tokens), eos_token_ids).tokens
         limit = len(run.tokens) if first_tie is None else first_tie  # a tie may go either way
         if free[:limit] != run.tokens[:limit]:
@@ -170,8 +173,3 @@ def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eo
             report.generation_failures.append(
                 f"prompt {index}: free decoding diverges from stock at token {diverge} (no tie before it)")
     return report
-
-
-def _audited_tie(m: Mismatch, verdict: tuple[float, float]) -> bool:
-    m.fp32_margin, m.stock_error = verdict
-    return abs(m.fp32_margin) <= m.stock_error
