@@ -37,6 +37,7 @@ import triton.language as tl
 from specc.codegen.kernels._common import (
     FLOAT_DTYPES,
     INTERPRETED,
+    WORKSPACES,
     check_same_device,
     check_tensor,
     next_pow2,
@@ -55,7 +56,7 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _attn_split_kernel(
-    q_ptr, k_ptr, v_ptr, len_ptr, tree_ptr, o_ptr, part_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, len_ptr, tree_ptr, o_ptr, part_ptr, lse_ptr, cnt_ptr,
     QN, QK, G, HKV, scale_log2,
     stride_qb, stride_qq, stride_qh,
     stride_kb, stride_kh, stride_ks,
@@ -63,8 +64,8 @@ def _attn_split_kernel(
     stride_ob, stride_oq,
     stride_tb, stride_ti,
     D, NUM_SPLITS,
-    MASK: tl.constexpr, DIRECT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASK: tl.constexpr, DIRECT: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -151,6 +152,34 @@ def _attn_split_kernel(
                  mask=mask_r[:, None] & mask_d[None, :])
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(lse_ptr + prow, lse, mask=mask_r)
+        if FUSED_MERGE:
+            # the last split of this row block to finish merges all splits (ticket on a
+            # per-row-block counter, as in linear's split-K): no second launch
+            tl.debug_barrier()
+            tile = pid_bh * tl.num_programs(2) + pid_m
+            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if ticket == NUM_SPLITS - 1:
+                row0 = prow - pid_s  # split 0 of each row
+                offs_s = tl.arange(0, BLOCK_S)
+                all_lse = tl.load(lse_ptr + row0[:, None] + offs_s[None, :],
+                                  mask=mask_r[:, None] & (offs_s < NUM_SPLITS)[None, :],
+                                  other=float("-inf"), cache_modifier=".cg")
+                mx = tl.max(all_lse, axis=1)
+                mx = tl.where(mx == float("-inf"), 0.0, mx)
+                den = tl.sum(tl.exp2(all_lse - mx[:, None]), axis=1)
+                merged = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+                pmask = mask_r[:, None] & mask_d[None, :]
+                for s in range(0, NUM_SPLITS):
+                    w = tl.exp2(tl.load(lse_ptr + row0 + s, mask=mask_r, other=float("-inf"),
+                                        cache_modifier=".cg") - mx)
+                    pt = tl.load(part_ptr + (row0 + s)[:, None] * D + offs_d[None, :], mask=pmask,
+                                 other=0.0, cache_modifier=".cg")
+                    merged += pt * w[:, None]
+                merged = merged / tl.where(den > 0.0, den, 1.0)[:, None]
+                o_offs = b.to(tl.int64) * stride_ob + qi[:, None] * stride_oq + h[:, None] * D \
+                    + offs_d[None, :]
+                tl.store(o_ptr + o_offs, round_to(merged, o_ptr.dtype.element_ty), mask=pmask)
+                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
 
 
 @triton.jit
@@ -192,17 +221,21 @@ def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
 
 
 def launch_plan(bsz: int, num_q: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                max_kv_len: int, device: torch.device, block_n: int | None = None) -> dict:
+                max_kv_len: int, device: torch.device, block_n: int | None = None,
+                block_m: int | None = None) -> dict:
     """Tile sizes and KV splits :func:`attention` uses (also for cost models and sweeps)."""
     rows = num_q * (num_heads // num_kv_heads)
-    block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    if block_m is None:
+        block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
+    if block_m < 16 or block_m & (block_m - 1):
+        raise ValueError(f"attention: block_m must be a power of two >= 16, got {block_m}")
     if block_n is None:
         block_n = 64 if head_dim <= 128 else 32
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"attention: block_n must be a power of two >= 16, got {block_n}")
     row_blocks = triton.cdiv(rows, block_m)
     return {"block_m": block_m, "block_n": block_n, "block_d": max(16, next_pow2(head_dim)),
-            "row_blocks": row_blocks, "num_stages": 3 if block_m >= 64 else 2,
+            "row_blocks": row_blocks, "num_stages": 3 if block_m >= 64 else 2, "fused_merge": False,
             "num_splits": pick_splits(bsz, num_kv_heads, row_blocks, max_kv_len, device, block_n,
                                       rows)}
 
@@ -247,7 +280,8 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
               tree_mask: torch.Tensor | None = None, num_splits: int | None = None,
               max_kv_len: int | None = None, out: torch.Tensor | None = None,
               block_n: int | None = None, num_warps: int = 4,
-              num_stages: int | None = None) -> torch.Tensor:
+              num_stages: int | None = None, block_m: int | None = None,
+              fused_merge: bool | None = None) -> torch.Tensor:
     """Attention of q ``[B, Q, Hq, D]`` over ``cache_k/v [Bmax, Hkv, S, D]`` (new keys written).
 
     cache_len: ``[B]`` int committed lengths (device tensor; never read on the host); num_new:
@@ -255,7 +289,9 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
     "tree" (with ``tree_mask``). num_splits: KV splits per row (default from ``max_kv_len``, the
     longest expected ``cache_len + Qk``, default the cache capacity S). Returns ``[B, Q, Hq*D]``
     in q's dtype (into ``out`` if given, a contiguous tensor of that shape). block_n (keys per
-    tile, default 64), num_warps and num_stages are tuning knobs of the split kernel.
+    tile, default 64), block_m (query rows per tile), num_warps and num_stages are tuning knobs
+    of the split kernel; fused_merge: the last split of each row block merges the splits (one
+    launch) instead of a second merge kernel. Defaults: :func:`launch_plan`.
     """
     op = "attention"
     _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op)
@@ -276,7 +312,7 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
         raise ValueError(f"{op}: q and the caches need unit stride along the head dim")
     g = hq // hkv
     kv_hint = min(s_cap, max_kv_len) if max_kv_len is not None else s_cap
-    plan = launch_plan(bsz, num_q, hq, hkv, d, kv_hint, q.device, block_n)
+    plan = launch_plan(bsz, num_q, hq, hkv, d, kv_hint, q.device, block_n, block_m)
     block_m, block_n, block_d = plan["block_m"], plan["block_n"], plan["block_d"]
     row_blocks = plan["row_blocks"]
     if num_splits is None:
@@ -284,6 +320,7 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
     num_splits = int(max(1, num_splits))
     if num_stages is None:
         num_stages = plan["num_stages"]
+    fused_merge = plan["fused_merge"] if fused_merge is None else bool(fused_merge)
     if tree_mask is not None:
         tm = tree_mask.to(torch.int8)
         if tm.dim() == 2:
@@ -299,11 +336,14 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
         lse = torch.empty(bsz * num_q * hq * num_splits, dtype=torch.float32, device=q.device)
     else:
         part = lse = out
+    fused_merge = fused_merge and num_splits > 1
+    cnt = WORKSPACES.get("attention.cnt", q.device, bsz * hkv * row_blocks, torch.int32) \
+        if fused_merge else cache_len  # unused
     dot_f32 = INTERPRETED or q.dtype == torch.float32 or cache_v.dtype == torch.float32 \
         or q.dtype != cache_k.dtype
     grid = (bsz * hkv, num_splits, row_blocks)
     _attn_split_kernel[grid](
-        q, cache_k, cache_v, cache_len, tm, out, part, lse,
+        q, cache_k, cache_v, cache_len, tm, out, part, lse, cnt,
         num_q, num_new, g, hkv, float(scale) * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
@@ -311,11 +351,12 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
         out.stride(0), out.stride(1),
         stride_tb, stride_ti,
         d, num_splits,
-        MASK=_MASK_IDS[mask_kind], DIRECT=num_splits == 1,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_F32=dot_f32,
+        MASK=_MASK_IDS[mask_kind], DIRECT=num_splits == 1, FUSED_MERGE=fused_merge,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_S=max(2, next_pow2(num_splits)), DOT_F32=dot_f32,
         num_warps=num_warps, num_stages=num_stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fused_merge:
         _attn_merge_kernel[(bsz * num_q * hq,)](
             part, lse, out, num_q, hq, d, out.stride(0), out.stride(1), num_splits,
             BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=block_d,

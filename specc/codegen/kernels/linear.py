@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from specc.codegen.kernels._common import (
     ConfigTable,
@@ -200,10 +201,10 @@ def _gemv_kernel(
 
 @triton.jit
 def _gemm_kernel(
-    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr,
+    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr, x_desc, w_desc,
     M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr,
+    SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr, TMA: tl.constexpr,
     USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
     X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr,
 ):
@@ -226,7 +227,14 @@ def _gemm_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
+        if TMA:
+            # bulk tensor copies; rows past M / N and columns past K arrive as zeros. A chunk
+            # never straddles a split boundary (K_PER_SPLIT is a multiple of BLOCK_K).
+            xv = x_desc.load([pid_m * BLOCK_M, k0])
+            w = w_desc.load([pid_n * BLOCK_N, k0])
+            if HAS_NORM:
+                gv = tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        elif EVEN_K:
             offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
             xv = tl.load(x_base + offs_k[None, :])
             w = tl.load(w_base + offs_k[None, :], eviction_policy="evict_first")
@@ -284,6 +292,7 @@ class LinearConfig:
     swap_ab: bool = True
     x_2d: bool | None = None  # gemv: x as a 2-D broadcast load; None = unless a norm prologue
     norm_prologue: bool | None = None  # with norm_weight: None = gemv yes, dot no (see linear)
+    tma: bool = False  # dot: load tiles through TMA descriptors where supported (see _use_tma)
 
     def __post_init__(self):
         if self.kind not in ("gemv", "dot"):
@@ -294,6 +303,8 @@ class LinearConfig:
                 raise ValueError(f"LinearConfig.{name} must be a power of two, got {v}")
         if self.kind == "dot" and min(self.block_m, self.block_n, self.block_k) < 16:
             raise ValueError("LinearConfig(kind='dot') needs block_m, block_n, block_k >= 16")
+        if self.tma and self.kind != "dot":
+            raise ValueError("LinearConfig.tma applies to kind='dot' only")
         if self.split_k < 0 or self.num_stages < 1:
             raise ValueError("LinearConfig.split_k must be >= 0 and num_stages >= 1")
 
@@ -400,6 +411,15 @@ def row_rstd(x2: torch.Tensor, eps: float) -> torch.Tensor:
     return rstd
 
 
+def _use_tma(x2: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether TMA descriptors can describe both operands: a Hopper-or-newer GPU (or the
+    interpreter) and 16-byte aligned base addresses and row strides."""
+    if not INTERPRETED and torch.cuda.get_device_capability(x2.device)[0] < 9:
+        return False
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+               for t in (x2, weight))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
            config: LinearConfig | Mapping | None = None,
@@ -494,10 +514,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     else:
         dot_f32 = INTERPRETED or weight.dtype == torch.float32 or out_dtype != weight.dtype
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
+        tma = cfg.tma and _use_tma(x2, weight)
+        x_desc = TensorDescriptor.from_tensor(x2, [cfg.block_m, cfg.block_k]) if tma else None
+        w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]) if tma else None
         _gemm_kernel[grid](
-            x2, weight, y, b, g, rstd, ws, cnt, r, m, n, k, k_per, x2.stride(0), weight.stride(0),
-            y.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            EVEN_K=even_k, SWAP_AB=cfg.swap_ab, DOT_F32=dot_f32, **common)
+            x2, weight, y, b, g, rstd, ws, cnt, r, x_desc, w_desc, m, n, k, k_per, x2.stride(0),
+            weight.stride(0), y.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, EVEN_K=even_k, SWAP_AB=cfg.swap_ab, DOT_F32=dot_f32, TMA=tma,
+            **common)
     return y.reshape(*lead, n)
 
 

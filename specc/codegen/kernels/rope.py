@@ -38,16 +38,21 @@ __all__ = ["rope_and_cache", "rope_and_cache_reference"]
 
 
 @triton.jit
-def _norm_rope_heads(x_ptr, stride_h, H, w_ptr, cos, sin, eps, HALF,
-                     HAS_NORM: tl.constexpr, X_DTYPE: tl.constexpr, N_DTYPE: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """Rotated (and normed) halves [BLOCK_H, BLOCK_HALF] of H heads, fp32 holding N_DTYPE values."""
+def _load_heads(x_ptr, stride_h, H, HALF, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """The two halves [BLOCK_H, BLOCK_HALF] of the first H heads of one token, as fp32."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_f = tl.arange(0, BLOCK_HALF)
     m = (offs_h < H)[:, None] & (offs_f < HALF)[None, :]
     p = x_ptr + offs_h.to(tl.int64)[:, None] * stride_h + offs_f[None, :]
-    x1 = tl.load(p, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(p + HALF, mask=m, other=0.0).to(tl.float32)
+    return tl.load(p, mask=m, other=0.0).to(tl.float32), tl.load(p + HALF, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _norm_rope(x1, x2, w_ptr, cos, sin, eps, HALF,
+               HAS_NORM: tl.constexpr, X_DTYPE: tl.constexpr, N_DTYPE: tl.constexpr,
+               BLOCK_HALF: tl.constexpr):
+    """Rotated (and normed) halves of loaded heads, fp32 holding N_DTYPE values."""
+    offs_f = tl.arange(0, BLOCK_HALF)
     if HAS_NORM:
         ms = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
         rstd = tl.rsqrt(ms + eps)[:, None]
@@ -75,22 +80,33 @@ def _rope_cache_kernel(
     KX_DTYPE: tl.constexpr, K_DTYPE: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
+    # Every load is issued before any store: the kernel is latency-bound (one token per
+    # program), and loads placed after a store would wait for it (the compiler cannot prove the
+    # pointers disjoint).
     pid = tl.program_id(0)
     b = pid // QK
     t = pid % QK
     b64 = b.to(tl.int64)
+    qi = t - (QK - QN)  # the last QN key positions are the queries
+    HQ_T = tl.where(qi >= 0, HQ, 0)  # heads of q this token has (a context key has none)
+    qi = tl.maximum(qi, 0)
     pos = tl.load(pos_ptr + b64 * stride_pb + t * stride_pt).to(tl.float32)
+    slot = tl.load(len_ptr + b).to(tl.int64) + t
     offs_f = tl.arange(0, BLOCK_HALF)
     invf = tl.load(invf_ptr + offs_f, mask=offs_f < HALF, other=0.0).to(tl.float32)
+    k1, k2 = _load_heads(k_ptr + b64 * stride_kb + t * stride_kt, stride_kh, HKV, HALF,
+                         BLOCK_HKV, BLOCK_HALF)
+    v1, v2 = _load_heads(v_ptr + b64 * stride_vb + t * stride_vt, stride_vh, HKV, HALF,
+                         BLOCK_HKV, BLOCK_HALF)
+    q1, q2 = _load_heads(q_ptr + b64 * stride_qb + qi * stride_qt, stride_qh, HQ_T, HALF,
+                         BLOCK_HQ, BLOCK_HALF)
     freqs = pos * invf
     cos = rounded(precise_cos(freqs), ACT_DTYPE)
     sin = rounded(precise_sin(freqs), ACT_DTYPE)
 
     # k: norm + rope, then into the cache; v: into the cache
-    slot = tl.load(len_ptr + b).to(tl.int64) + t
-    k1, k2 = _norm_rope_heads(k_ptr + b64 * stride_kb + t * stride_kt, stride_kh, HKV, kw_ptr,
-                                  cos, sin, eps, HALF, HAS_KN, KX_DTYPE, K_DTYPE,
-                                  BLOCK_HKV, BLOCK_HALF)
+    k1, k2 = _norm_rope(k1, k2, kw_ptr, cos, sin, eps, HALF, HAS_KN, KX_DTYPE, K_DTYPE, BLOCK_HALF)
+    q1, q2 = _norm_rope(q1, q2, qw_ptr, cos, sin, eps, HALF, HAS_QN, QX_DTYPE, Q_DTYPE, BLOCK_HALF)
     offs_h = tl.arange(0, BLOCK_HKV).to(tl.int64)
     mk = (offs_h < HKV)[:, None] & (offs_f < HALF)[None, :]
     mkc = mk & ((offs_h * 0 + slot) < S)[:, None] & ((offs_h * 0 + slot) >= 0)[:, None]
@@ -99,28 +115,17 @@ def _rope_cache_kernel(
     cdt = ck_ptr.dtype.element_ty
     tl.store(ck, round_to(k1, cdt), mask=mkc)
     tl.store(ck + HALF, round_to(k2, cdt), mask=mkc)
-    vp = v_ptr + b64 * stride_vb + t * stride_vt + offs_h[:, None] * stride_vh + offs_f[None, :]
-    v1 = tl.load(vp, mask=mk, other=0.0).to(tl.float32)
-    v2 = tl.load(vp + HALF, mask=mk, other=0.0).to(tl.float32)
     cv = cv_ptr + b64 * stride_cvb + offs_h[:, None] * stride_cvh + slot * stride_cvs \
         + offs_f[None, :]
     vdt = cv_ptr.dtype.element_ty
     tl.store(cv, round_to(v1, vdt), mask=mkc)
     tl.store(cv + HALF, round_to(v2, vdt), mask=mkc)
-
-    # q: the last QN key positions are the queries
-    qi = t - (QK - QN)
-    if qi >= 0:
-        q1, q2 = _norm_rope_heads(q_ptr + b64 * stride_qb + qi * stride_qt, stride_qh, HQ,
-                                      qw_ptr, cos, sin, eps, HALF, HAS_QN, QX_DTYPE, Q_DTYPE,
-                                      BLOCK_HQ, BLOCK_HALF)
-        offs_q = tl.arange(0, BLOCK_HQ).to(tl.int64)
-        mq = (offs_q < HQ)[:, None] & (offs_f < HALF)[None, :]
-        qo = qo_ptr + b64 * stride_ob + qi * stride_ot + offs_q[:, None] * stride_oh \
-            + offs_f[None, :]
-        odt = qo_ptr.dtype.element_ty
-        tl.store(qo, round_to(q1, odt), mask=mq)
-        tl.store(qo + HALF, round_to(q2, odt), mask=mq)
+    offs_q = tl.arange(0, BLOCK_HQ).to(tl.int64)
+    mq = (offs_q < HQ_T)[:, None] & (offs_f < HALF)[None, :]
+    qo = qo_ptr + b64 * stride_ob + qi * stride_ot + offs_q[:, None] * stride_oh + offs_f[None, :]
+    odt = qo_ptr.dtype.element_ty
+    tl.store(qo, round_to(q1, odt), mask=mq)
+    tl.store(qo + HALF, round_to(q2, odt), mask=mq)
 
 
 def _check(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, qw, kw, op):

@@ -107,6 +107,28 @@ def test_split_counts_agree(dev):
         assert _rel(o, outs[0]) < 1e-6
 
 
+@pytest.mark.parametrize("kind", ["causal", "full", "tree"])
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_fused_merge_equals_merge_kernel(dev, kind, block_m):
+    """The last split merging in the split kernel gives the merge kernel's result (same
+    splits, any row blocking), leaves its counters at zero and is reusable."""
+    num_q = 6
+    q, k, v, ck, cv, cl = _setup(dev, 2, num_q, num_q, 8, 2, 16, 300, [250, 37], torch.float32, 5)
+    _write(ck, cv, k, v, cl)
+    tree = torch.tril(torch.ones(num_q, num_q, dtype=torch.bool, device=dev))
+    tree[4, 2] = False
+    kw = dict(tree_mask=tree if kind == "tree" else None, num_splits=5, block_m=block_m)
+    ref = A.attention(q, ck, cv, cl, num_q, kind, 0.25, **kw)
+    for _ in range(2):
+        fused = A.attention(q, ck, cv, cl, num_q, kind, 0.25, fused_merge=True, **kw)
+        assert _rel(fused, ref) < 1e-6
+    from specc.codegen.kernels._common import WORKSPACES
+
+    assert not WORKSPACES.get("attention.cnt", ck.device, 1, torch.int32).any()
+    with pytest.raises(ValueError, match="block_m"):
+        A.attention(q, ck, cv, cl, num_q, kind, 0.25, tree_mask=kw["tree_mask"], block_m=24)
+
+
 def test_out_buffer_and_errors(dev):
     q, k, v, ck, cv, cl = _setup(dev, 1, 2, 2, 4, 2, 16, 16, [3], torch.float32)
     out = torch.empty(1, 2, 64, device=dev)

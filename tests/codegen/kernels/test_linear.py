@@ -14,8 +14,11 @@ DOT_SWAP = L.LinearConfig("dot", block_m=16, block_n=16, block_k=32, split_k=1, 
 DOT_SPLIT = L.LinearConfig("dot", block_m=16, block_n=32, block_k=16, split_k=2, swap_ab=False)
 DOT_PROLOGUE = L.LinearConfig("dot", block_m=16, block_n=16, block_k=32, split_k=2,
                               norm_prologue=True)
+DOT_TMA = L.LinearConfig("dot", block_m=16, block_n=16, block_k=32, split_k=2, tma=True)
+DOT_TMA_PROLOGUE = DOT_TMA.replace(norm_prologue=True, swap_ab=False)
 CONFIGS = {"gemv": GEMV, "gemv_split": GEMV_SPLIT, "dot_swap": DOT_SWAP, "dot_split": DOT_SPLIT,
-           "dot_prologue": DOT_PROLOGUE, "auto": None}
+           "dot_prologue": DOT_PROLOGUE, "dot_tma": DOT_TMA, "dot_tma_prologue": DOT_TMA_PROLOGUE,
+           "auto": None}
 
 
 def _rel(a, b):
@@ -23,7 +26,7 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "dot_swap", "dot_split", "auto"])
+@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "dot_swap", "dot_split", "dot_tma", "auto"])
 @pytest.mark.parametrize("m,n,k", [(1, 37, 96), (3, 21, 100), (18, 33, 64)])
 def test_linear_fp32(dev, cfg, m, n, k):
     torch.manual_seed(m * 1000 + n + k)
@@ -36,7 +39,8 @@ def test_linear_fp32(dev, cfg, m, n, k):
     assert _rel(y, ref) < 2e-6
 
 
-@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "dot_swap", "dot_split", "dot_prologue"])
+@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "dot_swap", "dot_split", "dot_prologue",
+                                 "dot_tma_prologue"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_linear_residual_epilogue_equals_separate_add(dev, cfg, dtype):
     """residual + linear(x) in one kernel is bit-identical to the same kernel then a torch add
@@ -61,7 +65,7 @@ def test_linear_residual_is_checked(dev):
         L.linear(x, w, residual=torch.zeros(2, 4, device=dev, dtype=torch.float16))
 
 
-@pytest.mark.parametrize("cfg", ["gemv_split", "dot_swap", "dot_prologue"])
+@pytest.mark.parametrize("cfg", ["gemv_split", "dot_swap", "dot_prologue", "dot_tma_prologue"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_linear_norm_prologue(dev, cfg, dtype):
     torch.manual_seed(1)
@@ -96,6 +100,23 @@ def test_linear_half_dtypes(dev, dtype, cfg):
     assert y.dtype == dtype
     ulp = 2.0 ** (-10 if dtype == torch.float16 else -7)
     assert ((y.float() - ref.float()).abs() <= ulp * ref.float().abs() + 1e-3).all()
+
+
+@pytest.mark.parametrize("swap_ab", [True, False])
+def test_tma_loads_equal_pointer_loads(dev, swap_ab):
+    """TMA tiles (zero-filled past M, N and K) give the pointer-load kernel's bits, and an
+    operand TMA cannot describe (misaligned base) falls back to pointer loads."""
+    torch.manual_seed(4)
+    plain = DOT_SWAP.replace(split_k=3, swap_ab=swap_ab, block_k=16)
+    tma = plain.replace(tma=True)
+    for m, n, k in [(5, 37, 96), (18, 33, 80)]:
+        x = torch.randn(m, k + 4, device=dev)
+        w = torch.randn(n, k, device=dev) * 0.1
+        for xs in (x[:, :k], x[:, 1:k + 1]):  # 16-byte aligned base, then misaligned by 4 bytes
+            assert L._use_tma(xs, w) == (xs.data_ptr() % 16 == 0)
+            assert torch.equal(L.linear(xs, w, config=tma), L.linear(xs, w, config=plain))
+    with pytest.raises(ValueError, match="tma"):
+        L.LinearConfig("gemv", tma=True)
 
 
 def test_linear_bf16_weight_fp32_activations(dev):
@@ -185,13 +206,19 @@ def test_cpu_fallback_without_interpreter(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4, 16, 64])
 @pytest.mark.parametrize("norm", [False, True])
-def test_linear_bf16_gpu(m, norm):
+@pytest.mark.parametrize("tma", [False, True])
+def test_linear_bf16_gpu(m, norm, tma):
     torch.manual_seed(m)
     n, k = 3000, 1024
     x = torch.randn(m, k, device="cuda").bfloat16()
     w = (torch.randn(n, k, device="cuda") * 0.05).bfloat16()
     b = torch.randn(n, device="cuda").bfloat16()
     g = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16() if norm else None
-    y = L.linear(x, w, b, g, 1e-6)
+    cfg = L.get_config(m, n, k)
+    if tma:
+        if cfg.kind != "dot":
+            pytest.skip("TMA is a dot-kernel option")
+        cfg = cfg.replace(tma=True)
+    y = L.linear(x, w, b, g, 1e-6, config=cfg)
     ref = L.linear_reference(x.float(), w.float(), b.float(), None if g is None else g.float(), 1e-6)
     assert _rel(y, ref) < 1e-2

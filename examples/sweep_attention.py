@@ -1,0 +1,88 @@
+"""Sweep the attention kernel's launch plan (row block, KV splits, fused or separate merge) at
+Qwen3-8B head shapes, bs1, on the GPU; prints the fastest plan per (Q, cache capacity) beside
+what ``launch_plan`` picks today.
+
+Each figure is the median of CUDA-graph replays of 36 calls over 36 distinct KV caches (one per
+layer, as in a step: the caches do not fit in L2), divided by 36. The caches hold ``capacity -
+128`` committed tokens, as the step benchmarks do (context 1024 in a 1152-slot cache).
+
+    PYTHONPATH=. python3 examples/sweep_attention.py --out $OUT/attention_sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from specc.codegen.kernels import attention as A
+from specc.search.calibrate import Timer
+
+HQ, HKV, D, LAYERS = 32, 8, 128, 36
+
+
+def candidates(num_q: int):
+    rows = num_q * HQ // HKV
+    for bm in (16, 32, 64):
+        if bm > max(16, A.next_pow2(rows)):
+            continue
+        for splits in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64):
+            for fused in (False, True):
+                if fused and splits == 1:
+                    continue
+                yield {"block_m": bm, "num_splits": splits, "fused_merge": fused}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="attention_sweep.json")
+    ap.add_argument("--q", default="1,4,8,16,32,64")
+    ap.add_argument("--capacity", default="1152,4224")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    timer = Timer("cuda", reps=args.reps)
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+           "heads": [HQ, HKV, D], "rows": []}
+    best = {}
+    for cap in (int(c) for c in args.capacity.split(",")):
+        ctx = cap - 128
+        caches = [(torch.randn(1, HKV, cap, D, device=dev).bfloat16(), torch.randn(1, HKV, cap, D, device=dev).bfloat16())
+                  for _ in range(LAYERS)]
+        cl = torch.tensor([ctx], device=dev)
+        for num_q in (int(v) for v in args.q.split(",")):
+            q = torch.randn(1, num_q, HQ, D, device=dev).bfloat16()
+            default = A.launch_plan(1, num_q, HQ, HKV, D, cap, dev)
+
+            def run(plan):
+                for ck, cv in caches:
+                    A.attention(q, ck, cv, cl, num_q, "causal", D ** -0.5, **plan)
+
+            base = {"block_m": default["block_m"], "num_splits": default["num_splits"],
+                    "fused_merge": default["fused_merge"]}
+            t_default = timer(lambda: run(base), inner=LAYERS) * 1e6
+            rows = []
+            for plan in candidates(num_q):
+                try:
+                    us = timer(lambda: run(plan), inner=LAYERS) * 1e6
+                except Exception as e:  # noqa: BLE001 - a plan that does not compile is a data point
+                    rows.append({"capacity": cap, "Q": num_q, **plan, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                    continue
+                rows.append({"capacity": cap, "Q": num_q, **plan, "us": us})
+            ok = [r for r in rows if "us" in r]
+            top = min(ok, key=lambda r: r["us"])
+            best[f"{num_q}@{cap}"] = {k: top[k] for k in ("block_m", "num_splits", "fused_merge", "us")}
+            res["rows"] += rows + [{"capacity": cap, "Q": num_q, **base, "us": t_default, "default": True}]
+            print(f"[attention] cap={cap} Q={num_q:3d}: default {t_default:6.2f} us {base} | best {top['us']:6.2f} us "
+                  f"bm={top['block_m']} splits={top['num_splits']} fused={top['fused_merge']}", flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    res["best"] = best
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
