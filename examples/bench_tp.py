@@ -7,16 +7,17 @@ measures, on one machine:
    prompt are forced through the sharded target (prefill + verify blocks of ``--block`` tokens);
    mismatching positions are counted, and a mismatch is a numerical tie when the 1-GPU top-2
    logit margin there is below ``--tie-tol``. Also the max |logit difference|.
-2. **Step times**: median wall time of one eager step (``--repeats`` after a warm-up, a barrier
-   before each, CUDA synchronised) at Q = ``--qs`` new tokens after ``--context`` cached tokens:
-   the unsharded traced step on 1 GPU vs the sharded step (slowest rank), with an ``all_reduce``
-   of one step's message (1 x Q x hidden) timed alone beside it, x 2 per layer.
+2. **Step times** at Q = ``--qs`` new tokens after ``--context`` cached tokens (median of
+   ``--repeats`` after a warm-up, a barrier before each): the unsharded step on 1 GPU vs the
+   sharded step (slowest rank), with an ``all_reduce`` of one step's message (1 x Q x hidden)
+   timed alone beside it, x 2 per layer. ``--step compiled`` (default): specc's generated steps
+   (the compiler's default pipeline, Triton kernels), each captured in a CUDA graph (NCCL
+   all-reduces inside) and timed by CUDA events; ``--step ir``: the traced IR run eagerly (torch
+   ops, wall time; its attention syncs the host once per layer).
 3. Weight bytes held per rank vs on 1 GPU (from the IRs).
 
-Eager steps: the attention op's reference body syncs the host once per layer (kv length), so
-these are not CUDA-graphed step times; they compare the same eager graph with and without
-sharding. Random weights say nothing about acceptance; this checks the sharded target's verify
-path and measures its step time.
+Random weights say nothing about acceptance; this checks the sharded target's verify path and
+measures its step time.
 
     PYTHONPATH=. python3 examples/bench_tp.py --out $OUT/tp.json          # nvidia-h200-x2
     PYTHONPATH=. python3 examples/bench_tp.py --device cpu --tiny         # CPU smoke run (gloo)
@@ -93,11 +94,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load", default="sharded", choices=["sharded", "full"],
                     help="sharded: each rank materialises only its slices; full: whole model per rank, then shard")
+    ap.add_argument("--step", default="compiled", choices=["compiled", "ir"],
+                    help="compiled: specc's generated steps, CUDA-graphed on the GPU; ir: the traced IR, eager")
     ap.add_argument("--start-method", default=None, choices=["spawn", "fork"],
                     help="how ranks start (default: spawn on cuda, fork on cpu)")
     args = ap.parse_args(argv)
 
-    from specc.runtime.distributed import RANK_ENV, TPJob, reference_run, run_tp
+    from specc.runtime.distributed import COMPILED_PASSES, DEFAULT_PASSES, RANK_ENV, TPJob, reference_run, run_tp
 
     os.environ.update(RANK_ENV)
     if args.device == "cpu":
@@ -114,7 +117,9 @@ def main(argv=None) -> dict:
                     "nccl": _nccl_version() if args.device == "cuda" else None,
                     "env": {k: os.environ.get(k) for k in RANK_ENV}, "world_size": args.world, "dtype": dtype,
                     "timing": timing, "tokens": args.tokens, "block": args.block, "tiny": args.tiny, "load": args.load,
-                    "models": {}}
+                    "step": args.step, "models": {}}
+    compiled = args.step == "compiled"
+    passes = COMPILED_PASSES if compiled else DEFAULT_PASSES
     start = time.perf_counter()
     refs, jobs = {}, []
     for name in args.models.split(","):
@@ -127,9 +132,10 @@ def main(argv=None) -> dict:
         prompt = [t % cfg["vocab_size"] for t in PROMPT]
         t0 = time.perf_counter()
         refs[name] = reference_run(source, prompt, args.tokens, block=args.block, dtype=dtype, device=ref_device,
-                                   timing=timing)
+                                   timing=timing, passes=passes, compiled=compiled)
         print(f"[{name}] 1-device reference: {time.perf_counter() - t0:.1f} s", flush=True)
-        jobs.append(TPJob(source, prompt, refs[name].tokens, args.block, dtype, timing=timing, name=name, load=args.load))
+        jobs.append(TPJob(source, prompt, refs[name].tokens, args.block, dtype, passes, timing=timing, name=name,
+                          load=args.load, compiled=compiled))
     t0 = time.perf_counter()
     results = run_tp(jobs, args.world, device=args.device, start_method=args.start_method)
     print(f"{args.world} ranks: {time.perf_counter() - t0:.1f} s", flush=True)
@@ -158,6 +164,7 @@ def main(argv=None) -> dict:
                                                for w in res.weights]},
             "same_weights_everywhere": len(fps) == 1,
             "pass_stats": res.pass_stats,
+            "step_class": res.step,
         }
     result["seconds"] = time.perf_counter() - start
 

@@ -81,6 +81,8 @@ class FuseRopeAttention(Pass):
     """Fuse q/k norm + rotary embedding + KV write into attention (rope_attention)."""
 
     name = "fuse_rope_attention"
+    # the sharding pass rewrites the per-head views between the projections and the attention
+    after = ("shard_tensor_parallel",)
 
     def run(self, ir: IR, ctx: PassContext) -> PassResult:
         graph = ir.graph

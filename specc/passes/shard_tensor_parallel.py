@@ -249,7 +249,7 @@ class ShardTensorParallel(Pass):
     def requires(self, ir: IR) -> bool | str:
         if ir.model_kind != "causal_lm":
             return f"only Llama/Qwen3-style causal LM steps are sharded, not {ir.model_kind}"
-        if not ir.count("attention"):
+        if not ir.count("attention") and not ir.count("rope_attention"):
             return "no attention in this step"
         if ir.count("all_reduce"):
             return "this step is already sharded (it has all_reduce nodes)"
@@ -274,6 +274,9 @@ class ShardTensorParallel(Pass):
         if world == 1:
             ctx.note(f"{NAME}: tp_world_size is 1, nothing to shard")
             return PassResult(False, {"world_size": 1, "rank": 0})
+        if ir.count("rope_attention"):
+            _fail("this step's attention is already fused with rope (fuse_rope_attention): run "
+                  "shard_tensor_parallel before it (a PassManager orders the two itself)")
         plan = _plan(ir, world)  # every check happens here, before the graph changes
         graph = ir.graph
         # target -> (dim, [start, stop) ranges, full shape): what this rank keeps of each parameter

@@ -49,6 +49,10 @@ from typing import Any, Sequence
 import torch
 
 DEFAULT_PASSES = ("fuse_qkv", "fuse_gate_up", "fuse_norm_linear", "dce")
+# the single-device compiler's default pipeline (specc.compiler.DEFAULT_PIPELINE): what a rank
+# runs before code generation with ``TPJob(compiled=True)``; the pass manager puts
+# shard_tensor_parallel before fuse_rope_attention / fuse_residual_add, which must see its result
+COMPILED_PASSES = ("fuse_qkv", "fuse_gate_up", "fuse_norm_linear", "fuse_rope_attention", "fuse_residual_add", "dce")
 DEFAULT_PROMPT = (5, 17, 33, 2, 8, 9, 41)
 # Environment every rank gets before the process group exists. NVLink SHARP (multicast) stays off
 # on the lent H200 machines.
@@ -325,6 +329,65 @@ def time_steps(fn, *, qs: Sequence[int], context: int, repeats: int = 20, warmup
     return out
 
 
+def compile_step(ir, max_len: int):
+    """specc's generated step for an IR (lowered to the kernel ABI, emitted as Python source,
+    bound to the IR's tensors): the same code ``specc compile`` writes, in memory. A sharded IR
+    keeps its ``all_reduce`` nodes as calls into torch.distributed."""
+    from specc.codegen.emit import emit_step
+    from specc.codegen.lower import lower
+    from specc.runtime.compiled import instantiate
+
+    gm, _ = lower(ir.gm)
+    step = instantiate(emit_step(gm, "TargetStep"))
+    step.setup_caches(1, max_len)
+    return step
+
+
+@torch.inference_mode()
+def time_steps_graphed(fn, *, qs: Sequence[int], context: int, repeats: int = 20, warmup: int = 3, device="cuda",
+                       vocab: int = 2, distributed: bool = False) -> dict[int, dict[str, float]]:
+    """:func:`time_steps` with each step captured in a CUDA graph and timed by CUDA events (the
+    time a served step takes, without Python launch overhead). With ``distributed`` all ranks
+    capture together and every replay starts after a barrier; NCCL collectives are captured in
+    the graph. On the CPU this is :func:`time_steps`."""
+    import torch.distributed as dist
+
+    if torch.device(device).type != "cuda":
+        return time_steps(fn, qs=qs, context=context, repeats=repeats, warmup=warmup, device=device, vocab=vocab,
+                          distributed=distributed)
+    out = {}
+    for q in qs:
+        ids = torch.tensor([[(7 * i + 3) % max(vocab, 2) for i in range(q)]], device=device)
+        args = (ids, torch.arange(context, context + q, device=device)[None], torch.tensor([context], device=device))
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(max(warmup, 1)):
+                fn(*args)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if distributed:
+            dist.barrier()
+        with torch.cuda.graph(graph):
+            fn(*args)
+        times = []
+        for r in range(warmup + repeats):
+            if distributed:
+                dist.barrier()
+            _sync(device)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            if r >= warmup:
+                times.append(a.elapsed_time(b) / 1e3)
+        del graph
+        out[int(q)] = {"median_s": statistics.median(times), "min_s": min(times), "repeats": repeats,
+                       "cuda_graph": True}
+    return out
+
+
 def trace_target(model, passes: Sequence[str] = DEFAULT_PASSES, *, world_size: int = 1, rank: int = 0,
                  check: bool = True):
     """Trace ``model``'s verify step and run ``passes`` (+ ``shard_tensor_parallel`` when
@@ -380,6 +443,9 @@ class TPJob:
     load:    "sharded" (default): :func:`load_tp_target`, the rank never holds the full model
              (meta model -> shard -> materialise its slices -> fusions); "full": build the whole
              model on the rank, trace, fuse, then shard (the pass order of a single-device compile).
+    compiled: False (default): the rank runs its traced IR (torch ops); True: specc's generated
+             step of its shard (:func:`compile_step`, Triton kernels on the GPU; ``passes``
+             should then be :data:`COMPILED_PASSES`), timed as CUDA graphs on the GPU.
     """
 
     source: Any
@@ -393,6 +459,7 @@ class TPJob:
     check: bool = True
     name: str = ""
     load: str = "sharded"
+    compiled: bool = False
 
     def cache_len(self) -> int:
         need = len(self.prompt) + len(self.tokens) + self.block + 1
@@ -418,6 +485,7 @@ class TPResult:
     all_reduce_times: list[dict] | None = None  # per rank
     seconds: float = 0.0
     load: str = "sharded"
+    step: str = ""  # the class each rank ran: "GraphModule" (traced IR) or "TargetStep" (generated)
 
 
 def _run_job(job: TPJob, rank: int, world: int, device: torch.device, backend: str) -> TPResult | None:
@@ -445,8 +513,11 @@ def _run_job(job: TPJob, rank: int, world: int, device: torch.device, backend: s
     if device.type == "cuda":
         torch.cuda.empty_cache()
     ir.reset_caches()
+    fn = compile_step(ir, job.cache_len()) if job.compiled else ir
+    timer = time_steps_graphed if job.compiled else time_steps
+    step_kind = type(fn).__name__ if job.compiled else type(ir.gm).__name__
     if job.tokens:
-        logits = forced_logits(ir, job.prompt, job.tokens, job.block, device)
+        logits = forced_logits(fn, job.prompt, job.tokens, job.block, device)
         argmax = logits.argmax(-1)
     else:
         logits, argmax = None, torch.zeros(0, dtype=torch.long)
@@ -458,8 +529,8 @@ def _run_job(job: TPJob, rank: int, world: int, device: torch.device, backend: s
     if job.timing:
         t = job.timing
         qs, ctx_len = list(t.get("qs", [1, job.block])), int(t.get("context", 0))
-        mine = time_steps(ir, qs=qs, context=ctx_len, repeats=int(t.get("repeats", 20)),
-                          warmup=int(t.get("warmup", 3)), device=device, vocab=vocab, distributed=True)
+        mine = timer(fn, qs=qs, context=ctx_len, repeats=int(t.get("repeats", 20)),
+                     warmup=int(t.get("warmup", 3)), device=device, vocab=vocab, distributed=True)
         ar = {}
         for q in qs:
             x = torch.randn(1, q, hidden, device=device).to(parse_dtype(job.dtype))
@@ -477,7 +548,7 @@ def _run_job(job: TPJob, rank: int, world: int, device: torch.device, backend: s
         dist.all_gather_object(both, {"steps": mine, "all_reduce": ar})
         step_times = [b["steps"] for b in both]
         reduce_times = [b["all_reduce"] for b in both]
-    del ir
+    del ir, fn
     gc.collect()
     if rank != 0:
         return None
@@ -487,7 +558,8 @@ def _run_job(job: TPJob, rank: int, world: int, device: torch.device, backend: s
                     rank_logit_diff=[float((g["logits"] - logits).abs().max()) if logits is not None and len(logits)
                                      else 0.0 for g in gathered],
                     weights=[g["weights"] for g in gathered], pass_stats=pass_stats,
-                    step_times=step_times, all_reduce_times=reduce_times, seconds=time.perf_counter() - start)
+                    step_times=step_times, all_reduce_times=reduce_times, seconds=time.perf_counter() - start,
+                    step=step_kind)
 
 
 def _worker(rank: int, world: int, port: int, device_type: str, backend: str, jobs: list[TPJob], result_path: str,
@@ -570,9 +642,10 @@ class Reference:
 
 def reference_run(source: Any, prompt: Sequence[int], num_tokens: int, *, block: int = 4, dtype: str = "float32",
                   device: str = "cpu", passes: Sequence[str] = DEFAULT_PASSES, timing: dict | None = None,
-                  tokens: Sequence[int] | None = None) -> Reference:
+                  tokens: Sequence[int] | None = None, compiled: bool = False) -> Reference:
     """The 1-rank oracle: greedy tokens and forced logits from the model's own forward (its weights
-    summary and, with ``timing``, step times from its traced IR with ``passes``, unsharded)."""
+    summary and, with ``timing``, step times from its traced IR with ``passes``, unsharded; with
+    ``compiled`` from the generated step of that IR, CUDA-graphed on the GPU)."""
     dev = torch.device(device)
     model = build_model(source, dtype, dev)
     n = len(tokens) if tokens is not None else num_tokens
@@ -587,9 +660,12 @@ def reference_run(source: Any, prompt: Sequence[int], num_tokens: int, *, block:
     weights = weight_summary(ir)
     times = None
     if timing:
-        times = time_steps(ir, qs=list(timing.get("qs", [1, block])), context=int(timing.get("context", 0)),
-                           repeats=int(timing.get("repeats", 20)), warmup=int(timing.get("warmup", 3)), device=dev,
-                           vocab=model.config.vocab_size)
+        fn = compile_step(ir, job.cache_len()) if compiled else ir
+        timer = time_steps_graphed if compiled else time_steps
+        times = timer(fn, qs=list(timing.get("qs", [1, block])), context=int(timing.get("context", 0)),
+                      repeats=int(timing.get("repeats", 20)), warmup=int(timing.get("warmup", 3)), device=dev,
+                      vocab=model.config.vocab_size)
+        del fn
     del ir, model
     gc.collect()
     if dev.type == "cuda":
@@ -660,10 +736,10 @@ def tp_forward_check_many(sources: Sequence[Any], world_size: int = 2, *, prompt
                           passes: Sequence[str] = DEFAULT_PASSES, atol: float = 1e-4, rtol: float = 1e-4,
                           tie_tol: float = 1e-3, port: int | None = None,
                           tokens: Sequence[Sequence[int] | None] | None = None,
-                          load: str | Sequence[str] = "sharded") -> list[TPCheck]:
+                          load: str | Sequence[str] = "sharded", compiled: bool = False) -> list[TPCheck]:
     """:func:`tp_forward_check` for several models with ONE start of the ranks (``tokens``: per
     source, tokens to force instead of the 1-rank greedy ones, or None; ``load``: one mode or
-    one per source)."""
+    one per source; ``compiled``: the ranks run specc's generated steps, see :class:`TPJob`)."""
     refs, jobs = [], []
     for i, src in enumerate(sources):
         p = list(prompt if prompt is not None else DEFAULT_PROMPT)
@@ -672,7 +748,7 @@ def tp_forward_check_many(sources: Sequence[Any], world_size: int = 2, *, prompt
         refs.append(ref)
         name = str(src) if not isinstance(src, dict) else f"random {src['config'].get('model_type', '')}"
         mode = load if isinstance(load, str) else load[i]
-        jobs.append(TPJob(src, p, ref.tokens, block, dtype, tuple(passes), name=name, load=mode))
+        jobs.append(TPJob(src, p, ref.tokens, block, dtype, tuple(passes), name=name, load=mode, compiled=compiled))
     results = run_tp(jobs, world_size, device=device, port=port)
     return [TPCheck(job.name, world_size, ref, res, atol, rtol, tie_tol) for job, ref, res in zip(jobs, refs, results)]
 
@@ -686,12 +762,14 @@ def tp_forward_check(source: Any, world_size: int = 2, **kwargs) -> TPCheck:
     gloo ranks; "cuda": NCCL, one GPU per rank), ``passes`` (before sharding), ``atol``/``rtol``
     (logits allclose), ``tie_tol`` (top-2 margin under which a mismatch is a numerical tie),
     ``port``, ``load`` ("sharded": ranks materialise only their slices; "full": each rank
-    builds the whole model, fuses, then shards). Returns a :class:`TPCheck` (``.ok``, ``.mismatches``, ``.summary()``)."""
+    builds the whole model, fuses, then shards), ``compiled`` (False: the ranks run their traced
+    IR; True: specc's generated steps, with ``passes=COMPILED_PASSES``). Returns a
+    :class:`TPCheck` (``.ok``, ``.mismatches``, ``.summary()``)."""
     return tp_forward_check_many([source], world_size, **kwargs)[0]
 
 
 __all__ = [
-    "DEFAULT_PASSES", "RANK_ENV", "Reference", "TPCheck", "TPJob", "TPResult", "build_model", "forced_logits",
+    "COMPILED_PASSES", "DEFAULT_PASSES", "RANK_ENV", "compile_step", "time_steps_graphed", "Reference", "TPCheck", "TPJob", "TPResult", "build_model", "forced_logits",
     "free_port", "greedy_tokens", "init_distributed", "load_tp_target", "random_init_", "reference_run", "run_tp", "time_steps",
     "tp_forward_check", "tp_forward_check_many", "trace_target", "weight_summary",
 ]

@@ -12,7 +12,7 @@ import torch
 from model_factory import make_hf_model, save
 
 import torch.distributed as dist
-from specc.runtime.distributed import tp_forward_check_many
+from specc.runtime.distributed import COMPILED_PASSES, tp_forward_check_many
 
 ROOT = Path(__file__).resolve().parents[2]
 # (model, how each rank gets its weights): "sharded" = meta model -> shard -> load only its slices
@@ -80,6 +80,27 @@ def test_sharded_forcing_equals_one_rank(checks, case):
     json.dumps(check.to_json())
 
 
+@pytest.mark.parametrize("load", ["sharded", "full"])
+def test_compiled_sharded_steps_equal_one_rank(tmp_path_factory, load):
+    """Each rank runs specc's generated step of its shard (the compiler's default pipeline:
+    fuse_rope_attention and fuse_residual_add after sharding, all_reduce calls in the emitted
+    code) and token-forces the 1-rank run's tokens to the same argmax."""
+    path = save(make_hf_model("qwen3", seed=0), tmp_path_factory, f"tp-compiled-{load}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        check = tp_forward_check_many([path], 2, num_tokens=12, block=4, passes=COMPILED_PASSES, load=load,
+                                      compiled=True)[0]
+    finally:
+        torch.set_num_threads(before)
+    print(check.summary())
+    assert check.result.step == "TargetStep"
+    assert check.result.pass_stats["all_reduce"] == 8
+    assert check.argmax_equal and not check.ties
+    assert check.logits_close, f"max |diff| {check.max_abs_diff}"
+    assert all(w["all_reduce"] == 8 for w in check.result.weights)
+
+
 def test_bench_tp_cpu_tiny(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_tp", ROOT / "examples" / "bench_tp.py")
     bench = importlib.util.module_from_spec(spec)
@@ -100,3 +121,4 @@ def test_bench_tp_cpu_tiny(tmp_path):
         assert set(m["steps"]) == {"1", "4"}
         assert all(s["tp_ms"] > 0 and s["one_device_ms"] > 0 for s in m["steps"].values())
         assert m["pass_stats"]["all_reduce"] == 4
+        assert m["step_class"] == "TargetStep"  # the generated steps ran (--step compiled)

@@ -211,12 +211,19 @@ def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
                 device: torch.device, block_n: int = 64, rows: int = 1) -> int:
     """KV splits: ~4 programs per SM, at least ``block_n`` keys per split, and the fp32 partial
     outputs (``rows`` query rows per KV head, written and merged once per split) at most about
-    half the K/V bytes they save: ``splits <= kv_len / (4 * rows)``. On the H200 (bs 1, Hkv 8,
-    context 4096) this picks the fastest of the swept split counts at Q = 1, 16 and 64."""
-    programs = batch * num_kv_heads * row_blocks
-    want = triton.cdiv(4 * num_sms(device), max(programs, 1))
+    half the K/V bytes they save: ``splits <= kv_len / (4 * rows)``, unless that leaves fewer
+    than ~3/4 of a program per SM (short caches and many rows: Q = 16 at 1k context).
+
+    H200 sweep (``examples/sweep_attention.py``, bs 1, Hq 32, Hkv 8, D 128, docs/benchmarks/
+    steps-h200.md): at cache capacity 4224 this picks the fastest or within 3% of it for Q = 1
+    to 64; at 1152 the traffic bound alone picked 4 / 2 / 1 splits for Q = 16 / 32 / 64
+    (13.3 / 16.5 / 22.5 us) where 12 / 8 / 4 were fastest (11.3 / 13.6 / 15.5 us); the SM floor
+    gives 12 / 6 / 3."""
+    programs = max(batch * num_kv_heads * row_blocks, 1)
+    sms = num_sms(device)
+    want = triton.cdiv(4 * sms, programs)
     cap = max(1, triton.cdiv(max_kv_len, block_n))
-    traffic_cap = max(1, max_kv_len // (4 * max(rows, 1)))
+    traffic_cap = max(1, max_kv_len // (4 * max(rows, 1)), (3 * sms) // (4 * programs))
     return int(max(1, min(want, cap, traffic_cap, 128)))
 
 
@@ -235,7 +242,10 @@ def launch_plan(bsz: int, num_q: int, num_heads: int, num_kv_heads: int, head_di
         raise ValueError(f"attention: block_n must be a power of two >= 16, got {block_n}")
     row_blocks = triton.cdiv(rows, block_m)
     return {"block_m": block_m, "block_n": block_n, "block_d": max(16, next_pow2(head_dim)),
-            "row_blocks": row_blocks, "num_stages": 3 if block_m >= 64 else 2, "fused_merge": False,
+            "row_blocks": row_blocks, "num_stages": 3 if block_m >= 64 else 2,
+            # the last split merges in the kernel from 256 query rows per KV head up (Q = 64 with
+            # G = 4: 12% faster on the H200 at both swept capacities; slower or equal below)
+            "fused_merge": rows >= 256,
             "num_splits": pick_splits(bsz, num_kv_heads, row_blocks, max_kv_len, device, block_n,
                                       rows)}
 

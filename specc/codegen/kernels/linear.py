@@ -12,7 +12,9 @@ config of the shape (:func:`get_config`, keyed by (M bucket, N, K)):
 * ``kind="dot"`` (M = 2 .. 64 and beyond): tensor-core tiles through ``tl.dot`` with fp32
   accumulation, ``BLOCK_M >= 16`` (rows past M are clamped and never stored). ``swap_ab``
   computes ``W_tile @ x_tile^T`` so the wide weight tile is the MMA's M side and the skinny
-  activation block its N side (Hopper's wgmma wants M = 64 per warpgroup).
+  activation block its N side (Hopper's wgmma wants M = 64 per warpgroup). ``tma`` loads both
+  tiles with TMA bulk copies from host-built tensor descriptors (zero fill past the edges)
+  instead of pointer loads; on the H200 sweep it was within noise of the pointer loads.
 
 Split-K (``split_k > 1``, or ``0`` = automatic, see :class:`LinearConfig`) is deterministic:
 each program stores its fp32 partial tile into a workspace slot of its own, then takes a ticket
@@ -22,9 +24,12 @@ workspace stays valid for the next call and for CUDA graphs (do not run two spli
 one device concurrently on different streams).
 
 Fused RMSNorm prologue (``norm_weight`` given): ``y = rms_norm(x, g, eps) @ W^T`` exactly as
-``specc.models.ops.rms_norm`` then ``ops.linear``: a tiny pre-kernel computes each row's fp32
-inverse RMS once (``rsqrt(mean(x^2) + eps)``, over the whole row, which no K-split program
-sees), then the main kernel scales x tiles as they are loaded, rounding where the reference
+``specc.models.ops.rms_norm`` then ``ops.linear``: each row's fp32 inverse RMS
+(``rsqrt(mean(x^2) + eps)``, over the whole row, which no K-split program sees) is computed by
+every GEMV program from the whole row (an L2-resident re-read; it saves a launch per norm, ~2 us
+on the H200), or by a tiny pre-kernel (``rstd_in_kernel=False``, and always for the dot
+kernel's prologue); both run one code path (``_rstd_of_row``). The main kernel then scales x
+tiles as they are loaded, rounding where the reference
 rounds: ``n = (x * rstd) -> x.dtype``, ``h = (g * n) -> promote(g.dtype, x.dtype)``. The output
 dtype is that of h (x.dtype when g and x share a dtype). The prologue is the default of the gemv
 kernel only; for the dot kernel the launcher normalises the rows with the rms_norm kernel and
@@ -83,16 +88,21 @@ M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # kernels
 # ------------------------------------------------------------------------------------------
 @triton.jit
-def _row_rstd_kernel(x_ptr, rstd_ptr, K, stride_xm, eps, BLOCK_K: tl.constexpr):
-    m = tl.program_id(0)
-    base = x_ptr + m.to(tl.int64) * stride_xm
+def _rstd_of_row(base, K, eps, BLOCK_K: tl.constexpr):
+    """fp32 ``rsqrt(mean(x^2) + eps)`` of one row: the one code path for both the pre-kernel and
+    the GEMV's in-kernel statistics, so both round alike."""
     acc = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         xv = tl.load(base + offs, mask=offs < K, other=0.0).to(tl.float32)
         acc += xv * xv
-    ms = tl.sum(acc, axis=0) / K
-    tl.store(rstd_ptr + m, tl.rsqrt(ms + eps))
+    return tl.rsqrt(tl.sum(acc, axis=0) / K + eps)
+
+
+@triton.jit
+def _row_rstd_kernel(x_ptr, rstd_ptr, K, stride_xm, eps, BLOCK_K: tl.constexpr):
+    m = tl.program_id(0)
+    tl.store(rstd_ptr + m, _rstd_of_row(x_ptr + m.to(tl.int64) * stride_xm, K, eps, BLOCK_K))
 
 
 @triton.jit
@@ -147,10 +157,10 @@ def _epilogue(out, offs_m, offs_n, M, N, pid_m, pid_n, pid_k, y_ptr, stride_ym, 
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr,
-    M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
+    M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
-    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, X_2D: tl.constexpr,
+    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, X_2D: tl.constexpr, RSTD_BLOCK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -166,7 +176,10 @@ def _gemv_kernel(
     w_base = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     x_base = x_ptr + m.to(tl.int64) * stride_xm
     if HAS_NORM:
-        rstd = tl.load(rstd_ptr + m)
+        if RSTD_BLOCK > 0:  # every program reads the whole row once (L2 hits) instead of a launch
+            rstd = _rstd_of_row(x_base, K, eps, RSTD_BLOCK)
+        else:
+            rstd = tl.load(rstd_ptr + m)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -293,6 +306,7 @@ class LinearConfig:
     x_2d: bool | None = None  # gemv: x as a 2-D broadcast load; None = unless a norm prologue
     norm_prologue: bool | None = None  # with norm_weight: None = gemv yes, dot no (see linear)
     tma: bool = False  # dot: load tiles through TMA descriptors where supported (see _use_tma)
+    rstd_in_kernel: bool | None = None  # gemv + norm: row statistics in the kernel (None = yes)
 
     def __post_init__(self):
         if self.kind not in ("gemv", "dot"):
@@ -337,9 +351,8 @@ def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
 def _table() -> dict[tuple[int, int, int], LinearConfig]:
     gemv = lambda bn, bk, **kw: LinearConfig("gemv", block_m=1, block_n=bn, block_k=bk,  # noqa: E731
                                              split_k=1, num_warps=4, num_stages=1, **kw)
-    dot = lambda bm, bn, split, w=4, st=4: LinearConfig("dot", block_m=bm, block_n=bn,  # noqa: E731
-                                                        block_k=128, split_k=split,
-                                                        num_warps=w, num_stages=st)
+    dot = lambda bm, bn, split, w=4, st=4, bk=128: LinearConfig(  # noqa: E731
+        "dot", block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=w, num_stages=st)
     qkv, o, gate_up, down, lm_head = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), \
         (151936, 4096)
     t = {
@@ -353,10 +366,12 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
         (4, *gate_up): dot(16, 64, 1),  # 54.6 us
         (4, *down): dot(16, 32, 5),  # 31.4 us
         (4, *lm_head): dot(16, 64, 1),  # 285.6 us
-        (16, *qkv): dot(16, 64, 1),  # 16.3 us
-        (16, *o): dot(16, 32, 5),  # 13.1 us
-        (16, *gate_up): dot(16, 64, 1),  # 51.4 us
-        (16, *down): dot(16, 32, 5),  # 30.3 us
+        # M = 16: examples/sweep_linear.py (180 configs per shape, same run; the old table's
+        # configs in brackets): docs/benchmarks/steps-h200.md
+        (16, *qkv): dot(16, 64, 1, bk=256),  # 15.7 us [16.5]
+        (16, *o): dot(16, 64, 2, st=5),  # 11.9 us [13.5]
+        (16, *gate_up): dot(16, 64, 1, st=3),  # 50.9 us [57.3]
+        (16, *down): dot(16, 64, 2, bk=256),  # 29.1 us [32.1]
         (16, *lm_head): dot(16, 128, 1, w=8, st=3),  # 286.5 us
         (64, *qkv): dot(64, 64, 1),  # 18.6 us
         (64, *o): dot(64, 64, 1),  # 14.9 us
@@ -406,9 +421,13 @@ def row_rstd(x2: torch.Tensor, eps: float) -> torch.Tensor:
     m, k = x2.shape
     rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
     if m:
-        _row_rstd_kernel[(m,)](x2, rstd, k, x2.stride(0), float(eps),
-                               BLOCK_K=min(4096, triton.next_power_of_2(k)), num_warps=4)
+        _row_rstd_kernel[(m,)](x2, rstd, k, x2.stride(0), float(eps), BLOCK_K=_rstd_block(k),
+                               num_warps=4)
     return rstd
+
+
+def _rstd_block(k: int) -> int:
+    return min(4096, triton.next_power_of_2(k))
 
 
 def _use_tma(x2: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -495,8 +514,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         h = _rms_norm(x2, norm_weight, eps)
         r2 = None if residual is None else residual.reshape(m, n)
         return linear(h, weight, bias, config=cfg.replace(norm_prologue=None), residual=r2).reshape(*lead, n)
+    rstd_block = _rstd_block(k)
+    rstd_in_kernel = has_norm and cfg.kind == "gemv" and cfg.rstd_in_kernel is not False
     if has_norm:
-        rstd = row_rstd(x2, eps)
+        rstd = y if rstd_in_kernel else row_rstd(x2, eps)
         g = norm_weight.contiguous()
     else:
         rstd, g = y, y  # unused
@@ -509,8 +530,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         grid = (triton.cdiv(n, cfg.block_n), split, m)
         _gemv_kernel[grid](
             x2, weight, y, b, g, rstd, ws, cnt, r, m, n, k, k_per, x2.stride(0), weight.stride(0),
-            y.stride(0), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=even_k,
-            X_2D=(not has_norm) if cfg.x_2d is None else bool(cfg.x_2d), **common)
+            y.stride(0), float(eps), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=even_k,
+            X_2D=(not has_norm) if cfg.x_2d is None else bool(cfg.x_2d),
+            RSTD_BLOCK=rstd_block if rstd_in_kernel else 0, **common)
     else:
         dot_f32 = INTERPRETED or weight.dtype == torch.float32 or out_dtype != weight.dtype
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))

@@ -155,6 +155,10 @@ def test_pick_splits_and_plan():
     assert [plans[q]["num_splits"] for q in (1, 16, 64)] == [65, 16, 4]
     assert [plans[q]["block_m"] for q in (1, 16, 64)] == [16, 64, 64]
     assert [plans[q]["num_stages"] for q in (1, 16, 64)] == [2, 3, 3]
+    assert [plans[q]["fused_merge"] for q in (1, 16, 64)] == [False, False, True]
+    # a short cache (context 1024 in 1152 slots): at least ~3/4 of a program per SM
+    short = {q: A.launch_plan(1, q, 32, 8, 128, 1152, dev)["num_splits"] for q in (1, 4, 16, 32, 64)}
+    assert short == {1: 18, 4: 18, 16: 12, 32: 6, 64: 3}
 
 
 @pytest.mark.gpu

@@ -119,6 +119,22 @@ def test_tma_loads_equal_pointer_loads(dev, swap_ab):
         L.LinearConfig("gemv", tma=True)
 
 
+@pytest.mark.parametrize("split", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_rstd_in_kernel_equals_pre_kernel(dev, split, dtype):
+    """The GEMV's in-kernel row statistics give the pre-kernel's bits (one shared code path),
+    with K not a multiple of the block and with split-K programs that each see part of K."""
+    torch.manual_seed(6)
+    x = (torch.randn(3, 2, 200, device=dev) * 2).to(dtype)
+    w = (torch.randn(40, 200, device=dev) * 0.1).to(dtype)
+    g = (1 + 0.1 * torch.randn(200, device=dev)).to(dtype)
+    cfg = GEMV.replace(split_k=split)
+    fused = L.linear(x, w, None, g, 1e-5, config=cfg)
+    assert torch.equal(fused, L.linear(x, w, None, g, 1e-5, config=cfg.replace(rstd_in_kernel=False)))
+    assert _rel(fused, L.linear_reference(x.double(), w.double(), None, g.double(), 1e-5)) < (
+        2e-6 if dtype == torch.float32 else 1e-2)
+
+
 def test_linear_bf16_weight_fp32_activations(dev):
     torch.manual_seed(3)
     x = torch.randn(3, 48, device=dev)
