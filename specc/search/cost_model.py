@@ -32,6 +32,7 @@ KV read, target launch overhead, drafter step, ...) by the gap between predicted
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
@@ -48,10 +49,12 @@ DEFAULT_CONTEXT = 1024
 LAUNCHES: dict[str, dict[str, Any]] = {
     # attention: write_kv (arange, add, arange, 2 index_put) + split + merge kernels;
     # rope / rope_tables run their eager bodies (mul, neg, cat, mul, add / float, mul, cat, cos, sin, 2 casts);
-    # norm_linear: the row-rstd pre-kernel + the GEMM; packed_linear: the bf12 GEMM (+ an rms_norm kernel
-    # when it carries a norm prologue).
+    # norm_linear: one GEMV at M = 1 (it computes the row statistics itself), an rms_norm kernel
+    # + the GEMM for more rows; packed_linear: the bf12 GEMM (+ an rms_norm kernel when it
+    # carries a norm prologue). A function gets the NodeMeta and, if it takes it, ``rows`` (M).
     # rope_attention: rope_and_cache + the attention split and merge kernels.
-    "cuda": {"attention": 7, "rope": 5, "rope_tables": 7, "norm_linear": 2, "rope_attention": 3,
+    "cuda": {"attention": 7, "rope": 5, "rope_tables": 7, "norm_linear": lambda m, rows=None: 1 if rows == 1 else 2,
+             "rope_attention": 3,
              "packed_linear": lambda m: 2 if m.attrs.get("norm_prologue") else 1},
     # CPU runs the reference bodies: each aten op is one dispatch.
     "cpu": {"attention": 20, "rope": 5, "rope_tables": 7, "norm_linear": 9, "rms_norm": 8, "silu_mul": 2,
@@ -463,10 +466,14 @@ class CostModel:
                 return float(value)
         return 0.0
 
-    def launches(self, meta) -> int:
-        """Kernels a node lowers to on this deployment's device (:data:`LAUNCHES`, default 1)."""
+    def launches(self, meta, rows: float | None = None) -> int:
+        """Kernels a node lowers to on this deployment's device (:data:`LAUNCHES`, default 1);
+        ``rows``: the M of a linear-like node, for counts that depend on it."""
         n = LAUNCHES.get(self.deployment.device, {}).get(meta.kind, 1)
-        return int(n(meta)) if callable(n) else int(n)
+        if not callable(n):
+            return int(n)
+        takes_rows = "rows" in inspect.signature(n).parameters
+        return int(n(meta, rows=rows)) if takes_rows else int(n(meta))
 
     # ------------------------------------------------------------ evaluation
 
@@ -498,7 +505,7 @@ class CostModel:
             rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values) if meta.out.ndim > 1 else 1.0
         bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows)
         peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
-        n_launch = self.launches(meta)
+        n_launch = self.launches(meta, rows)
         if meta.kind == "all_reduce" and dep.link_bandwidth > 0:
             # A ring all-reduce is bound by the GPU-to-GPU link, not HBM (specc.ir.collectives).
             from specc.ir.collectives import all_reduce_time
@@ -559,7 +566,7 @@ class CostModel:
             bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows)
             peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
             key = (sympy.expand(meta.bytes_read + meta.bytes_written), sympy.expand(meta.flops), bw, peak,
-                   self.launches(meta), self.latency(eclass, meta.kind))
+                   self.launches(meta, rows), self.latency(eclass, meta.kind))
             if key[0] == 0 and key[1] == 0:
                 continue
             terms[key] += 1

@@ -115,6 +115,22 @@ def test_fusion_lowers_launches_and_bytes(meta8b, qwen8b):
     assert b.weight_bytes == a.weight_bytes
 
 
+def test_norm_linear_launches_depend_on_rows(qwen8b):
+    """At M = 1 the GEMV computes its row statistics itself (one kernel); above, an rms_norm
+    kernel runs first (two), in node costs and in the symbolic step formula alike."""
+    t_ir, _ = qwen8b
+    model = CostModel("h200-bs1")
+    for q, per_node in ((1, 1), (16, 2)):
+        values = {"B": 1, "Q": q, "C": 1024}
+        norm = [n for n in model.step(t_ir, values, sync=False).nodes if n.kind == "norm_linear"]
+        assert len(norm) >= 2 * 36  # qkv and gate_up of every layer
+        assert {n.launches for n in norm} == {per_node}
+    one, sixteen = ({"B": 1, "Q": q, "C": 1024} for q in (1, 16))
+    for values in (one, sixteen):
+        formula = float(evaluate(model.step_formula(t_ir, values), values))
+        assert formula == pytest.approx(model.step(t_ir, values, sync=False).time, rel=1e-5)  # 6-digit floats
+
+
 def test_methods_on_tiny_steps():
     from specc.ir import trace
     from specc.ir.testing import random_model

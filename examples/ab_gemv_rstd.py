@@ -1,9 +1,20 @@
-"""A/B: GEMV norm prologue with in-kernel row statistics vs the rstd pre-kernel, whole AR step."""
-import json, os, sys, torch
+"""A/B of one kernel option in the whole compiled Qwen3-8B AR step: the GEMV norm prologue with
+its row statistics computed in the kernel (``LinearConfig.rstd_in_kernel``, the default) vs the
+``row_rstd`` pre-kernel, alternated three times in one process (CUDA graphs, median of 30
+replays each); Q = 16 once for reference. Writes ``$OUT/ab_rstd.json``.
+
+    PYTHONPATH=. python3 examples/ab_gemv_rstd.py
+"""
+import json
+import os
+import sys
+
+import torch
+
 sys.path.insert(0, ".")
-from examples.profile_step import build_step, step_args
-from examples.bench_steps import QWEN3_8B, time_graph
-from specc.codegen.kernels import linear as L
+from examples.bench_steps import QWEN3_8B, time_graph  # noqa: E402
+from examples.profile_step import build_step, step_args  # noqa: E402
+from specc.codegen.kernels import linear as L  # noqa: E402
 
 dev = torch.device("cuda")
 step, _, shapes = build_step(QWEN3_8B, torch.bfloat16, dev, 1152)
