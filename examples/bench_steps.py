@@ -339,6 +339,24 @@ def step_times(dtype, dev, context: int, small: bool = False) -> dict:
     return res
 
 
+def install_linear_sweep(path: str) -> list[dict]:
+    """``linear.set_config`` the fastest config of every (M, shape) of a sweep_linear.py run."""
+    from specc.codegen.kernels import linear as L
+
+    with open(path) as f:
+        sweep = json.load(f)
+    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+              "lm_head": (151936, 4096)}
+    installed = []
+    for key, top in sweep["best"].items():
+        m, name = key.split(":")
+        n, k = shapes[name]
+        L.set_config(int(m), n, k, top[0]["config"])
+        installed.append({"m": int(m), "shape": name, "config": top[0]["config"], "us": top[0]["us"]})
+        print(f"[steps] linear M={m} {name}: {top[0]['config']}", flush=True)
+    return installed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="steps.json")
@@ -347,6 +365,9 @@ def main() -> None:
     ap.add_argument("--skip-forcing", action="store_true")
     ap.add_argument("--skip-steps", action="store_true")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--linear-sweep", default=None,
+                    help="a sweep_linear.py JSON: install each (M, shape)'s fastest config first (to measure a table "
+                         "before shipping it)")
     ap.add_argument("--cases", default=None, help="comma-separated forcing cases to run (default: all), e.g. 'qwen3-8b + dflash-b16'")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -360,6 +381,8 @@ def main() -> None:
         result["triton"] = triton.__version__
     except ImportError:
         pass
+    if args.linear_sweep:
+        result["linear_overrides"] = install_linear_sweep(args.linear_sweep)
     gen = torch.Generator().manual_seed(0)
     cases = [("qwen3-8b + pard", QWEN3_8B, QWEN3_06B, "pard"), ("qwen3-8b + dflash-b16", QWEN3_8B, None, "dflash"),
              ("llama-3.1-8b + pard", LLAMA_8B, LLAMA_1B, "pard"), ("llama-3.1-8b + dflash-b16", LLAMA_8B, None, "dflash")]

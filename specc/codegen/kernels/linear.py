@@ -343,16 +343,16 @@ def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
                         num_stages=4, swap_ab=False)
 
 
-# (m_bucket, N, K) -> config: the fastest of the sweep in examples/bench_kernels.py on an H200
-# (2026-12-02, docs/benchmarks/kernels.md; us and effective TB/s there). Qwen3-8B shapes:
+# (m_bucket, N, K) -> config: the fastest of an H200 sweep (2026-12-02): M = 1 and lm_head from
+# examples/bench_kernels.py (docs/benchmarks/kernels.md), the rest below. Qwen3-8B shapes:
 # qkv 6144x4096, o 4096x4096, gate_up 24576x4096, down 4096x12288, lm_head 151936x4096. Buckets
 # 2 and 8 reuse the M = 4 / 16 winners (the same BLOCK_M = 16 kernel; M = 2 and 8 were not
 # timed). Anything not listed uses the heuristic; set_config() overrides.
 def _table() -> dict[tuple[int, int, int], LinearConfig]:
     gemv = lambda bn, bk, **kw: LinearConfig("gemv", block_m=1, block_n=bn, block_k=bk,  # noqa: E731
                                              split_k=1, num_warps=4, num_stages=1, **kw)
-    dot = lambda bm, bn, split, w=4, st=4, bk=128: LinearConfig(  # noqa: E731
-        "dot", block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=w, num_stages=st)
+    dot = lambda bm, bn, split, w=4, st=4, bk=128, tma=False: LinearConfig(  # noqa: E731
+        "dot", block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=w, num_stages=st, tma=tma)
     qkv, o, gate_up, down, lm_head = (6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), \
         (151936, 4096)
     t = {
@@ -361,22 +361,23 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
         (1, *gate_up): gemv(16, 256, x_2d=False),  # 48.7 us, 4.13 TB/s
         (1, *down): gemv(4, 1024),  # 25.7 us, 3.92 TB/s
         (1, *lm_head): gemv(16, 256, x_2d=False),  # 279.6 us, 4.45 TB/s
-        (4, *qkv): dot(16, 64, 1),  # 19.9 us
-        (4, *o): dot(16, 32, 5),  # 14.0 us
-        (4, *gate_up): dot(16, 64, 1),  # 54.6 us
-        (4, *down): dot(16, 32, 5),  # 31.4 us
+        # M = 4, 16 and 64 (not lm_head): the winners of examples/sweep_linear.py (180 configs
+        # per shape; in brackets the previous table's config in the same run):
+        # docs/benchmarks/steps-h200.md, linear-sweep-*.json
+        (4, *qkv): dot(16, 64, 1, bk=256, tma=True),  # 15.4 us [19.2]
+        (4, *o): dot(16, 64, 1, bk=256, tma=True),  # 11.8 us [14.3]
+        (4, *gate_up): dot(16, 64, 1, st=3, tma=True),  # 51.0 us [59.4]
+        (4, *down): dot(16, 64, 2, bk=256, tma=True),  # 28.7 us [34.5]
         (4, *lm_head): dot(16, 64, 1),  # 285.6 us
-        # M = 16: examples/sweep_linear.py (180 configs per shape, same run; the old table's
-        # configs in brackets): docs/benchmarks/steps-h200.md
         (16, *qkv): dot(16, 64, 1, bk=256),  # 15.7 us [16.5]
         (16, *o): dot(16, 64, 2, st=5),  # 11.9 us [13.5]
         (16, *gate_up): dot(16, 64, 1, st=3),  # 50.9 us [57.3]
         (16, *down): dot(16, 64, 2, bk=256),  # 29.1 us [32.1]
         (16, *lm_head): dot(16, 128, 1, w=8, st=3),  # 286.5 us
-        (64, *qkv): dot(64, 64, 1),  # 18.6 us
-        (64, *o): dot(64, 64, 1),  # 14.9 us
-        (64, *gate_up): dot(64, 64, 1),  # 58.3 us
-        (64, *down): dot(64, 64, 1),  # 40.0 us
+        (64, *qkv): dot(64, 64, 1, st=5, tma=True),  # 16.9 us [18.3]
+        (64, *o): dot(64, 64, 1, st=5, tma=True),  # 12.9 us [15.1]
+        (64, *gate_up): dot(64, 64, 1, st=5, tma=True),  # 57.1 us [58.2]
+        (64, *down): dot(64, 64, 2, st=5),  # 32.4 us [41.3]
         (64, *lm_head): dot(64, 128, 1, w=8, st=3),  # 306.4 us
     }
     for (mb, n, k), c in list(t.items()):
