@@ -1,0 +1,68 @@
+"""The profiling and tuning scripts in examples/ (their GPU parts run on the H200; here: the CPU
+smoke path of profile_step.py, the candidate grids, and the hooks that install sweep results)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specc.codegen.kernels import attention as A  # noqa: E402
+from specc.codegen.kernels import linear as L  # noqa: E402
+
+
+def test_profile_step_cpu_smoke(tmp_path, monkeypatch):
+    from examples import profile_step
+
+    out = tmp_path / "p.json"
+    monkeypatch.setattr(sys, "argv", ["profile_step.py", "--tiny", "--device", "cpu", "--q", "1,4", "--reps", "2", "--out", str(out)])
+    profile_step.main()
+    res = json.loads(out.read_text())
+    assert set(res["steps"]) == {"1", "4"} and all(v["ms"] > 0 for v in res["steps"].values())
+    # tiny Qwen3: fused qkv, o, fused gate_up, down, lm_head
+    assert sorted(map(tuple, res["linear_shapes"])) == [(64, 64), (64, 128), (128, 64), (256, 64), (512, 64)]
+
+
+def test_swept_attention_plans_are_used(tmp_path, monkeypatch):
+    from examples import profile_step
+
+    sweep = {"best": {"16@1152": {"block_m": 32, "num_splits": 7, "fused_merge": True, "us": 1.0}}}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(sweep))
+    monkeypatch.setattr(A, "launch_plan", A.launch_plan)  # restored after the test
+    profile_step.use_swept_attention(str(path))
+    plan = A.launch_plan(1, 16, 32, 8, 128, 1100, torch.device("cpu"))
+    assert (plan["block_m"], plan["num_splits"], plan["fused_merge"]) == (32, 7, True)
+    other = A.launch_plan(1, 4, 32, 8, 128, 1152, torch.device("cpu"))  # not swept: the shipped plan
+    assert other["num_splits"] == 18 and other["fused_merge"] is False
+
+
+def test_linear_sweep_candidates_and_install(tmp_path):
+    from examples import bench_steps, sweep_linear
+
+    for m in (4, 16, 64):
+        cands = sweep_linear.candidates(m)
+        assert len(cands) == len(set(cands)) == 180
+        assert all(c.kind == "dot" and c.block_m == max(16, m) for c in cands)
+    best = L.LinearConfig("dot", block_m=16, block_n=16, block_k=128, split_k=3, num_stages=3)
+    path = tmp_path / "lin.json"
+    path.write_text(json.dumps({"best": {"4:o": [{"config": best.__dict__, "us": 1.0}]}}))
+    try:
+        installed = bench_steps.install_linear_sweep(str(path))
+        assert L.get_config(3, 4096, 4096) == best and installed[0]["shape"] == "o"
+    finally:
+        L.clear_configs()
+    assert L.get_config(3, 4096, 4096) != best
+
+
+@pytest.mark.parametrize("num_q,bms", [(1, {16}), (16, {16, 32, 64})])
+def test_attention_sweep_candidates(num_q, bms):
+    pytest.importorskip("triton")
+    from examples import sweep_attention
+
+    cands = list(sweep_attention.candidates(num_q))
+    assert {c["block_m"] for c in cands} == bms
+    assert not any(c["fused_merge"] and c["num_splits"] == 1 for c in cands)
