@@ -52,9 +52,14 @@ class BuiltSteps:
     lowering: dict
 
 
-def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None) -> BuiltSteps:
+def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None,
+                tp: tuple[int, int] | None = None) -> BuiltSteps:
     """Trace the target's verify step (it also serves prefill and AR: same graph, other Q) and
-    the drafter's draft step, run the pass pipeline on each, lower and emit them."""
+    the drafter's draft step, run the pass pipeline on each, lower and emit them.
+
+    ``tp=(world_size, rank)``: the target's step is this rank's shard (``shard_tensor_parallel``
+    joins its pipeline; the pass manager orders it before the fusions that need its result);
+    the drafter stays whole (replicated on every rank)."""
     from specc.codegen.emit import emit_step
     from specc.codegen.lower import lower
     from specc.ir import trace
@@ -65,8 +70,12 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
         irs["drafter"] = trace(draft_module, "draft")
     records, lowering, emitted = {}, {}, {}
     for role, ir in irs.items():
+        role_pipeline, options = pipeline, {}
+        if tp is not None and role == "target" and tp[0] > 1:
+            role_pipeline = ",".join(p for p in (pipeline, "shard_tensor_parallel") if p)
+            options = {"tp_world_size": int(tp[0]), "tp_rank": int(tp[1])}
         try:
-            report = PassManager(pipeline, check=True).run(ir) if pipeline else None
+            report = PassManager(role_pipeline, check=True, options=options).run(ir) if role_pipeline else None
         except (PipelineError, PassError) as exc:
             raise UserError(str(exc).splitlines()[0]) from exc
         records[role] = [] if report is None else [

@@ -488,6 +488,78 @@ class TPResult:
     step: str = ""  # the class each rank ran: "GraphModule" (traced IR) or "TargetStep" (generated)
 
 
+@dataclasses.dataclass
+class TPSpecJob:
+    """Speculative decoding on every rank: the target sharded over the ranks, the drafter
+    replicated (every rank drafts the same tokens from the same weights and, since every rank
+    computes the same full logits, accepts the same tokens: no communication beyond the
+    target's all-reduces).
+
+    target / drafter: sources as for :class:`TPJob` (the drafter a causal LM: ``method``
+    "ar-draft", or "pard" with ``pard_token`` in its config); each rank builds both, compiles
+    them with ``pipeline`` (default: the compiler's) and ``tp=(world, rank)`` for the target,
+    and runs the device loop (:func:`specc.runtime.engine.build_loop`) from ``prompt`` for
+    ``max_new_tokens`` greedy tokens."""
+
+    target: Any
+    drafter: Any
+    prompt: list[int]
+    max_new_tokens: int = 16
+    method: str = "ar-draft"
+    num_draft: int = 3
+    dtype: str = "float32"
+    pipeline: str = ""
+    name: str = ""
+
+
+@dataclasses.dataclass
+class TPSpecResult:
+    """What rank 0 reports for one :class:`TPSpecJob`: every rank's tokens and loop statistics."""
+
+    name: str
+    world_size: int
+    tokens: list[list[int]]  # per rank
+    tau: list[float]  # per rank
+    steps: list[int]  # per rank
+    target_all_reduce: int  # all_reduce nodes in this rank's target step
+    seconds: float = 0.0
+
+
+def _run_spec_job(job: TPSpecJob, rank: int, world: int, device: torch.device, backend: str) -> TPSpecResult | None:
+    import torch.distributed as dist
+
+    from specc.compiler import DEFAULT_PIPELINE, build_steps
+    from specc.runtime.compiled import instantiate
+    from specc.runtime.engine import build_loop
+
+    if job.method not in ("ar-draft", "pard"):
+        raise ValueError(f"TPSpecJob.method must be 'ar-draft' or 'pard', got {job.method!r}")
+    start = time.perf_counter()
+    target, drafter = build_model(job.target, job.dtype, device), build_model(job.drafter, job.dtype, device)
+    target.setup_caches(1, 16)  # tracing needs caches; the loop allocates its own
+    drafter.setup_caches(1, 16)
+    built = build_steps(target, drafter, job.pipeline or DEFAULT_PIPELINE, tp=(world, rank))
+    del target
+    steps = {"target": instantiate(built.emitted["target"]), "drafter": instantiate(built.emitted["drafter"])}
+    pard_token = drafter.config.raw.get("pard_token") if job.method == "pard" else None
+    if job.method == "pard" and pard_token is None:
+        raise ValueError("a PARD drafter needs pard_token in its config")
+    max_len = len(job.prompt) + job.max_new_tokens + 2 * job.num_draft + 2
+    loop = build_loop(steps, job.method, job.num_draft, max_len, pard_token)
+    result = loop.generate(torch.tensor([job.prompt], device=device), job.max_new_tokens, ())
+    mine = {"tokens": list(result.tokens), "tau": float(result.stats.tau), "steps": int(result.stats.steps)}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, mine)
+    reduces = built.irs["target"].count("all_reduce")
+    del loop, steps, built, drafter
+    gc.collect()
+    if rank != 0:
+        return None
+    return TPSpecResult(name=job.name or "speculative", world_size=world, tokens=[g["tokens"] for g in gathered],
+                        tau=[g["tau"] for g in gathered], steps=[g["steps"] for g in gathered],
+                        target_all_reduce=reduces, seconds=time.perf_counter() - start)
+
+
 def _run_job(job: TPJob, rank: int, world: int, device: torch.device, backend: str) -> TPResult | None:
     import torch.distributed as dist
 
@@ -562,7 +634,7 @@ def _run_job(job: TPJob, rank: int, world: int, device: torch.device, backend: s
                     step=step_kind)
 
 
-def _worker(rank: int, world: int, port: int, device_type: str, backend: str, jobs: list[TPJob], result_path: str,
+def _worker(rank: int, world: int, port: int, device_type: str, backend: str, jobs: list, result_path: str,
             threads: int) -> None:
     import torch.distributed as dist
 
@@ -576,7 +648,8 @@ def _worker(rank: int, world: int, port: int, device_type: str, backend: str, jo
         device = torch.device("cpu")
     init_distributed(rank, world, backend=backend, port=port)
     try:
-        results = [_run_job(job, rank, world, device, backend) for job in jobs]
+        results = [(_run_spec_job if isinstance(job, TPSpecJob) else _run_job)(job, rank, world, device, backend)
+                   for job in jobs]
         if rank == 0:
             torch.save(results, result_path)
         dist.barrier()
@@ -584,10 +657,11 @@ def _worker(rank: int, world: int, port: int, device_type: str, backend: str, jo
         dist.destroy_process_group()
 
 
-def run_tp(jobs: Sequence[TPJob], world_size: int = 2, *, device: str = "cpu", backend: str | None = None,
-           port: int | None = None, threads: int | None = None, start_method: str | None = None) -> list[TPResult]:
-    """Start ``world_size`` ranks that each run every job (see :class:`TPJob`); returns rank 0's
-    :class:`TPResult` per job. CPU: gloo, ``threads`` intra-op threads per rank (default: the
+def run_tp(jobs: Sequence[TPJob | TPSpecJob], world_size: int = 2, *, device: str = "cpu", backend: str | None = None,
+           port: int | None = None, threads: int | None = None, start_method: str | None = None) -> list:
+    """Start ``world_size`` ranks that each run every job (:class:`TPJob`: token forcing and
+    timing of the sharded target; :class:`TPSpecJob`: speculative decoding with it); returns
+    rank 0's :class:`TPResult` / :class:`TPSpecResult` per job. CPU: gloo, ``threads`` intra-op threads per rank (default: the
     cores shared out). CUDA: NCCL, rank r on cuda:r, NCCL_NVLS_ENABLE=0.
 
     ``start_method``: "spawn" (a fresh interpreter per rank; required with CUDA) or "fork" (the
@@ -768,8 +842,29 @@ def tp_forward_check(source: Any, world_size: int = 2, **kwargs) -> TPCheck:
     return tp_forward_check_many([source], world_size, **kwargs)[0]
 
 
+def tp_speculative_check(target: Any, drafter: Any, world_size: int = 2, *, prompt: Sequence[int] | None = None,
+                         max_new_tokens: int = 16, method: str = "ar-draft", num_draft: int = 3, dtype: str = "float32",
+                         device: str = "cpu", port: int | None = None) -> dict:
+    """Speculative decoding with the target sharded over ``world_size`` ranks (drafter
+    replicated, generated steps, the device loop) against plain greedy decoding of the 1-rank
+    model: returns ``{"reference": tokens, "ranks": [tokens per rank], "equal": bool, "tau":
+    [...], "result": TPSpecResult}``; ``equal`` is True when every rank produced exactly the
+    reference tokens."""
+    p = list(prompt if prompt is not None else DEFAULT_PROMPT)
+    model = build_model(target, dtype, torch.device(device if torch.device(device).type == "cpu" else "cuda:0"))
+    model.setup_caches(1, len(p) + max_new_tokens + 1)
+    reference = greedy_tokens(model, p, max_new_tokens, next(model.parameters()).device)
+    del model
+    gc.collect()
+    job = TPSpecJob(target, drafter, p, max_new_tokens, method, num_draft, dtype)
+    res = run_tp([job], world_size, device=device, port=port)[0]
+    return {"reference": reference, "ranks": res.tokens, "equal": all(t == reference for t in res.tokens),
+            "tau": res.tau, "result": res}
+
+
 __all__ = [
     "COMPILED_PASSES", "DEFAULT_PASSES", "RANK_ENV", "compile_step", "time_steps_graphed", "Reference", "TPCheck", "TPJob", "TPResult", "build_model", "forced_logits",
     "free_port", "greedy_tokens", "init_distributed", "load_tp_target", "random_init_", "reference_run", "run_tp", "time_steps",
-    "tp_forward_check", "tp_forward_check_many", "trace_target", "weight_summary",
+    "tp_forward_check", "tp_forward_check_many", "tp_speculative_check", "trace_target", "weight_summary",
+    "TPSpecJob", "TPSpecResult",
 ]
