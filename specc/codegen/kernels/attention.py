@@ -18,8 +18,10 @@ into ``num_splits`` equal parts *in the kernel* from the row's actual length (re
 ``cache_len`` on the device: no host sync, CUDA-graph safe), so a single request at context
 1k-4k still fills the GPU; each split keeps fp32 online-softmax statistics (running max and sum,
 base-2 exponentials) and writes a normalised fp32 partial output and its log-sum-exp; a second
-kernel merges the splits. With one split the first kernel writes the output directly. Causal
-row blocks stop at their last visible key.
+kernel merges the splits, or (``fused_merge``) the last split of each row block to finish merges
+them in the split kernel (a per-row-block ticket, as linear's split-K; the counters reset
+themselves, so CUDA graphs replay it). With one split the first kernel writes the output
+directly. Causal row blocks stop at their last visible key.
 
 Numerics: scores and softmax statistics in fp32 (no rounding of the scores, unlike the bf16
 matmul of the eager reference), probabilities rounded to V's dtype for the PV dot (fp32 under
