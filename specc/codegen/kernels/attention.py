@@ -30,7 +30,6 @@ the interpreter or with fp32 V), fp32 accumulation. A row that sees no key retur
 
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
