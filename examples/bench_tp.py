@@ -15,6 +15,12 @@ measures, on one machine:
    all-reduces inside) and timed by CUDA events; ``--step ir``: the traced IR run eagerly (torch
    ops, wall time; its attention syncs the host once per layer).
 3. Weight bytes held per rank vs on 1 GPU (from the IRs).
+4. With ``--speculative K``: speculative decoding with the sharded target and a replicated
+   drafter (``TPSpecJob``: ``--spec-method`` ar-draft or pard; the drafter is the target's config
+   cut to ``--drafter-layers`` layers with another seed, random weights, so acceptance is low and
+   only the exactness and the loop's speed mean something): every rank's tokens vs the 1-GPU
+   greedy tokens (in bf16 a near-tie may legitimately diverge: the first differing position is
+   reported), tau and tokens/s of a generation after a warm-up one.
 
 Random weights say nothing about acceptance; this checks the sharded target's verify path and
 measures its step time.
@@ -94,13 +100,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load", default="sharded", choices=["sharded", "full"],
                     help="sharded: each rank materialises only its slices; full: whole model per rank, then shard")
+    ap.add_argument("--speculative", type=int, default=0, metavar="K",
+                    help="also run speculative decoding with K drafted tokens per step (0: off)")
+    ap.add_argument("--spec-method", default="ar-draft", choices=["ar-draft", "pard"])
+    ap.add_argument("--drafter-layers", type=int, default=2)
     ap.add_argument("--step", default="compiled", choices=["compiled", "ir"],
                     help="compiled: specc's generated steps, CUDA-graphed on the GPU; ir: the traced IR, eager")
     ap.add_argument("--start-method", default=None, choices=["spawn", "fork"],
                     help="how ranks start (default: spawn on cuda, fork on cpu)")
     args = ap.parse_args(argv)
 
-    from specc.runtime.distributed import COMPILED_PASSES, DEFAULT_PASSES, RANK_ENV, TPJob, reference_run, run_tp
+    from specc.runtime.distributed import (COMPILED_PASSES, DEFAULT_PASSES, RANK_ENV, TPJob, TPSpecJob, reference_run,
+                                           run_tp)
 
     os.environ.update(RANK_ENV)
     if args.device == "cpu":
@@ -136,11 +147,25 @@ def main(argv=None) -> dict:
         print(f"[{name}] 1-device reference: {time.perf_counter() - t0:.1f} s", flush=True)
         jobs.append(TPJob(source, prompt, refs[name].tokens, args.block, dtype, passes, timing=timing, name=name,
                           load=args.load, compiled=compiled))
+        if args.speculative:
+            dcfg = dict(cfg, num_hidden_layers=args.drafter_layers)
+            if args.spec_method == "pard":
+                dcfg["pard_token"] = cfg["vocab_size"] - 2
+            jobs.append(TPSpecJob(source, {"config": dcfg, "seed": args.seed + 1}, prompt, args.tokens,
+                                  args.spec_method, args.speculative, dtype, name=name))
     t0 = time.perf_counter()
     results = run_tp(jobs, args.world, device=args.device, start_method=args.start_method)
     print(f"{args.world} ranks: {time.perf_counter() - t0:.1f} s", flush=True)
 
     for job, res in zip(jobs, results):
+        if isinstance(job, TPSpecJob):
+            want = refs[job.name].tokens
+            first = [next((i for i, (a, b) in enumerate(zip(t, want)) if a != b), None) for t in res.tokens]
+            result["models"][job.name]["speculative"] = {
+                "method": job.method, "num_draft": job.num_draft, "drafter_layers": args.drafter_layers,
+                "tokens_identical": all(t == want for t in res.tokens), "first_difference": first,
+                "tau": res.tau, "tokens_per_s": res.tokens_per_s, "target_all_reduce": res.target_all_reduce}
+            continue
         ref, name = refs[job.name], job.name
         cfg = job.source["config"]
         layers = cfg["num_hidden_layers"]
@@ -184,6 +209,12 @@ def main(argv=None) -> dict:
         for q, s in m["steps"].items():
             print(f"{name:<10} {q:>3} {s['one_device_ms']:>9.3f} {s['tp_ms']:>9.3f} {s['speedup']:>7.2f} "
                   f"{s['all_reduce_us']:>8.1f} {s['all_reduce_share_ms']:>10.3f}")
+    for name, m in result["models"].items():
+        sp = m.get("speculative")
+        if sp:
+            print(f"\n{name} speculative ({sp['method']}, k = {sp['num_draft']}): tokens identical to 1-device greedy "
+                  f"{sp['tokens_identical']} (first difference per rank {sp['first_difference']}), tau {sp['tau']}, "
+                  f"tokens/s per rank {[round(v, 1) for v in sp['tokens_per_s']]}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"\nwrote {args.out}")

@@ -523,6 +523,7 @@ class TPSpecResult:
     steps: list[int]  # per rank
     target_all_reduce: int  # all_reduce nodes in this rank's target step
     seconds: float = 0.0
+    tokens_per_s: list[float] | None = None  # per rank, a timed generation after a warm-up one
 
 
 def _run_spec_job(job: TPSpecJob, rank: int, world: int, device: torch.device, backend: str) -> TPSpecResult | None:
@@ -546,8 +547,18 @@ def _run_spec_job(job: TPSpecJob, rank: int, world: int, device: torch.device, b
         raise ValueError("a PARD drafter needs pard_token in its config")
     max_len = len(job.prompt) + job.max_new_tokens + 2 * job.num_draft + 2
     loop = build_loop(steps, job.method, job.num_draft, max_len, pard_token)
-    result = loop.generate(torch.tensor([job.prompt], device=device), job.max_new_tokens, ())
-    mine = {"tokens": list(result.tokens), "tau": float(result.stats.tau), "steps": int(result.stats.steps)}
+    prompt = torch.tensor([job.prompt], device=device)
+    result = loop.generate(prompt, job.max_new_tokens, ())  # also captures the CUDA graphs
+    dist.barrier()
+    _sync(device)
+    t0 = time.perf_counter()
+    again = loop.generate(prompt, job.max_new_tokens, ())
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    if again.tokens != result.tokens:
+        raise RuntimeError(f"rank {rank}: a second generation from the same prompt gave other tokens")
+    mine = {"tokens": list(result.tokens), "tau": float(result.stats.tau), "steps": int(result.stats.steps),
+            "tokens_per_s": len(again.tokens) / elapsed if elapsed > 0 else 0.0}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine)
     reduces = built.irs["target"].count("all_reduce")
@@ -557,7 +568,8 @@ def _run_spec_job(job: TPSpecJob, rank: int, world: int, device: torch.device, b
         return None
     return TPSpecResult(name=job.name or "speculative", world_size=world, tokens=[g["tokens"] for g in gathered],
                         tau=[g["tau"] for g in gathered], steps=[g["steps"] for g in gathered],
-                        target_all_reduce=reduces, seconds=time.perf_counter() - start)
+                        target_all_reduce=reduces, seconds=time.perf_counter() - start,
+                        tokens_per_s=[g["tokens_per_s"] for g in gathered])
 
 
 def _run_job(job: TPJob, rank: int, world: int, device: torch.device, backend: str) -> TPResult | None:

@@ -109,7 +109,7 @@ def test_bench_tp_cpu_tiny(tmp_path):
     before = torch.get_num_threads()
     try:
         result = bench.main(["--device", "cpu", "--tiny", "--tokens", "8", "--qs", "1,4", "--repeats", "2",
-                             "--warmup", "1", "--layers", "2", "--out", str(out)])
+                             "--warmup", "1", "--layers", "2", "--speculative", "3", "--out", str(out)])
     finally:
         torch.set_num_threads(before)
     assert json.loads(out.read_text())["models"].keys() == {"qwen3-8b", "qwen3-32b"}
@@ -122,6 +122,9 @@ def test_bench_tp_cpu_tiny(tmp_path):
         assert all(s["tp_ms"] > 0 and s["one_device_ms"] > 0 for s in m["steps"].values())
         assert m["pass_stats"]["all_reduce"] == 4
         assert m["step_class"] == "TargetStep"  # the generated steps ran (--step compiled)
+        sp = m["speculative"]  # fp32 on CPU: exactly the 1-device greedy tokens on both ranks
+        assert sp["tokens_identical"] and sp["first_difference"] == [None, None], sp
+        assert sp["target_all_reduce"] == 4 and len(sp["tokens_per_s"]) == 2
 
 
 @pytest.mark.parametrize("method", ["ar-draft", "pard"])
