@@ -432,9 +432,10 @@ def _rstd_block(k: int) -> int:
 
 
 def _use_tma(x2: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether TMA descriptors can describe both operands: a Hopper-or-newer GPU (or the
-    interpreter) and 16-byte aligned base addresses and row strides."""
-    if not INTERPRETED and torch.cuda.get_device_capability(x2.device)[0] < 9:
+    """Whether TMA descriptors can describe both operands: a Hopper-or-newer GPU (CPU tensors
+    reach here only under the interpreter or an sm_90 compile check) and 16-byte aligned base
+    addresses and row strides."""
+    if x2.is_cuda and torch.cuda.get_device_capability(x2.device)[0] < 9:
         return False
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
                for t in (x2, weight))
