@@ -48,11 +48,13 @@ from typing import Any, Sequence
 
 import torch
 
+from specc.compiler import DEFAULT_PIPELINE
+
 DEFAULT_PASSES = ("fuse_qkv", "fuse_gate_up", "fuse_norm_linear", "dce")
 # the single-device compiler's default pipeline (specc.compiler.DEFAULT_PIPELINE): what a rank
 # runs before code generation with ``TPJob(compiled=True)``; the pass manager puts
 # shard_tensor_parallel before fuse_rope_attention / fuse_residual_add, which must see its result
-COMPILED_PASSES = ("fuse_qkv", "fuse_gate_up", "fuse_norm_linear", "fuse_rope_attention", "fuse_residual_add", "dce")
+COMPILED_PASSES = tuple(DEFAULT_PIPELINE.split(","))
 DEFAULT_PROMPT = (5, 17, 33, 2, 8, 9, 41)
 # Environment every rank gets before the process group exists. NVLink SHARP (multicast) stays off
 # on the lent H200 machines.
