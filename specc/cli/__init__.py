@@ -22,6 +22,7 @@ SUBCOMMANDS = [
     "specc.cli.cost_cmd",
     "specc.cli.calibrate_cmd",
     "specc.cli.search_cmd",
+    "specc.cli.tp_cmd",
 ]
 
 

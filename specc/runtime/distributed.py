@@ -487,7 +487,7 @@ class TPResult:
     all_reduce_times: list[dict] | None = None  # per rank
     seconds: float = 0.0
     load: str = "sharded"
-    step: str = ""  # the class each rank ran: "GraphModule" (traced IR) or "TargetStep" (generated)
+    step: str = ""  # the class each rank ran: the traced IR's GraphModule (e.g. "VerifyStep") or "TargetStep" (generated)
 
 
 @dataclasses.dataclass
