@@ -19,6 +19,7 @@ examples:
   specc tp ./qwen3-tiny --world 2                                   # 2 gloo ranks, token forcing, traced IR
   specc tp ./qwen3-tiny --world 2 --compiled --json                 # the ranks run specc's generated steps
   specc tp ./qwen3-tiny --drafter ./pard-tiny --world 2             # speculative decoding, drafter replicated
+  specc tp ./qwen3-tiny --drafter ./dflash-tiny --num-draft 7       # DFlash: reads the sharded target's hidden states
   specc tp Qwen/Qwen3-8B --world 2 --device cuda --dtype bfloat16   # NCCL, cuda:0 and cuda:1
 exit status: 0 the sharded system matches the 1-device model, 1 it does not, 2 bad input.
 """
@@ -32,8 +33,8 @@ def register(sub) -> None:
                     "the 1-device model: token forcing without a drafter, speculative decoding with one.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="target checkpoint: local directory, hub id or zoo name")
-    p.add_argument("--drafter", metavar="D", help="a causal-LM or PARD drafter: check speculative decoding")
-    p.add_argument("--method", choices=("ar-draft", "pard"), help="with --drafter (default: from the drafter)")
+    p.add_argument("--drafter", metavar="D", help="an AR, PARD or DFlash drafter: check speculative decoding")
+    p.add_argument("--method", choices=("ar-draft", "pard", "dflash"), help="with --drafter (default: from the drafter)")
     p.add_argument("--num-draft", type=int, default=3, metavar="K", help="drafted tokens per step (default 3)")
     p.add_argument("--world", type=int, default=2, metavar="W", help="ranks (default 2)")
     p.add_argument("--tokens", type=int, default=12, metavar="N", help="tokens to force / generate (default 12)")
@@ -69,8 +70,6 @@ def run(args) -> int:
         raise UserError(f"--world {args.world} on cuda needs {args.world} GPUs, this machine has "
                         f"{torch.cuda.device_count()}")
     pair = resolve_pair(args.model, args.drafter, args.method)
-    if pair.method == "dflash":
-        raise UserError("DFlash drafters with a sharded target are not supported yet (use an AR or PARD drafter)")
     _check_shardable(pair.target.raw, args.world, args.model)
     prompt = [t % int(pair.target.raw["vocab_size"]) for t in D.DEFAULT_PROMPT]
     if pair.drafter is None:

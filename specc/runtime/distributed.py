@@ -498,7 +498,9 @@ class TPSpecJob:
     target's all-reduces).
 
     target / drafter: sources as for :class:`TPJob` (the drafter a causal LM: ``method``
-    "ar-draft", or "pard" with ``pard_token`` in its config); each rank builds both, compiles
+    "ar-draft", or "pard" with ``pard_token`` in its config; or a DFlash checkpoint, "dflash": it
+    reads the target's hidden states, whole on every rank after the all-reduces, and the
+    target's replicated embedding and LM head); each rank builds both, compiles
     them with ``pipeline`` (default: the compiler's) and ``tp=(world, rank)`` for the target,
     and runs the device loop (:func:`specc.runtime.engine.build_loop`) from ``prompt`` for
     ``max_new_tokens`` greedy tokens."""
@@ -535,18 +537,32 @@ def _run_spec_job(job: TPSpecJob, rank: int, world: int, device: torch.device, b
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
 
-    if job.method not in ("ar-draft", "pard"):
-        raise ValueError(f"TPSpecJob.method must be 'ar-draft' or 'pard', got {job.method!r}")
+    if job.method not in ("ar-draft", "pard", "dflash"):
+        raise ValueError(f"TPSpecJob.method must be 'ar-draft', 'pard' or 'dflash', got {job.method!r}")
     start = time.perf_counter()
-    target, drafter = build_model(job.target, job.dtype, device), build_model(job.drafter, job.dtype, device)
+    target = build_model(job.target, job.dtype, device)
+    spec, pard_token = None, None
+    if job.method == "dflash":  # the drafter reads the target's (replicated) embedding and LM head
+        from specc.models.dflash import DFlashDrafter
+        from specc.models.registry import load_model
+
+        if isinstance(job.drafter, dict):
+            raise ValueError("a DFlash drafter must be a checkpoint (random DFlash sources are not built here)")
+        draft = load_model(str(job.drafter), dtype=parse_dtype(job.dtype), device=device, with_tokenizer=False).model
+        spec = draft.spec
+        target.capture_layers = tuple(spec.target_layer_ids)
+        drafter = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
+    else:
+        drafter = build_model(job.drafter, job.dtype, device)
+        if job.method == "pard":
+            pard_token = drafter.config.raw.get("pard_token")
+            if pard_token is None:
+                raise ValueError("a PARD drafter needs pard_token in its config")
     target.setup_caches(1, 16)  # tracing needs caches; the loop allocates its own
     drafter.setup_caches(1, 16)
-    built = build_steps(target, drafter, job.pipeline or DEFAULT_PIPELINE, tp=(world, rank))
+    built = build_steps(target, drafter, job.pipeline or DEFAULT_PIPELINE, spec, tp=(world, rank))
     del target
-    steps = {"target": instantiate(built.emitted["target"]), "drafter": instantiate(built.emitted["drafter"])}
-    pard_token = drafter.config.raw.get("pard_token") if job.method == "pard" else None
-    if job.method == "pard" and pard_token is None:
-        raise ValueError("a PARD drafter needs pard_token in its config")
+    steps = {"target": instantiate(built.emitted["target"]), "drafter": instantiate(built.emitted["drafter"], spec)}
     max_len = len(job.prompt) + job.max_new_tokens + 2 * job.num_draft + 2
     loop = build_loop(steps, job.method, job.num_draft, max_len, pard_token)
     prompt = torch.tensor([job.prompt], device=device)

@@ -34,11 +34,12 @@ def test_forcing(checkpoints, capsys, compiled):
     assert res["pass_stats"]["all_reduce"] == 2 * 4
 
 
-def test_speculative(checkpoints, capsys):
-    code, out, _ = _run(capsys, "tp", checkpoints["target"], "--drafter", checkpoints["pard_same"], "--world", "2",
+@pytest.mark.parametrize("drafter,method", [("pard_same", "pard"), ("dflash", "dflash")])
+def test_speculative(checkpoints, capsys, drafter, method):
+    code, out, _ = _run(capsys, "tp", checkpoints["target"], "--drafter", checkpoints[drafter], "--world", "2",
                         "--tokens", "10", "--json")
     res = json.loads(out.strip().splitlines()[-1])
-    assert code == 0 and res["ok"] and res["method"] == "pard"
+    assert code == 0 and res["ok"] and res["method"] == method
     assert res["ranks"] == [res["reference"], res["reference"]] and len(res["reference"]) == 10
     assert res["target_all_reduce"] == 8
 
@@ -46,13 +47,13 @@ def test_speculative(checkpoints, capsys):
 @pytest.mark.parametrize("case,fragment", [
     ("world1", "--world must be >= 2"),
     ("world3", "not divisible by --world 3"),
-    ("dflash", "not supported yet"),
+    ("heads", "not divisible by --world 4"),
     ("missing", "nope"),
 ])
 def test_bad_input(checkpoints, tmp_path, capsys, case, fragment):
     t = checkpoints["target"]
     argv = {"world1": ["tp", t, "--world", "1"], "world3": ["tp", t, "--world", "3"],
-            "dflash": ["tp", t, "--drafter", checkpoints["dflash"]], "missing": ["tp", str(tmp_path / "nope")]}[case]
+            "heads": ["tp", t, "--world", "4"], "missing": ["tp", str(tmp_path / "nope")]}[case]
     code, _, err = _run(capsys, *argv)
     assert code == 2 and fragment in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("specc: error: ")
