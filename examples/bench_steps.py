@@ -341,12 +341,11 @@ def step_times(dtype, dev, context: int, small: bool = False) -> dict:
 
 def install_linear_sweep(path: str) -> list[dict]:
     """``linear.set_config`` the fastest config of every (M, shape) of a sweep_linear.py run."""
+    from examples.sweep_linear import SHAPES as shapes
     from specc.codegen.kernels import linear as L
 
     with open(path) as f:
         sweep = json.load(f)
-    shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
-              "lm_head": (151936, 4096)}
     installed = []
     for key, top in sweep["best"].items():
         m, name = key.split(":")

@@ -16,7 +16,6 @@ import dataclasses
 import itertools
 import json
 import math
-import statistics
 import subprocess
 import sys
 import time
@@ -24,8 +23,11 @@ import time
 import torch
 
 from specc.codegen.kernels import linear as L
+from specc.search.calibrate import Timer
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+# Qwen3-8B linear shapes (N, K); --shapes picks from these (bench_steps --linear-sweep reads them too)
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
+          "lm_head": (151936, 4096)}
 ROT_BYTES = 256 << 20
 
 
@@ -42,28 +44,8 @@ def candidates(m: int) -> list[L.LinearConfig]:
 
 
 def time_calls(calls, reps: int = 15) -> float:
-    """Median us per call of a CUDA graph running every callable once."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts) * 1e3 / len(calls)
+    """Median us per call of a CUDA graph running every callable once (the calibration timer)."""
+    return Timer("cuda", reps=reps)(lambda: [c() for c in calls], inner=len(calls)) * 1e6
 
 
 def main() -> None:

@@ -516,7 +516,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         h = _rms_norm(x2, norm_weight, eps)
         r2 = None if residual is None else residual.reshape(m, n)
         return linear(h, weight, bias, config=cfg.replace(norm_prologue=None), residual=r2).reshape(*lead, n)
-    rstd_block = _rstd_block(k)
     rstd_in_kernel = has_norm and cfg.kind == "gemv" and cfg.rstd_in_kernel is not False
     if has_norm:
         rstd = y if rstd_in_kernel else row_rstd(x2, eps)
@@ -534,7 +533,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             x2, weight, y, b, g, rstd, ws, cnt, r, m, n, k, k_per, x2.stride(0), weight.stride(0),
             y.stride(0), float(eps), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=even_k,
             X_2D=(not has_norm) if cfg.x_2d is None else bool(cfg.x_2d),
-            RSTD_BLOCK=rstd_block if rstd_in_kernel else 0, **common)
+            RSTD_BLOCK=_rstd_block(k) if rstd_in_kernel else 0, **common)
     else:
         dot_f32 = INTERPRETED or weight.dtype == torch.float32 or out_dtype != weight.dtype
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
