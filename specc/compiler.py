@@ -99,9 +99,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     the default pipeline); ``memory``: a memory file, None for the default location, False for
     none. Raises ``VerificationFailed`` (nothing written) when token forcing fails."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
-    from specc.models.dflash import DFlashDrafter
     from specc.models.loading import content_hash, load_tokenizer
-    from specc.models.registry import load_model
     from specc.pairing import resolve_pair
     from specc.runtime.engine import load
     from specc.search.deployments import get_deployment
@@ -117,18 +115,12 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     out = Path(out)
 
     say(f"loading {pair.target.name}" + (f" + {pair.drafter.name} ({pair.method})" if pair.drafter else ""))
-    target = load_model(pair.target.path, dtype, device, with_tokenizer=False).model
+    method_impl = pair.impl
+    drafter_raw = pair.drafter.raw if pair.drafter else None
+    k = method_impl.num_draft(num_draft, drafter_raw)
+    loaded = method_impl.load(pair, dtype, device)
+    target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
     tokenizer = load_tokenizer(pair.target.path)
-    draft_module, spec, k = None, None, 0
-    if pair.method == "dflash":
-        draft = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
-        spec = draft.spec
-        target.capture_layers = tuple(spec.target_layer_ids)
-        draft_module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
-        k = num_draft or spec.block_size - 1
-    elif pair.method in ("pard", "ar-draft"):
-        draft_module = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
-        k = num_draft or (8 if pair.method == "pard" else 4)
     target.setup_caches(1, 16)
     if draft_module is not None:
         draft_module.setup_caches(1, 16)
@@ -139,7 +131,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
 
         choice = choose_pipeline(pair, dep, memory, num_draft=num_draft)
         pipeline = choice.pipeline
-        if pair.method != "ar" and not num_draft:
+        if method_impl.uses_drafter and not num_draft:
             k = choice.num_draft
     else:
         pipeline = passes
@@ -158,10 +150,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
                   "eos_token_ids": list(pair.eos_token_ids)},
         "drafter": None if pair.drafter is None else {
             "name": pair.drafter.name, "kind": pair.drafter.kind, "content_hash": content_hash(pair.drafter.path),
-            "pard_token": pair.drafter.raw.get("pard_token"),
-            "dflash": None if spec is None else {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
-                                                 "target_layer_ids": list(spec.target_layer_ids),
-                                                 "num_target_layers": spec.num_target_layers}},
+            "strategy": method_impl.strategy, **method_impl.manifest_drafter(pair, loaded)},
         "deployment": dep.to_json(), "passes": {"pipeline": pipeline, "applied": pass_records},
         "lowering": lowering, "step_costs_at": {"B": dep.batch_size, "Q": k + 1, "C": 1024}, "step_costs": costs,
         "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},

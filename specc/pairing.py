@@ -13,15 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from specc.errors import UserError
+from specc.methods import Method, get_method, default_method, method_names, methods_for_kind
 from specc.models.config import ConfigError
 from specc.models.loading import CheckpointError, load_config, resolve_checkpoint
 from specc.models.registry import classify
-
-METHODS = ("ar", "ar-draft", "pard", "dflash")
-# drafter kind -> methods it can serve
-METHODS_BY_DRAFTER = {"causal_lm": ("ar-draft",), "pard": ("pard", "ar-draft"), "dflash": ("dflash",)}
-DEFAULT_METHOD = {"causal_lm": "ar-draft", "pard": "pard", "dflash": "dflash"}
-
 
 @dataclasses.dataclass
 class Checkpoint:
@@ -36,6 +31,11 @@ class Pair:
     target: Checkpoint
     drafter: Checkpoint | None
     method: str
+
+    @property
+    def impl(self) -> Method:
+        """The registered ``specc.methods.Method`` behind ``method``."""
+        return get_method(self.method)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -66,38 +66,24 @@ def inspect_checkpoint(name: str) -> Checkpoint:
 
 
 def resolve_pair(model: str, drafter: str | None = None, method: str | None = None) -> Pair:
-    if method is not None and method not in METHODS:
-        raise UserError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    """Check a target (+ drafter) and pick the method: ``method`` if given, else the drafter
+    kind's default (``specc.methods.default_method``). One-line ``UserError`` on any misfit."""
+    impl = get_method(method) if method is not None else None
     target = inspect_checkpoint(model)
     if target.kind != "causal_lm":
         raise UserError(f"{model} is a {target.kind} drafter, not a target model")
-    if drafter is None:
-        if method not in (None, "ar"):
-            raise UserError(f"--method {method} needs a --drafter")
-        return Pair(target, None, "ar")
-    if method == "ar":
-        raise UserError("--method ar runs the target alone; drop --drafter or choose another method")
-    draft = inspect_checkpoint(drafter)
-    allowed = METHODS_BY_DRAFTER[draft.kind]
-    method = method or DEFAULT_METHOD[draft.kind]
-    if method not in allowed:
-        raise UserError(f"--method {method} does not fit {drafter} (a {draft.kind} checkpoint: use {' or '.join(allowed)})")
-    _check_compatible(target, draft)
-    return Pair(target, draft, method)
+    draft = inspect_checkpoint(drafter) if drafter is not None else None
+    if impl is None:
+        impl = default_method(draft.kind if draft is not None else None)
+    if draft is not None and impl.uses_drafter and draft.kind not in impl.drafter_kinds:
+        allowed = methods_for_kind(draft.kind)
+        raise UserError(f"--method {impl.name} does not fit {drafter} (a {draft.kind} checkpoint: use "
+                        f"{' or '.join(allowed)})")
+    impl.check_pair(target, draft)
+    return Pair(target, draft, impl.name)
 
 
-def _check_compatible(target: Checkpoint, draft: Checkpoint) -> None:
-    tv, dv = target.raw.get("vocab_size"), draft.raw.get("vocab_size")
-    if tv != dv:
-        raise UserError(f"vocabulary mismatch: target {target.name} has {tv} tokens, drafter {draft.name} has {dv}")
-    if draft.kind == "dflash":
-        from specc.models.dflash import DFlashSpec
-
-        spec = DFlashSpec.from_hf(draft.raw)
-        layers = int(target.raw["num_hidden_layers"])
-        if draft.raw.get("hidden_size") != target.raw.get("hidden_size"):
-            raise UserError(f"DFlash drafter hidden size {draft.raw.get('hidden_size')} != target's {target.raw.get('hidden_size')}")
-        if max(spec.target_layer_ids) >= layers:
-            raise UserError(f"DFlash target_layer_ids {list(spec.target_layer_ids)} exceed the target's {layers} layers")
-        if spec.num_target_layers is not None and int(spec.num_target_layers) != layers:
-            raise UserError(f"DFlash drafter was trained for a {spec.num_target_layers}-layer target, {target.name} has {layers}")
+def __getattr__(name: str):
+    if name == "METHODS":  # the registered method names (kept for callers of the old constant)
+        return method_names()
+    raise AttributeError(name)

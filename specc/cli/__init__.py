@@ -14,6 +14,7 @@ from specc.errors import UserError
 # Modules providing subcommands, in the order `specc --help` lists them.
 SUBCOMMANDS = [
     "specc.cli.models_cmd",
+    "specc.cli.methods_cmd",
     "specc.cli.generate_cmd",
     "specc.cli.compile_cmd",
     "specc.cli.deployments_cmd",

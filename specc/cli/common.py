@@ -7,17 +7,17 @@ import json
 import sys
 
 from specc.errors import UserError
-from specc.pairing import METHODS
+from specc.methods import method_names
 
 
 def add_pair_args(p: argparse.ArgumentParser, with_method: bool = True) -> None:
     p.add_argument("model", metavar="MODEL", help="target checkpoint: local directory, hub id or zoo name")
     p.add_argument("--drafter", metavar="D", help="drafter checkpoint (AR causal LM, PARD or DFlash)")
     if with_method:
-        p.add_argument("--method", choices=METHODS,
+        p.add_argument("--method", choices=method_names(),
                        help="decoding method (default: from the drafter's kind; 'ar' without a drafter)")
     p.add_argument("--num-draft", type=int, metavar="K",
-                   help="drafted tokens per step (default: 4 ar-draft, 8 pard, block_size-1 dflash)")
+                   help="drafted tokens per step (default: the method's; `specc methods` lists them)")
 
 
 def add_prompt_args(p: argparse.ArgumentParser) -> None:

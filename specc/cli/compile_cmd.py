@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from specc.methods import method_names
+
 import sys
 
 from specc.cli.common import add_prompt_args, check_ids_in_vocab, emit_result, positive
@@ -14,7 +16,7 @@ def register(sub) -> None:
                        "Refuses (exit 1) to write an artifact that fails verification.")
     p.add_argument("model", metavar="MODEL", help="target checkpoint: local directory, hub id or zoo name")
     p.add_argument("--drafter", metavar="D", help="drafter checkpoint (AR causal LM, PARD or DFlash)")
-    p.add_argument("--method", choices=("ar", "ar-draft", "pard", "dflash"), help="default: from the drafter")
+    p.add_argument("--method", choices=method_names(), help="default: from the drafter (`specc methods`)")
     p.add_argument("--deployment", default="cpu", metavar="NAME",
                    help="deployment profile (`specc deployments`), or a .toml/.json file (default: cpu)")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="artifact directory to write (e.g. model.specc)")

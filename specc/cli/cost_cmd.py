@@ -5,6 +5,8 @@ Needs no weights: the step functions are traced from config.json on the meta dev
 
 from __future__ import annotations
 
+from specc.methods import method_names
+
 import argparse
 import json
 import sys
@@ -33,7 +35,7 @@ def register(sub) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="target: config.json file, checkpoint directory, zoo name or hub id")
     p.add_argument("--drafter", metavar="D", help="drafter config.json / checkpoint")
-    p.add_argument("--method", choices=("ar", "ar-draft", "pard", "dflash"), help="default: from the drafter")
+    p.add_argument("--method", choices=method_names(), help="default: from the drafter (`specc methods`)")
     p.add_argument("--deployment", default="cpu", metavar="NAME", help="deployment name or file (default: cpu)")
     p.add_argument("--passes", metavar="LIST", help="pass pipeline to apply first (default: the compile default; '' none)")
     p.add_argument("--num-draft", type=int, metavar="K", help="drafts per step (default: the method's)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from specc.methods import method_names
+
 import argparse
 import json
 import os
@@ -29,7 +31,7 @@ def register(sub) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="target checkpoint: local directory, hub id or zoo name")
     p.add_argument("--drafter", metavar="D", help="drafter checkpoint (AR causal LM, PARD or DFlash)")
-    p.add_argument("--method", choices=("ar", "ar-draft", "pard", "dflash"), help="default: from the drafter")
+    p.add_argument("--method", choices=method_names(), help="default: from the drafter (`specc methods`)")
     p.add_argument("--deployment", default="cpu", metavar="NAME",
                    help="deployment profile (`specc deployments`) or a .toml/.json file (default: cpu)")
     p.add_argument("--rounds", type=int, default=2, metavar="N", help="search rounds (default 2)")

@@ -13,6 +13,7 @@ import json
 
 from specc.cli.common import positive
 from specc.errors import UserError
+from specc.methods import available_methods
 
 EPILOG = """\
 examples:
@@ -25,6 +26,16 @@ exit status: 0 the sharded system matches the 1-device model, 1 it does not, 2 b
 """
 
 
+def drafting_method_names() -> tuple[str, ...]:
+    """Methods that speculate with a drafter (a sharded target needs one to speculate)."""
+    return tuple(name for name, m in available_methods().items() if m.uses_drafter)
+
+
+def drafting_method_names() -> tuple[str, ...]:
+    """Methods that speculate with a drafter (a sharded target needs one to speculate)."""
+    return tuple(name for name, m in available_methods().items() if m.uses_drafter)
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "tp", help="check a tensor-parallel (sharded) target against the 1-device model",
@@ -34,7 +45,7 @@ def register(sub) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="target checkpoint: local directory, hub id or zoo name")
     p.add_argument("--drafter", metavar="D", help="an AR, PARD or DFlash drafter: check speculative decoding")
-    p.add_argument("--method", choices=("ar-draft", "pard", "dflash"), help="with --drafter (default: from the drafter)")
+    p.add_argument("--method", choices=drafting_method_names(), help="with --drafter (default: from the drafter)")
     p.add_argument("--num-draft", type=int, default=3, metavar="K", help="drafted tokens per step (default 3)")
     p.add_argument("--world", type=int, default=2, metavar="W", help="ranks (default 2)")
     p.add_argument("--tokens", type=int, default=12, metavar="N", help="tokens to force / generate (default 12)")

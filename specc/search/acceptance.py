@@ -235,7 +235,7 @@ def measure_stock(pair, prompts: Sequence[Sequence[int]], num_draft: int, max_ne
 
     from specc.stock.runner import StockSystem
 
-    if pair.method == "ar":
+    if not pair.impl.uses_drafter:
         return AcceptanceModel.none(), []
     stock = stock or StockSystem(pair, num_draft, dtype or torch.float32, device)
     results = [stock.generate(list(p), max_new_tokens) for p in prompts]

@@ -1,11 +1,19 @@
-"""Run the stock system for a resolved pair: load HF models once, dispatch to the method's loop."""
+"""Run the stock system for a resolved pair: load HF models once, run the method's reference loop.
+
+Which HF drafter to load and which published loop to run is the method's business
+(``specc.methods``: ``load_stock_drafter`` / ``stock_generate``); the pair carries its method.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from specc.pairing import Pair
+from typing import TYPE_CHECKING
+
 from specc.result import GenerationResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specc.pairing import Pair
 
 
 def load_hf_causal_lm(path, dtype=torch.float32, device="cpu"):
@@ -19,32 +27,17 @@ def load_hf_causal_lm(path, dtype=torch.float32, device="cpu"):
 class StockSystem:
     """The reference system of a pair with its HF models loaded (reuse it across prompts)."""
 
-    def __init__(self, pair: Pair, num_draft: int | None = None, dtype=torch.float32, device="cpu"):
-        from specc import stock
-
+    def __init__(self, pair: "Pair", num_draft: int | None = None, dtype=torch.float32, device="cpu"):
         self.pair, self.num_draft = pair, num_draft
         self.target = load_hf_causal_lm(pair.target.path, dtype, device)
-        self.draft = None
-        if pair.method == "dflash":
-            self.draft = stock.DFlashReference.from_pretrained(pair.drafter.path, dtype, device)
-        elif pair.method in ("pard", "ar-draft"):
-            self.draft = load_hf_causal_lm(pair.drafter.path, dtype, device)
+        self.draft = pair.impl.load_stock_drafter(pair, dtype, device)
 
     def generate(self, prompt, max_new_tokens: int, eos_token_ids=None) -> GenerationResult:
-        from specc import stock
-
-        pair, k = self.pair, self.num_draft
+        pair = self.pair
         eos = pair.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
-        if pair.method == "ar":
-            return stock.generate_ar(self.target, prompt, max_new_tokens, eos)
-        if pair.method == "dflash":
-            return stock.generate_dflash(self.target, self.draft, prompt, max_new_tokens, k + 1 if k else None, eos)
-        if pair.method == "pard":
-            return stock.generate_pard(self.target, self.draft, pair.drafter.raw["pard_token"], prompt,
-                                       max_new_tokens, k or 8, eos)
-        return stock.generate_chain(self.target, self.draft, prompt, max_new_tokens, k or 4, eos)
+        return pair.impl.stock_generate(self.target, self.draft, pair, prompt, max_new_tokens, self.num_draft, eos)
 
 
-def run_stock(pair: Pair, prompt: list[int], max_new_tokens: int, num_draft: int | None = None,
+def run_stock(pair: "Pair", prompt: list[int], max_new_tokens: int, num_draft: int | None = None,
               dtype=torch.float32, device="cpu", eos_token_ids=None) -> GenerationResult:
     return StockSystem(pair, num_draft, dtype, device).generate(prompt, max_new_tokens, eos_token_ids)
