@@ -182,7 +182,7 @@ class MemoryProposer(Proposer):
                 for r in roles:
                     cand.passes.setdefault(r, ctx.best.candidate.passes.get(r, ""))
                 cand.options = {r: o for r, o in cand.options.items() if r in roles}
-                if ctx.method == "ar":
+                if not ctx.k_choices:  # the method has no drafter
                     cand.num_draft = 0
                 elif e.drafter != ctx.drafter_name or e.method != ctx.method or cand.num_draft not in ctx.k_choices:
                     cand.num_draft = ctx.best.candidate.num_draft  # k is a property of the drafter
@@ -211,7 +211,7 @@ class BuiltinProposer(Proposer):
         groups: dict[str, list[Candidate]] = {"k": [], "fusion": [], "12bit": []}
 
         for k in ctx.k_choices:
-            if k != best.num_draft and ctx.method != "ar":
+            if k != best.num_draft:
                 groups["k"].append(best.with_(num_draft=k, mechanism=f"num_draft {best.num_draft} -> {k}",
                                               origin=self.name, reason="drafter cost vs accepted tokens"))
         for name in FUSIONS:
