@@ -1,0 +1,145 @@
+"""Draft trees from per-position drafter distributions, built on the device.
+
+A parallel drafter (DFlash, PARD) gives a distribution at every block position in one forward.
+Verifying only the top-1 chain wastes the rest. DDTree (arXiv 2604.12989) keeps, under a node
+budget, the draft prefixes with the highest path log-probability, where a prefix (r_1, ..., r_d)
+picks the r_i-th most likely token at position i and scores sum_i logp_i[r_i].
+
+Because the per-position distributions do not depend on the path, a prefix never scores above
+its parent, so the ``budget`` best prefixes over all depths are closed under taking parents: they
+form a tree. They can be found without a heap, depth by depth: the best prefixes of depth d all
+extend one of the best ``budget`` prefixes of depth d - 1, so a beam of width ``budget`` over
+(parent, rank) pairs followed by one top-``budget`` over all depths gives exactly the heap's
+answer (ties broken by lower depth, then by the beam's order). That is ``depth`` small top-k calls
+on [B, budget * topk] scores: no host sync, capturable in a CUDA graph.
+
+``DraftTree`` is the batch-shaped result every tree consumer reads (attention mask, positions,
+acceptance, KV commit): node 0 is the root (the last committed token), nodes are ordered so that
+a parent precedes its children.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class DraftTree:
+    """A batch of draft trees with the same node count ``N`` (root included).
+
+    tokens [B, N]: node tokens (node 0: the last committed token);
+    parents [B, N]: parent node index (-1 for the root);
+    depths [B, N]: 0 for the root, d for a token drafted at block position d;
+    scores [B, N]: path log-probability (0 at the root)."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    scores: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[B, N, N] bool: mask[b, i, j] is True when node j is node i or one of its ancestors
+        (the tree attention mask: a node attends to the committed cache and its own path)."""
+        b, n = self.parents.shape
+        eye = torch.eye(n, dtype=torch.bool, device=self.parents.device).expand(b, n, n)
+        mask = eye.clone()
+        # parents precede children: one pass in node order fills every row from its parent's row
+        for i in range(1, n):
+            parent = self.parents[:, i].clamp(min=0)
+            row = mask[torch.arange(b, device=mask.device), parent]
+            mask[:, i] = row | eye[:, i]
+        return mask
+
+    def positions(self, base: torch.Tensor) -> torch.Tensor:
+        """[B, N] sequence positions: ``base`` [B] (the root's position) + depth."""
+        return base[:, None] + self.depths
+
+
+def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, topk: int | None = None) -> DraftTree:
+    """Best-first draft tree of ``budget`` drafted nodes (plus the root) from per-position
+    log-probabilities ``logprobs`` [B, D, V] (position d = the (d + 1)-th drafted token).
+
+    ``topk``: candidate tokens per position (default: ``budget``, enough for any tree of that
+    size). Returns a ``DraftTree`` of ``budget + 1`` nodes."""
+    if logprobs.dim() != 3:
+        raise ValueError(f"logprobs must be [B, D, V], got {tuple(logprobs.shape)}")
+    bsz, depth, vocab = logprobs.shape
+    if budget < 1 or depth < 1:
+        raise ValueError(f"need budget >= 1 and at least one drafted position (budget {budget}, depth {depth})")
+    k = min(topk or budget, vocab)
+    top_lp, top_tok = logprobs.float().topk(k, dim=-1)  # [B, D, k], sorted descending
+    dev = logprobs.device
+    width = min(budget, k)
+    # depth 1: the beam is the top ranks of position 0
+    beam_score = top_lp[:, 0, :width]  # [B, W1]
+    beam_tok = top_tok[:, 0, :width]
+    beam_parent = torch.full_like(beam_tok, -1)  # -1 = the root
+    levels = [(beam_score, beam_tok, beam_parent)]
+    for d in range(1, depth):
+        cand = beam_score[:, :, None] + top_lp[:, d, None, :]  # [B, W, k]
+        w = min(budget, cand.shape[1] * k)
+        score, flat = cand.flatten(1).topk(w, dim=-1)
+        parent_in_beam, rank = flat // k, flat % k
+        beam_tok = top_tok[:, d].gather(1, rank)
+        beam_score, beam_parent = score, parent_in_beam
+        levels.append((beam_score, beam_tok, beam_parent))
+    # global top-`budget` over every depth; ties prefer shallower nodes (earlier in the concat)
+    all_score = torch.cat([lv[0] for lv in levels], dim=1)
+    offsets, start = [], 0
+    for lv in levels:
+        offsets.append(start)
+        start += lv[0].shape[1]
+    n_cand = all_score.shape[1]
+    budget = min(budget, n_cand)
+    order_key = all_score - torch.arange(n_cand, device=dev, dtype=all_score.dtype) * 1e-9
+    _, chosen = order_key.topk(budget, dim=-1)
+    chosen, _ = chosen.sort(dim=-1)  # concat order: depth-major, so parents precede children
+    # map each candidate to its tree node index (1 + position in `chosen`), -1 when not chosen
+    node_of = torch.full((bsz, n_cand), -1, dtype=torch.long, device=dev)
+    node_of.scatter_(1, chosen, torch.arange(1, budget + 1, device=dev).expand(bsz, budget))
+    cand_depth = torch.cat([torch.full_like(lv[1], i + 1) for i, lv in enumerate(levels)], dim=1)
+    cand_tok = torch.cat([lv[1] for lv in levels], dim=1)
+    cand_parent = torch.cat([torch.where(lv[2] < 0, lv[2], lv[2] + (offsets[i - 1] if i else 0))
+                             for i, lv in enumerate(levels)], dim=1)  # parent as a candidate index
+    parent_node = torch.where(cand_parent < 0, torch.zeros_like(cand_parent),
+                              node_of.gather(1, cand_parent.clamp(min=0)))
+    tokens = torch.cat([root_tokens.reshape(bsz, 1).to(torch.long), cand_tok.gather(1, chosen)], dim=1)
+    parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), parent_node.gather(1, chosen)], dim=1)
+    depths = torch.cat([torch.zeros((bsz, 1), dtype=torch.long, device=dev), cand_depth.gather(1, chosen)], dim=1)
+    scores = torch.cat([torch.zeros((bsz, 1), device=dev), all_score.gather(1, chosen)], dim=1)
+    return DraftTree(tokens, parents, depths, scores)
+
+
+def accept_tree(tree: DraftTree, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance of the longest root path whose every token is the target's argmax at
+    its parent. ``target_argmax`` [B, N]: the target's argmax after each node.
+
+    Returns (accepted [B]: drafted tokens accepted, path [B, D + 1]: node indices of the accepted
+    path from the root, -1 past its end). The committed tokens are the accepted path's drafted
+    tokens then ``target_argmax`` at its last node (the bonus token)."""
+    bsz, n = tree.tokens.shape
+    dev = tree.tokens.device
+    parent = tree.parents.clamp(min=0)
+    # a node is "matched" when its token is the target's choice after its parent
+    matched = tree.tokens == target_argmax.gather(1, parent)
+    matched[:, 0] = True
+    # alive: matched and every ancestor matched (parents precede children)
+    alive = matched.clone()
+    for i in range(1, n):
+        alive[:, i] = matched[:, i] & alive.gather(1, parent[:, i:i + 1]).squeeze(1)
+    depth = torch.where(alive, tree.depths, torch.full_like(tree.depths, -1))
+    best_depth, best_node = depth.max(dim=1)  # the deepest alive node (first one at a tie)
+    max_depth = int(tree.depths.max()) if n else 0
+    path = torch.full((bsz, max_depth + 1), -1, dtype=torch.long, device=dev)
+    node = best_node.clone()
+    for d in range(max_depth, -1, -1):
+        here = best_depth >= d
+        path[:, d] = torch.where(here, node, path[:, d])
+        node = torch.where(here & (d > 0), parent.gather(1, node[:, None]).squeeze(1), node)
+    return best_depth, path
