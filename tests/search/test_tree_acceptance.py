@@ -1,0 +1,84 @@
+"""The tree acceptance model: formula (2), the best tree under a budget, and its sources."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from specc.errors import UserError
+from specc.runtime.trees import build_tree
+from specc.search.acceptance import AcceptanceModel
+from specc.search.tree_acceptance import TreeAcceptanceModel
+
+P = [[0.6, 0.2, 0.1], [0.5, 0.25, 0.05], [0.4, 0.3, 0.1]]
+
+
+def all_paths(p, max_depth):
+    out = []
+    for d in range(1, max_depth + 1):
+        for ranks in itertools.product(range(len(p[0])), repeat=d):
+            out.append((ranks, math.prod(p[min(i, len(p) - 1)][r] for i, r in enumerate(ranks))))
+    return out
+
+
+@pytest.mark.parametrize("budget", [1, 2, 5, 10, 20, 39])
+def test_best_tree_is_the_top_paths(budget):
+    model = TreeAcceptanceModel(P)
+    tree = model.best_tree(budget, 3)
+    want = sorted((prob for _, prob in all_paths(P, 3)), reverse=True)[:budget]
+    assert [round(x, 12) for x in sorted((t[2] for t in tree), reverse=True)] == [round(x, 12) for x in want]
+    assert model.expected_tokens(budget, 3) == pytest.approx(1 + sum(want))
+    for i, (parent, ranks, _) in enumerate(tree):
+        assert parent < i
+        assert (parent == -1) == (len(ranks) == 1)
+        if parent >= 0:
+            assert tree[parent][1] == ranks[:-1]
+
+
+def test_chain_model_reduces_to_formula_1():
+    chain = AcceptanceModel([0.8, 0.6, 0.5, 0.4])
+    tree = TreeAcceptanceModel.from_chain(chain, 4)
+    assert tree.expected_tokens(4, 4) == pytest.approx(chain.expected_tokens(4))
+    assert tree.expected_tokens(64, 4) == pytest.approx(chain.expected_tokens(4))  # ranks > 0 add nothing
+    assert "never measured" in tree.source
+
+
+def test_same_shape_as_the_runtime_builder():
+    """The cost model's static tree and the runtime's tree from the same log-probabilities agree."""
+    model = TreeAcceptanceModel(P)
+    logp = torch.tensor(P).log()[None]
+    built = build_tree(logp, torch.tensor([0]), 12, topk=3)
+    ranks_of = {}
+    sorted_tok = torch.tensor(P).argsort(dim=-1, descending=True)
+    for i in range(1, built.num_nodes):
+        path, node = [], i
+        while node > 0:
+            d = int(built.depths[0, node]) - 1
+            path.append(int((sorted_tok[d] == built.tokens[0, node]).nonzero()))
+            node = int(built.parents[0, node])
+        ranks_of[tuple(reversed(path))] = True
+    assert set(ranks_of) == {ranks for _, ranks, _ in model.best_tree(12, 3)}
+
+
+def test_from_rank_counts_and_json_roundtrip(tmp_path):
+    model = TreeAcceptanceModel.from_rank_counts([[60, 20, 20], [30, 10, 20], [0, 0, 0]], source="measured")
+    assert model.p == [[0.6, 0.2], [0.5, 1 / 6]]
+    assert model.reached == [100, 60]
+    path = tmp_path / "tree.json"
+    path.write_text(__import__("json").dumps(model.to_json()))
+    again = TreeAcceptanceModel.from_file(path)
+    assert again.p == model.p
+
+
+def test_bad_rows_are_user_errors(tmp_path):
+    with pytest.raises(UserError):
+        TreeAcceptanceModel([[0.7, 0.5]])
+    with pytest.raises(UserError):
+        TreeAcceptanceModel.from_json({"alphas": [0.5]})
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(UserError, match="not valid JSON"):
+        TreeAcceptanceModel.from_file(bad)
