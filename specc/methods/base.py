@@ -153,6 +153,14 @@ class Method:
         """Method-specific facts the artifact records about the drafter (read back by the runtime)."""
         return {}
 
+    def draft_logits(self, loaded: LoadedPair, pair: "Pair", seq: torch.Tensor, hidden: torch.Tensor | None,
+                     num_draft: int) -> torch.Tensor | None:
+        """The drafter's logits [num_draft, V] for the drafts after the committed ``seq`` [1, n]
+        (its last token not yet seen by the target), computed from scratch (no cache reuse).
+        ``hidden``: the target's captured hidden states of ``seq[:, :-1]`` when the drafter reads
+        them. None when the method has no per-position draft distribution (trees need one)."""
+        return None
+
     # ------------------------------------------------------------------ cost model
 
     def draft_shapes(self, num_draft: int, committed: int) -> list[DraftShape]:

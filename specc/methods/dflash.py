@@ -64,6 +64,18 @@ class DFlashMethod(Method):
                            "target_layer_ids": list(spec.target_layer_ids),
                            "num_target_layers": spec.num_target_layers}}
 
+    def draft_logits(self, loaded, pair, seq, hidden, num_draft):
+        import torch
+
+        spec, drafter = loaded.draft_spec, loaded.draft
+        dev = seq.device
+        block = torch.cat([seq[:, -1:], torch.full((1, num_draft), spec.mask_token_id, dtype=torch.long, device=dev)],
+                          dim=1)
+        n_ctx = hidden.shape[1]
+        drafter.setup_caches(1, n_ctx + block.shape[1])
+        pos = torch.arange(n_ctx + block.shape[1], device=dev)[None]
+        return drafter(block, hidden, pos, torch.zeros(1, dtype=torch.long, device=dev))[0, :num_draft]
+
     def draft_shapes(self, num_draft, committed):
         return [DraftShape({"Q": num_draft + 1, "N": committed}, 1)]
 

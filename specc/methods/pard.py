@@ -34,6 +34,16 @@ class PardMethod(Method):
     def manifest_drafter(self, pair, loaded):
         return {"pard_token": self.pard_token(pair.drafter.raw)}
 
+    def draft_logits(self, loaded, pair, seq, hidden, num_draft):
+        import torch
+
+        drafter = loaded.draft
+        masks = torch.full((1, num_draft - 1), self.pard_token(pair.drafter.raw), dtype=torch.long, device=seq.device)
+        feed = torch.cat([seq, masks], dim=1)
+        drafter.setup_caches(1, feed.shape[1])
+        pos = torch.arange(feed.shape[1], device=seq.device)[None]
+        return drafter(feed, pos, torch.zeros(1, dtype=torch.long, device=seq.device))[0, -num_draft:]
+
     def draft_shapes(self, num_draft, committed):
         return [DraftShape({"Q": committed + num_draft - 1}, 1)]
 

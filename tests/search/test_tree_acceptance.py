@@ -82,3 +82,26 @@ def test_bad_rows_are_user_errors(tmp_path):
     bad.write_text("{")
     with pytest.raises(UserError, match="not valid JSON"):
         TreeAcceptanceModel.from_file(bad)
+
+
+def test_measure_rank_acceptance_on_tiny_pairs(checkpoints):
+    from specc.pairing import resolve_pair
+    from specc.search.measure_tree import measure_rank_acceptance
+
+    prompts = [[5, 9, 13, 2, 7], [11, 4, 4, 8]]
+    # PARD drafter with the target's own weights: its first draft reads exactly the target's
+    # next-token logits, so depth 1 is always rank 0.
+    same = resolve_pair(str(checkpoints["target"]), str(checkpoints["pard_same"]), "pard")
+    model = measure_rank_acceptance(same, prompts, 12, depth=4, ranks=4)
+    assert model.p[0][0] == 1.0 and model.reached[0] > 0
+    assert model.expected_tokens(1, 4) == pytest.approx(2.0)
+    # a constant drafter never proposes the target's tokens at rank 0
+    const = resolve_pair(str(checkpoints["target"]), str(checkpoints["const_pard"]), "pard")
+    model = measure_rank_acceptance(const, prompts, 12, depth=4, ranks=4)
+    assert model.p[0][0] < 0.5
+    # DFlash: counts are consistent (each reached depth's hits + misses = samples reaching it)
+    dflash = resolve_pair(str(checkpoints["target"]), str(checkpoints["dflash"]))
+    model = measure_rank_acceptance(dflash, prompts, 12, depth=3, ranks=4)
+    assert sum(model.counts[0]) == model.reached[0] > 0
+    for d in range(1, len(model.counts)):
+        assert model.reached[d] <= sum(model.counts[d - 1][:-1])
