@@ -105,3 +105,30 @@ def test_measure_rank_acceptance_on_tiny_pairs(checkpoints):
     assert sum(model.counts[0]) == model.reached[0] > 0
     for d in range(1, len(model.counts)):
         assert model.reached[d] <= sum(model.counts[d - 1][:-1])
+
+
+def test_tree_cost_prefers_trees_at_bs1_on_a_gpu_deployment():
+    """Qwen3-8B + DFlash-b16 shapes on h200-bs1: verifying 33 rows costs about one AR step, so
+    with a model whose ranks > 0 carry mass the chosen budget is a tree; with the chain-only
+    model (ranks never measured) it stays a chain."""
+    from specc.methods import get_method
+    from specc.search.acceptance import AcceptanceModel
+    from specc.search.cost_model import CostModel
+    from specc.search.deployments import get_deployment
+    from specc.search.tree_cost import choose_budget, predict_tree
+    from real_configs import QWEN3_8B, QWEN3_8B_DFLASH
+    from specc.ir import trace
+
+    loaded = get_method("dflash").load_meta(QWEN3_8B, QWEN3_8B_DFLASH)
+    t_ir, d_ir = trace(loaded.target, "verify"), trace(loaded.draft, "draft")
+    model = CostModel(get_deployment("h200-bs1"))
+    method = get_method("dflash")
+    chain_acc = AcceptanceModel([0.8, 0.7, 0.6, 0.5])
+    chain = model.predict(t_ir, d_ir, method="dflash", num_draft=15, acceptance=chain_acc)
+    rich = TreeAcceptanceModel([[0.8, 0.1, 0.05], [0.7, 0.15, 0.05], [0.6, 0.2, 0.05], [0.5, 0.2, 0.1]])
+    budget, rows = choose_budget(model, t_ir, d_ir, method, rich, 15, chain)
+    assert budget > 0 and rows[0]["budget"] == 0 and len(rows) == 6
+    poor = TreeAcceptanceModel.from_chain(chain_acc, 15)
+    assert choose_budget(model, t_ir, d_ir, method, poor, 15, chain)[0] == 0
+    pred = predict_tree(model, t_ir, d_ir, method, rich, 15, 32)
+    assert pred.system.verify.values["Q"] == 33 and pred.step_time > pred.system.step_time
