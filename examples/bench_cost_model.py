@@ -1,7 +1,7 @@
 """Cost-model accuracy: predicted vs measured step times of compiled target steps.
 
 Qwen3-8B shapes with random bf16 weights (timings do not depend on the values), compiled in
-memory with the default pass pipeline (specc.compiler.build_steps + instantiate). For every batch
+memory with the default pass pipeline (specc.codegen.build.build_steps + instantiate). For every batch
 size B and new-token count Q (AR is Q = 1, verification Q > 1) at context C, the compiled step is
 timed (CUDA: median of CUDA-graph replays with CUDA events, warm-up excluded; CPU: median of
 perf_counter) and predicted by the cost model from the same post-pass IR on the deployment
@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="cost_model.json")
     args = ap.parse_args(argv)
 
-    from specc.compiler import DEFAULT_PIPELINE, build_steps
+    from specc.codegen.build import build_steps
+
+    from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
     from specc.search.calibrate import Timer, calibrate, write_calibration
     from specc.search.cost_model import CostModel

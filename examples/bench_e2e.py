@@ -22,7 +22,8 @@ import torch
 
 
 def compiled_system(pair, num_draft, dtype, device, max_len):
-    from specc.compiler import DEFAULT_PIPELINE, build_steps
+    from specc.codegen.build import build_steps
+    from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.models.dflash import DFlashDrafter
     from specc.models.registry import load_model
     from specc.runtime.compiled import instantiate

@@ -122,7 +122,8 @@ def hf_twin(model, cfg: dict):
 
 def compiled_system(target, draft_module, method: str, k: int, spec, max_len: int, graphs: bool):
     """The compiled steps under the engine's loop (``specc.runtime.engine.build_loop``)."""
-    from specc.compiler import DEFAULT_PIPELINE, build_steps
+    from specc.codegen.build import build_steps
+    from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
 
@@ -300,7 +301,8 @@ def step_times(dtype, dev, context: int, small: bool = False) -> dict:
         print(f"[steps] compiled target Q={q:3d}: {res['verify_ms'][q]:.3f} ms", flush=True)
     res["ar_ms"] = res["verify_ms"][1]
     # pass ablations on the same weights: target step at Q = 1 and 16 per pipeline
-    from specc.compiler import DEFAULT_PIPELINE, build_steps
+    from specc.codegen.build import build_steps
+    from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
 
     variants = {"default": DEFAULT_PIPELINE,

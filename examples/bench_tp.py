@@ -28,7 +28,7 @@ measures its step time.
     PYTHONPATH=. python3 examples/bench_tp.py --out $OUT/tp.json          # nvidia-h200-x2
     PYTHONPATH=. python3 examples/bench_tp.py --device cpu --tiny         # CPU smoke run (gloo)
 
-NCCL_NVLS_ENABLE=0 is set before any process group exists (specc.runtime.distributed.RANK_ENV).
+NCCL_NVLS_ENABLE=0 is set before any process group exists (specc.parallel.launch.RANK_ENV).
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ def main(argv=None) -> dict:
                     help="how ranks start (default: spawn on cuda, fork on cpu)")
     args = ap.parse_args(argv)
 
-    from specc.runtime.distributed import (COMPILED_PASSES, DEFAULT_PASSES, RANK_ENV, TPJob, TPSpecJob, reference_run,
-                                           run_tp)
+    from specc.parallel import (COMPILED_PASSES, DEFAULT_PASSES, RANK_ENV, TPJob, TPSpecJob, reference_run,
+                               run_tp)
 
     os.environ.update(RANK_ENV)
     if args.device == "cpu":

@@ -34,7 +34,8 @@ from examples.bench_steps import QWEN3_8B, build_causal, time_graph, tiny
 
 
 def build_step(cfg: dict, dtype, dev, max_len: int):
-    from specc.compiler import DEFAULT_PIPELINE, build_steps
+    from specc.codegen.build import build_steps
+    from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
 
     target = build_causal(cfg, dtype, dev, seed=1)

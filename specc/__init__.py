@@ -10,13 +10,15 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "load", "compile_artifact"]
 
 
-def __getattr__(name):  # keep `import specc` light: torch loads on first use
-    if name == "load":
-        from specc.runtime.engine import load
+# The package root is a leaf of the layering (specc.codegen.emit and others read __version__ from
+# it): it has no import statements, and the two entry points resolve on first use, so that
+# `import specc` loads nothing else and `specc.load` loads only the runtime.
+_LAZY = {"load": "specc.runtime.engine", "compile_artifact": "specc.compiler"}
 
-        return load
-    if name == "compile_artifact":
-        from specc.compiler import compile_artifact
 
-        return compile_artifact
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'specc' has no attribute {name!r}")

@@ -16,8 +16,9 @@ import torch
 
 from specc import __version__
 from specc.errors import UserError
+from specc.passes.pipelines import DEFAULT_PIPELINE
 
-DEFAULT_PIPELINE = "fuse_qkv,fuse_gate_up,fuse_norm_linear,fuse_rope_attention,fuse_residual_add,dce"
+__all__ = ["DEFAULT_PIPELINE", "CompileResult", "VerificationFailed", "compile_artifact"]
 
 
 class VerificationFailed(RuntimeError):
@@ -44,49 +45,6 @@ def _step_costs(ir, values: dict) -> dict:
             "flops": float(evaluate(totals.flops, values))}
 
 
-@dataclasses.dataclass
-class BuiltSteps:
-    irs: dict
-    emitted: dict
-    pass_records: dict
-    lowering: dict
-
-
-def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None,
-                tp: tuple[int, int] | None = None) -> BuiltSteps:
-    """Trace the target's verify step (it also serves prefill and AR: same graph, other Q) and
-    the drafter's draft step, run the pass pipeline on each, lower and emit them.
-
-    ``tp=(world_size, rank)``: the target's step is this rank's shard (``shard_tensor_parallel``
-    joins its pipeline; the pass manager orders it before the fusions that need its result);
-    the drafter stays whole (replicated on every rank)."""
-    from specc.codegen.emit import emit_step
-    from specc.codegen.lower import lower
-    from specc.ir import trace
-    from specc.passes import PassError, PassManager, PipelineError
-
-    irs = {"target": trace(target, "verify")}
-    if draft_module is not None:
-        irs["drafter"] = trace(draft_module, "draft")
-    records, lowering, emitted = {}, {}, {}
-    for role, ir in irs.items():
-        role_pipeline, options = pipeline, {}
-        if tp is not None and role == "target" and tp[0] > 1:
-            role_pipeline = ",".join(p for p in (pipeline, "shard_tensor_parallel") if p)
-            options = {"tp_world_size": int(tp[0]), "tp_rank": int(tp[1])}
-        try:
-            report = PassManager(role_pipeline, check=True, options=options).run(ir) if role_pipeline else None
-        except (PipelineError, PassError) as exc:
-            raise UserError(str(exc).splitlines()[0]) from exc
-        records[role] = [] if report is None else [
-            {"name": r.name, "changed": r.changed, "stats": r.stats} for r in report.records]
-        gm, low = lower(ir.gm)
-        lowering[role] = {"lowered": low.lowered, "eager": low.eager}
-        extra = spec.block_size if role == "drafter" and spec is not None else 0
-        emitted[role] = emit_step(gm, "TargetStep" if role == "target" else "DraftStep", cache_extra_len=extra)
-    return BuiltSteps(irs, emitted, records, lowering)
-
-
 def compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
                      out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
                      prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
@@ -99,6 +57,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     the default pipeline); ``memory``: a memory file, None for the default location, False for
     none. Raises ``VerificationFailed`` (nothing written) when token forcing fails."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
+    from specc.codegen.build import build_steps
     from specc.models.loading import content_hash, load_tokenizer
     from specc.pairing import resolve_pair
     from specc.runtime.engine import load
@@ -127,7 +86,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
 
     choice = None
     if passes is None:
-        from specc.search.driver import choose_pipeline
+        from specc.search.choose import choose_pipeline
 
         choice = choose_pipeline(pair, dep, memory, num_draft=num_draft)
         pipeline = choice.pipeline
@@ -174,7 +133,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         if choice is not None and k and any(r.accepted_lengths for r in runs):
             # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
             from specc.search.acceptance import AcceptanceModel
-            from specc.search.driver import choose_pipeline
+            from specc.search.choose import choose_pipeline
 
             acc = AcceptanceModel.from_accepted_lengths([r.accepted_lengths for r in runs], k,
                                                         source=f"measured by stock on {len(runs)} calibration prompts")

@@ -69,7 +69,8 @@ def run(args) -> int:
     from specc.search.acceptance import AcceptanceModel
     from specc.search.cost_model import CostModel, fmt_seconds, speedup_table
     from specc.search.deployments import get_deployment
-    from specc.search.driver import K_CHOICES, MetaPair, default_pipeline
+    from specc.search.defaults import K_CHOICES, default_pipeline
+    from specc.search.meta_pair import MetaPair
 
     dep = get_deployment(args.deployment)
     try:

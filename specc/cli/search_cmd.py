@@ -93,7 +93,9 @@ class RichReporter:
 
 def run(args) -> int:
     from specc.cli.common import positive
-    from specc.search.driver import BuiltinProposer, Reporter, Search
+    from specc.search.driver import Search
+    from specc.search.evaluated import Reporter
+    from specc.search.proposers import BuiltinProposer
 
     positive(args.rounds + 1, "--rounds + 1")
     positive(args.num_draft, "--num-draft")

@@ -1,7 +1,7 @@
 """`specc tp`: check a tensor-parallel target against the 1-device model, on CPU ranks or GPUs.
 
 Starts ``--world`` ranks (gloo on CPU, NCCL on CUDA, one GPU per rank), each running its shard
-of the target (``specc.runtime.distributed``). Without a drafter: token forcing of the 1-device
+of the target (``specc.parallel``). Without a drafter: token forcing of the 1-device
 model's greedy tokens through the sharded target; with one: speculative decoding with the
 target sharded and the drafter replicated, against 1-device greedy decoding.
 """
@@ -71,7 +71,7 @@ def run(args) -> int:
     import torch
 
     from specc.pairing import resolve_pair
-    from specc.runtime import distributed as D
+    from specc import parallel as D
 
     positive(args.tokens, "--tokens")
     positive(args.num_draft, "--num-draft")

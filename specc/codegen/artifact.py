@@ -20,11 +20,13 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 
-from specc.codegen.emit import EmittedStep
+if TYPE_CHECKING:
+    from specc.codegen.emit import EmittedStep
 
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"

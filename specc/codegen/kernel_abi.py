@@ -10,22 +10,15 @@ same Triton kernels under the interpreter when ``SPECC_KERNELS=triton`` and ``TR
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from specc.ir import fused
+from specc.codegen.kernels.dispatch import use_triton
+from specc.models import fused_ops as fused
 from specc.models import ops
 
 
-def use_triton(t: torch.Tensor) -> bool:
-    if t.is_cuda:
-        return os.environ.get("SPECC_KERNELS", "triton") != "reference"
-    return os.environ.get("SPECC_KERNELS") == "triton" and os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def embedding(ids, weight):
-    if use_triton(weight):
+    if use_triton(weight, opt_in=True):
         from specc.codegen.kernels import embedding as k
 
         return k.embedding(ids, weight)
@@ -33,7 +26,7 @@ def embedding(ids, weight):
 
 
 def linear(x, weight, bias=None):
-    if use_triton(x):
+    if use_triton(x, opt_in=True):
         from specc.codegen.kernels import linear as k
 
         return k.linear(x, weight, bias)
@@ -41,7 +34,7 @@ def linear(x, weight, bias=None):
 
 
 def linear_add(x, weight, bias, residual):
-    if use_triton(x):
+    if use_triton(x, opt_in=True):
         from specc.codegen.kernels import linear as k
 
         return k.linear(x, weight, bias, residual=residual)
@@ -49,7 +42,7 @@ def linear_add(x, weight, bias, residual):
 
 
 def norm_linear(x, norm_weight, eps, weight, bias=None):
-    if use_triton(x):
+    if use_triton(x, opt_in=True):
         from specc.codegen.kernels import linear as k
 
         return k.linear(x, weight, bias, norm_weight=norm_weight, eps=eps)
@@ -57,7 +50,7 @@ def norm_linear(x, norm_weight, eps, weight, bias=None):
 
 
 def rms_norm(x, weight, eps):
-    if use_triton(x):
+    if use_triton(x, opt_in=True):
         from specc.codegen.kernels import rmsnorm as k
 
         return k.rms_norm(x, weight, eps)
@@ -65,7 +58,7 @@ def rms_norm(x, weight, eps):
 
 
 def silu_mul(gate, up):
-    if use_triton(gate):
+    if use_triton(gate, opt_in=True):
         from specc.codegen.kernels import swiglu as k
 
         return k.silu_mul(gate, up)
@@ -90,7 +83,7 @@ def write_kv(k, v, cache_k, cache_v, cache_len) -> None:
 
 
 def attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale):
-    if use_triton(q):
+    if use_triton(q, opt_in=True):
         from specc.codegen.kernels import attention as kern
 
         write_kv(k, v, cache_k, cache_v, cache_len)
@@ -102,10 +95,8 @@ _PACKED: dict = {}  # sm tensor identity -> Packed12 (the kernel keeps per-weigh
 
 
 def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None, norm_weight=None, eps=1e-6):
-    from specc.passes.pack_weights_12bit import packed_linear as reference
-
-    if not use_triton(x):
-        return reference(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias, norm_weight, eps)
+    if not use_triton(x, opt_in=True):
+        return fused.packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias, norm_weight, eps)
     from specc.codegen.kernels.linear_bf12 import linear_bf12
     from specc.formats.bf12 import Packed12
 
@@ -122,11 +113,9 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
 def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
                    eps, mask_kind, scale):
     """Two kernels on CUDA: rope_and_cache (q/k norm, rotation, KV write) then attention."""
-    from specc.passes.fuse_rope_attention import rope_attention as reference
-
-    if not use_triton(q):
-        return reference(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
-                         eps, mask_kind, scale)
+    if not use_triton(q, opt_in=True):
+        return fused.rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight,
+                                    k_norm_weight, eps, mask_kind, scale)
     from specc.codegen.kernels import attention as attn
     from specc.codegen.kernels import rope
 

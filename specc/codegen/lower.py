@@ -15,10 +15,9 @@ import dataclasses
 import torch.fx
 
 from specc.codegen import kernel_abi as abi
-from specc.ir import fused
+from specc.models import fused_ops as fused
 from specc.models import ops
-from specc.passes.fuse_rope_attention import rope_attention
-from specc.passes.pack_weights_12bit import packed_linear
+from specc.models.fused_ops import packed_linear, rope_attention
 
 LOWERING = {
     ops.embedding: abi.embedding,

@@ -12,14 +12,9 @@ import torch.fx
 
 from specc.ir.meta import TensorMeta
 from specc.ir.rules import Cost, OpCall, linear_cost, register_op
-from specc.models import ops
+from specc.models.fused_ops import linear_add, norm_linear  # the eager bodies
 
-
-@torch.fx.wrap
-def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear(rms_norm(x, norm_weight, eps), weight, bias)`` with the norm as the GEMM prologue."""
-    return ops.linear(ops.rms_norm(x, norm_weight, eps), weight, bias)
+__all__ = ["linear_add", "norm_linear"]
 
 
 @register_op(norm_linear, "norm_linear")
@@ -34,14 +29,6 @@ def _norm_linear(op: OpCall) -> Cost:
     cost.flops = cost.flops + 4 * x.numel
     cost.attrs = {**cost.attrs, "eps": float(eps)}
     return cost
-
-
-@torch.fx.wrap
-def linear_add(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               residual: torch.Tensor) -> torch.Tensor:
-    """``residual + linear(x, weight, bias)`` with the add in the GEMM epilogue (the product is
-    rounded, then the sum: the same two roundings as the separate ops)."""
-    return residual + ops.linear(x, weight, bias)
 
 
 @register_op(linear_add, "linear_add")

@@ -26,13 +26,10 @@ import torch.fx
 from torch import nn
 
 from specc.ir.errors import IRError
-from specc.ir.meta import NodeMeta, TensorMeta, dtype_name, tensors_in, value_str
+from specc.ir.lint import lint as _lint
+from specc.ir.meta import GROUP_KEY, META_KEY, SCOPE_KEY, NodeMeta, TensorMeta, dtype_name, tensors_in, value_str
 from specc.ir.rules import STRUCTURAL_KINDS, OpCall, op_def
 from specc.ir.symbols import SYMBOL_DOC, SYMBOLS, ZERO, bind, evaluate, fmt_expr
-
-META_KEY = "specc"
-SCOPE_KEY = "specc_scope"
-GROUP_KEY = "specc_group"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,9 +290,7 @@ class IR:
 
     def lint(self) -> "IR":
         """Check the invariants every pass must keep; raises LintError listing each problem."""
-        from specc.ir.lint import lint
-
-        lint(self)
+        _lint(self)
         return self
 
     # ------------------------------------------------------------------ mutation helpers

@@ -12,13 +12,17 @@ it after every pass when checking is on.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.fx
 from torch import nn
 
 from specc.ir.errors import IRError, LintError
-from specc.ir.ir import IR, META_KEY
-from specc.ir.meta import NodeMeta
+from specc.ir.meta import META_KEY, NodeMeta
+
+if TYPE_CHECKING:
+    from specc.ir.ir import IR
 
 
 def problems(ir: IR) -> list[str]:

@@ -29,6 +29,11 @@ import torch
 
 from specc.ir.symbols import ZERO, fmt_shape, same, sym
 
+# node.meta keys: the NodeMeta, the module path a node came from, a region tag
+META_KEY = "specc"
+SCOPE_KEY = "specc_scope"
+GROUP_KEY = "specc_group"
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorMeta:

@@ -288,7 +288,7 @@ def attention_cost(op: OpCall, q: TensorMeta, k: TensorMeta, v: TensorMeta, ck: 
                    cache_len: TensorMeta, mask_kind, scale, cache_args: tuple[int, int] = (3, 4)) -> Cost:
     """Checks and cost of attention over a static KV cache (shared by attention and fused forms):
     reads C + Qk cache positions, writes Qk; ``cache_args`` are the cache arguments' positions."""
-    op.check(mask_kind in ops.MASK_KINDS, f"unknown mask kind {mask_kind!r} (known: {ops.MASK_KINDS})")
+    op.check(mask_kind in ops.DENSE_MASK_KINDS, f"unknown mask kind {mask_kind!r} (known: {ops.DENSE_MASK_KINDS})")
     op.check(q.ndim == 4 and k.ndim == 4 and v.ndim == 4, f"q/k/v must be [B, T, H, D]: q {q}, k {k}, v {v}")
     bsz, nq, hq, d = q.shape
     _, nk, hkv, _ = k.shape

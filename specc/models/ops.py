@@ -15,9 +15,12 @@ import torch.nn.functional as F
 
 # Mask kinds understood by ``attention``. "causal": query i of the block sees the committed
 # cache and new keys 0..i (plain decoding, chain verification, PARD drafting). "full": every
-# query sees the committed cache and every new key (DFlash's non-causal block). A tree mask
-# kind is planned; it will add an explicit [Q, Q] visibility tensor, not a new op.
-MASK_KINDS = ("causal", "full")
+# query sees the committed cache and every new key (DFlash's non-causal block). "tree": the
+# committed cache and the new keys an explicit [Q, Q] visibility tensor allows (tree
+# verification); the attention kernel (specc.codegen.kernels.attention) takes it already, the
+# eager op and the IR do not yet (DENSE_MASK_KINDS). The one list of mask kinds in specc.
+MASK_KINDS = ("causal", "full", "tree")
+DENSE_MASK_KINDS = ("causal", "full")  # the kinds attention_mask builds without a visibility tensor
 
 
 @torch.fx.wrap
@@ -72,8 +75,8 @@ def attention_mask(
     its queries are the last ``num_queries`` of them (DFlash writes context keys before its
     queries, so num_new_keys >= num_queries).
     """
-    if mask_kind not in MASK_KINDS:
-        raise ValueError(f"unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
+    if mask_kind not in DENSE_MASK_KINDS:
+        raise ValueError(f"unknown mask kind {mask_kind!r} (known: {DENSE_MASK_KINDS})")
     device = cache_len.device
     key_pos = torch.arange(kv_len, device=device)[None, None, :]
     end = (cache_len + num_new_keys)[:, None, None]

@@ -23,21 +23,9 @@ import torch.fx
 
 from specc.ir import IR, SCOPE_KEY, Cost, OpCall, register_op
 from specc.ir.rules import attention_cost
-from specc.models import ops
+from specc.models.fused_ops import rope_attention  # the eager body
 from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.registry import register_pass
-
-
-@torch.fx.wrap
-def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
-                   eps: float, mask_kind: str, scale: float):
-    """``attention(rope(norm(q)), rope(norm(k)), v, ...)`` with cos/sin from positions (norms optional)."""
-    if q_norm_weight is not None:
-        q = ops.rms_norm(q, q_norm_weight, eps)
-        k = ops.rms_norm(k, k_norm_weight, eps)
-    cos, sin = ops.rope_tables(positions, inv_freq, q)
-    q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
-    return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale)
 
 
 @register_op(rope_attention, "rope_attention", impure=True, cache_args=(5, 6))

@@ -16,30 +16,12 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from specc.formats.bf12 import Packed12, pack_bf16_12bit
+from specc.formats.bf12 import pack_bf16_12bit
 from specc.ir import IR, SCOPE_KEY, Cost, OpCall, linear_cost, register_op
 from specc.ir.meta import TensorMeta
-from specc.models import ops
+from specc.models.fused_ops import packed_linear  # the eager body
 from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.registry import register_pass
-
-_UNPACKED: dict = {}  # sm tensor identity -> (tensor ref, unpacked bf16 weight): eager body cache
-
-
-@torch.fx.wrap
-def packed_linear(x, sm, ex, base, esc_idx, esc_val, n: int, k: int, base_mode: str, bias=None,
-                  norm_weight=None, eps: float = 1e-6):
-    """``linear([rms_norm](x), W, bias)`` with W given by its bf12 planes (exact bf16 weights)."""
-    key = (sm.data_ptr(), sm.device, tuple(sm.shape))
-    hit = _UNPACKED.get(key)
-    if hit is None or hit[0] is not sm:
-        packed = Packed12(sm=sm, ex=ex, base=base, esc_idx=esc_idx, esc_val=esc_val, shape=(n, k), base_mode=base_mode)
-        hit = (sm, packed.unpack())
-        _UNPACKED[key] = hit
-    if norm_weight is not None:
-        x = ops.rms_norm(x, norm_weight, eps)
-    return ops.linear(x, hit[1].to(x.dtype), bias)
-
 
 @register_op(packed_linear, "packed_linear")
 def _packed_linear_rule(op: OpCall) -> Cost:

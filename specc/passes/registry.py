@@ -129,8 +129,7 @@ def load_plugins(refresh: bool = False) -> list[str]:
 
 def available_passes() -> dict[str, PassInfo]:
     """Every registered pass (built-in, registered by imported code, plugins), by name."""
-    import specc.passes  # noqa: F401  (registers the built-in passes)
-
+    # the built-in passes registered themselves when specc.passes (this module's package) was imported
     load_plugins()
     return dict(sorted(_REGISTRY.items()))
 

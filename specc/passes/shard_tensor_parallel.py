@@ -399,7 +399,7 @@ def tp_spec(ir: IR) -> dict | None:
     and per sliced parameter / KV cache (by qualified name) ``{"dim", "ranges", "full_shape"}``:
     the rank's tensor is the concatenation along ``dim`` of ``full[a:b]`` for each [a, b) range.
     A loader can materialise a rank's weights from a checkpoint with this alone (slices only),
-    as ``specc.runtime.distributed.load_tp_target`` does."""
+    as ``specc.parallel.loading.load_tp_target`` does."""
     return ir.gm.meta.get(SPEC_KEY)
 
 

@@ -29,11 +29,14 @@ _LAZY = {
     "BuiltinProposer": "specc.search.proposers",
     "MemoryProposer": "specc.search.proposers",
     "LLMProposer": "specc.search.llm_proposer",
-    "Choice": "specc.search.driver",
-    "MetaPair": "specc.search.driver",
+    "Choice": "specc.search.choose",
+    "choose_pipeline": "specc.search.choose",
+    "MetaPair": "specc.search.meta_pair",
+    "Evaluated": "specc.search.evaluated",
+    "Reporter": "specc.search.evaluated",
+    "SearchError": "specc.search.evaluated",
+    "SearchResult": "specc.search.evaluated",
     "Search": "specc.search.driver",
-    "SearchResult": "specc.search.driver",
-    "choose_pipeline": "specc.search.driver",
     "search": "specc.search.driver",
 }
 

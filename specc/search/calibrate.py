@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from specc.codegen.launches import LAUNCHES
 from specc.errors import UserError
 
 
@@ -386,8 +387,6 @@ def fit(dep, m: dict[str, Any], device: str):
 
 def attn_launch(device: str) -> int:
     """Kernels the attention microbenchmark launches per call (its launch cost is removed)."""
-    from specc.search.cost_model import LAUNCHES
-
     return LAUNCHES.get(device, {}).get("attention", 1) if device == "cpu" else 2
 
 

@@ -38,39 +38,14 @@ from typing import Any, Iterable, Mapping
 
 import sympy
 
+from specc.codegen.launches import LAUNCHES, register_launches  # noqa: F401  (published by codegen)
 from specc.ir import STRUCTURAL_KINDS, evaluate, fmt_expr
 from specc.ir.meta import TensorMeta, tensors_in
 
 DEFAULT_CONTEXT = 1024
 
-# Kernels (CUDA) / dispatched ops (CPU) one node of a kind becomes, from specc.codegen's lowering
-# (kernel_abi) and the reference bodies in specc.models.ops. Kinds not listed: 1.
-# A value is an int or a function of the node's NodeMeta.
-LAUNCHES: dict[str, dict[str, Any]] = {
-    # attention: write_kv (arange, add, arange, 2 index_put) + split + merge kernels;
-    # rope / rope_tables run their eager bodies (mul, neg, cat, mul, add / float, mul, cat, cos, sin, 2 casts);
-    # norm_linear: one GEMV at M = 1 (it computes the row statistics itself), an rms_norm kernel
-    # + the GEMM for more rows; packed_linear: the bf12 GEMM (+ an rms_norm kernel when it
-    # carries a norm prologue). A function gets the NodeMeta and, if it takes it, ``rows`` (M).
-    # rope_attention: rope_and_cache + the attention split and merge kernels.
-    "cuda": {"attention": 7, "rope": 5, "rope_tables": 7, "norm_linear": lambda m, rows=None: 1 if rows == 1 else 2,
-             "rope_attention": 3,
-             "packed_linear": lambda m: 2 if m.attrs.get("norm_prologue") else 1},
-    # CPU runs the reference bodies: each aten op is one dispatch.
-    "cpu": {"attention": 20, "rope": 5, "rope_tables": 7, "norm_linear": 9, "rms_norm": 8, "silu_mul": 2,
-            "rope_attention": 48,
-            "packed_linear": lambda m: 10 if m.attrs.get("norm_prologue") else 2},
-}
-
 LINEAR_LIKE_ATTR = "out_features"
 FREE_KINDS = frozenset(STRUCTURAL_KINDS)
-
-
-def register_launches(kind: str, launches, device: str | None = None) -> None:
-    """Tell the cost model how many kernels a (new) node kind lowers to (an int, or a function
-    of the node's NodeMeta), on one device type or all."""
-    for dev in ([device] if device else list(LAUNCHES)):
-        LAUNCHES.setdefault(dev, {})[kind] = launches if callable(launches) else int(launches)
 
 
 def component_of(meta, name: str) -> str:

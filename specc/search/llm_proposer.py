@@ -15,7 +15,7 @@ docs/writing-passes.md, and reads back one of:
 - the **source of a new pass** (a ```python block defining a ``specc.passes.Pass`` subclass). It is
   syntax-checked here without running it, written to ``<memory dir>/llm_passes/``, and everything
   that runs it (passes, lint, lowering, token forcing against stock, the cost-model prediction)
-  happens in a subprocess with a time limit (``specc.search.driver --worker``). It is accepted only
+  happens in a subprocess with a time limit (``specc.search.sandbox --worker``). It is accepted only
   when the IR lints, token forcing passes and the prediction beats the current best; accepted or
   not, the outcome is recorded in the memory.
 

@@ -12,7 +12,7 @@ from specc.ir.collectives import all_reduce, all_reduce_time, all_reduce_traffic
 from specc.ir.testing import random_model, run_step
 from specc.passes import PassError, PassManager, available_passes, get_pass
 from specc.passes.shard_tensor_parallel import tp_spec
-from specc.runtime.distributed import weight_summary
+from specc.parallel import weight_summary
 
 QWEN3_8B = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
@@ -199,7 +199,7 @@ def test_sharded_loading_matches_full_then_shard(family):
     """load_tp_target (meta model -> shard -> materialise slices -> fuse) gives the same
     parameters, caches and IR as building the whole model, fusing, then sharding."""
     from specc.ir.testing import tiny_config
-    from specc.runtime.distributed import build_model, load_tp_target, trace_target
+    from specc.parallel import build_model, load_tp_target, trace_target
 
     source = {"config": tiny_config(family), "seed": 5}
     model = build_model(source)

@@ -12,7 +12,7 @@ import torch
 from model_factory import make_hf_model, save
 
 import torch.distributed as dist
-from specc.runtime.distributed import COMPILED_PASSES, tp_forward_check_many
+from specc.parallel import COMPILED_PASSES, tp_forward_check_many
 
 ROOT = Path(__file__).resolve().parents[2]
 # (model, how each rank gets its weights): "sharded" = meta model -> shard -> load only its slices
@@ -134,7 +134,7 @@ def test_speculative_decoding_with_a_sharded_target(tmp_path_factory, method):
     perturbed copy of the target, so drafts are partly rejected (both paths of acceptance run)."""
     from model_factory import perturbed
 
-    from specc.runtime.distributed import tp_speculative_check
+    from specc.parallel import tp_speculative_check
 
     target = make_hf_model("qwen3", seed=0)
     extra = {"pard_token": 7} if method == "pard" else None

@@ -45,6 +45,6 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def meta8b():
     """Qwen3-8B and its DFlash drafter built from config.json on the meta device (no weights)."""
-    from specc.search.driver import MetaPair
+    from specc.search.meta_pair import MetaPair
 
     return MetaPair(QWEN3_8B, QWEN3_8B_DFLASH, "dflash", "bfloat16")

@@ -16,7 +16,7 @@ from specc.search.deployments import get_deployment
 @pytest.fixture(scope="module")
 def qwen8b(meta8b):
     """(target verify IR, DFlash draft IR) with the default pipeline applied."""
-    from specc.search.driver import default_pipeline
+    from specc.search.defaults import default_pipeline
 
     return meta8b.irs(default_pipeline())
 

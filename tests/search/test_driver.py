@@ -13,7 +13,9 @@ from broken_passes import negate_logits_source
 from real_configs import QWEN3_8B, QWEN3_8B_DFLASH
 
 from specc.search.acceptance import AcceptanceModel
-from specc.search.driver import Choice, Search, choose_pipeline, default_pipeline
+from specc.search.choose import Choice, choose_pipeline
+from specc.search.defaults import default_pipeline
+from specc.search.driver import Search
 from specc.search.memory import Memory
 from specc.search.proposers import BuiltinProposer, Candidate, Proposer
 
@@ -143,7 +145,7 @@ def test_choose_pipeline_real_size_is_cheap(tmp_path):
 
 
 def test_search_reports_a_starting_configuration_that_fails(tiny, tmp_path):
-    from specc.search.driver import SearchError
+    from specc.search.evaluated import SearchError
 
     path = tmp_path / "negate.py"
     path.write_text(textwrap.dedent(BROKEN_PASS))
@@ -155,7 +157,7 @@ def test_search_reports_a_starting_configuration_that_fails(tiny, tmp_path):
 def test_pack_weights_12bit_candidate_is_predicted_and_checked_in_bf16(tiny):
     """On a bf16 deployment candidates are checked in bf16 (on CPU too), so the 12-bit pass really
     fires; its prediction reads fewer weight bytes."""
-    from specc.search.driver import Evaluated
+    from specc.search.evaluated import Evaluated
     from specc.search.proposers import PACK_12BIT, with_pass
 
     s = Search(tiny["target"], None, deployment="h200-bs1", memory=False, **FAST)

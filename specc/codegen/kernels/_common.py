@@ -17,6 +17,9 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from specc.codegen.kernels import dispatch as _dispatch
+from specc.codegen.kernels.dispatch import use_triton  # noqa: F401  (the kernels import it from here)
+
 
 @triton.jit
 def _probe(x_ptr):
@@ -26,6 +29,7 @@ def _probe(x_ptr):
 # Triton replaces its own library functions when it is imported with TRITON_INTERPRET=1, so the
 # mode is fixed process-wide at triton's import; read it off a jitted function's type.
 INTERPRETED: bool = type(_probe).__name__ == "InterpretedFunction"
+_dispatch.INTERPRETED = INTERPRETED
 
 # The interpreter converts fp32 -> bf16 by truncation; the GPU rounds to nearest even. Kernels
 # cast through ``round_to`` so both give the GPU's (and torch's) result.
@@ -89,14 +93,6 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat
 
 def tl_dtype(dtype: torch.dtype):
     return _TL_DTYPES[dtype]
-
-
-def use_triton(*tensors: torch.Tensor) -> bool:
-    """True if the Triton kernel runs for these tensors (CUDA, or CPU under the interpreter)."""
-    t = tensors[0]
-    if t.is_cuda:
-        return True
-    return INTERPRETED and t.device.type == "cpu"
 
 
 def next_pow2(n: int) -> int:

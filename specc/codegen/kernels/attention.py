@@ -45,12 +45,13 @@ from specc.codegen.kernels._common import (
     round_to,
     use_triton,
 )
+from specc.models.ops import MASK_KINDS  # the one list of mask kinds
 
 __all__ = ["attention", "attention_reference", "attention_visibility", "MASK_KINDS", "pick_splits",
            "launch_plan"]
 
-MASK_KINDS = ("causal", "full", "tree")
 _MASK_IDS = {"causal": 0, "full": 1, "tree": 2}
+assert set(_MASK_IDS) == set(MASK_KINDS)
 _LOG2E = 1.4426950408889634
 
 

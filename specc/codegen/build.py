@@ -1,0 +1,107 @@
+"""The one build path: trace -> passes -> lower -> emit.
+
+``specc compile`` (:func:`build_steps`), the search (:func:`build_step` per role and candidate)
+and tensor-parallel ranks (:func:`trace_step` + :func:`run_passes`, :func:`emit_ir`) all build
+steps here; what they add around it (publishing, caching, sharded loading) stays with them.
+
+    built = build_steps(target, drafter, DEFAULT_PIPELINE, spec)
+    built.irs["target"], built.pass_records["target"], built.lowering["target"], built.emitted["target"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+from specc.codegen.emit import emit_step
+from specc.codegen.lower import lower
+from specc.errors import UserError
+from specc.ir.trace import trace
+from specc.passes.manager import PassManager, PipelineReport
+from specc.passes.pipelines import DEFAULT_PIPELINE
+from specc.passes.base import PassError
+from specc.passes.registry import PipelineError
+
+ROLE_STEP = {"target": "verify", "drafter": "draft"}  # the traced step of each role
+ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep"}  # the emitted class of each role
+
+
+@dataclasses.dataclass
+class BuiltSteps:
+    irs: dict
+    emitted: dict
+    pass_records: dict
+    lowering: dict
+
+
+@dataclasses.dataclass
+class BuiltStep:
+    """One role's step: the IR after the passes, the pass report, the lowering summary
+    ({"lowered": {kind: n}, "eager": {kind: n}}) and the emitted source + tensors."""
+
+    ir: Any
+    report: PipelineReport | None
+    lowering: dict
+    emitted: Any
+
+
+def trace_step(module, role: str = "target"):
+    """The IR of ``role``'s step of ``module`` (target: verify, which also serves prefill and AR;
+    drafter: draft). Caches must be set up on the module first."""
+    return trace(module, ROLE_STEP[role])
+
+
+def run_passes(ir, pipeline: str | Iterable[str], *, options: dict | None = None, check: bool = True,
+               lint: bool = False) -> PipelineReport | None:
+    """Run ``pipeline`` on ``ir`` in place (None when it is empty); ``check``: the pass manager
+    lints and checks each pass's postconditions; ``lint``: lint the result once at the end."""
+    report = PassManager(pipeline, check=check, options=options or {}).run(ir) if pipeline else None
+    if lint:
+        ir.lint()
+    return report
+
+
+def emit_ir(ir, role: str = "target", cache_extra_len: int = 0):
+    """Lower ``ir`` to the kernel ABI and emit it: (EmittedStep, lowering summary)."""
+    gm, low = lower(ir.gm)
+    emitted = emit_step(gm, ROLE_CLASS[role], cache_extra_len=cache_extra_len)
+    return emitted, {"lowered": low.lowered, "eager": low.eager}
+
+
+def build_step(module, role: str, pipeline: str | Iterable[str], *, options: dict | None = None, check: bool = True,
+               lint: bool = False, cache_extra_len: int = 0) -> BuiltStep:
+    """trace -> passes -> lower -> emit for one role."""
+    ir = trace_step(module, role)
+    report = run_passes(ir, pipeline, options=options, check=check, lint=lint)
+    emitted, lowering = emit_ir(ir, role, cache_extra_len)
+    return BuiltStep(ir, report, lowering, emitted)
+
+
+def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None,
+                tp: tuple[int, int] | None = None) -> BuiltSteps:
+    """Trace the target's verify step (it also serves prefill and AR: same graph, other Q) and
+    the drafter's draft step, run the pass pipeline on each, lower and emit them.
+
+    ``tp=(world_size, rank)``: the target's step is this rank's shard (``shard_tensor_parallel``
+    joins its pipeline; the pass manager orders it before the fusions that need its result);
+    the drafter stays whole (replicated on every rank)."""
+    modules = {"target": target}
+    if draft_module is not None:
+        modules["drafter"] = draft_module
+    irs, records, lowering, emitted = {}, {}, {}, {}
+    for role, module in modules.items():
+        role_pipeline, options = pipeline, {}
+        if tp is not None and role == "target" and tp[0] > 1:
+            role_pipeline = ",".join(p for p in (pipeline, "shard_tensor_parallel") if p)
+            options = {"tp_world_size": int(tp[0]), "tp_rank": int(tp[1])}
+        extra = spec.block_size if role == "drafter" and spec is not None else 0
+        ir = trace_step(module, role)
+        irs[role] = ir
+        try:
+            report = run_passes(ir, role_pipeline, options=options, check=True)
+        except (PipelineError, PassError) as exc:
+            raise UserError(str(exc).splitlines()[0]) from exc
+        records[role] = [] if report is None else [
+            {"name": r.name, "changed": r.changed, "stats": r.stats} for r in report.records]
+        emitted[role], lowering[role] = emit_ir(ir, role, extra)
+    return BuiltSteps(irs, emitted, records, lowering)

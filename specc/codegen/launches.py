@@ -1,0 +1,35 @@
+"""Launch counts: how many kernels (CUDA) or dispatched ops (CPU) one IR node of a kind becomes
+once lowered (``lower.LOWERING`` -> ``kernel_abi``); the cost model prices a launch each.
+
+Codegen publishes this next to the lowering it describes: change a kernel_abi function's
+kernels, change its count here. Kinds not listed: 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# From the kernel_abi functions and the reference bodies (specc.models.ops, specc.models.fused_ops).
+# A value is an int or a function of the node's NodeMeta.
+LAUNCHES: dict[str, dict[str, Any]] = {
+    # attention: write_kv (arange, add, arange, 2 index_put) + split + merge kernels;
+    # rope / rope_tables run their eager bodies (mul, neg, cat, mul, add / float, mul, cat, cos, sin, 2 casts);
+    # norm_linear: one GEMV at M = 1 (it computes the row statistics itself), an rms_norm kernel
+    # + the GEMM for more rows; packed_linear: the bf12 GEMM (+ an rms_norm kernel when it
+    # carries a norm prologue). A function gets the NodeMeta and, if it takes it, ``rows`` (M).
+    # rope_attention: rope_and_cache + the attention split and merge kernels.
+    "cuda": {"attention": 7, "rope": 5, "rope_tables": 7, "norm_linear": lambda m, rows=None: 1 if rows == 1 else 2,
+             "rope_attention": 3,
+             "packed_linear": lambda m: 2 if m.attrs.get("norm_prologue") else 1},
+    # CPU runs the reference bodies: each aten op is one dispatch.
+    "cpu": {"attention": 20, "rope": 5, "rope_tables": 7, "norm_linear": 9, "rms_norm": 8, "silu_mul": 2,
+            "rope_attention": 48,
+            "packed_linear": lambda m: 10 if m.attrs.get("norm_prologue") else 2},
+}
+
+
+def register_launches(kind: str, launches, device: str | None = None) -> None:
+    """Tell the cost model how many kernels a (new) node kind lowers to (an int, or a function
+    of the node's NodeMeta), on one device type or all."""
+    for dev in ([device] if device else list(LAUNCHES)):
+        LAUNCHES.setdefault(dev, {})[kind] = launches if callable(launches) else int(launches)

@@ -1,0 +1,112 @@
+"""``choose_pipeline``: the cheap pipeline and drafts-per-step choice `specc compile` makes.
+
+No compilation and no weights: cost-model predictions on meta-device IRs (:class:`MetaPair`) of
+the default pipeline and the validated configurations in the search memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from specc.errors import UserError
+from specc.search.acceptance import AcceptanceModel
+from specc.search.cost_model import CostModel, SystemPrediction
+from specc.search.defaults import default_num_draft, default_pipeline, k_choices
+from specc.search.defaults import one_line as _one_line
+from specc.search.meta_pair import MetaPair
+from specc.search.proposers import Candidate
+
+
+@dataclasses.dataclass
+class Choice:
+    """What `specc compile` should use: a pass pipeline (both roles), drafts per step, and the
+    prediction that chose them (tokens/s, speedup, step times, the candidates considered)."""
+
+    pipeline: str
+    num_draft: int
+    prediction: dict[str, Any]
+
+
+def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = None,
+                    acceptance: AcceptanceModel | None = None, context: int | None = None) -> Choice:
+    """Pick the pipeline and drafts per step for ``pair`` (a ``specc.pairing.Pair``) on
+    ``deployment`` (a name, file or Deployment) by predicted tokens/s. Cheap: no compilation,
+    no weights; the IRs are traced from config.json on the meta device.
+
+    Candidates: the default pipeline, and every validated single-pipeline configuration in the
+    memory (``memory``: a Memory, a path, None for the default location, False for none) of
+    this family on this deployment, then on the family's other deployments. Acceptance:
+    ``acceptance`` if given, else the memory's record for this pair, else unknown (E = 1 is
+    assumed and step times decide; drafts per step then stay at the default unless the memory
+    validated another k for this drafter). With a known acceptance and no ``num_draft``, drafts
+    per step are swept too.
+    """
+    from specc.passes import available_passes
+    from specc.search.deployments import get_deployment
+    from specc.search.memory import Memory, family_of
+    from specc.search.proposers import _pipeline_usable
+
+    dep = get_deployment(deployment) if isinstance(deployment, str) else deployment
+    method = pair.method
+    model_name, drafter_name = pair.target.name, (pair.drafter.name if pair.drafter else "")
+    mem = None
+    if memory is not False:
+        mem = memory if isinstance(memory, Memory) else Memory.open(family_of(pair.target.raw), dep.name, memory)
+    k_default = 0 if method == "ar" else (num_draft or default_num_draft(pair))
+    options: list[tuple[str, int, str]] = [(default_pipeline(), k_default, "default pipeline")]
+    registered = available_passes()
+    acc_source = "given"
+    if mem is not None:
+        for m in [mem] + mem.siblings():
+            for e in m.validated(model_name, drafter_name, method):
+                cand = Candidate.from_parameters(e.parameters)
+                pipe = cand.single_pipeline
+                if pipe is None or not _pipeline_usable(pipe, registered):
+                    continue
+                same = e.drafter == drafter_name and e.method == method
+                k = 0 if method == "ar" else (num_draft or (cand.num_draft if same and cand.num_draft else k_default))
+                options.append((pipe, k, f"memory ({e.deployment or m.deployment}): {e.mechanism}"))
+        if acceptance is None and method != "ar":
+            acceptance = mem.find_acceptance(model_name, drafter_name, method)
+            for m in mem.siblings() if acceptance is None else []:
+                acceptance = m.find_acceptance(model_name, drafter_name, method)
+                if acceptance is not None:
+                    break
+            acc_source = "memory" if acceptance is not None else "unknown"
+    if acceptance is None:
+        acceptance = AcceptanceModel.none() if method == "ar" else AcceptanceModel([], source="unknown: E = 1 assumed")
+        acc_source = "unknown" if method != "ar" else "ar"
+    if acc_source in ("given", "memory") and num_draft is None and method != "ar":
+        ks = k_choices(pair, k_default)
+        options = [(p, k, s) for p, _, s in options for k in ks] + options
+    metas = MetaPair(pair.target.raw, pair.drafter.raw if pair.drafter else None, method, dep.dtype)
+    cost = CostModel(dep)
+    considered = []
+    best: tuple[float, str, int, str, SystemPrediction] | None = None
+    seen = set()
+    for pipe, k, source in options:
+        if (pipe, k) in seen:
+            continue
+        seen.add((pipe, k))
+        try:
+            t_ir, d_ir = metas.irs(pipe)
+        except Exception as exc:
+            considered.append({"pipeline": pipe, "num_draft": k, "source": source, "error": _one_line(exc)})
+            continue
+        pred = cost.predict(t_ir, d_ir, method=method, num_draft=k, acceptance=acceptance, context=context)
+        considered.append({"pipeline": pipe, "num_draft": k, "source": source, "tokens_per_s": pred.tokens_per_s,
+                           "step_s": pred.step_time})
+        if best is None or pred.tokens_per_s > best[0] * (1 + 1e-9):
+            best = (pred.tokens_per_s, pipe, k, source, pred)
+    if best is None:
+        raise UserError(f"no pipeline could be predicted for {model_name} on {dep.name}")
+    _, pipe, k, source, pred = best
+    prediction = {"tokens_per_s": pred.tokens_per_s, "speedup": pred.speedup, "step_s": pred.step_time,
+                  "ar_step_s": pred.ar.time, "ar_tokens_per_s": pred.ar_tokens_per_s,
+                  "expected_tokens_per_step": pred.expected_tokens, "deployment": dep.name,
+                  "batch_size": pred.batch_size, "context": pred.context, "source": source,
+                  "acceptance": acceptance.to_json(), "acceptance_source": acc_source,
+                  "gap_report": pred.gap_report().to_json(), "candidates": considered,
+                  "memory": str(mem.path) if mem is not None else None}
+    return Choice(pipe, k, prediction)
