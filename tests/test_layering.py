@@ -23,8 +23,8 @@ SPECC = ROOT / "specc"
 
 # Layer order (docs/architecture.md): a module may import from its own package and from any
 # package of a lower layer, never from a higher one.
-#   cli -> compiler -> {search, methods} -> parallel -> verify -> runtime -> codegen -> passes
-#   -> ir -> stock -> pairing -> models -> formats -> errors / result / the package root
+#   cli -> compiler -> {search, methods, pairing} -> parallel -> verify -> runtime -> codegen
+#   -> passes -> ir -> stock -> models -> formats -> errors / result / the package root
 # runtime is further restricted (RUNTIME_MAY_IMPORT); stock -> models; verify may import runtime
 # and stock. The package root (specc/__init__.py) is a leaf: it holds __version__ and resolves
 # `specc.load` / `specc.compile_artifact` through importlib on first use.
@@ -33,7 +33,8 @@ LAYERS = {
     "cli": 100,
     "compiler": 90,
     "search": 80,
-    "methods": 80,  # the speculation-method registry (issue 13), beside the search
+    "methods": 80,  # the speculation methods: one module each, and their registry
+    "pairing": 80,  # checkpoints -> a checked (target, drafter, method) Pair: asks the methods
     "parallel": 70,
     "verify": 60,
     "runtime": 55,
@@ -41,7 +42,6 @@ LAYERS = {
     "passes": 40,
     "ir": 30,
     "stock": 25,
-    "pairing": 22,
     "models": 20,
     "formats": 15,
     "errors": 0,

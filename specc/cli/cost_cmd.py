@@ -52,12 +52,14 @@ def register(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def _method(args, drafter_kind: str | None) -> str:
-    if args.method:
-        if args.method != "ar" and drafter_kind is None:
-            raise UserError(f"--method {args.method} needs a --drafter")
-        return args.method
-    return {None: "ar", "dflash": "dflash", "pard": "pard", "causal_lm": "ar-draft"}[drafter_kind]
+def _method(args, drafter_kind: str | None):
+    """The method object: --method if given, else the drafter kind's default."""
+    from specc.methods import default_method, get_method
+
+    impl = get_method(args.method) if args.method else default_method(drafter_kind)
+    if impl.uses_drafter and drafter_kind is None:
+        raise UserError(f"--method {impl.name} needs a --drafter")
+    return impl
 
 
 def run(args) -> int:
@@ -69,7 +71,7 @@ def run(args) -> int:
     from specc.search.acceptance import AcceptanceModel
     from specc.search.cost_model import CostModel, fmt_seconds, speedup_table
     from specc.search.deployments import get_deployment
-    from specc.search.defaults import K_CHOICES, default_pipeline
+    from specc.search.defaults import default_pipeline
     from specc.search.meta_pair import MetaPair
 
     dep = get_deployment(args.deployment)
@@ -79,17 +81,11 @@ def run(args) -> int:
         kind = classify(raw_d) if raw_d is not None else None
     except (IRError, ConfigError, CheckpointError, OSError) as exc:
         raise UserError(str(exc)) from exc
-    method = _method(args, kind)
-    if method == "ar":
-        k = 0
-    elif args.num_draft is not None:
-        if args.num_draft < 1:
-            raise UserError("--num-draft must be >= 1")
-        k = args.num_draft
-    elif method == "dflash":
-        k = int(raw_d.get("block_size") or raw_d.get("dflash_config", {}).get("block_size") or 16) - 1
-    else:
-        k = {"pard": 8, "ar-draft": 4}[method]
+    impl = _method(args, kind)
+    method = impl.name
+    if args.num_draft is not None and args.num_draft < 1:
+        raise UserError("--num-draft must be >= 1")
+    k = impl.num_draft(args.num_draft, raw_d)
     if args.tau is not None:
         acc = AcceptanceModel.from_tau(args.tau, max(k, 1))
     elif args.alpha is not None:
@@ -97,10 +93,10 @@ def run(args) -> int:
     elif args.acceptance:
         acc = AcceptanceModel.from_file(args.acceptance)
     else:
-        acc = AcceptanceModel([], source="none given: E = 1 token per step assumed") if method != "ar" else None
+        acc = AcceptanceModel([], source="none given: E = 1 token per step assumed") if impl.uses_drafter else None
     pipeline = default_pipeline() if args.passes is None else args.passes
     try:
-        pair = MetaPair(raw_t, raw_d if method != "ar" else None, method, dep.dtype)
+        pair = MetaPair(raw_t, raw_d if impl.uses_drafter else None, method, dep.dtype)
         t_ir, d_ir = pair.irs(pipeline)
     except (IRError, ConfigError) as exc:
         raise UserError(str(exc)) from exc
@@ -114,10 +110,8 @@ def run(args) -> int:
     pred = model.predict(t_ir, d_ir, method=method, num_draft=k, acceptance=acc, context=args.context,
                          batch_size=args.batch, formula=True)
     sweep = []
-    if args.sweep and method != "ar":
-        ks = sorted({*K_CHOICES.get(method, ()), k})
-        if method == "dflash":
-            ks = [x for x in ks if x <= k]
+    if args.sweep and impl.uses_drafter:
+        ks = impl.search_k_choices(raw_d, k)
         sweep = speedup_table(model, t_ir, d_ir, method, acc, ks, args.context)
     if args.json:
         out = pred.to_json(nodes=args.nodes)

@@ -18,10 +18,10 @@ class ARDraftMethod(Method):
     def default_num_draft(self, drafter_raw):
         return 4
 
-    def eager_drafter(self, loaded, pair):
+    def drafter_for(self, draft_step, pair):
         from specc.runtime.drafters import ARDraft
 
-        return ARDraft(loaded.draft)
+        return ARDraft(draft_step)
 
     def draft_shapes(self, num_draft, committed):
         return [DraftShape({"Q": 1}, num_draft)]

@@ -145,9 +145,20 @@ class Method:
 
     # ------------------------------------------------------------------ runtime
 
-    def eager_drafter(self, loaded: LoadedPair, pair: "Pair") -> "Drafter | None":
-        """The runtime drafting strategy over the (uncompiled) drafter definition."""
+    def drafter_for(self, draft_step, pair: "Pair") -> "Drafter | None":
+        """The runtime drafting strategy over a draft step: the specc.models definition
+        (``LoadedPair.draft``) or its compiled step (same call signature)."""
         return None
+
+    def draft_inputs(self, values: dict[str, int], batch: int, context: int, pair: "Pair", device: Any,
+                     dtype: torch.dtype) -> tuple:
+        """Random inputs of one drafter forward of shape ``values`` (a ``DraftShape``'s) at
+        ``context`` committed tokens, for timing it. Default: a causal drafter step."""
+        q = int(values.get("Q", 1))
+        vocab = int(pair.target.raw["vocab_size"])
+        ids = torch.randint(0, vocab, (batch, q), device=device)
+        pos = torch.arange(context, context + q, device=device)[None].expand(batch, -1).contiguous()
+        return ids, pos, torch.full((batch,), context, dtype=torch.long, device=device)
 
     def manifest_drafter(self, pair: "Pair", loaded: LoadedPair) -> dict[str, Any]:
         """Method-specific facts the artifact records about the drafter (read back by the runtime)."""

@@ -53,10 +53,22 @@ class DFlashMethod(Method):
         target.capture_layers = tuple(draft.spec.target_layer_ids)
         return LoadedPair(target, bind_dflash(target, draft), draft.spec)
 
-    def eager_drafter(self, loaded, pair):
+    def drafter_for(self, draft_step, pair):
         from specc.runtime.drafters import DFlashDraft
 
-        return DFlashDraft(loaded.draft)
+        return DFlashDraft(draft_step)
+
+    def draft_inputs(self, values, batch, context, pair, device, dtype):
+        """[last token, masks] block ids, ``N`` rows of captured target hidden states, positions."""
+        import torch
+
+        q, n = int(values.get("Q", 1)), int(values.get("N", 0))
+        spec = _spec(pair.drafter.raw)
+        ids = torch.randint(0, int(pair.target.raw["vocab_size"]), (batch, q), device=device)
+        hidden = torch.randn(batch, n, len(spec.target_layer_ids) * int(pair.target.raw["hidden_size"]),
+                             device=device, dtype=dtype)
+        pos = torch.arange(context, context + n + q, device=device)[None].expand(batch, -1).contiguous()
+        return ids, hidden, pos, torch.full((batch,), context, dtype=torch.long, device=device)
 
     def manifest_drafter(self, pair, loaded):
         spec = loaded.draft_spec

@@ -26,10 +26,10 @@ class PardMethod(Method):
             raise UserError("PARD drafter config.json has no pard_token")
         return int(token)
 
-    def eager_drafter(self, loaded, pair):
+    def drafter_for(self, draft_step, pair):
         from specc.runtime.drafters import PardDraft
 
-        return PardDraft(loaded.draft, self.pard_token(pair.drafter.raw))
+        return PardDraft(draft_step, self.pard_token(pair.drafter.raw))
 
     def manifest_drafter(self, pair, loaded):
         return {"pard_token": self.pard_token(pair.drafter.raw)}

@@ -23,7 +23,6 @@ from specc.search.proposers import Candidate
 def system(self, cand: Candidate):
     """The compiled system of a candidate (in memory), ready for token forcing."""
     from specc.runtime.compiled import instantiate
-    from specc.runtime.drafters import ARDraft, DFlashDraft, PardDraft
     from specc.runtime.eager import EagerSpeculativeDecoder
 
     self._load_models()
@@ -33,12 +32,7 @@ def system(self, cand: Candidate):
     if "drafter" in self.roles:
         _, d_emitted, _ = self.real_ir("drafter", cand)
         d_step = instantiate(d_emitted, self.spec)
-        if self.method == "dflash":
-            drafter = DFlashDraft(d_step)
-        elif self.method == "pard":
-            drafter = PardDraft(d_step, self.pair.drafter.raw["pard_token"])
-        else:
-            drafter = ARDraft(d_step)
+        drafter = self.pair.impl.drafter_for(d_step, self.pair)
     max_len = max(len(r.prompt) + len(r.tokens) for r in self.runs) + 2
     return EagerSpeculativeDecoder(t_step, drafter, cand.num_draft, max_len)
 
@@ -67,7 +61,7 @@ def check(self, ev: Evaluated) -> Evaluated:
         ev.verified, ev.status, ev.error = False, "rejected: token forcing failed", report.summary()
         return ev
     ev.verified, ev.status = True, "verified"
-    if cand.num_draft and self.method != "ar":
+    if cand.num_draft and self.pair.impl.uses_drafter:
         acc = AcceptanceModel.from_accepted_lengths(
             rec.lengths, cand.num_draft, source=f"compiled system k={cand.num_draft}, free decoding of "
                                                 f"{len(rec.lengths)} calibration prompts")

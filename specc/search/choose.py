@@ -48,12 +48,12 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
     from specc.search.proposers import _pipeline_usable
 
     dep = get_deployment(deployment) if isinstance(deployment, str) else deployment
-    method = pair.method
+    method, drafts = pair.method, pair.impl.uses_drafter
     model_name, drafter_name = pair.target.name, (pair.drafter.name if pair.drafter else "")
     mem = None
     if memory is not False:
         mem = memory if isinstance(memory, Memory) else Memory.open(family_of(pair.target.raw), dep.name, memory)
-    k_default = 0 if method == "ar" else (num_draft or default_num_draft(pair))
+    k_default = (num_draft or default_num_draft(pair)) if drafts else 0
     options: list[tuple[str, int, str]] = [(default_pipeline(), k_default, "default pipeline")]
     registered = available_passes()
     acc_source = "given"
@@ -65,9 +65,9 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
                 if pipe is None or not _pipeline_usable(pipe, registered):
                     continue
                 same = e.drafter == drafter_name and e.method == method
-                k = 0 if method == "ar" else (num_draft or (cand.num_draft if same and cand.num_draft else k_default))
+                k = (num_draft or (cand.num_draft if same and cand.num_draft else k_default)) if drafts else 0
                 options.append((pipe, k, f"memory ({e.deployment or m.deployment}): {e.mechanism}"))
-        if acceptance is None and method != "ar":
+        if acceptance is None and drafts:
             acceptance = mem.find_acceptance(model_name, drafter_name, method)
             for m in mem.siblings() if acceptance is None else []:
                 acceptance = m.find_acceptance(model_name, drafter_name, method)
@@ -75,9 +75,9 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
                     break
             acc_source = "memory" if acceptance is not None else "unknown"
     if acceptance is None:
-        acceptance = AcceptanceModel.none() if method == "ar" else AcceptanceModel([], source="unknown: E = 1 assumed")
-        acc_source = "unknown" if method != "ar" else "ar"
-    if acc_source in ("given", "memory") and num_draft is None and method != "ar":
+        acceptance = AcceptanceModel([], source="unknown: E = 1 assumed") if drafts else AcceptanceModel.none()
+        acc_source = "unknown" if drafts else "ar"
+    if acc_source in ("given", "memory") and num_draft is None and drafts:
         ks = k_choices(pair, k_default)
         options = [(p, k, s) for p, _, s in options for k in ks] + options
     metas = MetaPair(pair.target.raw, pair.drafter.raw if pair.drafter else None, method, dep.dtype)

@@ -561,29 +561,24 @@ class CostModel:
         target_ir: the target's verify IR (it also serves AR at Q = 1); draft_ir: the drafter's draft
         IR (DFlash: bound to the target's embedding and LM head).
         """
+        from specc.methods import get_method
         from specc.search.acceptance import AcceptanceModel
 
         dep = self.deployment
         b = int(batch_size or dep.batch_size)
         c = int(context if context is not None else min(max(DEFAULT_CONTEXT, dep.context_min), dep.context_max))
         ar = self.step(target_ir, {"B": b, "Q": 1, "C": c}, step="ar", formula=formula)
-        if method == "ar" or draft_ir is None or num_draft < 1:
+        impl = get_method(method)  # the drafter forwards a step makes are the method's
+        if not impl.uses_drafter or draft_ir is None or num_draft < 1:
             return SystemPrediction("ar", 0, dep.name, b, c, ar, None, [], 1.0, AcceptanceModel.none())
         acceptance = acceptance or AcceptanceModel.none()
         k = int(num_draft)
         e = acceptance.expected_tokens(k)
         verify = self.step(target_ir, {"B": b, "Q": k + 1, "C": c}, step="verify", formula=formula)
         committed = max(1, int(round(e)))
-        if method == "dflash":
-            drafts = [(self.step(draft_ir, {"B": b, "Q": k + 1, "C": c, "N": committed}, step="draft", role="drafter",
-                                 formula=formula), 1)]
-        elif method == "pard":
-            drafts = [(self.step(draft_ir, {"B": b, "Q": committed + k - 1, "C": c}, step="draft", role="drafter",
-                                 formula=formula), 1)]
-        elif method == "ar-draft":
-            drafts = [(self.step(draft_ir, {"B": b, "Q": 1, "C": c}, step="draft", role="drafter", formula=formula), k)]
-        else:
-            raise ValueError(f"unknown method {method!r}")
+        drafts = [(self.step(draft_ir, {"B": b, "C": c, **shape.values}, step="draft", role="drafter",
+                             formula=formula), shape.count)
+                  for shape in impl.draft_shapes(k, committed)]
         return SystemPrediction(method, k, dep.name, b, c, ar, verify, drafts, e, acceptance)
 
 

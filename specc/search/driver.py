@@ -93,7 +93,7 @@ class Search:
         self.reporter = reporter or Reporter()
         self.max_new_tokens, self.num_prompts, self.max_verify = max_new_tokens, num_prompts, max_verify
         self.sandbox_timeout = sandbox_timeout
-        self.roles: tuple[str, ...] = ("target",) if self.method == "ar" else ROLES
+        self.roles: tuple[str, ...] = ROLES if self.pair.impl.uses_drafter else ("target",)
         self.family = family_of(self.pair.target.raw)
         if memory is False:
             self.memory = None
@@ -105,7 +105,7 @@ class Search:
         if proposers is not None and not any(isinstance(p, MemoryProposer) for p in self.proposers):
             self.proposers.insert(0, MemoryProposer())
         k0 = num_draft if num_draft is not None else default_num_draft(self.pair)
-        if self.method == "ar":
+        if not self.pair.impl.uses_drafter:
             k0 = 0
         self.k_choices = k_choices(self.pair, k0)
         pipe = default_pipeline() if start_pipeline is None else start_pipeline
@@ -134,19 +134,11 @@ class Search:
     def _load_models(self) -> dict[str, Any]:
         if self._models is not None:
             return self._models
-        from specc.models.dflash import DFlashDrafter
-        from specc.models.registry import load_model
-
-        pair, dtype, device = self.pair, self.dtype, self.device
-        target = load_model(pair.target.path, dtype, device, with_tokenizer=False).model
-        models: dict[str, Any] = {"target": target}
-        if pair.method == "dflash":
-            draft = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
-            self.spec = draft.spec
-            target.capture_layers = tuple(draft.spec.target_layer_ids)
-            models["drafter"] = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
-        elif pair.method in ("pard", "ar-draft"):
-            models["drafter"] = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
+        loaded = self.pair.impl.load(self.pair, self.dtype, self.device)
+        self.spec = loaded.draft_spec
+        models: dict[str, Any] = {"target": loaded.target}
+        if loaded.draft is not None:
+            models["drafter"] = loaded.draft
         for m in models.values():
             m.setup_caches(1, 16)
         self._models = models
@@ -155,17 +147,12 @@ class Search:
     def _meta_models(self) -> dict[str, Any]:
         if self._meta is not None:
             return self._meta
-        from specc.ir import bind_dflash, meta_model
-
-        dtype = self.deployment.dtype
-        target = meta_model(self.pair.target.raw, dtype=dtype)
-        out: dict[str, Any] = {"target": target.model}
-        if self.pair.method == "dflash":
-            draft = meta_model(self.pair.drafter.raw, dtype=dtype).model
-            target.model.capture_layers = tuple(draft.spec.target_layer_ids)
-            out["drafter"] = bind_dflash(target.model, draft)
-        elif self.pair.drafter is not None:
-            out["drafter"] = meta_model(self.pair.drafter.raw, dtype=dtype).model
+        pair = self.pair
+        loaded = pair.impl.load_meta(pair.target.raw, pair.drafter.raw if pair.drafter else None,
+                                     dtype=self.deployment.dtype)
+        out: dict[str, Any] = {"target": loaded.target}
+        if loaded.draft is not None:
+            out["drafter"] = loaded.draft
         self._meta = out
         return out
 
@@ -257,7 +244,7 @@ class Search:
     # ------------------------------------------------------------------ evaluation
 
     def acceptance_for(self, cand: Candidate) -> AcceptanceModel:
-        if self.method == "ar":
+        if not self.pair.impl.uses_drafter:
             return AcceptanceModel.none()
         return self._acceptance.get(cand.key()) or self.stock_acceptance or AcceptanceModel.none()
 

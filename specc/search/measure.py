@@ -35,7 +35,7 @@ def measure_candidate(self, cand: Candidate, acceptance: AcceptanceModel) -> dic
         return timer(lambda: step(ids, pos, lens))
 
     out: dict[str, Any] = {"ar_s": target_time(1), "batch_size": b, "context": c}
-    if self.method == "ar" or not cand.num_draft:
+    if not self.pair.impl.uses_drafter or not cand.num_draft:
         out.update(step_s=out["ar_s"], tokens_per_s=b / out["ar_s"], ar_tokens_per_s=b / out["ar_s"], speedup=1.0)
         return out
     k = cand.num_draft
@@ -45,16 +45,8 @@ def measure_candidate(self, cand: Candidate, acceptance: AcceptanceModel) -> dic
     for pred, count in p.drafts:
         q, n = pred.values.get("Q", 1), pred.values.get("N", 0)
         d_step.setup_caches(b, c + q + n + 8)
-        lens = torch.full((b,), c, dtype=torch.long, device=dev)
-        ids = torch.randint(0, vocab, (b, q), device=dev)
-        if self.method == "dflash":
-            hidden = torch.randn(b, n, len(self.spec.target_layer_ids) * int(self.pair.target.raw["hidden_size"]),
-                                 device=dev, dtype=self.dtype)
-            pos = torch.arange(c, c + n + q, device=dev)[None].expand(b, -1).contiguous()
-            t = timer(lambda: d_step(ids, hidden, pos, lens))
-        else:
-            pos = torch.arange(c, c + q, device=dev)[None].expand(b, -1).contiguous()
-            t = timer(lambda: d_step(ids, pos, lens))
+        args = self.pair.impl.draft_inputs(pred.values, b, c, self.pair, dev, self.dtype)
+        t = timer(lambda: d_step(*args))
         draft_total += t * count
     out["draft_s"] = draft_total
     out["step_s"] = draft_total + out["verify_s"]

@@ -11,21 +11,15 @@ class MetaPair:
 
     ``irs(pipeline, options)`` -> (target verify IR, drafter draft IR or None) after the passes;
     cached per pipeline. No weights: this is how real sizes (Qwen3-8B) are predicted on a laptop.
+    The method (``specc.methods``) wires the pair together as it does with weights.
     """
 
     def __init__(self, target_config, drafter_config=None, method: str = "ar", dtype: str | None = None):
-        from specc.ir import bind_dflash, meta_model
+        from specc.methods import get_method
 
         self.method = method
-        self.target = meta_model(target_config, dtype=dtype)
-        self.drafter = None
-        if drafter_config is not None and method != "ar":
-            d = meta_model(drafter_config, dtype=dtype)
-            if d.kind == "dflash":
-                self.target.model.capture_layers = tuple(d.model.spec.target_layer_ids)
-                self.drafter = bind_dflash(self.target.model, d.model)
-            else:
-                self.drafter = d.model
+        loaded = get_method(method).load_meta(target_config, drafter_config, dtype=dtype)
+        self.target_model, self.drafter = loaded.target, loaded.draft
         self._cache: dict[tuple, tuple] = {}
 
     def irs(self, pipeline: str = "", options: dict[str, Any] | None = None):
@@ -33,7 +27,7 @@ class MetaPair:
 
         key = (pipeline, json.dumps(options or {}, sort_keys=True))
         if key not in self._cache:
-            t_ir = trace_step(self.target.model, "target")
+            t_ir = trace_step(self.target_model, "target")
             run_passes(t_ir, pipeline, options=options, check=False)
             d_ir = None
             if self.drafter is not None:

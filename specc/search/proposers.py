@@ -36,8 +36,6 @@ FUSIONS = ("fuse_qkv", "fuse_gate_up", "fuse_norm_linear")
 PACK_12BIT = "pack_weights_12bit"
 PACK_OPTIONS = ("pack_include", "pack_exclude", "pack_base")  # the options pack_weights_12bit reads
 CANONICAL = FUSIONS + (PACK_12BIT,)
-# Drafts per step the built-in proposer tries, by method (bounded by a DFlash drafter's block).
-K_CHOICES = {"ar-draft": (1, 2, 3, 4, 5, 6, 8), "pard": (2, 3, 4, 6, 8, 10, 12), "dflash": (1, 3, 5, 7, 9, 11, 13, 15)}
 ROLES = ("target", "drafter")
 
 
