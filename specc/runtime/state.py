@@ -91,10 +91,11 @@ class StateKind:
         """The per-slot shape of an existing buffer (what emission records)."""
         raise NotImplementedError
 
-    def commit(self, buffer: torch.Tensor, lengths: torch.Tensor, accepted: torch.Tensor,
+    def commit(self, buffers: list[torch.Tensor], lengths: torch.Tensor, accepted: torch.Tensor,
                path: torch.Tensor | None) -> None:
-        """Make the accepted positions of the last step the row's state. Called before the
-        state's ``lengths`` grow by ``accepted``. ``path`` [B, P]: block slots (relative to
+        """Make the accepted positions of the last step the rows' state, for every buffer of
+        this kind at once (kinds may pair buffers, e.g. K with V). Called before the state's
+        ``lengths`` grow by ``accepted``. ``path`` [B, P]: block slots (relative to
         ``lengths``) of the accepted tree path, or None for a chain (accepted = a prefix)."""
         raise NotImplementedError
 
@@ -115,18 +116,27 @@ class KVState(StateKind):
     def slot_shape(self, buffer):
         return (int(buffer.shape[1]), int(buffer.shape[3]))
 
-    def commit(self, buffer, lengths, accepted, path):
+    def commit(self, buffers, lengths, accepted, path):
         """Chain: nothing to move (the length update is the commit). Tree: move the path's K/V
-        entries ``lengths[b] + path[b, p]`` to ``lengths[b] + p`` (one buffer at a time; the
-        kernel takes K and V together, here each is passed as both halves of a pair)."""
-        if path is None:
+        entries ``lengths[b] + path[b, p]`` to ``lengths[b] + p`` with ``kv_compact`` (one
+        launch per K/V pair)."""
+        if path is None or not buffers:
             return
         from specc.codegen.kernels.kv_cache import kv_compact
 
         base = lengths[:, None]
         steps = torch.arange(path.shape[1], device=path.device)[None]
         src = torch.where(path >= 0, base + path, torch.full_like(path, -1))
-        kv_compact(buffer, buffer, src, base + steps, accepted)
+        dst = base + steps
+        pairs = list(zip(buffers[0::2], buffers[1::2]))
+        if len(buffers) % 2:  # an unpaired buffer: its partner is a scratch copy
+            pairs.append((buffers[-1], buffers[-1].clone()))
+        for cache_k, cache_v in pairs:
+            if cache_k.shape != cache_v.shape:
+                kv_compact(cache_k, cache_k.clone(), src, dst, accepted)
+                kv_compact(cache_v, cache_v.clone(), src, dst, accepted)
+            else:
+                kv_compact(cache_k, cache_v, src, dst, accepted)
 
     def fork(self, buffer, src, dst, length):
         buffer[dst, :, :length] = buffer[src, :, :length]
@@ -198,8 +208,9 @@ class DecodingState:
         each kind moves / selects its entries (KV: compaction with ``kv_compact``; recurrent
         states: the snapshot at the path's last node) before the lengths grow."""
         if path is not None:
-            for spec in self.specs:
-                _kind(spec.kind).commit(self.buffers[spec.name], self.lengths, accepted, path)
+            for kind in dict.fromkeys(spec.kind for spec in self.specs):
+                buffers = [self.buffers[spec.name] for spec in self.specs if spec.kind == kind]
+                _kind(kind).commit(buffers, self.lengths, accepted, path)
         self.lengths += accepted.to(self.lengths.dtype)
 
     def fork(self, src_slot: int, dst_slot: int) -> None:
