@@ -3,7 +3,8 @@
 One ``forward`` serves every step function: prefill (Q = prompt length), AR (Q = 1), verify
 (Q = k drafted tokens + 1) and PARD drafting. Inputs carry explicit positions and per-row cache
 lengths; KV caches are static buffers on the attention modules, declared by ``state_specs()``
-and allocated by a ``specc.runtime.state.DecodingState`` (``setup_caches``), so a step never allocates and the whole step traces into one torch.fx graph.
+and allocated by a ``specc.runtime.state.DecodingState`` (``setup_caches``), so a step never
+allocates and the whole step traces into one torch.fx graph.
 Llama and Qwen3 differ only in Qwen3's per-head q/k RMSNorm.
 """
 
