@@ -3,8 +3,10 @@
 The source is torch.fx's own code generation of the graph, wrapped in a class with explicit
 imports, so a compiled step is a plain importable module that a user can read and diff. Weights
 become flat attributes (``layers_0_self_attn_q_proj_weight``) loaded from the artifact's
-safetensors; KV caches are flat attributes the runtime allocates (only their per-token shape is
-recorded). Nothing here knows about kernels: lowering already chose the call targets.
+safetensors; state buffers (KV caches) are flat attributes the runtime allocates: emission
+knows them by the ``StateSpec`` tracing put on their get_attr node (``node.meta["state"]``,
+declared by the model), never by name, and records the spec (kind, per-slot shape, dtype,
+extra_len) in ``EmittedStep.caches``. Nothing here knows about kernels: lowering already chose the call targets.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class EmittedStep:
     class_name: str
     source: str
     weights: dict[str, torch.Tensor]  # flat attribute name -> tensor
-    caches: dict[str, dict]  # flat attribute name -> {"heads", "head_dim", "dtype", "extra_len"}
+    caches: dict[str, dict]  # flat attribute name -> StateSpec.to_manifest(): {"kind", "shape", "dtype", "extra_len", ...}
     inputs: list[str]
 
 
@@ -68,8 +70,12 @@ def _import_line(name: str, obj) -> str:
     raise EmitError(f"cannot emit an import for global {name!r} ({obj!r})")
 
 
-def emit_step(gm: torch.fx.GraphModule, class_name: str, cache_extra_len: int = 0) -> EmittedStep:
-    """Flatten attribute references and generate the step's source."""
+def emit_step(gm: torch.fx.GraphModule, class_name: str, cache_extra_len: int | None = None) -> EmittedStep:
+    """Flatten attribute references and generate the step's source.
+
+    ``cache_extra_len``: deprecated (the model's StateSpec carries ``extra_len``); when given it
+    overrides the declared value, as callers before StateSpec passed it."""
+    from specc.runtime.state import STATE_KINDS
     graph = gm.graph
     weights: dict[str, torch.Tensor] = {}
     caches: dict[str, dict] = {}
@@ -80,9 +86,14 @@ def emit_step(gm: torch.fx.GraphModule, class_name: str, cache_extra_len: int = 
             flat = _flat(node.target)
             if not torch.is_tensor(value):
                 raise EmitError(f"get_attr {node.target} is not a tensor")
-            if node.target.endswith(("cache_k", "cache_v")):
-                caches[flat] = {"heads": int(value.shape[1]), "head_dim": int(value.shape[3]),
-                                "dtype": str(value.dtype).replace("torch.", ""), "extra_len": cache_extra_len}
+            spec = node.meta.get("state")
+            if spec is not None:
+                # shape and dtype from the buffer itself: passes may have resliced it (tensor parallel)
+                spec = dataclasses.replace(spec, name=flat, shape=STATE_KINDS[spec.kind].slot_shape(value),
+                                           dtype=str(value.dtype).replace("torch.", ""))
+                if cache_extra_len is not None:
+                    spec = dataclasses.replace(spec, extra_len=cache_extra_len)
+                caches[flat] = spec.to_manifest()
             else:
                 weights[flat] = value
             node.target = flat

@@ -74,8 +74,14 @@ class _Tracer(torch.fx.Tracer):
         return node
 
 
-def _caches_missing(layers) -> bool:
-    return any(layer.self_attn.cache_k is None for layer in layers)
+def _caches_missing(model) -> bool:
+    """Whether any state buffer the model declares is not allocated yet."""
+    def missing(path):
+        obj = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        return obj is None
+    return any(missing(spec.name) for spec in model.state_specs())
 
 
 def _on_meta(module: nn.Module) -> bool:
@@ -83,8 +89,8 @@ def _on_meta(module: nn.Module) -> bool:
     return p is not None and p.device.type == "meta"
 
 
-def _ensure_caches(model: nn.Module, layers, owner) -> None:
-    if not _caches_missing(layers):
+def _ensure_caches(model: nn.Module, owner) -> None:
+    if not _caches_missing(model):
         return
     if _on_meta(model):
         owner.setup_caches(1, 64)
@@ -120,7 +126,7 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
         if step != "draft":
             raise IRError(f"a DFlash drafter has only the draft step, not {step!r}")
         draft = model.draft
-        _ensure_caches(model, draft.layers, draft)
+        _ensure_caches(model, draft)
         cfg, spec = draft.config, draft.spec
         dtype = draft.fc.weight.dtype
         n_hidden = len(spec.target_layer_ids) * cfg.hidden_size
@@ -135,7 +141,7 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
         title = title or _describe(cfg, "DFlash drafter") + f", block {spec.block_size}"
         dflt = {"B": 1, "Q": spec.block_size, "C": 1024, "N": 4}
     elif isinstance(model, CausalLM):
-        _ensure_caches(model, model.layers, model)
+        _ensure_caches(model, model)
         cfg = model.config
         q = 1 if step == "ar" else Q
         inputs = [
@@ -159,6 +165,7 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
     if names != [s.name for s in inputs]:
         raise IRError(f"{type(model).__name__}.forward takes {names}, expected {[s.name for s in inputs]}")
     _merge_size_nodes(gm.graph)
+    _mark_state(gm.graph, model)
     if model_kind == "dflash":
         scopes = {f"draft.{m}" for m in DFLASH_CONTEXT_MODULES}
         for node in gm.graph.nodes:
@@ -168,6 +175,18 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
     ir = IR(gm, step, inputs, model_kind=model_kind, title=title, defaults=dflt)
     ir.refresh()
     return ir
+
+
+STATE_KEY = "state"
+
+
+def _mark_state(graph: torch.fx.Graph, model: nn.Module) -> None:
+    """Put the model's declared state (``model.state_specs()``, ``specc.runtime.state.StateSpec``)
+    on the get_attr nodes of those buffers: ``node.meta["state"]``. Emission reads it."""
+    declared = {spec.name: spec for spec in model.state_specs()} if hasattr(model, "state_specs") else {}
+    for node in graph.nodes:
+        if node.op == "get_attr" and node.target in declared:
+            node.meta[STATE_KEY] = declared[node.target]
 
 
 def _merge_size_nodes(graph: torch.fx.Graph) -> int:

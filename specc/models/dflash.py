@@ -95,13 +95,22 @@ class DFlashDraft(nn.Module):
     def from_hf_config(cls, raw: dict[str, Any]) -> "DFlashDraft":
         return cls(model_config_from_hf(raw), DFlashSpec.from_hf(raw))
 
-    def setup_caches(self, batch: int, max_len: int, dtype=None, device=None) -> None:
-        """The cache holds context K/V of up to ``max_len`` tokens plus one block of noise."""
+    def state_specs(self) -> list:
+        """Per layer a K and V cache holding context K/V of up to ``max_len`` tokens plus one
+        block of noise (``extra_len`` = block size)."""
+        return [spec for i, layer in enumerate(self.layers)
+                for spec in layer.self_attn.state_specs(f"layers.{i}.self_attn.", self.spec.block_size)]
+
+    def setup_caches(self, batch: int, max_len: int, dtype=None, device=None):
+        """A thin wrapper: a ``DecodingState`` from ``state_specs()``, bound to this module."""
+        from specc.runtime.state import DecodingState
+
         dtype = dtype or self.fc.weight.dtype
         device = device or self.fc.weight.device
-        for layer in self.layers:
-            layer.self_attn.allocate_cache(batch, max_len + self.spec.block_size, dtype, device)
+        state = DecodingState(self.state_specs(), device, dtype).allocate(batch, max_len)
+        state.bind(self)
         self.max_batch, self.max_len = batch, max_len
+        return state
 
     def forward(self, noise: torch.Tensor, target_hidden: torch.Tensor, positions: torch.Tensor,
                 cache_len: torch.Tensor) -> torch.Tensor:
@@ -135,8 +144,11 @@ class DFlashDrafter(nn.Module):
     def device(self) -> torch.device:
         return self.draft.fc.weight.device
 
-    def setup_caches(self, batch: int, max_len: int, dtype=None, device=None) -> None:
-        self.draft.setup_caches(batch, max_len, dtype, device)
+    def state_specs(self) -> list:
+        return [spec.with_prefix("draft.") for spec in self.draft.state_specs()]
+
+    def setup_caches(self, batch: int, max_len: int, dtype=None, device=None):
+        return self.draft.setup_caches(batch, max_len, dtype, device)
 
     def forward(self, block_ids, target_hidden, positions, cache_len):
         noise = ops.embedding(block_ids, self.embed_tokens.weight)

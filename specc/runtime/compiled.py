@@ -2,7 +2,8 @@
 
 A generated ``target.py`` / ``drafter.py`` defines a ``CompiledStep`` subclass whose ``forward``
 is the lowered graph. The artifact's manifest says which flat attributes are weights (stored in
-weights.safetensors) and which are KV caches (allocated here, per batch size and max length).
+weights.safetensors) and which are state buffers (``caches``: a ``StateSpec`` per flat attribute,
+allocated here through a ``DecodingState``, per batch size and max length).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from specc.models.dflash import DFlashSpec
+from specc.runtime.state import DecodingState, StateSpec
 
 
 class CompiledStep(torch.nn.Module):
@@ -23,6 +25,7 @@ class CompiledStep(torch.nn.Module):
         for name, tensor in weights.items():
             setattr(self, name, tensor)
         self._cache_specs = dict(caches)
+        self._state_specs = [StateSpec.from_manifest(name, entry) for name, entry in caches.items()]
         self._spec = spec
         self._device = next(iter(weights.values())).device if weights else torch.device("cpu")
         self.max_batch = self.max_len = 0
@@ -37,13 +40,20 @@ class CompiledStep(torch.nn.Module):
             raise AttributeError("this step is not a DFlash drafter")
         return self._spec
 
-    def setup_caches(self, batch: int, max_len: int, dtype=None, device=None) -> None:
-        device = device or self._device
-        for name, spec in self._cache_specs.items():
-            dt = dtype or getattr(torch, spec["dtype"])
-            shape = (batch, spec["heads"], max_len + spec.get("extra_len", 0), spec["head_dim"])
-            setattr(self, name, torch.zeros(shape, dtype=dt, device=device))
+    def state_specs(self) -> list[StateSpec]:
+        """The state this step declares (from the manifest), named by flat attribute."""
+        return list(self._state_specs)
+
+    def setup_caches(self, batch: int, max_len: int, dtype=None, device=None) -> DecodingState:
+        """Allocate the declared state through a ``DecodingState`` and bind it (``dtype``, when
+        given, overrides the recorded dtypes)."""
+        specs = self._state_specs
+        if dtype is not None:
+            specs = [StateSpec(s.name, s.kind, s.shape, None, s.extra_len) for s in specs]
+        state = DecodingState(specs, device or self._device, dtype).allocate(batch, max_len)
+        state.bind(self)
         self.max_batch, self.max_len = batch, max_len
+        return state
 
 
 def instantiate(emitted, spec: DFlashSpec | None = None) -> CompiledStep:

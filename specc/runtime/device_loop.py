@@ -1,12 +1,20 @@
-"""The speculative loop with tokens kept on the device: one small host sync per target step.
+"""The production speculative loop: batch-shaped state on the device, one small host copy per step.
 
-Same algorithm and statistics as ``EagerSpeculativeDecoder`` (which it subclasses for setup,
-``forced_argmax`` and streaming), but the committed sequence lives in a device buffer: drafters
-read it and return their drafts as device tensors (``Drafter.propose_tokens``), the verify input
-is assembled on the device, greedy acceptance (longest matching prefix, then the target's own
-token) is computed on the device and written back into the buffer, and the host learns the
-step's outcome from one copy of k + 2 integers. An AR drafter feeds each draft to the next
-forward without leaving the GPU. This is the loop the compiled engine runs.
+Every piece of loop state is per row: the committed sequences ``seq`` [B, L] (device), the
+target's ``DecodingState`` whose ``lengths`` [B] count the tokens each row has in the target
+cache (= committed - 1: the last committed token is fed by the next step), per-row committed
+counts, budgets and finished flags (host mirrors, updated from the step's one device -> host
+copy). Batch 1 is one case of it. Drafters read ``seq`` and return drafts [B, k] as device
+tensors (``Drafter.propose_rows``), the verify input is assembled on the device, the verifier
+(``specc.runtime.verifiers.ChainVerifier``: greedy acceptance, one batched kernel) decides per
+row on the device, the committed tokens are written back into ``seq`` and the state's lengths
+advance on the device; the host learns the step's outcome from one copy of B x (k + 2)
+integers. An AR drafter feeds each draft to the next forward without leaving the GPU. A finished
+row stays in the batch but commits nothing more (its per-row draft cap is 0 and its length is
+frozen) until every row has finished.
+
+Same algorithm and statistics as the eager reference loop (``specc.runtime.eager``), which is a
+separate implementation of the same surface, not a base class of this one.
 """
 
 from __future__ import annotations
@@ -16,20 +24,15 @@ import time
 import torch
 
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
-from specc.runtime.eager import EagerSpeculativeDecoder
+from specc.runtime.loop import SpeculativeLoop
+from specc.runtime.state import DecodingState
+from specc.runtime.verifiers import ChainVerifier, Verifier
 
 
 def greedy_accept(drafts: torch.Tensor, posterior: torch.Tensor):
-    """drafts [1, k], posterior [1, k + 1] -> (accepted count [1], committed [1, k + 1]).
-
-    committed[i] = drafts[i] for i < a, posterior[a] at i = a (entries after a are junk)."""
-    k = drafts.shape[1]
-    if k == 0:
-        return torch.zeros(1, dtype=torch.long, device=posterior.device), posterior
-    accepted = (drafts == posterior[:, :k]).long().cumprod(dim=1).sum(dim=1)
-    index = torch.arange(k + 1, device=posterior.device)[None]
-    padded = torch.cat([drafts, posterior[:, k:]], dim=1)
-    return accepted, torch.where(index < accepted[:, None], padded, posterior)
+    """drafts [B, k], posterior [B, k + 1] -> (accepted [B], committed [B, k + 1]): the chain
+    verifier on the target's greedy tokens (kept for callers of the old name)."""
+    return ChainVerifier().verify_tokens(drafts, posterior)
 
 
 class PartTimer:
@@ -56,71 +59,180 @@ class _NoTimer:
         pass
 
 
-class DeviceSpeculativeDecoder(EagerSpeculativeDecoder):
+class DeviceSpeculativeDecoder(SpeculativeLoop):
     """``capture_shapes``: before the first generation's first step, call the drafter with every
     input shape it can see (``Drafter.capture_shapes``) so graphed steps are all captured up
     front. Set on CUDA, where the engine also drafts the full k at the end of the budget
-    (``cap_to_budget=False``: the surplus is clipped) so that verification has one shape."""
+    (``cap_to_budget=False``: the surplus is clipped) so that verification has one shape.
+    ``batch``: rows the state is allocated for (``generate_batch`` reallocates for another B)."""
 
     profile = False  # set True to time the loop's parts (``self.part_seconds`` after a run)
     capture_shapes = False
     _shapes_captured = False
 
-    def resize(self, max_len: int) -> None:
-        super().resize(max_len)
+    def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
+                 cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1):
+        self.target, self.drafter, self.num_draft = target, drafter, num_draft
+        self.cap_to_budget = cap_to_budget
+        self.verifier = verifier or ChainVerifier()
+        if drafter is not None and drafter.needs_target_hidden:
+            target.capture_layers = tuple(drafter.spec.target_layer_ids)
+        self.part_seconds: dict = {}
+        self._steps_k1: dict = {}
+        self.resize(max_len, batch)
+
+    def resize(self, max_len: int, batch: int | None = None) -> None:
+        """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
+        self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
+        state = self.target.setup_caches(self.batch, max_len + self.num_draft + 1)
+        if not isinstance(state, DecodingState):  # a step that allocates its own buffers
+            state = DecodingState([], self.target.device).allocate(self.batch, max_len + self.num_draft + 1)
+        self.state = state
+        if self.drafter is not None:
+            self.drafter.setup(max_len + self.num_draft + 1, self.batch)
         self._shapes_captured = False  # graphed steps drop their graphs with the old caches
 
-    def _target_dev(self, ids: torch.Tensor, start: int):
-        dev = ids.device
-        out = self.target(ids, torch.arange(start, start + ids.shape[1], device=dev)[None],
-                          torch.full((1,), start, dtype=torch.long, device=dev))
+    def _arange(self, n: int) -> torch.Tensor:
+        steps = self._steps_k1.get(n)
+        if steps is None:
+            steps = torch.arange(n, device=self.target.device)[None]
+            if n <= 2 * self.num_draft + 2:  # per-step shapes are kept, prompt lengths are not
+                self._steps_k1[n] = steps
+        return steps
+
+    def _target_rows(self, ids: torch.Tensor):
+        """The target over ``ids`` [B, Q] written at each row's ``state.lengths``."""
+        lengths = self.state.lengths
+        out = self.target(ids, lengths[:, None] + self._arange(ids.shape[1]), lengths)
         return out if isinstance(out, tuple) else (out, None)
 
-    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
-        prompt = as_prompt_list(input_ids)
-        if len(prompt) + max_new_tokens > self.max_len:
-            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds max_len {self.max_len}")
+    @torch.inference_mode()
+    def forced_argmax(self, prompt, tokens) -> list[int]:
+        """Target argmax at each position of ``tokens`` when fed them (token forcing): prefill
+        on the prompt, then verify-sized blocks through the KV cache (row 0)."""
+        prompt, tokens = as_prompt_list(prompt), list(tokens)
+        if self.batch != 1:
+            self.resize(self.max_len, 1)
         dev = self.target.device
-        seq = torch.zeros(1, len(prompt) + max_new_tokens + self.num_draft + 2, dtype=torch.long, device=dev)
-        seq[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        stats = GenerationStats()
+        self.state.lengths.zero_()
+        logits, _ = self._target_rows(torch.tensor([prompt], dtype=torch.long, device=dev))
+        self.state.lengths += len(prompt)
+        out = [int(logits[0, -1].argmax())]
+        block = self.num_draft + 1
+        for start in range(0, len(tokens) - 1, block):
+            chunk = tokens[start:start + block][: len(tokens) - 1 - start]
+            logits, _ = self._target_rows(torch.tensor([chunk], dtype=torch.long, device=dev))
+            self.state.lengths += len(chunk)
+            out += logits[0].argmax(-1).tolist()
+        return out[: len(tokens)]
+
+    def generate_batch(self, prompts, max_new_tokens: int, eos_token_ids=()) -> list[GenerationResult]:
+        """Greedy generation for several prompts at once, one row each (equal prompt lengths for
+        now); per row the same tokens as that prompt alone."""
+        gen = self._rows_loop([as_prompt_list(p) for p in prompts], max_new_tokens, eos_token_ids)
+        with torch.inference_mode():
+            while True:
+                try:
+                    next(gen)
+                except StopIteration as stop:
+                    return stop.value
+
+    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
+        gen = self._rows_loop([as_prompt_list(input_ids)], max_new_tokens, eos_token_ids)
+        while True:
+            try:
+                _, tok = next(gen)
+            except StopIteration as stop:
+                return stop.value[0]
+            yield tok
+
+    def _rows_loop(self, prompts: list[list[int]], max_new_tokens: int, eos_token_ids=()):
+        """Yields (row, token) as tokens are committed; returns one GenerationResult per row."""
+        rows = len(prompts)
+        plen = len(prompts[0])
+        if any(len(p) != plen for p in prompts):
+            raise NotImplementedError("prompts of different lengths in one batch (a later batching issue)")
+        if plen + max_new_tokens > self.max_len:
+            raise ValueError(f"prompt ({plen}) + max_new_tokens ({max_new_tokens}) exceeds max_len {self.max_len}")
+        if rows != self.batch:
+            self.resize(self.max_len, rows)
+        dev = self.target.device
+        k_max = self.num_draft if self.drafter is not None else 0
+        seq = torch.zeros(rows, plen + max_new_tokens + k_max + 2, dtype=torch.long, device=dev)
+        seq[:, :plen] = torch.tensor(prompts, dtype=torch.long)
+        stats = [GenerationStats() for _ in range(rows)]
         timer = PartTimer(dev) if self.profile else _NoTimer()
         timer.mark("prefill")
-        n = len(prompt)
-        logits, context = self._target_dev(seq[:, :n], 0)
-        stats.target_forwards += 1
+        self.state.lengths.zero_()
+        logits, context = self._target_rows(seq[:, :plen])
+        self.state.lengths += plen  # the first generated token's K/V lands with the first verify step
         first = logits[:, -1].argmax(-1)
-        seq[:, n] = first
-        tokens, stop = clip_committed([int(first)], 0, max_new_tokens, eos_token_ids)
-        yield from tokens
+        seq[:, plen] = first
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        done = [False] * rows
+        for b, tok in enumerate(first.tolist()):
+            stats[b].target_forwards += 1
+            tokens[b], done[b] = clip_committed([tok], 0, max_new_tokens, eos_token_ids)
+            yield from ((b, t) for t in tokens[b])
+        n = [plen + 1] * rows  # committed tokens per row (host mirror of state.lengths + 1)
+        active = torch.ones(rows, dtype=torch.long, device=dev) if rows > 1 else None
         if self.drafter is not None:
             self.drafter.forwards = 0
-            self.drafter.reset(prompt, context)
+            self.drafter.reset_rows([plen] * rows, context)
             if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
                 self.drafter.capture_shapes(seq, self.num_draft)
                 self._shapes_captured = True
-        while not stop:
-            n = len(prompt) + len(tokens)  # committed; seq[0, n - 1] not yet seen by the target
-            k = 0
+        while not all(done):
+            left = [max_new_tokens - len(t) - 1 for b, t in enumerate(tokens) if not done[b]]
+            k, caps = 0, None
             if self.drafter is not None:
-                k = min(self.num_draft, max_new_tokens - len(tokens) - 1) if self.cap_to_budget else self.num_draft
+                k = min(self.num_draft, max(left)) if self.cap_to_budget else self.num_draft
+                if rows > 1:
+                    row_caps = [0 if done[b] else min(k, max_new_tokens - len(tokens[b]) - 1) if self.cap_to_budget
+                                else k for b in range(rows)]
+                    caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
             timer.mark("draft")
-            drafts = self.drafter.propose_tokens(seq, n, k) if k > 0 else seq[:, :0]
+            drafts = self.drafter.propose_rows(seq, n, k) if k > 0 else seq[:, :0]
             timer.mark("verify")
-            logits, context = self._target_dev(torch.cat([seq[:, n - 1:n], drafts], dim=1), n - 1)
-            stats.target_forwards += 1
+            if rows == 1:
+                last = seq[:, n[0] - 1:n[0]]
+            else:
+                last = seq.gather(1, self.state.lengths[:, None])
+            logits, context = self._target_rows(torch.cat([last, drafts], dim=1))
             timer.mark("accept")
-            accepted, committed = greedy_accept(drafts, logits.argmax(-1))
-            seq[:, n:n + k + 1] = committed
-            host = torch.cat([accepted, committed[0]]).tolist()  # the step's one device -> host copy
-            a = host[0]
+            if caps is None and rows > 1:
+                caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
+            accepted, committed = self.verifier.verify(drafts, logits, caps)
+            if rows == 1:
+                seq[:, n[0]:n[0] + k + 1] = committed
+                self.state.commit(accepted + 1)
+            else:
+                seq.scatter_(1, self.state.lengths[:, None] + self._arange(k + 2)[:, 1:], committed)
+                self.state.commit((accepted + 1) * active)
+            host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
+            acc = [row[0] for row in host]
             if self.drafter is not None:
-                self.drafter.accepted(n, a, k, context)
-            step, stop = clip_committed(host[1:a + 2], len(tokens), max_new_tokens, eos_token_ids)
-            tokens += step
-            stats.accepted_lengths.append(len(step))
-            yield from step
+                self.drafter.accepted_rows(n, acc, k, context)
+            finished_now = False
+            for b in range(rows):
+                if done[b]:
+                    continue
+                a = acc[b]
+                stats[b].target_forwards += 1
+                step, done[b] = clip_committed(host[b][1:a + 2], len(tokens[b]), max_new_tokens, eos_token_ids)
+                tokens[b] += step
+                n[b] += a + 1
+                stats[b].accepted_lengths.append(len(step))
+                finished_now |= done[b]
+                yield from ((b, t) for t in step)
+            if finished_now and active is not None:
+                active = torch.tensor([0 if d else 1 for d in done], dtype=torch.long, device=dev)
         timer.mark(None)
         self.part_seconds = dict(timer.parts)
-        stats.draft_forwards = self.drafter.forwards if self.drafter is not None else 0
-        return GenerationResult.finish(tokens, stats, self.method, eos_token_ids)
+        forwards = self.drafter.forwards if self.drafter is not None else 0
+        results = []
+        for b in range(rows):
+            stats[b].draft_forwards = forwards
+            results.append(GenerationResult.finish(tokens[b], stats[b], self.method, eos_token_ids))
+        return results
+

@@ -2,7 +2,9 @@
 
 This is the loop the compiled engine reproduces with generated kernels; here it runs the model
 definitions eagerly, which makes it the bridge in the lossless proof: stock (HF) == this loop ==
-compiled. Greedy; batch 1; acceptance decided on the host.
+compiled. Greedy; batch 1 on host lists; acceptance by the same ``ChainVerifier`` as the
+production loop (``specc.runtime.device_loop``), which is a separate implementation of the same
+surface (``specc.runtime.loop.SpeculativeLoop``), not a subclass of this one.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import torch
 from specc.models.decoder import CausalLM
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
 from specc.runtime.drafters import Drafter
+from specc.runtime.loop import SpeculativeLoop
 
 
-class EagerSpeculativeDecoder:
+class EagerSpeculativeDecoder(SpeculativeLoop):
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft: int = 4,
                  max_len: int = 2048, cap_to_budget: bool = True):
         self.cap_to_budget = cap_to_budget
@@ -29,10 +32,6 @@ class EagerSpeculativeDecoder:
         self.target.setup_caches(1, max_len + self.num_draft + 1)
         if self.drafter is not None:
             self.drafter.setup(max_len + self.num_draft + 1)
-
-    @property
-    def method(self) -> str:
-        return self.drafter.method if self.drafter is not None else "ar"
 
     def _target(self, ids: list[int], start: int):
         dev = self.target.device
@@ -56,25 +55,6 @@ class EagerSpeculativeDecoder:
             pos += len(chunk)
         return out[: len(tokens)]
 
-    def generate(self, input_ids, max_new_tokens: int, eos_token_ids=()) -> GenerationResult:
-        result = None
-        gen = self._run(input_ids, max_new_tokens, eos_token_ids)
-        while True:
-            try:
-                next(gen)
-            except StopIteration as stop:
-                result = stop.value
-                break
-        return result
-
-    def stream(self, input_ids, max_new_tokens: int, eos_token_ids=()):
-        """Yield each committed token as soon as its verification step finishes."""
-        yield from self._run(input_ids, max_new_tokens, eos_token_ids)
-
-    def _run(self, input_ids, max_new_tokens: int, eos_token_ids=()):
-        with torch.inference_mode():
-            return (yield from self._loop(input_ids, max_new_tokens, eos_token_ids))
-
     def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
         prompt = as_prompt_list(input_ids)
         if len(prompt) + max_new_tokens > self.max_len:
@@ -95,10 +75,9 @@ class EagerSpeculativeDecoder:
             drafts = self.drafter.propose(seq, k) if k > 0 else []
             logits, context = self._target([seq[-1]] + drafts, len(seq) - 1)
             stats.target_forwards += 1
-            posterior = logits[0].argmax(-1).tolist()
-            a = 0
-            while a < len(drafts) and drafts[a] == posterior[a]:
-                a += 1
+            dev = logits.device
+            accepted, committed = self.verifier.verify(torch.tensor([drafts], dtype=torch.long, device=dev), logits)
+            a, posterior = int(accepted[0]), committed[0].tolist()
             if self.drafter is not None:
                 self.drafter.accepted(len(seq), a, k, context)
             step, stop = clip_committed(drafts[:a] + [posterior[a]], len(tokens), max_new_tokens, eos_token_ids)

@@ -21,7 +21,7 @@ from specc.codegen.artifact import ArtifactError, check_files, read_manifest
 from specc.models.dflash import DFlashSpec
 from specc.result import GenerationResult
 from specc.runtime.compiled import import_step_class
-from specc.runtime.drafters import ARDraft, DFlashDraft, PardDraft
+from specc.runtime.drafters import drafter_from_manifest
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
 
 
@@ -30,8 +30,8 @@ class Engine:
         self.path, self.manifest, self.device = path, manifest, device
         self.method = manifest["method"]
         self.num_draft = int(manifest.get("num_draft") or 0)
-        pard_token = manifest["drafter"].get("pard_token") if self.method == "pard" else None
-        self.loop = build_loop(steps, self.method, self.num_draft, max_len, pard_token)
+        self.loop = build_loop(steps, self.method, self.num_draft, max_len,
+                               drafter_section=manifest.get("drafter") or {})
         self.steps = self.loop.steps  # GraphedStep-wrapped on CUDA
         self.eos_token_ids = tuple(manifest["model"].get("eos_token_ids", ()))
         self.last_stats: dict = {}
@@ -78,8 +78,12 @@ class Engine:
 
 
 def build_loop(steps: dict, method: str, num_draft: int, max_len: int, pard_token: int | None = None,
-               graphs: bool | None = None) -> DeviceSpeculativeDecoder:
+               graphs: bool | None = None, drafter_section: dict | None = None) -> DeviceSpeculativeDecoder:
     """The device-resident loop over step callables {"target": ..., "drafter": ...}.
+
+    The drafter is the drafting strategy registered under ``method`` in
+    ``specc.runtime.drafters.DRAFTERS`` (none: plain AR), built from ``drafter_section`` (the
+    manifest's ``drafter`` section; ``pard_token`` is the older way to give its one field).
 
     On CUDA (or ``graphs=True``) every step is wrapped in ``GraphedStep`` sharing one memory
     pool, drafting is uncapped at the end of the budget (one verify shape; the surplus is
@@ -94,13 +98,10 @@ def build_loop(steps: dict, method: str, num_draft: int, max_len: int, pard_toke
         pool = torch.cuda.graph_pool_handle()
         steps = {role: GraphedStep(step, num_draft + 1 if role == "target" else 2 * num_draft + 2, pool=pool)
                  for role, step in steps.items()}
-    drafter = None
-    if method == "dflash":
-        drafter = DFlashDraft(steps["drafter"])
-    elif method == "pard":
-        drafter = PardDraft(steps["drafter"], pard_token)
-    elif method == "ar-draft":
-        drafter = ARDraft(steps["drafter"])
+    section = dict(drafter_section or {})
+    if pard_token is not None:
+        section["pard_token"] = pard_token
+    drafter = drafter_from_manifest(method, steps.get("drafter"), section)
     loop = DeviceSpeculativeDecoder(steps["target"], drafter, num_draft if drafter else 0, max_len,
                                     cap_to_budget=not graphs)
     loop.capture_shapes = graphs
@@ -131,8 +132,8 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
         except KeyError as exc:
             raise ArtifactError(f"{path}: weights.safetensors lacks {exc.args[0]}") from None
         spec = None
-        if role == "drafter" and manifest["method"] == "dflash":
-            d = manifest["drafter"]["dflash"]
+        d = (manifest.get("drafter") or {}).get("dflash") if role == "drafter" else None
+        if d:
             spec = DFlashSpec(d["block_size"], d["mask_token_id"], tuple(d["target_layer_ids"]), d.get("num_target_layers"))
         step.bind(weights, info["caches"], spec)
         steps[role] = step

@@ -50,9 +50,10 @@ class GraphedStep:
     def __getattr__(self, name):  # device, spec, config... of the wrapped step
         return getattr(self.__dict__["step"], name)
 
-    def setup_caches(self, *args, **kwargs) -> None:
+    def setup_caches(self, *args, **kwargs):
+        """Allocate the step's decoding state (returns the wrapped step's ``DecodingState``)."""
         self.graphs.clear()  # captured graphs point at the old cache tensors
-        self.step.setup_caches(*args, **kwargs)
+        return self.step.setup_caches(*args, **kwargs)
 
     @staticmethod
     def _key(args):

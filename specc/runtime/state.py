@@ -1,0 +1,227 @@
+"""Decoding state: what a step reads and writes besides its inputs, owned by the runtime.
+
+Each layer kind DECLARES its state as :class:`StateSpec` entries (``CausalLM.state_specs()``,
+``DFlashDrafter.state_specs()``); nothing finds caches by attribute name. A spec names the
+attribute path that holds the buffer on the step module, its ``kind``, its per-slot shape and
+dtype, and ``extra_len`` (scratch positions past ``max_len``, e.g. a DFlash drafter's block).
+The IR carries the spec on the buffer's ``get_attr`` node (``node.meta["state"]``), emission
+records it in the artifact manifest, and :class:`DecodingState` allocates, commits, forks,
+releases and binds the buffers for ``batch`` slots (rows).
+
+A state *kind* (:data:`STATE_KINDS`) says how a buffer is laid out and what committing accepted
+positions means for it. Kinds:
+
+- ``"kv"`` (static KV, one of K or V): buffer ``[batch, heads, max_len + extra_len, head_dim]``,
+  per-slot shape ``(heads, head_dim)``. The step writes new entries at ``lengths[b] + j``.
+  Chain commit: nothing to move, the row's length grows by the accepted count. Tree commit
+  (an accepted path of block slots per row): the path's entries are moved to the front of the
+  block (``specc.codegen.kernels.kv_cache.kv_compact``), then the length grows.
+
+Kinds that fit the same interface later (not implemented here):
+
+- ``"paged_kv"``: per-slot shape ``(heads, head_dim)``; the buffer is a page pool plus a
+  ``[batch, pages]`` page table owned by the state; allocate/fork/release manage pages (fork
+  shares pages copy-on-write), commit is the same length update / compaction within the pages.
+- ``"recurrent"`` (gated DeltaNet): per-slot shape ``(Hv, dk, dv)``, fp32, no length axis. A
+  verify step cannot be rolled back by a length, so the step writes one snapshot per block
+  position (a ``[batch, Q, Hv, dk, dv]`` scratch, ``extra_len`` = max Q); commit copies the
+  snapshot at each row's last accepted position (chain: ``accepted[b] - 1``; tree: the path's
+  last node) into the live state.
+- ``"conv"`` (short causal convolution): per-slot shape ``(channels, kernel - 1)``; commit keeps
+  the last ``kernel - 1`` inputs up to the accepted position (a snapshot select like
+  ``recurrent``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import torch
+
+__all__ = ["StateSpec", "StateKind", "KVState", "STATE_KINDS", "DecodingState", "state_specs_of"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSpec:
+    """One state buffer of a step. ``name``: attribute path on the module the step was traced
+    from (``layers.0.self_attn.cache_k``); ``kind``: a key of :data:`STATE_KINDS`; ``shape``:
+    the per-slot shape (kv: ``(heads, head_dim)``); ``dtype``: a torch dtype name, or None for
+    the step's own dtype; ``extra_len``: positions past ``max_len``."""
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str | None = None
+    extra_len: int = 0
+
+    def renamed(self, name: str) -> "StateSpec":
+        return dataclasses.replace(self, name=name)
+
+    def with_prefix(self, prefix: str) -> "StateSpec":
+        return self.renamed(prefix + self.name)
+
+    def to_manifest(self) -> dict:
+        """The artifact manifest's ``caches`` entry (kv entries also carry ``heads``/``head_dim``,
+        what manifests before StateSpec had)."""
+        entry = {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype, "extra_len": self.extra_len}
+        if self.kind == "kv":
+            entry["heads"], entry["head_dim"] = int(self.shape[0]), int(self.shape[1])
+        return entry
+
+    @classmethod
+    def from_manifest(cls, name: str, entry: dict) -> "StateSpec":
+        """Also reads old entries ``{"heads", "head_dim", "dtype", "extra_len"}`` (static KV)."""
+        kind = entry.get("kind", "kv")
+        shape = entry.get("shape")
+        if shape is None:
+            shape = (entry["heads"], entry["head_dim"])
+        return cls(name, kind, tuple(int(s) for s in shape), entry.get("dtype"), int(entry.get("extra_len", 0)))
+
+
+class StateKind:
+    """Layout and commit semantics of one kind of state buffer."""
+
+    name = ""
+
+    def buffer_shape(self, spec: StateSpec, batch: int, max_len: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def slot_shape(self, buffer: torch.Tensor) -> tuple[int, ...]:
+        """The per-slot shape of an existing buffer (what emission records)."""
+        raise NotImplementedError
+
+    def commit(self, buffers: list[torch.Tensor], lengths: torch.Tensor, accepted: torch.Tensor,
+               path: torch.Tensor | None) -> None:
+        """Make the accepted positions of the last step the rows' state, for every buffer of
+        this kind at once (kinds may pair buffers, e.g. K with V). Called before the state's
+        ``lengths`` grow by ``accepted``. ``path`` [B, P]: block slots (relative to
+        ``lengths``) of the accepted tree path, or None for a chain (accepted = a prefix)."""
+        raise NotImplementedError
+
+    def fork(self, buffer: torch.Tensor, src: int, dst: int, length: int) -> None:
+        buffer[dst] = buffer[src]
+
+    def release(self, buffer: torch.Tensor, slot: int) -> None:
+        """Nothing to free in a static buffer; paged kinds return the slot's pages here."""
+
+
+class KVState(StateKind):
+    name = "kv"
+
+    def buffer_shape(self, spec, batch, max_len):
+        heads, head_dim = spec.shape
+        return (batch, heads, max_len + spec.extra_len, head_dim)
+
+    def slot_shape(self, buffer):
+        return (int(buffer.shape[1]), int(buffer.shape[3]))
+
+    def commit(self, buffers, lengths, accepted, path):
+        """Chain: nothing to move (the length update is the commit). Tree: move the path's K/V
+        entries ``lengths[b] + path[b, p]`` to ``lengths[b] + p`` with ``kv_compact`` (one
+        launch per K/V pair)."""
+        if path is None or not buffers:
+            return
+        from specc.codegen.kernels.kv_cache import kv_compact
+
+        base = lengths[:, None]
+        steps = torch.arange(path.shape[1], device=path.device)[None]
+        src = torch.where(path >= 0, base + path, torch.full_like(path, -1))
+        dst = base + steps
+        pairs = list(zip(buffers[0::2], buffers[1::2]))
+        if len(buffers) % 2:  # an unpaired buffer: its partner is a scratch copy
+            pairs.append((buffers[-1], buffers[-1].clone()))
+        for cache_k, cache_v in pairs:
+            if cache_k.shape != cache_v.shape:
+                kv_compact(cache_k, cache_k.clone(), src, dst, accepted)
+                kv_compact(cache_v, cache_v.clone(), src, dst, accepted)
+            else:
+                kv_compact(cache_k, cache_v, src, dst, accepted)
+
+    def fork(self, buffer, src, dst, length):
+        buffer[dst, :, :length] = buffer[src, :, :length]
+
+
+STATE_KINDS: dict[str, StateKind] = {"kv": KVState()}
+
+
+def _kind(name: str) -> StateKind:
+    try:
+        return STATE_KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown state kind {name!r} (known: {', '.join(STATE_KINDS)})") from None
+
+
+def _set_attr(module, path: str, value) -> None:
+    owner_path, _, leaf = path.rpartition(".")
+    owner = module
+    for part in owner_path.split(".") if owner_path else ():
+        owner = owner[int(part)] if part.isdigit() and isinstance(owner, torch.nn.ModuleList) else getattr(owner, part)
+    setattr(owner, leaf, value)
+
+
+def state_specs_of(module) -> list[StateSpec]:
+    """The state a module declares (``state_specs()``), or [] when it declares none."""
+    fn = getattr(module, "state_specs", None)
+    return list(fn()) if callable(fn) else []
+
+
+class DecodingState:
+    """The state buffers of one step for ``batch`` slots of up to ``max_len`` tokens, plus the
+    per-slot committed lengths (a [B] long tensor on the device).
+
+    ``attribute``: how a spec's name maps to the attribute that holds its buffer on the bound
+    module (identity for model definitions; a flattening function for generated steps)."""
+
+    def __init__(self, specs: Iterable[StateSpec], device=None, dtype: torch.dtype | None = None,
+                 attribute=None):
+        self.specs = list(specs)
+        for spec in self.specs:
+            _kind(spec.kind)
+        self.device = torch.device(device or "cpu")
+        self.dtype = dtype
+        self.attribute = attribute or (lambda name: name)
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.batch = self.max_len = 0
+
+    def allocate(self, batch: int, max_len: int) -> "DecodingState":
+        """(Re)allocate every buffer for ``batch`` slots of ``max_len`` tokens; lengths = 0."""
+        for spec in self.specs:
+            dtype = getattr(torch, spec.dtype) if spec.dtype else (self.dtype or torch.float32)
+            shape = _kind(spec.kind).buffer_shape(spec, batch, max_len)
+            self.buffers[spec.name] = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.batch, self.max_len = batch, max_len
+        return self
+
+    def bind(self, module) -> None:
+        """Set the buffers as attributes of ``module`` (a model definition or a compiled step)."""
+        for spec in self.specs:
+            _set_attr(module, self.attribute(spec.name), self.buffers[spec.name])
+
+    def commit(self, accepted: torch.Tensor, path: torch.Tensor | None = None) -> None:
+        """Keep ``accepted[b]`` new positions of each slot, written by the last step at
+        ``lengths[b] + j``. Chain (``path`` None): the accepted positions are the block's
+        prefix, so for KV the commit is the length update alone. Tree: ``path`` [B, P] gives
+        the block slots (relative to ``lengths``) of the accepted path in order (-1 = none);
+        each kind moves / selects its entries (KV: compaction with ``kv_compact``; recurrent
+        states: the snapshot at the path's last node) before the lengths grow."""
+        if path is not None:
+            for kind in dict.fromkeys(spec.kind for spec in self.specs):
+                buffers = [self.buffers[spec.name] for spec in self.specs if spec.kind == kind]
+                _kind(kind).commit(buffers, self.lengths, accepted, path)
+        self.lengths += accepted.to(self.lengths.dtype)
+
+    def fork(self, src_slot: int, dst_slot: int) -> None:
+        """Copy slot ``src_slot``'s state and length into ``dst_slot`` (a shared prefix)."""
+        length = int(self.lengths[src_slot])
+        for spec in self.specs:
+            _kind(spec.kind).fork(self.buffers[spec.name], src_slot, dst_slot, length)
+        self.lengths[dst_slot] = self.lengths[src_slot]
+
+    def release(self, slot: int) -> None:
+        """Free ``slot`` for another sequence (its length becomes 0)."""
+        for spec in self.specs:
+            _kind(spec.kind).release(self.buffers[spec.name], slot)
+        self.lengths[slot] = 0

@@ -1,0 +1,94 @@
+"""Verifiers: decide, on the device and over a batch, which drafted tokens the target accepts.
+
+A speculative step feeds the target a block per row (:class:`VerifyInput`) and gets logits for
+every block position; a verifier turns (drafts, target logits) into how many tokens each row
+commits and which ones. It runs on the device with no host sync; the loop copies the result
+to the host once per step.
+
+- :class:`ChainVerifier` (greedy, a chain of k drafts): the longest prefix of drafts equal to the
+  target's argmax, then the target's own token. The one greedy-acceptance implementation in
+  specc: the batched kernel ``specc.codegen.kernels.greedy.greedy_accept`` (Triton on the GPU,
+  its torch reference elsewhere). The stock loops (``specc.stock``) keep their own host code on
+  purpose: they are the independent oracle.
+
+Later verifiers plug in behind the same ``verify`` (their input carries what they need):
+
+- tree: ``VerifyInput.parents`` (parent block slot per node, -1 for the root) / ``tree_mask``
+  ([B, Q, Q] visibility); the result's ``path`` gives the accepted nodes' block slots, which
+  ``DecodingState.commit(accepted, path)`` compacts into place.
+- two-level: a cheap first-level verifier prunes rows / positions before the full one; per-row
+  ``query_lens`` let rows verify different numbers of tokens in one ragged batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specc.codegen.kernels.greedy import greedy_accept
+
+__all__ = ["VerifyInput", "VerifyResult", "Verifier", "ChainVerifier", "VERIFIERS"]
+
+
+@dataclasses.dataclass
+class VerifyInput:
+    """What the target sees in a verify step. ``tokens`` [B, Q]: the last committed token then
+    the drafts; ``positions`` [B, Q]; ``cache_len`` [B]: tokens already in the target's state;
+    ``parents`` [B, Q] (tree: parent slot per node, -1 root; None for a chain); ``tree_mask``
+    [B, Q, Q] (None for a chain); ``query_lens`` [B] (ragged rows; None = all Q)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    cache_len: torch.Tensor
+    parents: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
+    query_lens: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class VerifyResult:
+    """``accepted`` [B]: drafts accepted per row (a row commits ``accepted + 1`` tokens);
+    ``committed`` [B, k + 1]: row b's committed tokens are ``committed[b, :accepted[b] + 1]``
+    (entries after are junk); ``path`` [B, P]: tree verifiers only, the block slots of the
+    accepted nodes in order (None for a chain: the accepted positions are the prefix)."""
+
+    accepted: torch.Tensor
+    committed: torch.Tensor
+    path: torch.Tensor | None = None
+
+
+class Verifier:
+    """Base of verifiers: ``verify(drafts [B, k], target_logits [B, k + 1, V]) -> (accepted [B],
+    committed [B, k + 1])`` on the device, no host sync. ``max_drafts`` [B] (optional) caps the
+    drafts a row may accept (0 for a finished row, or a per-row speculation length)."""
+
+    name = ""
+
+    def verify(self, drafts: torch.Tensor, target_logits: torch.Tensor,
+               max_drafts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def verify_tokens(self, drafts: torch.Tensor, target_tokens: torch.Tensor,
+                      max_drafts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same from the target's greedy tokens [B, k + 1] instead of its logits."""
+        raise NotImplementedError
+
+
+class ChainVerifier(Verifier):
+    """Greedy chain acceptance: ``accepted[b]`` = the longest prefix where
+    ``drafts[b, j] == argmax(target_logits[b, j])``; the committed tokens are the target's own
+    tokens over that prefix plus one (equal to the drafts where accepted), so ``committed`` is
+    simply the target's argmax."""
+
+    name = "chain"
+
+    def verify(self, drafts, target_logits, max_drafts=None):
+        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts)
+
+    def verify_tokens(self, drafts, target_tokens, max_drafts=None):
+        accepted, _ = greedy_accept(drafts, target_tokens, max_drafts)
+        return accepted, target_tokens
+
+
+VERIFIERS: dict[str, type[Verifier]] = {"chain": ChainVerifier}
