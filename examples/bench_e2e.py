@@ -24,28 +24,19 @@ import torch
 def compiled_system(pair, num_draft, dtype, device, max_len):
     from specc.codegen.build import build_steps
     from specc.passes.pipelines import DEFAULT_PIPELINE
-    from specc.models.dflash import DFlashDrafter
-    from specc.models.registry import load_model
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
 
-    target = load_model(pair.target.path, dtype, device, with_tokenizer=False).model
-    draft_module, spec = None, None
-    if pair.method == "dflash":
-        draft = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
-        spec = draft.spec
-        target.capture_layers = tuple(spec.target_layer_ids)
-        draft_module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
-    elif pair.method in ("pard", "ar-draft"):
-        draft_module = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
+    impl = pair.impl
+    loaded = impl.load(pair, dtype, device)
+    target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
     target.setup_caches(1, 16)
     if draft_module is not None:
         draft_module.setup_caches(1, 16)
     built = build_steps(target, draft_module, DEFAULT_PIPELINE, spec)
     steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}
-    pard_token = pair.drafter.raw["pard_token"] if pair.method == "pard" else None
-    return build_loop(steps, pair.method if pair.method in ("dflash", "pard", "ar-draft") else "ar", num_draft,
-                      max_len, pard_token)
+    section = impl.manifest_drafter(pair, loaded) if pair.drafter is not None else {}
+    return build_loop(steps, impl.strategy, num_draft, max_len, drafter_section=section)
 
 
 def run(system, prompts, new_tokens, device):

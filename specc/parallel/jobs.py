@@ -121,34 +121,35 @@ def _run_spec_job(job: TPSpecJob, rank: int, world: int, device: torch.device, b
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
 
-    if job.method not in ("ar-draft", "pard", "dflash"):
-        raise ValueError(f"TPSpecJob.method must be 'ar-draft', 'pard' or 'dflash', got {job.method!r}")
+    from specc.methods import get_method
+    from specc.models.registry import load_model
+
+    impl = get_method(job.method)
+    if not impl.uses_drafter:
+        raise ValueError(f"TPSpecJob.method must speculate with a drafter, got {job.method!r}")
     start = time.perf_counter()
     target = build_model(job.target, job.dtype, device)
-    spec, pard_token = None, None
-    if job.method == "dflash":  # the drafter reads the target's (replicated) embedding and LM head
-        from specc.models.dflash import DFlashDrafter
-        from specc.models.registry import load_model
-
-        if isinstance(job.drafter, dict):
-            raise ValueError("a DFlash drafter must be a checkpoint (random DFlash sources are not built here)")
-        draft = load_model(str(job.drafter), dtype=parse_dtype(job.dtype), device=device, with_tokenizer=False).model
-        spec = draft.spec
-        target.capture_layers = tuple(spec.target_layer_ids)
-        drafter = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
+    if isinstance(job.drafter, dict):  # random weights in a real shape: a causal drafter
+        draft = build_model(job.drafter, job.dtype, device)
+        section = {"pard_token": job.drafter["config"].get("pard_token")}
     else:
-        drafter = build_model(job.drafter, job.dtype, device)
-        if job.method == "pard":
-            pard_token = drafter.config.raw.get("pard_token")
-            if pard_token is None:
-                raise ValueError("a PARD drafter needs pard_token in its config")
+        loaded_draft = load_model(str(job.drafter), dtype=parse_dtype(job.dtype), device=device, with_tokenizer=False)
+        draft, section = loaded_draft.model, {"pard_token": loaded_draft.raw_config.get("pard_token")}
+    try:  # the method wires the pair (DFlash: the target's embedding and LM head, captured layers)
+        loaded = impl.bind(target, draft)
+    except (AttributeError, TypeError) as exc:
+        raise ValueError(f"method {job.method} cannot use drafter {job.drafter!r}: {exc}") from exc
+    target, drafter, spec = loaded.target, loaded.draft, loaded.draft_spec
+    if spec is not None:
+        section["dflash"] = {"block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
+                             "target_layer_ids": list(spec.target_layer_ids)}
     target.setup_caches(1, 16)  # tracing needs caches; the loop allocates its own
     drafter.setup_caches(1, 16)
     built = build_steps(target, drafter, job.pipeline or DEFAULT_PIPELINE, spec, tp=(world, rank))
     del target
     steps = {"target": instantiate(built.emitted["target"]), "drafter": instantiate(built.emitted["drafter"], spec)}
     max_len = len(job.prompt) + job.max_new_tokens + 2 * job.num_draft + 2
-    loop = build_loop(steps, job.method, job.num_draft, max_len, pard_token)
+    loop = build_loop(steps, impl.strategy, job.num_draft, max_len, drafter_section=section)
     prompt = torch.tensor([job.prompt], device=device)
     result = loop.generate(prompt, job.max_new_tokens, ())  # also captures the CUDA graphs
     dist.barrier()

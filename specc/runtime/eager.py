@@ -90,21 +90,10 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
 
 def build_eager(pair, num_draft: int | None = None, max_len: int = 2048, dtype=torch.float32,
                 device="cpu") -> EagerSpeculativeDecoder:
-    """An eager specc.models decoder for a resolved ``specc.pairing.Pair``."""
-    from specc.models.dflash import DFlashDrafter
-    from specc.models.registry import load_model
-    from specc.runtime.drafters import ARDraft, DFlashDraft, PardDraft
-
-    target = load_model(pair.target.path, dtype, device, with_tokenizer=False).model
-    drafter: Drafter | None = None
-    if pair.method == "dflash":
-        draft = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
-        drafter = DFlashDraft(DFlashDrafter(draft, target.embed_tokens, target.lm_head))
-        num_draft = num_draft or draft.spec.block_size - 1
-    elif pair.method in ("pard", "ar-draft"):
-        model = load_model(pair.drafter.path, dtype, device, with_tokenizer=False).model
-        if pair.method == "pard":
-            drafter, num_draft = PardDraft(model, pair.drafter.raw["pard_token"]), num_draft or 8
-        else:
-            drafter, num_draft = ARDraft(model), num_draft or 4
-    return EagerSpeculativeDecoder(target, drafter, num_draft or 0, max_len)
+    """An eager specc.models decoder for a resolved ``specc.pairing.Pair``: the pair's method
+    (``pair.impl``, a ``specc.methods.Method``) loads the definitions and picks the drafter."""
+    impl = pair.impl
+    loaded = impl.load(pair, dtype, device)
+    drafter: Drafter | None = impl.drafter_for(loaded.draft, pair) if loaded.draft is not None else None
+    k = impl.num_draft(num_draft, pair.drafter.raw if pair.drafter is not None else None)
+    return EagerSpeculativeDecoder(loaded.target, drafter, k, max_len)

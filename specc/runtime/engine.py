@@ -30,8 +30,10 @@ class Engine:
         self.path, self.manifest, self.device = path, manifest, device
         self.method = manifest["method"]
         self.num_draft = int(manifest.get("num_draft") or 0)
-        self.loop = build_loop(steps, self.method, self.num_draft, max_len,
-                               drafter_section=manifest.get("drafter") or {})
+        section = manifest.get("drafter") or {}
+        # the drafting strategy the method recorded (artifacts before it: named like the method)
+        strategy = section.get("strategy") or self.method
+        self.loop = build_loop(steps, strategy, self.num_draft, max_len, drafter_section=section)
         self.steps = self.loop.steps  # GraphedStep-wrapped on CUDA
         self.eos_token_ids = tuple(manifest["model"].get("eos_token_ids", ()))
         self.last_stats: dict = {}
@@ -77,13 +79,14 @@ class Engine:
             self.loop.resize(max_len)
 
 
-def build_loop(steps: dict, method: str, num_draft: int, max_len: int, pard_token: int | None = None,
+def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, pard_token: int | None = None,
                graphs: bool | None = None, drafter_section: dict | None = None) -> DeviceSpeculativeDecoder:
     """The device-resident loop over step callables {"target": ..., "drafter": ...}.
 
-    The drafter is the drafting strategy registered under ``method`` in
-    ``specc.runtime.drafters.DRAFTERS`` (none: plain AR), built from ``drafter_section`` (the
-    manifest's ``drafter`` section; ``pard_token`` is the older way to give its one field).
+    The drafter is the drafting strategy registered under ``strategy`` in
+    ``specc.runtime.drafters.DRAFTERS`` (None or an unregistered name such as "ar": plain AR),
+    built from ``drafter_section`` (the manifest's ``drafter`` section; ``pard_token`` is the
+    older way to give its one field).
 
     On CUDA (or ``graphs=True``) every step is wrapped in ``GraphedStep`` sharing one memory
     pool, drafting is uncapped at the end of the budget (one verify shape; the surplus is
@@ -101,7 +104,7 @@ def build_loop(steps: dict, method: str, num_draft: int, max_len: int, pard_toke
     section = dict(drafter_section or {})
     if pard_token is not None:
         section["pard_token"] = pard_token
-    drafter = drafter_from_manifest(method, steps.get("drafter"), section)
+    drafter = drafter_from_manifest(strategy, steps.get("drafter"), section) if strategy else None
     loop = DeviceSpeculativeDecoder(steps["target"], drafter, num_draft if drafter else 0, max_len,
                                     cap_to_budget=not graphs)
     loop.capture_shapes = graphs
