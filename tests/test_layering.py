@@ -23,7 +23,7 @@ SPECC = ROOT / "specc"
 
 # Layer order (docs/architecture.md): a module may import from its own package and from any
 # package of a lower layer, never from a higher one.
-#   cli -> compiler -> {search, methods, pairing} -> parallel -> verify -> runtime -> codegen
+#   cli -> compiler -> {search, methods, pairing, parallel} -> verify -> runtime -> codegen
 #   -> passes -> ir -> stock -> models -> formats -> errors / result / the package root
 # runtime is further restricted (RUNTIME_MAY_IMPORT); stock -> models; verify may import runtime
 # and stock. The package root (specc/__init__.py) is a leaf: it holds __version__ and resolves
@@ -35,7 +35,7 @@ LAYERS = {
     "search": 80,
     "methods": 80,  # the speculation methods: one module each, and their registry
     "pairing": 80,  # checkpoints -> a checked (target, drafter, method) Pair: asks the methods
-    "parallel": 70,
+    "parallel": 80,  # tensor parallelism: builds steps, loads through the methods
     "verify": 60,
     "runtime": 55,
     "codegen": 50,

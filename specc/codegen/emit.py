@@ -75,7 +75,8 @@ def emit_step(gm: torch.fx.GraphModule, class_name: str, cache_extra_len: int | 
 
     ``cache_extra_len``: deprecated (the model's StateSpec carries ``extra_len``); when given it
     overrides the declared value, as callers before StateSpec passed it."""
-    from specc.runtime.state import STATE_KINDS
+    from specc.models.state import layout
+
     graph = gm.graph
     weights: dict[str, torch.Tensor] = {}
     caches: dict[str, dict] = {}
@@ -89,7 +90,7 @@ def emit_step(gm: torch.fx.GraphModule, class_name: str, cache_extra_len: int | 
             spec = node.meta.get("state")
             if spec is not None:
                 # shape and dtype from the buffer itself: passes may have resliced it (tensor parallel)
-                spec = dataclasses.replace(spec, name=flat, shape=STATE_KINDS[spec.kind].slot_shape(value),
+                spec = dataclasses.replace(spec, name=flat, shape=layout(spec.kind).slot_shape(value),
                                            dtype=str(value.dtype).replace("torch.", ""))
                 if cache_extra_len is not None:
                     spec = dataclasses.replace(spec, extra_len=cache_extra_len)

@@ -181,7 +181,7 @@ STATE_KEY = "state"
 
 
 def _mark_state(graph: torch.fx.Graph, model: nn.Module) -> None:
-    """Put the model's declared state (``model.state_specs()``, ``specc.runtime.state.StateSpec``)
+    """Put the model's declared state (``model.state_specs()``, ``specc.models.state.StateSpec``)
     on the get_attr nodes of those buffers: ``node.meta["state"]``. Emission reads it."""
     declared = {spec.name: spec for spec in model.state_specs()} if hasattr(model, "state_specs") else {}
     for node in graph.nodes:

@@ -3,7 +3,7 @@
 One ``forward`` serves every step function: prefill (Q = prompt length), AR (Q = 1), verify
 (Q = k drafted tokens + 1) and PARD drafting. Inputs carry explicit positions and per-row cache
 lengths; KV caches are static buffers on the attention modules, declared by ``state_specs()``
-and allocated by a ``specc.runtime.state.DecodingState`` (``setup_caches``), so a step never
+and allocated from those declarations (``setup_caches``; ``specc.models.state``), so a step never
 allocates and the whole step traces into one torch.fx graph.
 Llama and Qwen3 differ only in Qwen3's per-head q/k RMSNorm.
 """
@@ -70,15 +70,15 @@ class Attention(nn.Module):
 
     def state_specs(self, prefix: str = "", extra_len: int = 0) -> list:
         """This layer's decoding state: a static K and V cache, per slot (kv heads, head_dim)."""
-        from specc.runtime.state import StateSpec
+        from specc.models.state import StateSpec
 
         shape = (self.num_kv_heads, self.head_dim)
         return [StateSpec(prefix + name, "kv", shape, None, extra_len) for name in ("cache_k", "cache_v")]
 
     def allocate_cache(self, batch: int, max_len: int, dtype: torch.dtype, device) -> None:
-        from specc.runtime.state import DecodingState
+        from specc.models.state import allocate_buffers, bind_buffers
 
-        DecodingState(self.state_specs(), device, dtype).allocate(batch, max_len).bind(self)
+        bind_buffers(self, allocate_buffers(self.state_specs(), batch, max_len, dtype, device))
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         bsz, seq = x.shape[0], x.shape[1]
@@ -143,22 +143,20 @@ class CausalLM(nn.Module):
         self.max_len = 0
 
     def state_specs(self) -> list:
-        """The decoding state this model declares (``specc.runtime.state.StateSpec``): per
+        """The decoding state this model declares (``specc.models.state.StateSpec``): per
         layer, its attention's K and V caches, named by attribute path from this module."""
         return [spec for i, layer in enumerate(self.layers)
                 for spec in layer.self_attn.state_specs(f"layers.{i}.self_attn.")]
 
     def setup_caches(self, batch: int, max_len: int, dtype: torch.dtype | None = None, device=None):
-        """Allocate static KV caches for ``batch`` rows of up to ``max_len`` tokens: a thin
-        wrapper that builds a ``DecodingState`` from ``state_specs()`` and binds it here."""
-        from specc.runtime.state import DecodingState
+        """Allocate static KV caches for ``batch`` rows of up to ``max_len`` tokens from
+        ``state_specs()`` and bind them here (the runtime wraps them in its ``DecodingState``)."""
+        from specc.models.state import allocate_buffers, bind_buffers
 
         dtype = dtype or self.embed_tokens.weight.dtype
         device = device or self.embed_tokens.weight.device
-        state = DecodingState(self.state_specs(), device, dtype).allocate(batch, max_len)
-        state.bind(self)
+        bind_buffers(self, allocate_buffers(self.state_specs(), batch, max_len, dtype, device))
         self.max_batch, self.max_len = batch, max_len
-        return state
 
     @property
     def device(self) -> torch.device:

@@ -102,15 +102,13 @@ class DFlashDraft(nn.Module):
                 for spec in layer.self_attn.state_specs(f"layers.{i}.self_attn.", self.spec.block_size)]
 
     def setup_caches(self, batch: int, max_len: int, dtype=None, device=None):
-        """A thin wrapper: a ``DecodingState`` from ``state_specs()``, bound to this module."""
-        from specc.runtime.state import DecodingState
+        """Buffers for ``state_specs()``, allocated and bound to this module."""
+        from specc.models.state import allocate_buffers, bind_buffers
 
         dtype = dtype or self.fc.weight.dtype
         device = device or self.fc.weight.device
-        state = DecodingState(self.state_specs(), device, dtype).allocate(batch, max_len)
-        state.bind(self)
+        bind_buffers(self, allocate_buffers(self.state_specs(), batch, max_len, dtype, device))
         self.max_batch, self.max_len = batch, max_len
-        return state
 
     def forward(self, noise: torch.Tensor, target_hidden: torch.Tensor, positions: torch.Tensor,
                 cache_len: torch.Tensor) -> torch.Tensor:

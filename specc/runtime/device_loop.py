@@ -84,9 +84,10 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     def resize(self, max_len: int, batch: int | None = None) -> None:
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
-        state = self.target.setup_caches(self.batch, max_len + self.num_draft + 1)
-        if not isinstance(state, DecodingState):  # a step that allocates its own buffers
-            state = DecodingState([], self.target.device).allocate(self.batch, max_len + self.num_draft + 1)
+        length = max_len + self.num_draft + 1
+        state = self.target.setup_caches(self.batch, length)
+        if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
+            state = DecodingState.adopt(self.target, self.batch, length)
         self.state = state
         if self.drafter is not None:
             self.drafter.setup(max_len + self.num_draft + 1, self.batch)

@@ -34,62 +34,25 @@ Kinds that fit the same interface later (not implemented here):
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterable
 
 import torch
 
+from specc.models.state import StateSpec, get_attr, layout, set_attr, state_specs_of
+
 __all__ = ["StateSpec", "StateKind", "KVState", "STATE_KINDS", "DecodingState", "state_specs_of"]
 
 
-@dataclasses.dataclass(frozen=True)
-class StateSpec:
-    """One state buffer of a step. ``name``: attribute path on the module the step was traced
-    from (``layers.0.self_attn.cache_k``); ``kind``: a key of :data:`STATE_KINDS`; ``shape``:
-    the per-slot shape (kv: ``(heads, head_dim)``); ``dtype``: a torch dtype name, or None for
-    the step's own dtype; ``extra_len``: positions past ``max_len``."""
-
-    name: str
-    kind: str
-    shape: tuple[int, ...]
-    dtype: str | None = None
-    extra_len: int = 0
-
-    def renamed(self, name: str) -> "StateSpec":
-        return dataclasses.replace(self, name=name)
-
-    def with_prefix(self, prefix: str) -> "StateSpec":
-        return self.renamed(prefix + self.name)
-
-    def to_manifest(self) -> dict:
-        """The artifact manifest's ``caches`` entry (kv entries also carry ``heads``/``head_dim``,
-        what manifests before StateSpec had)."""
-        entry = {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype, "extra_len": self.extra_len}
-        if self.kind == "kv":
-            entry["heads"], entry["head_dim"] = int(self.shape[0]), int(self.shape[1])
-        return entry
-
-    @classmethod
-    def from_manifest(cls, name: str, entry: dict) -> "StateSpec":
-        """Also reads old entries ``{"heads", "head_dim", "dtype", "extra_len"}`` (static KV)."""
-        kind = entry.get("kind", "kv")
-        shape = entry.get("shape")
-        if shape is None:
-            shape = (entry["heads"], entry["head_dim"])
-        return cls(name, kind, tuple(int(s) for s in shape), entry.get("dtype"), int(entry.get("extra_len", 0)))
-
-
 class StateKind:
-    """Layout and commit semantics of one kind of state buffer."""
+    """Commit semantics of one kind of state buffer (its layout: ``specc.models.state``)."""
 
     name = ""
 
     def buffer_shape(self, spec: StateSpec, batch: int, max_len: int) -> tuple[int, ...]:
-        raise NotImplementedError
+        return layout(self.name).buffer_shape(spec, batch, max_len)
 
     def slot_shape(self, buffer: torch.Tensor) -> tuple[int, ...]:
-        """The per-slot shape of an existing buffer (what emission records)."""
-        raise NotImplementedError
+        return layout(self.name).slot_shape(buffer)
 
     def commit(self, buffers: list[torch.Tensor], lengths: torch.Tensor, accepted: torch.Tensor,
                path: torch.Tensor | None) -> None:
@@ -108,13 +71,6 @@ class StateKind:
 
 class KVState(StateKind):
     name = "kv"
-
-    def buffer_shape(self, spec, batch, max_len):
-        heads, head_dim = spec.shape
-        return (batch, heads, max_len + spec.extra_len, head_dim)
-
-    def slot_shape(self, buffer):
-        return (int(buffer.shape[1]), int(buffer.shape[3]))
 
     def commit(self, buffers, lengths, accepted, path):
         """Chain: nothing to move (the length update is the commit). Tree: move the path's K/V
@@ -152,20 +108,6 @@ def _kind(name: str) -> StateKind:
         raise ValueError(f"unknown state kind {name!r} (known: {', '.join(STATE_KINDS)})") from None
 
 
-def _set_attr(module, path: str, value) -> None:
-    owner_path, _, leaf = path.rpartition(".")
-    owner = module
-    for part in owner_path.split(".") if owner_path else ():
-        owner = owner[int(part)] if part.isdigit() and isinstance(owner, torch.nn.ModuleList) else getattr(owner, part)
-    setattr(owner, leaf, value)
-
-
-def state_specs_of(module) -> list[StateSpec]:
-    """The state a module declares (``state_specs()``), or [] when it declares none."""
-    fn = getattr(module, "state_specs", None)
-    return list(fn()) if callable(fn) else []
-
-
 class DecodingState:
     """The state buffers of one step for ``batch`` slots of up to ``max_len`` tokens, plus the
     per-slot committed lengths (a [B] long tensor on the device).
@@ -195,10 +137,20 @@ class DecodingState:
         self.batch, self.max_len = batch, max_len
         return self
 
+    @classmethod
+    def adopt(cls, module, batch: int, max_len: int) -> "DecodingState":
+        """A state over the buffers ``module`` already holds for its declared specs (a model
+        definition that allocated its own, ``setup_caches``), lengths 0."""
+        state = cls(state_specs_of(module), getattr(module, "device", None))
+        state.buffers = {spec.name: get_attr(module, spec.name) for spec in state.specs}
+        state.lengths = torch.zeros(batch, dtype=torch.long, device=state.device)
+        state.batch, state.max_len = batch, max_len
+        return state
+
     def bind(self, module) -> None:
         """Set the buffers as attributes of ``module`` (a model definition or a compiled step)."""
         for spec in self.specs:
-            _set_attr(module, self.attribute(spec.name), self.buffers[spec.name])
+            set_attr(module, self.attribute(spec.name), self.buffers[spec.name])
 
     def commit(self, accepted: torch.Tensor, path: torch.Tensor | None = None) -> None:
         """Keep ``accepted[b]`` new positions of each slot, written by the last step at

@@ -5,7 +5,8 @@ and allocates through DecodingState; a tensor merely named cache_k is not a cach
 import torch
 from helpers import PROMPT
 
-from specc.compiler import DEFAULT_PIPELINE, build_steps
+from specc.codegen.build import build_steps
+from specc.passes.pipelines import DEFAULT_PIPELINE
 from specc.models import ops
 from specc.models.decoder import Attention
 from specc.models.registry import load_model

@@ -69,8 +69,10 @@ def test_bind_sets_buffers_on_a_module_and_models_declare_their_state(checkpoint
     state = DecodingState(specs, "cpu", torch.float32).allocate(2, 12)
     state.bind(model)
     assert model.layers[1].self_attn.cache_v is state.buffers["layers.1.self_attn.cache_v"]
-    wrapped = model.setup_caches(1, 9)  # setup_caches is a thin wrapper over DecodingState
-    assert isinstance(wrapped, DecodingState) and model.layers[0].self_attn.cache_k.shape[2] == 9
+    model.setup_caches(1, 9)  # a model allocates its own declared buffers; the runtime adopts them
+    adopted = DecodingState.adopt(model, 1, 9)
+    assert model.layers[0].self_attn.cache_k.shape[2] == 9
+    assert adopted.buffers["layers.0.self_attn.cache_k"] is model.layers[0].self_attn.cache_k
 
 
 def test_manifest_round_trip_and_old_entries():
