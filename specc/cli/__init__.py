@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"specc: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `specc ... | head`: the reader left; nothing more to say
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("specc: interrupted", file=sys.stderr)
         return 130
