@@ -40,7 +40,9 @@ def run(args) -> int:
         print(f"specc: warning: measuring on {device} for a {base.device} deployment ({base.name}); the figures "
               f"describe {device}", file=sys.stderr)
     say = (lambda msg: None) if args.json else (lambda msg: print(f"[calibrate] {msg}", file=sys.stderr, flush=True))
-    dep, record = calibrate(base, device=device, quick=args.quick, progress=say)
+    # microbenchmarks default to 1 thread (specc.search.calibrate); --threads / SPECC_THREADS override
+    threads = args.threads if getattr(args, "threads_given", False) else None
+    dep, record = calibrate(base, device=device, quick=args.quick, progress=say, threads=threads)
     path, rec = write_calibration(args.out, dep, record)
     if args.json:
         json.dump(record.to_json(), sys.stdout)
