@@ -62,18 +62,14 @@ def run_compile(args) -> int:
 
     positive(args.num_draft, "--num-draft")
     positive(args.verify_tokens, "--verify-tokens")
-    status = None
-    if not args.json:
-        from rich.console import Console
+    from specc.cli.progress import Progress
 
-        console = Console(stderr=True)
-
-        def status(msg: str) -> None:
-            console.print(f"[dim]specc:[/dim] {msg}")
     try:
-        result = compile_artifact(args.model, args.drafter, method=args.method, deployment=args.deployment, out=args.out,
-                                  passes=args.passes, prompts_file=args.prompts, num_draft=args.num_draft,
-                                  max_new_tokens=args.verify_tokens, progress=status, memory=args.memory)
+        with Progress.for_args(args) as progress:
+            result = compile_artifact(args.model, args.drafter, method=args.method, deployment=args.deployment,
+                                      out=args.out, passes=args.passes, prompts_file=args.prompts,
+                                      num_draft=args.num_draft, max_new_tokens=args.verify_tokens,
+                                      progress=progress, memory=args.memory)
     except VerificationFailed as exc:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)
         return 1
@@ -98,8 +94,12 @@ def _load_engine(path, device=None, max_len=2048):
 def run_run(args) -> int:
     from specc.cli.common import prompt_ids
 
+    from specc.cli.progress import Progress
+
     positive(args.max_new_tokens, "--max-new-tokens")
-    engine = _load_engine(args.artifact, args.device)
+    with Progress.for_args(args) as progress:
+        progress(f"loading {args.artifact}")
+        engine = _load_engine(args.artifact, args.device)
     ids, tokenizer = prompt_ids(args, engine.path)
     check_ids_in_vocab(ids, int(engine.manifest["model"]["vocab_size"]))
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
@@ -129,19 +129,27 @@ def run_verify(args) -> int:
     from specc.stock.runner import StockSystem
     from specc.verify import Fp32Referee, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
-    engine = _load_engine(args.artifact)
-    m = engine.manifest
-    pair = resolve_pair(args.model or m["model"]["name"],
-                        args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])
-    vocab = int(m["model"]["vocab_size"])
-    prompts = load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts else calibration_prompts(engine.tokenizer, vocab)
-    engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
-    dep = m["deployment"]
-    stock = StockSystem(pair, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
-    runs = run_stock_reference(pair, prompts, args.tokens, stock=stock)
-    tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
-    referee = Fp32Referee(stock.target) if args.fp32_audit else None
-    report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee)
+    from specc.cli.progress import Progress
+
+    with Progress.for_args(args) as progress:
+        progress(f"loading {args.artifact}")
+        engine = _load_engine(args.artifact)
+        m = engine.manifest
+        pair = resolve_pair(args.model or m["model"]["name"],
+                            args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])
+        vocab = int(m["model"]["vocab_size"])
+        prompts = (load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts
+                   else calibration_prompts(engine.tokenizer, vocab))
+        engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
+        dep = m["deployment"]
+        progress(f"loading stock ({pair.target.name}" + (f" + {pair.drafter.name}" if pair.drafter else "") + ")")
+        stock = StockSystem(pair, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
+        progress(f"token forcing on {len(prompts)} prompts x {args.tokens} tokens")
+        runs = run_stock_reference(pair, prompts, args.tokens, stock=stock, progress=progress.counter("stock"))
+        tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
+        referee = Fp32Referee(stock.target) if args.fp32_audit else None
+        report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee,
+                               progress=progress.counter("compiled, forced"))
     if args.json:
         print(json.dumps(report.to_json()))
     else:

@@ -24,20 +24,29 @@ def run(args) -> int:
 
     from specc.pairing import resolve_pair
 
+    from specc.cli.progress import Progress
+
     positive(args.max_new_tokens, "--max-new-tokens")
     positive(args.num_draft, "--num-draft")
     pair = resolve_pair(args.model, args.drafter, args.method)
     ids, tokenizer = prompt_ids(args, pair.target.path)
     check_ids_in_vocab(ids, int(pair.target.raw["vocab_size"]))
     dtype = getattr(torch, args.dtype)
-    if args.engine == "stock":
-        from specc.stock.runner import run_stock
+    names = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "")
+    with Progress.for_args(args) as progress:
+        if args.engine == "stock":
+            from specc.stock.runner import StockSystem
 
-        result = run_stock(pair, ids, args.max_new_tokens, args.num_draft, dtype, args.device)
-    else:
-        from specc.runtime.eager import build_eager
+            progress(f"loading {names} (HF transformers, {args.dtype}, {args.device})")
+            stock = StockSystem(pair, args.num_draft, dtype, args.device)
+            progress(f"generating {args.max_new_tokens} tokens ({pair.method})")
+            result = stock.generate(ids, args.max_new_tokens)
+        else:
+            from specc.runtime.eager import build_eager
 
-        decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device)
-        result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
+            progress(f"loading {names} (specc.models, {args.dtype}, {args.device})")
+            decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device)
+            progress(f"generating {args.max_new_tokens} tokens ({pair.method})")
+            result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
     emit_result(result, args, tokenizer, {"engine": args.engine})
     return 0
