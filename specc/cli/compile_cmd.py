@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from specc.cli.common import add_prompt_args, check_ids_in_vocab, emit_result, positive
@@ -11,7 +12,12 @@ def register(sub) -> None:
     p = sub.add_parser("compile", help="compile MODEL (+ drafter) for a deployment into an artifact",
                        description="Load, trace, run the deployment's passes, generate Triton-backed modules, check "
                        "them token by token against stock on calibration prompts, and write the artifact. "
-                       "Refuses (exit 1) to write an artifact that fails verification.")
+                       "Refuses (exit 1) to write an artifact that fails verification.",
+                       epilog="""examples:
+  specc compile specc-tiny --drafter specc-tiny-dflash --deployment cpu -o tiny.specc
+  specc compile specc-tiny --drafter specc-tiny-pard --deployment cpu -o pard.specc --passes fuse_qkv,dce
+  specc compile Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 --deployment h200-bs1 -o q8.specc
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="target checkpoint: local directory, hub id or zoo name")
     p.add_argument("--drafter", metavar="D", help="drafter checkpoint (AR causal LM, PARD or DFlash)")
     p.add_argument("--method", choices=("ar", "ar-draft", "pard", "dflash"), help="default: from the drafter")
@@ -30,7 +36,11 @@ def register(sub) -> None:
     p.set_defaults(handler=run_compile)
 
     r = sub.add_parser("run", help="generate with a compiled artifact",
-                       description="Greedy generation with a compiled artifact (same JSON shape as `specc generate`).")
+                       description="Greedy generation with a compiled artifact (same JSON shape as `specc generate`).",
+                       epilog="""examples:
+  specc run tiny.specc --prompt "def fibonacci(n):"
+  specc run tiny.specc --input-ids 1,2,3 --max-new-tokens 32 --json --profile
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("artifact", metavar="ARTIFACT")
     add_prompt_args(r)
     r.add_argument("--device", help="override the artifact's device (e.g. cpu)")
@@ -41,7 +51,11 @@ def register(sub) -> None:
     v = sub.add_parser("verify", help="re-run token forcing of an artifact against stock",
                        description="Token forcing: run stock on prompts, feed its tokens through the compiled system, "
                        "compare the argmax at every position; ties (stock top-2 margin below the tolerance) are "
-                       "reported, every other mismatch fails (exit 1).")
+                       "reported, every other mismatch fails (exit 1).",
+                       epilog="""examples:
+  specc verify tiny.specc
+  specc verify q8.specc --tokens 64 --fp32-audit --json
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("artifact", metavar="ARTIFACT")
     v.add_argument("--model", help="target checkpoint if it moved since compile (default: the recorded name)")
     v.add_argument("--drafter", help="drafter checkpoint if it moved since compile")

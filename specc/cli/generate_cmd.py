@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from specc.cli.common import add_pair_args, add_prompt_args, check_ids_in_vocab, emit_result, positive, prompt_ids
 
 
@@ -9,7 +11,12 @@ def register(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate with the stock reference system (eager, HF transformers)",
         description="Greedy generation with the reference ('stock') system: AR, chain speculation with an "
-        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate.")
+        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate.",
+        epilog="""examples:
+  specc generate specc-tiny --drafter specc-tiny-dflash --prompt "def fibonacci(n):"
+  specc generate specc-tiny --drafter specc-tiny-pard --input-ids 1,2,3 --num-draft 4 --json
+  specc generate specc-tiny --engine eager --prompt "import os" --max-new-tokens 16
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_prompt_args(p)
     p.add_argument("--engine", choices=("stock", "eager"), default="stock",
