@@ -59,3 +59,21 @@ def test_forcing_reports_each_prompt(capsys):
     assert main(["generate", "specc-tiny", "--input-ids", "5,6,7", "--max-new-tokens", "2"]) == 0
     err = capsys.readouterr().err
     assert "loading" not in err and "generating" not in err  # piped: no progress
+
+
+def test_compile_reports_stages_and_prompts(tmp_path):
+    from specc.compiler import compile_artifact
+
+    events = []
+
+    class Recorder:
+        def __call__(self, message):
+            events.append(("stage", message.split()[0]))
+
+        def counter(self, label):
+            return lambda done, total: events.append((label, done, total))
+
+    compile_artifact("specc-tiny", "specc-tiny-pard", out=tmp_path / "a.specc", prompts=[[5, 6, 7], [8, 9]],
+                     max_new_tokens=3, progress=Recorder(), passes="fuse_qkv,dce")
+    assert ("stage", "loading") in events and ("stage", "token") in events
+    assert ("stock", 2, 2) in events and ("compiled, forced", 2, 2) in events
