@@ -46,13 +46,14 @@ LAYERS = {
     "formats": 15,
     "errors": 0,
     "result": 0,
+    "threads": 0,  # CPU thread defaults: a leaf utility (os only)
     "": 0,  # the package root
 }
 
 # What the runtime may import besides itself: codegen's ABI (what generated steps call, the
 # kernels, the artifact format), models' small pieces, the leaf utilities.
 RUNTIME_MAY_IMPORT = (
-    "specc", "specc.errors", "specc.result",
+    "specc", "specc.errors", "specc.result", "specc.threads",
     "specc.codegen.kernel_abi", "specc.codegen.artifact", "specc.codegen.kernels",
     "specc.models.config", "specc.models.ops", "specc.models.state", "specc.models.fused_ops", "specc.models.dflash", "specc.models.loading",
 )

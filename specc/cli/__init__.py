@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from specc.errors import UserError
@@ -41,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(sub)
+    for command in sub.choices.values():  # one knob on every subcommand (specc/threads.py)
+        command.add_argument("--threads", type=int, metavar="N",
+                             help="CPU threads for torch (default: $SPECC_THREADS, else min(physical cores, 4, "
+                             "idle cores))")
     return parser
 
 
@@ -51,10 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        from specc.threads import configure_threads
+
+        args.threads_given = args.threads is not None or bool(os.environ.get("SPECC_THREADS", "").strip())
+        args.threads = configure_threads(args.threads)
         return int(args.handler(args) or 0)
     except UserError as exc:
         print(f"specc: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `specc ... | head`: the reader left; nothing more to say
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("specc: interrupted", file=sys.stderr)
         return 130

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from specc.methods import method_names
-
+import argparse
 import sys
 
 from specc.cli.common import add_prompt_args, check_ids_in_vocab, emit_result, positive
+from specc.methods import method_names
 
 
 def register(sub) -> None:
     p = sub.add_parser("compile", help="compile MODEL (+ drafter) for a deployment into an artifact",
                        description="Load, trace, run the deployment's passes, generate Triton-backed modules, check "
                        "them token by token against stock on calibration prompts, and write the artifact. "
-                       "Refuses (exit 1) to write an artifact that fails verification.")
+                       "Refuses (exit 1) to write an artifact that fails verification.",
+                       epilog="""examples:
+  specc compile specc-tiny --drafter specc-tiny-dflash --deployment cpu -o tiny.specc
+  specc compile specc-tiny --drafter specc-tiny-pard --deployment cpu -o pard.specc --passes fuse_qkv,dce
+  specc compile Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 --deployment h200-bs1 -o q8.specc
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="target checkpoint: local directory, hub id or zoo name")
     p.add_argument("--drafter", metavar="D", help="drafter checkpoint (AR causal LM, PARD or DFlash)")
     p.add_argument("--method", choices=method_names(), help="default: from the drafter (`specc methods`)")
@@ -32,7 +37,11 @@ def register(sub) -> None:
     p.set_defaults(handler=run_compile)
 
     r = sub.add_parser("run", help="generate with a compiled artifact",
-                       description="Greedy generation with a compiled artifact (same JSON shape as `specc generate`).")
+                       description="Greedy generation with a compiled artifact (same JSON shape as `specc generate`).",
+                       epilog="""examples:
+  specc run tiny.specc --prompt "def fibonacci(n):"
+  specc run tiny.specc --input-ids 1,2,3 --max-new-tokens 32 --json --profile
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("artifact", metavar="ARTIFACT")
     add_prompt_args(r)
     r.add_argument("--device", help="override the artifact's device (e.g. cpu)")
@@ -43,7 +52,11 @@ def register(sub) -> None:
     v = sub.add_parser("verify", help="re-run token forcing of an artifact against stock",
                        description="Token forcing: run stock on prompts, feed its tokens through the compiled system, "
                        "compare the argmax at every position; ties (stock top-2 margin below the tolerance) are "
-                       "reported, every other mismatch fails (exit 1).")
+                       "reported, every other mismatch fails (exit 1).",
+                       epilog="""examples:
+  specc verify tiny.specc
+  specc verify q8.specc --tokens 64 --fp32-audit --json
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("artifact", metavar="ARTIFACT")
     v.add_argument("--model", help="target checkpoint if it moved since compile (default: the recorded name)")
     v.add_argument("--drafter", help="drafter checkpoint if it moved since compile")
@@ -64,18 +77,14 @@ def run_compile(args) -> int:
 
     positive(args.num_draft, "--num-draft")
     positive(args.verify_tokens, "--verify-tokens")
-    status = None
-    if not args.json:
-        from rich.console import Console
+    from specc.cli.progress import Progress
 
-        console = Console(stderr=True)
-
-        def status(msg: str) -> None:
-            console.print(f"[dim]specc:[/dim] {msg}")
     try:
-        result = compile_artifact(args.model, args.drafter, method=args.method, deployment=args.deployment, out=args.out,
-                                  passes=args.passes, prompts_file=args.prompts, num_draft=args.num_draft,
-                                  max_new_tokens=args.verify_tokens, progress=status, memory=args.memory)
+        with Progress.for_args(args) as progress:
+            result = compile_artifact(args.model, args.drafter, method=args.method, deployment=args.deployment,
+                                      out=args.out, passes=args.passes, prompts_file=args.prompts,
+                                      num_draft=args.num_draft, max_new_tokens=args.verify_tokens,
+                                      progress=progress, memory=args.memory)
     except VerificationFailed as exc:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)
         return 1
@@ -100,8 +109,12 @@ def _load_engine(path, device=None, max_len=2048):
 def run_run(args) -> int:
     from specc.cli.common import prompt_ids
 
+    from specc.cli.progress import Progress
+
     positive(args.max_new_tokens, "--max-new-tokens")
-    engine = _load_engine(args.artifact, args.device)
+    with Progress.for_args(args) as progress:
+        progress(f"loading {args.artifact}")
+        engine = _load_engine(args.artifact, args.device)
     ids, tokenizer = prompt_ids(args, engine.path)
     check_ids_in_vocab(ids, int(engine.manifest["model"]["vocab_size"]))
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
@@ -131,19 +144,27 @@ def run_verify(args) -> int:
     from specc.stock.runner import StockSystem
     from specc.verify import Fp32Referee, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
-    engine = _load_engine(args.artifact)
-    m = engine.manifest
-    pair = resolve_pair(args.model or m["model"]["name"],
-                        args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])
-    vocab = int(m["model"]["vocab_size"])
-    prompts = load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts else calibration_prompts(engine.tokenizer, vocab)
-    engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
-    dep = m["deployment"]
-    stock = StockSystem(pair, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
-    runs = run_stock_reference(pair, prompts, args.tokens, stock=stock)
-    tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
-    referee = Fp32Referee(stock.target) if args.fp32_audit else None
-    report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee)
+    from specc.cli.progress import Progress
+
+    with Progress.for_args(args) as progress:
+        progress(f"loading {args.artifact}")
+        engine = _load_engine(args.artifact)
+        m = engine.manifest
+        pair = resolve_pair(args.model or m["model"]["name"],
+                            args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])
+        vocab = int(m["model"]["vocab_size"])
+        prompts = (load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts
+                   else calibration_prompts(engine.tokenizer, vocab))
+        engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
+        dep = m["deployment"]
+        progress(f"loading stock ({pair.target.name}" + (f" + {pair.drafter.name}" if pair.drafter else "") + ")")
+        stock = StockSystem(pair, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
+        progress(f"token forcing on {len(prompts)} prompts x {args.tokens} tokens")
+        runs = run_stock_reference(pair, prompts, args.tokens, stock=stock, progress=progress.counter("stock"))
+        tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
+        referee = Fp32Referee(stock.target) if args.fp32_audit else None
+        report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee,
+                               progress=progress.counter("compiled, forced"))
     if args.json:
         print(json.dumps(report.to_json()))
     else:

@@ -17,7 +17,7 @@ EPILOG = """\
 examples:
   specc cost Qwen3-8B/config.json --deployment h200-bs1                       # AR step
   specc cost Qwen3-8B/config.json --drafter dflash/config.json --deployment h200-bs1 --tau 6.55
-  specc cost ./qwen3-tiny --drafter ./pard-tiny --deployment h200-bs16 --acceptance acc.json --sweep
+  specc cost specc-tiny --drafter specc-tiny-pard --deployment h200-bs16 --acceptance acc.json --sweep
   specc cost Qwen3-8B/config.json --deployment h200-bs1 --nodes --json         # per-node costs + formulas
 acceptance: --tau T (published acceptance length at --num-draft, geometric fit), --alpha A (constant
 per-position acceptance), or --acceptance FILE ({"alphas": [...]}, {"tau": T, "num_draft": K} or

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from specc.cli.common import add_pair_args, add_prompt_args, check_ids_in_vocab, emit_result, positive, prompt_ids
 
 
@@ -9,7 +11,12 @@ def register(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate with the stock reference system (eager, HF transformers)",
         description="Greedy generation with the reference ('stock') system: AR, chain speculation with an "
-        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate.")
+        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate.",
+        epilog="""examples:
+  specc generate specc-tiny --drafter specc-tiny-dflash --prompt "def fibonacci(n):"
+  specc generate specc-tiny --drafter specc-tiny-pard --input-ids 1,2,3 --num-draft 4 --json
+  specc generate specc-tiny --engine eager --prompt "import os" --max-new-tokens 16
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_prompt_args(p)
     p.add_argument("--engine", choices=("stock", "eager"), default="stock",
@@ -24,20 +31,29 @@ def run(args) -> int:
 
     from specc.pairing import resolve_pair
 
+    from specc.cli.progress import Progress
+
     positive(args.max_new_tokens, "--max-new-tokens")
     positive(args.num_draft, "--num-draft")
     pair = resolve_pair(args.model, args.drafter, args.method)
     ids, tokenizer = prompt_ids(args, pair.target.path)
     check_ids_in_vocab(ids, int(pair.target.raw["vocab_size"]))
     dtype = getattr(torch, args.dtype)
-    if args.engine == "stock":
-        from specc.stock.runner import run_stock
+    names = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "")
+    with Progress.for_args(args) as progress:
+        if args.engine == "stock":
+            from specc.stock.runner import StockSystem
 
-        result = run_stock(pair, ids, args.max_new_tokens, args.num_draft, dtype, args.device)
-    else:
-        from specc.runtime.eager import build_eager
+            progress(f"loading {names} (HF transformers, {args.dtype}, {args.device})")
+            stock = StockSystem(pair, args.num_draft, dtype, args.device)
+            progress(f"generating {args.max_new_tokens} tokens ({pair.method})")
+            result = stock.generate(ids, args.max_new_tokens)
+        else:
+            from specc.runtime.eager import build_eager
 
-        decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device)
-        result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
+            progress(f"loading {names} (specc.models, {args.dtype}, {args.device})")
+            decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device)
+            progress(f"generating {args.max_new_tokens} tokens ({pair.method})")
+            result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
     emit_result(result, args, tokenizer, {"engine": args.engine})
     return 0

@@ -112,8 +112,13 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     return loop
 
 
-def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True) -> Engine:
-    """Load a compiled artifact. Refuses (ArtifactError) a tampered or incomplete one."""
+def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True,
+         threads: int | None = None) -> Engine:
+    """Load a compiled artifact. Refuses (ArtifactError) a tampered or incomplete one.
+
+    On CPU, torch's intra-op threads are set to ``threads``, else specc's default
+    (:mod:`specc.threads`: ``SPECC_THREADS``, else min(physical cores, 4, idle cores));
+    ``threads=0`` leaves torch's setting alone."""
     path = Path(path)
     manifest = read_manifest(path)
     if check:
@@ -121,6 +126,10 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
     dev = torch.device(device or manifest["deployment"].get("device", "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ArtifactError(f"{path}: compiled for CUDA but no GPU is available (pass device='cpu')")
+    if threads != 0 and dev.type == "cpu":
+        from specc.threads import configure_threads
+
+        configure_threads(threads)
     try:
         tensors = load_file(str(path / "weights.safetensors"), device=str(dev))
     except Exception as exc:

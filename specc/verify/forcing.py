@@ -23,7 +23,7 @@ the compiled engine both are).
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -131,9 +131,10 @@ class Fp32Referee:
 
 
 def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int, num_draft=None,
-                        dtype=torch.float32, device="cpu", stock=None) -> list[StockRun]:
+                        dtype=torch.float32, device="cpu", stock=None,
+                        progress: Callable[[int, int], None] | None = None) -> list[StockRun]:
     """Stock's tokens and margins on each prompt (``stock``: a StockSystem to reuse, e.g. to
-    build an :class:`Fp32Referee` from its target)."""
+    build an :class:`Fp32Referee` from its target; ``progress(done, total)`` after each prompt)."""
     from specc.stock.runner import StockSystem
 
     stock = stock if stock is not None else StockSystem(pair, num_draft, dtype, device)
@@ -142,11 +143,16 @@ def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int,
         result = stock.generate(prompt, max_new_tokens)
         runs.append(StockRun(list(prompt), result.tokens, stock_margins(stock.target, list(prompt), result.tokens),
                              list(result.stats.accepted_lengths)))
+        if progress is not None:
+            progress(len(runs), len(prompts))
     return runs
 
 
 def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eos_token_ids=(),
-                  referee: Fp32Referee | None = None) -> ForcingReport:
+                  referee: Fp32Referee | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> ForcingReport:
+    """Force stock's tokens through ``system`` on every run and decode freely; ``progress(done,
+    total)`` after each prompt."""
     report = ForcingReport(tolerance=tolerance, prompts=len(runs))
     for index, run in enumerate(runs):
         got = system.forced_argmax(run.prompt, run.tokens)
@@ -172,4 +178,6 @@ def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eo
             diverge = next((i for i, (a, b) in enumerate(zip(free, run.tokens)) if a != b), min(len(free), limit))
             report.generation_failures.append(
                 f"prompt {index}: free decoding diverges from stock at token {diverge} (no tie before it)")
+        if progress is not None:
+            progress(index + 1, len(runs))
     return report
