@@ -29,6 +29,7 @@ class CompileResult:
     path: Path
     manifest: dict
     summary_lines: list[str]
+    manifest_hash: str = ""  # sha256 of manifest.json: pin it with `specc run --expect-hash`
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -99,6 +100,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     the default pipeline); ``memory``: a memory file, None for the default location, False for
     none. Raises ``VerificationFailed`` (nothing written) when token forcing fails."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
+    from specc.codegen.artifact_trust import manifest_hash, plugin_records
     from specc.models.dflash import DFlashDrafter
     from specc.models.loading import content_hash, load_tokenizer
     from specc.models.registry import load_model
@@ -165,6 +167,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "deployment": dep.to_json(), "passes": {"pipeline": pipeline, "applied": pass_records},
         "lowering": lowering, "step_costs_at": {"B": dep.batch_size, "Q": k + 1, "C": 1024}, "step_costs": costs,
         "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},
+        "plugins": plugin_records(pipeline),
         "prediction": None if choice is None else {
             key: choice.prediction.get(key) for key in ("tokens_per_s", "speedup", "step_s", "ar_step_s",
                                                          "expected_tokens_per_step", "acceptance_source", "source")},
@@ -194,6 +197,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}
         write_manifest(tmp, manifest)
         publish(tmp, out)
+        digest = manifest_hash(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -207,10 +211,11 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "bytes per step at B={B}, Q={Q}, C={C}: ".format(**manifest["step_costs_at"]) + "; ".join(
             f"{role} {c['bytes_read'] / 1e6:.2f} MB read ({c['weight_bytes'] / 1e6:.2f} MB weights)" for role, c in costs.items()),
         report.summary(),
+        f"manifest sha256 {digest} (pin it: specc run {out} --expect-hash {digest})",
     ]
     if choice is not None:
         p = manifest["prediction"]
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "
                         f"(step {p['step_s'] * 1e3:.3f} ms, {p['expected_tokens_per_step']:.2f} tokens/step, "
                         f"acceptance {p['acceptance_source']}; `specc cost` shows the gap report)")
-    return CompileResult(out, manifest, lines)
+    return CompileResult(out, manifest, lines, digest)

@@ -34,6 +34,8 @@ def register(sub) -> None:
     r.add_argument("artifact", metavar="ARTIFACT")
     add_prompt_args(r)
     r.add_argument("--device", help="override the artifact's device (e.g. cpu)")
+    r.add_argument("--expect-hash", metavar="SHA256",
+                   help="refuse the artifact unless its manifest.json has this sha256 (printed by `specc compile`)")
     r.add_argument("--stream", action="store_true", help="print tokens as they are committed")
     r.add_argument("--profile", action="store_true", help="also time prefill / draft / verify / accept")
     r.set_defaults(handler=run_run)
@@ -51,6 +53,7 @@ def register(sub) -> None:
     v.add_argument("--fp32-audit", action="store_true",
                    help="ask stock again in fp32 about each mismatch above the tolerance: one within stock's own "
                         "rounding error on the two logits is reported as an fp32-audited tie, not a failure")
+    v.add_argument("--expect-hash", metavar="SHA256", help="refuse the artifact unless its manifest.json has this sha256")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(handler=run_verify)
 
@@ -78,19 +81,19 @@ def run_compile(args) -> int:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result.manifest))
+        print(json.dumps(dict(result.manifest, manifest_sha256=result.manifest_hash)))
     else:
         print("\n".join(result.summary_lines))
     return 0
 
 
-def _load_engine(path, device=None, max_len=2048):
+def _load_engine(path, device=None, max_len=2048, expect_hash=None):
     from specc.codegen.artifact import ArtifactError
     from specc.errors import UserError
     from specc.runtime.engine import load
 
     try:
-        return load(path, device, max_len=max_len)
+        return load(path, device, max_len=max_len, expect_hash=expect_hash)
     except ArtifactError as exc:
         raise UserError(str(exc)) from exc
 
@@ -99,7 +102,7 @@ def run_run(args) -> int:
     from specc.cli.common import prompt_ids
 
     positive(args.max_new_tokens, "--max-new-tokens")
-    engine = _load_engine(args.artifact, args.device)
+    engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash)
     ids, tokenizer = prompt_ids(args, engine.path)
     check_ids_in_vocab(ids, int(engine.manifest["model"]["vocab_size"]))
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
@@ -129,7 +132,7 @@ def run_verify(args) -> int:
     from specc.stock.runner import StockSystem
     from specc.verify import Fp32Referee, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
-    engine = _load_engine(args.artifact)
+    engine = _load_engine(args.artifact, expect_hash=args.expect_hash)
     m = engine.manifest
     pair = resolve_pair(args.model or m["model"]["name"],
                         args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])

@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from safetensors.torch import load_file
 
-from specc.codegen.artifact import ArtifactError, check_files, read_manifest
+from specc.codegen.artifact import ArtifactError
 from specc.models.dflash import DFlashSpec
 from specc.result import GenerationResult
 from specc.runtime.compiled import import_step_class
@@ -108,12 +108,15 @@ def build_loop(steps: dict, method: str, num_draft: int, max_len: int, pard_toke
     return loop
 
 
-def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True) -> Engine:
-    """Load a compiled artifact. Refuses (ArtifactError) a tampered or incomplete one."""
+def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True,
+         expect_hash: str | None = None) -> Engine:
+    """Load a compiled artifact: this runs its code (docs/artifact.md). Refuses (ArtifactError) a
+    tampered, incomplete or escaping one; ``expect_hash`` pins the sha256 of its manifest.json."""
+    from specc.codegen.artifact_trust import read_manifest_pinned, verify_artifact
+
     path = Path(path)
-    manifest = read_manifest(path)
-    if check:
-        check_files(path, manifest)
+    manifest, _ = read_manifest_pinned(path, expect_hash)
+    sources = verify_artifact(path, manifest, check)
     dev = torch.device(device or manifest["deployment"].get("device", "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ArtifactError(f"{path}: compiled for CUDA but no GPU is available (pass device='cpu')")
@@ -124,7 +127,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
     unique = uuid.uuid4().hex[:8]
     steps = {}
     for role, info in manifest["steps"].items():
-        cls = import_step_class(path / info["module"], info["class"], unique)
+        cls = import_step_class(path / info["module"], info["class"], unique, sources[info["module"]])
         step = cls()
         try:
             weights = {name: tensors[key] for name, key in info["weights"].items()}
