@@ -88,11 +88,27 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
     return BuiltSteps(irs, emitted, records, lowering)
 
 
-def compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
-                     out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
-                     prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
-                     tolerance: float | None = None, progress: Callable[[str], None] | None = None,
-                     memory=None) -> CompileResult:
+def compile_artifact(model: str, drafter: str | None = None, *, out: str | Path,
+                     progress: Callable[[str], None] | None = None, **kwargs) -> CompileResult:
+    """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
+
+    ``out`` is checked before any work (its parent exists and is writable; an existing path is
+    replaced only when it is a specc artifact) and locked for the whole compile, so two compiles
+    to one path run one after the other; stale temporaries of killed runs are removed. Keywords:
+    see ``_compile_artifact``."""
+    from specc.codegen.artifact import check_output_path, output_lock
+
+    out = check_output_path(Path(out))
+    with output_lock(out, progress):
+        check_output_path(out)  # again: it may have changed while this waited for the lock
+        return _compile_artifact(model, drafter, out=out, progress=progress, **kwargs)
+
+
+def _compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
+                      out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
+                      prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
+                      tolerance: float | None = None, progress: Callable[[str], None] | None = None,
+                      memory=None) -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step

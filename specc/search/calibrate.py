@@ -471,10 +471,15 @@ def write_calibration(path, deployment, record: Calibration) -> tuple[Path, Path
     path = Path(path)
     if path.suffix != ".json":
         raise UserError(f"{path}: the calibrated deployment is written as JSON (give a .json path)")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from specc.fileio import atomic_write_text, file_lock
+
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path}: exists and is not a file")
     data = deployment.to_json()
     data.pop("source", None)
-    path.write_text(json.dumps(data, indent=2) + "\n")
     rec = record_path(path)
-    rec.write_text(json.dumps(record.to_json(), indent=1) + "\n")
+    # one lock for the pair: the deployment file and its record always come from the same run
+    with file_lock(path):
+        atomic_write_text(rec, json.dumps(record.to_json(), indent=1) + "\n")
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
     return path, rec

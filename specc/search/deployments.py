@@ -151,4 +151,7 @@ def get_deployment(name_or_path: str) -> Deployment:
 
 
 def save_deployment(dep: Deployment, path) -> None:
-    Path(path).write_text(json.dumps(dep.to_json(), indent=2) + "\n")
+    from specc.fileio import atomic_write_text, file_lock
+
+    with file_lock(Path(path)):
+        atomic_write_text(Path(path), json.dumps(dep.to_json(), indent=2) + "\n")

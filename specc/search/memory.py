@@ -136,12 +136,27 @@ class Memory:
                    data.get("acceptance") or {})
 
     def save(self) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"format": FORMAT, "family": self.family, "deployment": self.deployment,
-                   "entries": [e.to_json() for e in self.entries], "acceptance": self.acceptance}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(payload, indent=1) + "\n")
-        os.replace(tmp, self.path)
+        """Write under a lock: re-read the file, merge (this memory's entries win over the same
+        key; entries other writers added meanwhile are kept), write a unique temp file, fsync,
+        rename. Two concurrent searches on one memory lose nothing."""
+        from specc.fileio import atomic_write_text, file_lock
+
+        with file_lock(self.path):
+            if self.path.is_file():
+                try:
+                    disk = Memory.load(self.path, self.family, self.deployment)
+                except UserError:
+                    disk = None  # a corrupt file is replaced by this memory (it could not be read anyway)
+                if disk is not None:
+                    mine = list(self.entries)
+                    merged = Memory(self.path, self.family, self.deployment, disk.entries, disk.acceptance)
+                    for e in mine:
+                        merged.add(e)
+                    self.entries = merged.entries
+                    self.acceptance = {**disk.acceptance, **self.acceptance}
+            payload = {"format": FORMAT, "family": self.family, "deployment": self.deployment,
+                       "entries": [e.to_json() for e in self.entries], "acceptance": self.acceptance}
+            atomic_write_text(self.path, json.dumps(payload, indent=1) + "\n")
         return self.path
 
     def siblings(self) -> list["Memory"]:
