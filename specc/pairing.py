@@ -60,7 +60,9 @@ def inspect_checkpoint(name: str) -> Checkpoint:
         path = resolve_checkpoint(name)
         raw = load_config(path)
         kind = classify(raw)
-    except (CheckpointError, ConfigError) as exc:
+    except ConfigError as exc:
+        raise UserError(f"{name}: {exc}") from exc
+    except CheckpointError as exc:
         raise UserError(str(exc)) from exc
     return Checkpoint(name=str(name), path=path, raw=raw, kind=kind)
 
@@ -74,6 +76,7 @@ def resolve_pair(model: str, drafter: str | None = None, method: str | None = No
     if drafter is None:
         if method not in (None, "ar"):
             raise UserError(f"--method {method} needs a --drafter")
+        _check_weights(target)
         return Pair(target, None, "ar")
     if method == "ar":
         raise UserError("--method ar runs the target alone; drop --drafter or choose another method")
@@ -83,7 +86,16 @@ def resolve_pair(model: str, drafter: str | None = None, method: str | None = No
     if method not in allowed:
         raise UserError(f"--method {method} does not fit {drafter} (a {draft.kind} checkpoint: use {' or '.join(allowed)})")
     _check_compatible(target, draft)
+    _check_weights(target)
+    _check_weights(draft)
     return Pair(target, draft, method)
+
+
+def _check_weights(ckpt: Checkpoint) -> None:
+    """Weights readable and matching the config, and the model fits in memory (before loading)."""
+    from specc.models.registry import check_checkpoint
+
+    check_checkpoint(ckpt.path, ckpt.raw, ckpt.kind)
 
 
 def _check_compatible(target: Checkpoint, draft: Checkpoint) -> None:
