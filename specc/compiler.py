@@ -125,8 +125,16 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     from specc.search.deployments import get_deployment
     from specc.verify import DEFAULT_TOLERANCE, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
+    from specc.pairing import check_num_draft
+
     say = progress or (lambda msg: None)
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
+        raise UserError(f"verify tokens must be in 1..{1 << 16} (got {max_new_tokens!r})")
     pair = resolve_pair(model, drafter, method)
+    check_num_draft(pair, num_draft)
+    positions = pair.target.raw.get("max_position_embeddings")
+    if isinstance(positions, int) and max_new_tokens + 1 > positions:
+        raise UserError(f"--verify-tokens {max_new_tokens} exceeds the model's {positions} positions")
     dep = get_deployment(deployment)
     if dep.device == "cuda" and not torch.cuda.is_available():
         raise UserError(f"deployment {dep.name} needs a CUDA GPU; none is available (use --deployment cpu)")
@@ -173,6 +181,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         "method": pair.method, "num_draft": k,
         "model": {"name": pair.target.name, "content_hash": content_hash(pair.target.path),
                   "architecture": pair.target.raw.get("model_type"), "vocab_size": pair.target.raw.get("vocab_size"),
+                  "max_position_embeddings": pair.target.raw.get("max_position_embeddings"),
                   "eos_token_ids": list(pair.eos_token_ids)},
         "drafter": None if pair.drafter is None else {
             "name": pair.drafter.name, "kind": pair.drafter.kind, "content_hash": content_hash(pair.drafter.path),
@@ -194,6 +203,10 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         vocab = int(pair.target.raw["vocab_size"])
         if prompts is None:
             prompts = load_prompts_file(prompts_file, tokenizer, vocab) if prompts_file else calibration_prompts(tokenizer, vocab)
+        longest = max(len(p) for p in prompts)
+        if isinstance(positions, int) and longest + max_new_tokens > positions:
+            raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
+                            f"the model's {positions} positions")
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
         engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1)
         runs = run_stock_reference(pair, prompts, max_new_tokens, k or None, dtype, device)

@@ -113,3 +113,23 @@ def _check_compatible(target: Checkpoint, draft: Checkpoint) -> None:
             raise UserError(f"DFlash target_layer_ids {list(spec.target_layer_ids)} exceed the target's {layers} layers")
         if spec.num_target_layers is not None and int(spec.num_target_layers) != layers:
             raise UserError(f"DFlash drafter was trained for a {spec.num_target_layers}-layer target, {target.name} has {layers}")
+
+
+MAX_NUM_DRAFT = 255  # far beyond any useful speculation length; a typo must not allocate GBs
+
+
+def check_num_draft(pair, k: int | None) -> None:
+    """--num-draft within what the method can draft (a DFlash block proposes block_size - 1)."""
+    if k is None:
+        return
+    if k < 1:
+        raise UserError(f"--num-draft must be >= 1 (got {k})")
+    if k > MAX_NUM_DRAFT:
+        raise UserError(f"--num-draft {k} is more than {MAX_NUM_DRAFT}")
+    if pair.method == "dflash":
+        from specc.models.dflash import DFlashSpec
+
+        block = DFlashSpec.from_hf(pair.drafter.raw).block_size
+        if k > block - 1:
+            raise UserError(f"--num-draft {k} is larger than the DFlash drafter's block allows "
+                            f"(block_size {block}: at most {block - 1} drafts per step)")

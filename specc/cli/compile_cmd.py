@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from specc.cli.common import add_prompt_args, check_ids_in_vocab, emit_result, positive
+from specc.cli.common import add_prompt_args, check_budget, check_ids_in_vocab, emit_result, finite_non_negative, positive
 
 
 def register(sub) -> None:
@@ -65,6 +65,10 @@ def run_compile(args) -> int:
 
     positive(args.num_draft, "--num-draft")
     positive(args.verify_tokens, "--verify-tokens")
+    if args.verify_tokens > 1 << 16:
+        from specc.errors import UserError
+
+        raise UserError(f"--verify-tokens {args.verify_tokens} is more than {1 << 16}")
     status = None
     if not args.json:
         from rich.console import Console
@@ -98,6 +102,19 @@ def _load_engine(path, device=None, max_len=2048, expect_hash=None):
         raise UserError(str(exc)) from exc
 
 
+def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str) -> None:
+    """Positions and cache memory of a generation with a loaded artifact, before allocating."""
+    import torch
+
+    per_token = 0
+    for info in engine.manifest["steps"].values():
+        for c in info["caches"].values():
+            per_token += c["heads"] * c["head_dim"] * torch.finfo(getattr(torch, c["dtype"])).bits // 8
+    positions = engine.manifest["model"].get("max_position_embeddings")
+    check_budget(prompt_len, new_tokens, positions if isinstance(positions, int) else None, per_token,
+                 engine.device, flag)
+
+
 def run_run(args) -> int:
     from specc.cli.common import prompt_ids
 
@@ -105,6 +122,7 @@ def run_run(args) -> int:
     engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash)
     ids, tokenizer = prompt_ids(args, engine.path)
     check_ids_in_vocab(ids, int(engine.manifest["model"]["vocab_size"]))
+    _check_engine_budget(engine, len(ids), args.max_new_tokens, "--max-new-tokens")
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
     if args.stream and not args.json:
         for tok in engine.stream(ids, args.max_new_tokens):
@@ -132,12 +150,15 @@ def run_verify(args) -> int:
     from specc.stock.runner import StockSystem
     from specc.verify import Fp32Referee, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
+    positive(args.tokens, "--tokens")
+    finite_non_negative(args.tolerance, "--tolerance")
     engine = _load_engine(args.artifact, expect_hash=args.expect_hash)
     m = engine.manifest
     pair = resolve_pair(args.model or m["model"]["name"],
                         args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])
     vocab = int(m["model"]["vocab_size"])
     prompts = load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts else calibration_prompts(engine.tokenizer, vocab)
+    _check_engine_budget(engine, max(len(p) for p in prompts), args.tokens, "--tokens")
     engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
     dep = m["deployment"]
     stock = StockSystem(pair, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
