@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from specc.cli.common import add_prompt_args, check_budget, check_ids_in_vocab, emit_result, finite_non_negative, positive
+from specc.errors import UserError
 
 
 def register(sub) -> None:
@@ -115,6 +116,24 @@ def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str) ->
                  engine.device, flag)
 
 
+class _ArtifactRuns:
+    """Errors raised by an artifact's generated code (a manifest that does not fit its modules)
+    become one line naming the artifact instead of a traceback."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, (RuntimeError, AttributeError, IndexError, KeyError, TypeError,
+                                                  ValueError)) and not issubclass(kind, UserError):
+            raise UserError(f"{self.path}: the artifact failed while running ({kind.__name__}: "
+                            f"{' '.join(str(exc).split())[:300]}); is it intact and from this specc version?") from exc
+        return False
+
+
 def run_run(args) -> int:
     from specc.cli.common import prompt_ids
 
@@ -125,12 +144,14 @@ def run_run(args) -> int:
     _check_engine_budget(engine, len(ids), args.max_new_tokens, "--max-new-tokens")
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
     if args.stream and not args.json:
-        for tok in engine.stream(ids, args.max_new_tokens):
-            sys.stdout.write((tokenizer.decode([tok]) if tokenizer else f"{tok} "))
-            sys.stdout.flush()
+        with _ArtifactRuns(args.artifact):
+            for tok in engine.stream(ids, args.max_new_tokens):
+                sys.stdout.write((tokenizer.decode([tok]) if tokenizer else f"{tok} "))
+                sys.stdout.flush()
         sys.stdout.write("\n")
         return 0
-    result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
+    with _ArtifactRuns(args.artifact):
+        result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
     extra = {"engine": "compiled", "tokens_per_s": engine.last_stats["tokens_per_s"]}
     if args.profile:
         extra["part_seconds"] = engine.last_stats["part_seconds"]
@@ -165,7 +186,8 @@ def run_verify(args) -> int:
     runs = run_stock_reference(pair, prompts, args.tokens, stock=stock)
     tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
     referee = Fp32Referee(stock.target) if args.fp32_audit else None
-    report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee)
+    with _ArtifactRuns(args.artifact):
+        report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee)
     if args.json:
         print(json.dumps(report.to_json()))
     else:
