@@ -57,6 +57,9 @@ def stage_artifact(out: Path, steps: dict[str, EmittedStep], manifest: dict, tok
 
     out = Path(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the artifact gets the usual permissions
     try:
         stored: dict = {}
         tensors: dict[str, torch.Tensor] = {}
