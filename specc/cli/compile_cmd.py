@@ -97,6 +97,15 @@ def _load_engine(path, device=None, max_len=2048, expect_hash=None):
     from specc.errors import UserError
     from specc.runtime.engine import load
 
+    if device is not None:
+        import torch
+
+        try:
+            kind = torch.device(device).type
+        except RuntimeError:
+            raise UserError(f"--device {device!r} is not a torch device") from None
+        if kind not in ("cpu", "cuda"):
+            raise UserError(f"--device {device!r}: only cpu and cuda are supported")
     try:
         return load(path, device, max_len=max_len, expect_hash=expect_hash)
     except ArtifactError as exc:
