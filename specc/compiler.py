@@ -30,6 +30,7 @@ class CompileResult:
     path: Path
     manifest: dict
     summary_lines: list[str]
+    manifest_hash: str = ""  # sha256 of manifest.json: pin it with `specc run --expect-hash`
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -45,11 +46,27 @@ def _step_costs(ir, values: dict) -> dict:
             "flops": float(evaluate(totals.flops, values))}
 
 
-def compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
-                     out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
-                     prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
-                     tolerance: float | None = None, progress: Callable[[str], None] | None = None,
-                     memory=None) -> CompileResult:
+def compile_artifact(model: str, drafter: str | None = None, *, out: str | Path,
+                     progress: Callable[[str], None] | None = None, **kwargs) -> CompileResult:
+    """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
+
+    ``out`` is checked before any work (its parent exists and is writable; an existing path is
+    replaced only when it is a specc artifact) and locked for the whole compile, so two compiles
+    to one path run one after the other; stale temporaries of killed runs are removed. Keywords:
+    see ``_compile_artifact``."""
+    from specc.codegen.artifact import check_output_path, output_lock
+
+    out = check_output_path(Path(out))
+    with output_lock(out, progress):
+        check_output_path(out)  # again: it may have changed while this waited for the lock
+        return _compile_artifact(model, drafter, out=out, progress=progress, **kwargs)
+
+
+def _compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
+                      out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
+                      prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
+                      tolerance: float | None = None, progress: Callable[[str], None] | None = None,
+                      memory=None) -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step
@@ -57,15 +74,22 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     the default pipeline); ``memory``: a memory file, None for the default location, False for
     none. Raises ``VerificationFailed`` (nothing written) when token forcing fails."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
+    from specc.codegen.artifact_trust import manifest_hash, plugin_records
     from specc.codegen.build import build_steps
     from specc.models.loading import content_hash, load_tokenizer
-    from specc.pairing import resolve_pair
+    from specc.pairing import check_num_draft, resolve_pair
     from specc.runtime.engine import load
     from specc.search.deployments import get_deployment
     from specc.verify import DEFAULT_TOLERANCE, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
     say = progress or (lambda msg: None)
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
+        raise UserError(f"verify tokens must be in 1..{1 << 16} (got {max_new_tokens!r})")
     pair = resolve_pair(model, drafter, method)
+    check_num_draft(pair, num_draft)
+    positions = pair.target.raw.get("max_position_embeddings")
+    if isinstance(positions, int) and max_new_tokens + 1 > positions:
+        raise UserError(f"--verify-tokens {max_new_tokens} exceeds the model's {positions} positions")
     dep = get_deployment(deployment)
     if dep.device == "cuda" and not torch.cuda.is_available():
         raise UserError(f"deployment {dep.name} needs a CUDA GPU; none is available (use --deployment cpu)")
@@ -106,6 +130,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "method": pair.method, "num_draft": k,
         "model": {"name": pair.target.name, "content_hash": content_hash(pair.target.path),
                   "architecture": pair.target.raw.get("model_type"), "vocab_size": pair.target.raw.get("vocab_size"),
+                  "max_position_embeddings": pair.target.raw.get("max_position_embeddings"),
                   "eos_token_ids": list(pair.eos_token_ids)},
         "drafter": None if pair.drafter is None else {
             "name": pair.drafter.name, "kind": pair.drafter.kind, "content_hash": content_hash(pair.drafter.path),
@@ -113,6 +138,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "deployment": dep.to_json(), "passes": {"pipeline": pipeline, "applied": pass_records},
         "lowering": lowering, "step_costs_at": {"B": dep.batch_size, "Q": k + 1, "C": 1024}, "step_costs": costs,
         "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},
+        "plugins": plugin_records(pipeline),
         "prediction": None if choice is None else {
             key: choice.prediction.get(key) for key in ("tokens_per_s", "speedup", "step_s", "ar_step_s",
                                                          "expected_tokens_per_step", "acceptance_source", "source")},
@@ -123,6 +149,10 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         vocab = int(pair.target.raw["vocab_size"])
         if prompts is None:
             prompts = load_prompts_file(prompts_file, tokenizer, vocab) if prompts_file else calibration_prompts(tokenizer, vocab)
+        longest = max(len(p) for p in prompts)
+        if isinstance(positions, int) and longest + max_new_tokens > positions:
+            raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
+                            f"the model's {positions} positions")
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
         engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1)
         count = getattr(progress, "counter", lambda label: None)  # specc.cli.progress: bars per prompt
@@ -143,6 +173,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}
         write_manifest(tmp, manifest)
         publish(tmp, out)
+        digest = manifest_hash(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -156,10 +187,11 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "bytes per step at B={B}, Q={Q}, C={C}: ".format(**manifest["step_costs_at"]) + "; ".join(
             f"{role} {c['bytes_read'] / 1e6:.2f} MB read ({c['weight_bytes'] / 1e6:.2f} MB weights)" for role, c in costs.items()),
         report.summary(),
+        f"manifest sha256 {digest} (pin it: specc run {out} --expect-hash {digest})",
     ]
     if choice is not None:
         p = manifest["prediction"]
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "
                         f"(step {p['step_s'] * 1e3:.3f} ms, {p['expected_tokens_per_step']:.2f} tokens/step, "
                         f"acceptance {p['acceptance_source']}; `specc cost` shows the gap report)")
-    return CompileResult(out, manifest, lines)
+    return CompileResult(out, manifest, lines, digest)

@@ -54,7 +54,7 @@ LAYERS = {
 # kernels, the artifact format), models' small pieces, the leaf utilities.
 RUNTIME_MAY_IMPORT = (
     "specc", "specc.errors", "specc.result", "specc.threads",
-    "specc.codegen.kernel_abi", "specc.codegen.artifact", "specc.codegen.kernels",
+    "specc.codegen.kernel_abi", "specc.codegen.artifact", "specc.codegen.artifact_trust", "specc.codegen.kernels",
     "specc.models.config", "specc.models.ops", "specc.models.state", "specc.models.fused_ops", "specc.models.dflash", "specc.models.loading",
 )
 # Never loaded by `specc.load` + generation (checked statically here and in a subprocess below).

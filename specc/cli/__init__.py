@@ -28,8 +28,20 @@ SUBCOMMANDS = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with specc's error format: one line ``specc: error: ...``, exit status 2."""
+
+    def error(self, message: str):
+        command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        self.exit(2, f"specc: error: {command}{one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def one_line(text) -> str:
+    return " ".join(str(text).split()) or "(no message)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specc",
         description="specc: a compiler for speculative decoding. Traces a target model and a drafter "
         "into an IR, applies passes chosen for a deployment, emits Triton modules checked token by "
@@ -51,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error: one line, SystemExit(2)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0
@@ -62,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         args.threads = configure_threads(args.threads)
         return int(args.handler(args) or 0)
     except UserError as exc:
-        print(f"specc: error: {exc}", file=sys.stderr)
+        print(f"specc: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `specc ... | head`: the reader left; nothing more to say
         sys.stderr.close()
@@ -70,6 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specc: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        print("specc: error: out of memory (try a smaller --max-new-tokens, batch or model)", file=sys.stderr)
+        return 2
+    except OSError as exc:  # disk full, permission denied... on a path the user gave
+        if os.environ.get("SPECC_DEBUG"):
+            raise
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        print(f"specc: error: {where}{one_line(exc.strerror or exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: still one line (SPECC_DEBUG=1 shows the traceback)
+        if os.environ.get("SPECC_DEBUG"):
+            raise
+        print(f"specc: error: internal error: {type(exc).__name__}: {one_line(exc)} "
+              "(a bug; rerun with SPECC_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specc.cli.common import add_prompt_args, check_ids_in_vocab, emit_result, positive
+from specc.cli.common import add_prompt_args, check_budget, check_ids_in_vocab, emit_result, finite_non_negative, positive
+from specc.errors import UserError
 from specc.methods import method_names
 
 
@@ -45,6 +46,8 @@ def register(sub) -> None:
     r.add_argument("artifact", metavar="ARTIFACT")
     add_prompt_args(r)
     r.add_argument("--device", help="override the artifact's device (e.g. cpu)")
+    r.add_argument("--expect-hash", metavar="SHA256",
+                   help="refuse the artifact unless its manifest.json has this sha256 (printed by `specc compile`)")
     r.add_argument("--stream", action="store_true", help="print tokens as they are committed")
     r.add_argument("--profile", action="store_true", help="also time prefill / draft / verify / accept")
     r.set_defaults(handler=run_run)
@@ -66,6 +69,7 @@ def register(sub) -> None:
     v.add_argument("--fp32-audit", action="store_true",
                    help="ask stock again in fp32 about each mismatch above the tolerance: one within stock's own "
                         "rounding error on the two logits is reported as an fp32-audited tie, not a failure")
+    v.add_argument("--expect-hash", metavar="SHA256", help="refuse the artifact unless its manifest.json has this sha256")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(handler=run_verify)
 
@@ -77,6 +81,8 @@ def run_compile(args) -> int:
 
     positive(args.num_draft, "--num-draft")
     positive(args.verify_tokens, "--verify-tokens")
+    if args.verify_tokens > 1 << 16:
+        raise UserError(f"--verify-tokens {args.verify_tokens} is more than {1 << 16}")
     from specc.cli.progress import Progress
 
     try:
@@ -89,21 +95,61 @@ def run_compile(args) -> int:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result.manifest))
+        print(json.dumps(dict(result.manifest, manifest_sha256=result.manifest_hash)))
     else:
         print("\n".join(result.summary_lines))
     return 0
 
 
-def _load_engine(path, device=None, max_len=2048):
+def _load_engine(path, device=None, max_len=2048, expect_hash=None):
     from specc.codegen.artifact import ArtifactError
     from specc.errors import UserError
     from specc.runtime.engine import load
 
+    if device is not None:
+        import torch
+
+        try:
+            kind = torch.device(device).type
+        except RuntimeError:
+            raise UserError(f"--device {device!r} is not a torch device") from None
+        if kind not in ("cpu", "cuda"):
+            raise UserError(f"--device {device!r}: only cpu and cuda are supported")
     try:
-        return load(path, device, max_len=max_len)
+        return load(path, device, max_len=max_len, expect_hash=expect_hash)
     except ArtifactError as exc:
         raise UserError(str(exc)) from exc
+
+
+def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str) -> None:
+    """Positions and cache memory of a generation with a loaded artifact, before allocating."""
+    import torch
+
+    per_token = 0
+    for info in engine.manifest["steps"].values():
+        for c in info["caches"].values():
+            per_token += c["heads"] * c["head_dim"] * torch.finfo(getattr(torch, c["dtype"])).bits // 8
+    positions = engine.manifest["model"].get("max_position_embeddings")
+    check_budget(prompt_len, new_tokens, positions if isinstance(positions, int) else None, per_token,
+                 engine.device, flag)
+
+
+class _ArtifactRuns:
+    """Errors raised by an artifact's generated code (a manifest that does not fit its modules)
+    become one line naming the artifact instead of a traceback."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, (RuntimeError, AttributeError, IndexError, KeyError, TypeError,
+                                                  ValueError)) and not issubclass(kind, UserError):
+            raise UserError(f"{self.path}: the artifact failed while running ({kind.__name__}: "
+                            f"{' '.join(str(exc).split())[:300]}); is it intact and from this specc version?") from exc
+        return False
 
 
 def run_run(args) -> int:
@@ -114,17 +160,20 @@ def run_run(args) -> int:
     positive(args.max_new_tokens, "--max-new-tokens")
     with Progress.for_args(args) as progress:
         progress(f"loading {args.artifact}")
-        engine = _load_engine(args.artifact, args.device)
+        engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash)
     ids, tokenizer = prompt_ids(args, engine.path)
     check_ids_in_vocab(ids, int(engine.manifest["model"]["vocab_size"]))
+    _check_engine_budget(engine, len(ids), args.max_new_tokens, "--max-new-tokens")
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
     if args.stream and not args.json:
-        for tok in engine.stream(ids, args.max_new_tokens):
-            sys.stdout.write((tokenizer.decode([tok]) if tokenizer else f"{tok} "))
-            sys.stdout.flush()
+        with _ArtifactRuns(args.artifact):
+            for tok in engine.stream(ids, args.max_new_tokens):
+                sys.stdout.write((tokenizer.decode([tok]) if tokenizer else f"{tok} "))
+                sys.stdout.flush()
         sys.stdout.write("\n")
         return 0
-    result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
+    with _ArtifactRuns(args.artifact):
+        result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
     extra = {"engine": "compiled", "tokens_per_s": engine.last_stats["tokens_per_s"]}
     if args.profile:
         extra["part_seconds"] = engine.last_stats["part_seconds"]
@@ -146,15 +195,18 @@ def run_verify(args) -> int:
 
     from specc.cli.progress import Progress
 
+    positive(args.tokens, "--tokens")
+    finite_non_negative(args.tolerance, "--tolerance")
     with Progress.for_args(args) as progress:
         progress(f"loading {args.artifact}")
-        engine = _load_engine(args.artifact)
+        engine = _load_engine(args.artifact, expect_hash=args.expect_hash)
         m = engine.manifest
         pair = resolve_pair(args.model or m["model"]["name"],
                             args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])
         vocab = int(m["model"]["vocab_size"])
         prompts = (load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts
                    else calibration_prompts(engine.tokenizer, vocab))
+        _check_engine_budget(engine, max(len(p) for p in prompts), args.tokens, "--tokens")
         engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
         dep = m["deployment"]
         progress(f"loading stock ({pair.target.name}" + (f" + {pair.drafter.name}" if pair.drafter else "") + ")")
@@ -163,8 +215,9 @@ def run_verify(args) -> int:
         runs = run_stock_reference(pair, prompts, args.tokens, stock=stock, progress=progress.counter("stock"))
         tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
         referee = Fp32Referee(stock.target) if args.fp32_audit else None
-        report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee,
-                               progress=progress.counter("compiled, forced"))
+        with _ArtifactRuns(args.artifact):
+            report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee,
+                                   progress=progress.counter("compiled, forced"))
     if args.json:
         print(json.dumps(report.to_json()))
     else:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from specc.cli.common import add_pair_args, add_prompt_args, check_ids_in_vocab, emit_result, positive, prompt_ids
+from specc.cli.common import (add_pair_args, add_prompt_args, check_budget, check_ids_in_vocab, check_num_draft,
+                              emit_result, kv_bytes_per_token, positive, prompt_ids)
+from specc.errors import UserError
 
 
 def register(sub) -> None:
@@ -36,9 +38,23 @@ def run(args) -> int:
     positive(args.max_new_tokens, "--max-new-tokens")
     positive(args.num_draft, "--num-draft")
     pair = resolve_pair(args.model, args.drafter, args.method)
+    check_num_draft(pair, args.num_draft)
     ids, tokenizer = prompt_ids(args, pair.target.path)
     check_ids_in_vocab(ids, int(pair.target.raw["vocab_size"]))
     dtype = getattr(torch, args.dtype)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        raise UserError(f"--device {args.device!r}: {' '.join(str(exc).split())}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is available")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {args.device!r}: only cpu and cuda are supported")
+    nbytes = torch.finfo(dtype).bits // 8
+    per_token = kv_bytes_per_token(pair.target.raw, nbytes) + (
+        kv_bytes_per_token(pair.drafter.raw, nbytes) if pair.drafter is not None else 0)
+    positions = pair.target.raw.get("max_position_embeddings")
+    check_budget(len(ids), args.max_new_tokens, positions if isinstance(positions, int) else None, per_token, device)
     names = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "")
     with Progress.for_args(args) as progress:
         if args.engine == "stock":

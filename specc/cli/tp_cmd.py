@@ -31,11 +31,6 @@ def drafting_method_names() -> tuple[str, ...]:
     return tuple(name for name, m in available_methods().items() if m.uses_drafter)
 
 
-def drafting_method_names() -> tuple[str, ...]:
-    """Methods that speculate with a drafter (a sharded target needs one to speculate)."""
-    return tuple(name for name, m in available_methods().items() if m.uses_drafter)
-
-
 def register(sub) -> None:
     p = sub.add_parser(
         "tp", help="check a tensor-parallel (sharded) target against the 1-device model",

@@ -24,12 +24,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
+from specc.errors import UserError
 from specc.passes.base import Pass
 
 ENTRY_POINT_GROUP = "specc.passes"
 
 
-class PipelineError(ValueError):
+class PipelineError(UserError, ValueError):
     """A pipeline string or pass name that cannot be resolved (message is one line)."""
 
 

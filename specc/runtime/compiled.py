@@ -8,8 +8,6 @@ allocated here through a ``DecodingState``, per batch size and max length).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
@@ -68,16 +66,9 @@ def instantiate(emitted, spec: DFlashSpec | None = None) -> CompiledStep:
     return step
 
 
-def import_step_class(path: Path, class_name: str, unique: str) -> type[CompiledStep]:
-    """Import a generated module from its file (a fresh module object per artifact)."""
-    mod_name = f"specc_compiled_{unique}_{path.stem}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    cls = getattr(module, class_name)
-    if not issubclass(cls, CompiledStep):
-        raise ImportError(f"{path}: {class_name} is not a CompiledStep")
-    return cls
+def import_step_class(path: Path, class_name: str, unique: str, source: bytes | None = None) -> type[CompiledStep]:
+    """Execute a generated module from its bytes (``source``: the bytes the manifest's hash was
+    checked on), never through the import system: no bytecode cache is read or written."""
+    from specc.codegen.artifact_trust import exec_step_module
+
+    return exec_step_module(Path(path).read_bytes() if source is None else source, Path(path).name, class_name, unique)

@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from safetensors.torch import load_file
 
-from specc.codegen.artifact import ArtifactError, check_files, read_manifest
+from specc.codegen.artifact import ArtifactError
 from specc.models.dflash import DFlashSpec
 from specc.result import GenerationResult
 from specc.runtime.compiled import import_step_class
@@ -113,16 +113,18 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
 
 
 def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True,
-         threads: int | None = None) -> Engine:
-    """Load a compiled artifact. Refuses (ArtifactError) a tampered or incomplete one.
+         threads: int | None = None, expect_hash: str | None = None) -> Engine:
+    """Load a compiled artifact: this runs its code (docs/artifact.md). Refuses (ArtifactError) a
+    tampered, incomplete or escaping one; ``expect_hash`` pins the sha256 of its manifest.json.
 
     On CPU, torch's intra-op threads are set to ``threads``, else specc's default
     (:mod:`specc.threads`: ``SPECC_THREADS``, else min(physical cores, 4, idle cores));
     ``threads=0`` leaves torch's setting alone."""
+    from specc.codegen.artifact_trust import read_manifest_pinned, verify_artifact
+
     path = Path(path)
-    manifest = read_manifest(path)
-    if check:
-        check_files(path, manifest)
+    manifest, _ = read_manifest_pinned(path, expect_hash)
+    sources = verify_artifact(path, manifest, check)
     dev = torch.device(device or manifest["deployment"].get("device", "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ArtifactError(f"{path}: compiled for CUDA but no GPU is available (pass device='cpu')")
@@ -137,7 +139,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
     unique = uuid.uuid4().hex[:8]
     steps = {}
     for role, info in manifest["steps"].items():
-        cls = import_step_class(path / info["module"], info["class"], unique)
+        cls = import_step_class(path / info["module"], info["class"], unique, sources[info["module"]])
         step = cls()
         try:
             weights = {name: tensors[key] for name, key in info["weights"].items()}
