@@ -109,9 +109,9 @@ def check_checkpoint(path: Path, raw: dict[str, Any], kind: str, bytes_per_param
     except ConfigError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     expected = {k: tuple(p.shape) for k, p in model.named_parameters(remove_duplicate=True)}
-    check_fits(sum(math.prod(s) for s in expected.values()) * bytes_per_param, f"{path}: the model", device)
-    if shapes is None:
+    if shapes is None:  # a config-only directory (cost model): nothing will be loaded
         return
+    check_fits(sum(math.prod(s) for s in expected.values()) * bytes_per_param, f"{path}: the model", device)
     renamed = {k[len("model."):] if k.startswith("model.") else k: v for k, v in shapes.items()}
     if tied:
         renamed.pop("lm_head.weight", None)
