@@ -29,7 +29,7 @@ from specc.codegen.artifact import MANIFEST, ArtifactError
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_METHODS = ("ar", "ar-draft", "pard", "dflash")
+_METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # any registered method name (plugins too)
 
 
 def manifest_hash(path: Path) -> str:
@@ -90,8 +90,8 @@ def validate_manifest(path: Path, m: dict) -> None:
         confined(path, name)
         if not isinstance(digest, str) or not _HEX64.match(digest):
             raise _bad(path, f"files[{name!r}] is not a sha256")
-    if m.get("method") not in _METHODS:
-        raise _bad(path, f"unknown method {m.get('method')!r}")
+    if not isinstance(m.get("method"), str) or not _METHOD_NAME.match(m["method"]):
+        raise _bad(path, f"method {m.get('method')!r} is not a method name")
     nd = m.get("num_draft", 0)
     if nd is not None and (not isinstance(nd, int) or isinstance(nd, bool) or not 0 <= nd <= 4096):
         raise _bad(path, f"num_draft {nd!r} is not a small non-negative integer")
@@ -113,26 +113,28 @@ def validate_manifest(path: Path, m: dict) -> None:
     if not isinstance(tol, dict) or not isinstance(tol.get("tie_margin"), (int, float)) \
             or isinstance(tol.get("tie_margin"), bool):
         raise _bad(path, "tolerances.tie_margin is not a number")
+    steps = m.get("steps")
+    if not isinstance(steps, dict) or "target" not in steps or set(steps) - {"target", "drafter"}:
+        raise _bad(path, "'steps' must name a target (and optionally a drafter) step")
     drafter = m.get("drafter")
-    if m["method"] != "ar":
+    if "drafter" in steps:
+        # what the drafting strategy reads from its section (the runtime checks it needs them)
         if not isinstance(drafter, dict):
-            raise _bad(path, f"method {m['method']} without a 'drafter' section")
+            raise _bad(path, f"method {m['method']} has a drafter step but no 'drafter' section")
         pt = drafter.get("pard_token")
-        if m["method"] == "pard" and (not isinstance(pt, int) or isinstance(pt, bool) or not 0 <= pt < vocab):
+        if pt is not None and (not isinstance(pt, int) or isinstance(pt, bool) or not 0 <= pt < vocab):
             raise _bad(path, f"drafter.pard_token {pt!r} is not a token id")
-        if m["method"] == "dflash":
-            d = drafter.get("dflash")
+        d = drafter.get("dflash")
+        if d is not None:
             ok = isinstance(d, dict) and all(isinstance(d.get(k), int) and not isinstance(d.get(k), bool)
                                              for k in ("block_size", "mask_token_id")) \
                 and isinstance(d.get("target_layer_ids"), list) \
                 and all(isinstance(i, int) for i in d["target_layer_ids"]) and d["block_size"] >= 2
             if not ok:
                 raise _bad(path, "drafter.dflash lacks block_size/mask_token_id/target_layer_ids")
-    steps = m.get("steps")
-    if not isinstance(steps, dict) or "target" not in steps or set(steps) - {"target", "drafter"}:
-        raise _bad(path, "'steps' must name a target (and optionally a drafter) step")
-    if (m["method"] != "ar") != ("drafter" in steps):
-        raise _bad(path, f"method {m['method']} does not match the steps {sorted(steps)}")
+        strategy = drafter.get("strategy")
+        if strategy is not None and not isinstance(strategy, str):
+            raise _bad(path, "drafter.strategy is not a name")
     for role, info in steps.items():
         if not isinstance(info, dict):
             raise _bad(path, f"steps.{role} is not an object")
@@ -151,15 +153,33 @@ def validate_manifest(path: Path, m: dict) -> None:
         if not isinstance(caches, dict):
             raise _bad(path, f"steps.{role}.caches is not an object")
         for cname, c in caches.items():
-            ok = isinstance(c, dict) and all(isinstance(c.get(k), int) and not isinstance(c.get(k), bool)
-                                             and 0 < c.get(k) <= 1 << 16 for k in ("heads", "head_dim")) \
-                and c.get("dtype") in ("float32", "bfloat16", "float16") \
-                and isinstance(c.get("extra_len", 0), int) and 0 <= c.get("extra_len", 0) <= 1 << 16
-            if not ok:
-                raise _bad(path, f"steps.{role}.caches.{cname} lacks valid heads/head_dim/dtype")
+            if not _valid_state_entry(c):
+                raise _bad(path, f"steps.{role}.caches.{cname} is not a valid state entry (kind, shape, dtype)")
     plugins = m.get("plugins", [])
     if not isinstance(plugins, list) or not all(isinstance(p, dict) for p in plugins):
         raise _bad(path, "'plugins' is not a list")
+
+
+def _small_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 16
+
+
+def _valid_state_entry(c) -> bool:
+    """A manifest ``caches`` entry: a known state kind (``specc.models.state.LAYOUTS``), a
+    per-slot shape of small positive ints (KV entries of older manifests: ``heads`` and
+    ``head_dim``), a float dtype and a small ``extra_len``."""
+    from specc.models.state import LAYOUTS
+
+    if not isinstance(c, dict):
+        return False
+    kind = c.get("kind", "kv")
+    shape = c.get("shape")
+    if shape is None and kind == "kv":
+        shape = [c.get("heads"), c.get("head_dim")]
+    extra = c.get("extra_len", 0)
+    return (isinstance(kind, str) and kind in LAYOUTS and isinstance(shape, list) and bool(shape)
+            and all(_small_int(d) for d in shape) and c.get("dtype") in ("float32", "bfloat16", "float16")
+            and isinstance(extra, int) and not isinstance(extra, bool) and 0 <= extra <= 1 << 16)
 
 
 def confined(root: Path, name) -> Path:

@@ -151,7 +151,10 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
             spec = DFlashSpec(d["block_size"], d["mask_token_id"], tuple(d["target_layer_ids"]), d.get("num_target_layers"))
         step.bind(weights, info["caches"], spec)
         steps[role] = step
-    engine = Engine(path, manifest, steps, dev, max_len)
+    try:
+        engine = Engine(path, manifest, steps, dev, max_len)
+    except (ValueError, KeyError) as exc:  # e.g. a drafting strategy missing a field it needs
+        raise ArtifactError(f"{path}: {' '.join(str(exc).split())}") from None
     if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         from specc.models.loading import load_tokenizer
 
