@@ -21,8 +21,6 @@ import hashlib
 import importlib.util
 import json
 import re
-import sys
-import types
 from pathlib import Path
 
 from specc.codegen.artifact import MANIFEST, ArtifactError
@@ -234,27 +232,6 @@ def verify_artifact(path: Path, manifest: dict, check: bool = True) -> dict[str,
                 sources[name] = data
     check_plugins(path, manifest)
     return sources
-
-
-def exec_step_module(source: bytes, name: str, class_name: str, unique: str):
-    """Execute a step module from its verified bytes (never through the import system) and
-    return its step class."""
-    from specc.runtime.compiled import CompiledStep
-
-    mod_name = f"specc_compiled_{unique}_{Path(name).stem}"
-    module = types.ModuleType(mod_name)
-    module.__file__ = f"<specc artifact {name}>"
-    sys.modules[mod_name] = module  # dataclasses/pickling look their module up
-    try:
-        code = compile(source, f"<specc artifact {name}>", "exec", dont_inherit=True)
-        exec(code, module.__dict__)
-    except Exception as exc:
-        sys.modules.pop(mod_name, None)
-        raise ArtifactError(f"{name}: executing the step module failed: {type(exc).__name__}: {exc}") from exc
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, CompiledStep)):
-        raise ArtifactError(f"{name}: {class_name} is not a CompiledStep subclass")
-    return cls
 
 
 # ---- plugin passes ----------------------------------------------------------------------------
