@@ -74,8 +74,9 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     the default pipeline); ``memory``: a memory file, None for the default location, False for
     none. Raises ``VerificationFailed`` (nothing written) when token forcing fails."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
-    from specc.codegen.artifact_trust import manifest_hash, plugin_records
+    from specc.codegen.artifact_trust import manifest_hash
     from specc.codegen.build import build_steps
+    from specc.passes.registry import plugin_records
     from specc.models.loading import content_hash, load_tokenizer
     from specc.pairing import check_num_draft, resolve_pair
     from specc.runtime.engine import load

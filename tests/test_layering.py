@@ -46,7 +46,8 @@ LAYERS = {
     "formats": 15,
     "errors": 0,
     "result": 0,
-    "threads": 0,  # CPU thread defaults: a leaf utility (os only)
+    "threads": 0,
+    "fileio": 0,  # locks and atomic writes: a leaf utility  # CPU thread defaults: a leaf utility (os only)
     "": 0,  # the package root
 }
 

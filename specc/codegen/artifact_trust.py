@@ -236,29 +236,6 @@ def verify_artifact(path: Path, manifest: dict, check: bool = True) -> dict[str,
 
 # ---- plugin passes ----------------------------------------------------------------------------
 
-def plugin_records(pipeline: str | None) -> list[dict]:
-    """The non-built-in passes of a pipeline string (after it ran, so they are registered): what
-    the artifact needs besides specc to be loaded again."""
-    from specc.passes.registry import _REGISTRY
-
-    records = []
-    for item in [s.strip() for s in (pipeline or "").split(",") if s.strip()]:
-        if item.startswith("+"):
-            ref = item[1:]
-            module_part = ref.partition(":")[0]
-            if module_part.endswith(".py") or "/" in module_part:
-                f = Path(module_part).expanduser().resolve()
-                records.append({"ref": ref, "file": str(f), "sha256": hashlib.sha256(f.read_bytes()).hexdigest()
-                                if f.is_file() else None})
-            else:
-                records.append({"ref": ref, "module": module_part})
-        else:
-            info = _REGISTRY.get(item)
-            if info is not None and info.origin != "builtin":
-                records.append({"ref": item, "pass": item, "origin": info.origin, "module": info.cls.__module__})
-    return records
-
-
 def check_plugins(path: Path, manifest: dict) -> None:
     """Every plugin pass recorded at compile time must be present (and, for files, unchanged);
     importing it (its kernels or eager ops) is what the generated modules may rely on."""
