@@ -124,7 +124,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         if prompts is None:
             prompts = load_prompts_file(prompts_file, tokenizer, vocab) if prompts_file else calibration_prompts(tokenizer, vocab)
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
-        engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1)
+        engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1, warmup=False)
         runs = run_stock_reference(pair, prompts, max_new_tokens, k or None, dtype, device)
         report = verify_system(engine, runs, tolerance, pair.eos_token_ids)
         manifest = dict(engine.manifest, verification=report.to_json())
