@@ -45,6 +45,21 @@ def _step_costs(ir, values: dict) -> dict:
             "flops": float(evaluate(totals.flops, values))}
 
 
+def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
+    """Record stock's measured acceptance in the search memory, so that `specc cost` predicts
+    this pair with the same acceptance compile did (one source of acceptance)."""
+    if memory is False or pair.drafter is None:
+        return
+    from specc.search.memory import Memory, family_of
+
+    try:
+        mem = memory if isinstance(memory, Memory) else Memory.open(family_of(pair.target.raw), dep.name, memory)
+        mem.record_acceptance(pair.target.name, pair.drafter.name, pair.method, k, acc)
+        mem.save()
+    except (OSError, UserError):  # a read-only cache: the prediction still uses it, the memory does not keep it
+        pass
+
+
 def compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
                      out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
                      prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
@@ -130,13 +145,16 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         manifest = dict(engine.manifest, verification=report.to_json())
         if not report.passed:
             raise VerificationFailed(report.summary())
-        if choice is not None and k and any(r.accepted_lengths for r in runs):
-            # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
+        if k and any(r.accepted_lengths for r in runs):
             from specc.search.acceptance import AcceptanceModel
-            from specc.search.choose import choose_pipeline
 
             acc = AcceptanceModel.from_accepted_lengths([r.accepted_lengths for r in runs], k,
                                                         source=f"measured by stock on {len(runs)} calibration prompts")
+            _remember_acceptance(pair, dep, memory, k, acc)
+        if choice is not None and k and any(r.accepted_lengths for r in runs):
+            # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
+            from specc.search.choose import choose_pipeline
+
             measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc).prediction
             measured["acceptance_source"] = acc.source or "measured"
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}
