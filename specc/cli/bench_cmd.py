@@ -97,6 +97,11 @@ def run(args) -> int:
     if args.out:
         print(f"wrote {write_json(report, f'{args.out}/bench.json')}")
         if not args.no_plots:
-            for path in write_plots(report, args.out):
+            try:
+                paths = write_plots(report, args.out)
+            except ImportError:
+                print("plots skipped: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+                paths = []
+            for path in paths:
                 print(f"wrote {path}")
     return 0
