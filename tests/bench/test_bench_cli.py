@@ -71,3 +71,16 @@ def test_acceptance_specs():
 def test_shapes_need_a_stated_acceptance(capsys):
     assert main(["bench", "--shapes", "tiny-qwen3", "--tokens", "4", "--prompts", "1", "--systems", "specc"]) == 2
     assert "--acceptance" in capsys.readouterr().err
+
+
+def test_bench_an_artifact(checkpoints, tmp_path, capsys):
+    from specc.compiler import compile_artifact
+
+    out = tmp_path / "p.specc"
+    compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, max_new_tokens=4)
+    capsys.readouterr()
+    report = json.loads(_bench(capsys, str(out), "--tokens", "8", "--prompts", "1", "--systems", "hf-eager,specc",
+                               "--json", "-").out)
+    rows = {r["system"]: r for r in report["rows"]}
+    assert "artifact" in report["what"] and rows["specc-pard"]["same_tokens_as_hf_eager"] is True
+    assert rows["specc-pard"]["prediction"]["tokens_per_s"] > 0
