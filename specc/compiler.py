@@ -46,6 +46,21 @@ def _step_costs(ir, values: dict) -> dict:
             "flops": float(evaluate(totals.flops, values))}
 
 
+def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
+    """Record stock's measured acceptance in the search memory, so that `specc cost` predicts
+    this pair with the same acceptance compile did (one source of acceptance)."""
+    if memory is False or pair.drafter is None:
+        return
+    from specc.search.memory import Memory, family_of
+
+    try:
+        mem = memory if isinstance(memory, Memory) else Memory.open(family_of(pair.target.raw), dep.name, memory)
+        mem.record_acceptance(pair.target.name, pair.drafter.name, pair.method, k, acc)
+        mem.save()
+    except (OSError, UserError):  # a read-only cache: the prediction still uses it, the memory does not keep it
+        pass
+
+
 def compile_artifact(model: str, drafter: str | None = None, *, out: str | Path,
                      progress: Callable[[str], None] | None = None, **kwargs) -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
@@ -155,20 +170,23 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
             raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
                             f"the model's {positions} positions")
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
-        engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1)
+        engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1, warmup=False)
         count = getattr(progress, "counter", lambda label: None)  # specc.cli.progress: bars per prompt
         runs = run_stock_reference(pair, prompts, max_new_tokens, k or None, dtype, device, progress=count("stock"))
         report = verify_system(engine, runs, tolerance, pair.eos_token_ids, progress=count("compiled, forced"))
         manifest = dict(engine.manifest, verification=report.to_json())
         if not report.passed:
             raise VerificationFailed(report.summary())
-        if choice is not None and k and any(r.accepted_lengths for r in runs):
-            # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
+        if k and any(r.accepted_lengths for r in runs):
             from specc.search.acceptance import AcceptanceModel
-            from specc.search.choose import choose_pipeline
 
             acc = AcceptanceModel.from_accepted_lengths([r.accepted_lengths for r in runs], k,
                                                         source=f"measured by stock on {len(runs)} calibration prompts")
+            _remember_acceptance(pair, dep, memory, k, acc)
+        if choice is not None and k and any(r.accepted_lengths for r in runs):
+            # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
+            from specc.search.choose import choose_pipeline
+
             measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc).prediction
             measured["acceptance_source"] = acc.source or "measured"
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}

@@ -32,6 +32,7 @@ LAYERS = {
     "__main__": 100,
     "cli": 100,
     "compiler": 90,
+    "bench": 90,  # `specc bench`: builds and times systems (compiler level)
     "search": 80,
     "methods": 80,  # the speculation methods: one module each, and their registry
     "pairing": 80,  # checkpoints -> a checked (target, drafter, method) Pair: asks the methods

@@ -25,6 +25,7 @@ SUBCOMMANDS = [
     "specc.cli.calibrate_cmd",
     "specc.cli.search_cmd",
     "specc.cli.tp_cmd",
+    "specc.cli.bench_cmd",
 ]
 
 

@@ -101,7 +101,7 @@ def run_compile(args) -> int:
     return 0
 
 
-def _load_engine(path, device=None, max_len=2048, expect_hash=None):
+def _load_engine(path, device=None, max_len=2048, expect_hash=None, warmup=False, progress=None):
     from specc.codegen.artifact import ArtifactError
     from specc.errors import UserError
     from specc.runtime.engine import load
@@ -116,7 +116,7 @@ def _load_engine(path, device=None, max_len=2048, expect_hash=None):
         if kind not in ("cpu", "cuda"):
             raise UserError(f"--device {device!r}: only cpu and cuda are supported")
     try:
-        return load(path, device, max_len=max_len, expect_hash=expect_hash)
+        return load(path, device, max_len=max_len, expect_hash=expect_hash, warmup=warmup, progress=progress)
     except ArtifactError as exc:
         raise UserError(str(exc)) from exc
 
@@ -160,7 +160,8 @@ def run_run(args) -> int:
     positive(args.max_new_tokens, "--max-new-tokens")
     with Progress.for_args(args) as progress:
         progress(f"loading {args.artifact}")
-        engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash)
+        engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash, warmup=True,
+                              progress=lambda msg, seconds: progress(f"{msg} ({seconds:.2f} s)"))
     ids, tokenizer = prompt_ids(args, engine.path)
     check_ids_in_vocab(ids, int(engine.manifest["model"]["vocab_size"]))
     _check_engine_budget(engine, len(ids), args.max_new_tokens, "--max-new-tokens")
@@ -174,14 +175,36 @@ def run_run(args) -> int:
         return 0
     with _ArtifactRuns(args.artifact):
         result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
-    extra = {"engine": "compiled", "tokens_per_s": engine.last_stats["tokens_per_s"]}
+    extra = {"engine": "compiled", **run_timings(engine)}
     if args.profile:
         extra["part_seconds"] = engine.last_stats["part_seconds"]
         if not args.json:
             print("time per part: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in extra["part_seconds"].items()),
                   file=sys.stderr)
     emit_result(result, args, tokenizer, extra)
+    if not args.json:
+        print(timings_line(extra), file=sys.stderr)
     return 0
+
+
+def run_timings(engine) -> dict:
+    """The one-time work (load) apart from time to first token and steady decode."""
+    s, load = engine.last_stats, engine.load_stats
+    return {"tokens_per_s": s["tokens_per_s"],
+            "load_seconds": load.get("total", 0.0),
+            "load_phases_s": {k: load[k] for k in ("read", "kernels", "graphs") if k in load},
+            "kernel_cache": load.get("kernel_cache"),
+            "time_to_first_token_s": s["time_to_first_token_s"],
+            "decode_tokens_per_s": s["decode_tokens_per_s"], "decode_seconds": s["decode_seconds"],
+            "decode_steps": s["decode_steps"], "decode_step_s": s["decode_step_s"],
+            "tokens_per_step": s["tokens_per_step"]}
+
+
+def timings_line(t: dict) -> str:
+    phases = ", ".join(f"{k} {v:.2f} s" for k, v in t["load_phases_s"].items())
+    return (f"load {t['load_seconds']:.2f} s ({phases}; one-time) | first token {t['time_to_first_token_s'] * 1e3:.1f} ms"
+            f" | decode {t['decode_tokens_per_s']:,.1f} tok/s steady ({t['decode_steps']} steps of "
+            f"{t['decode_step_s'] * 1e3:.2f} ms, {t['tokens_per_step']:.2f} tokens/step)")
 
 
 def run_verify(args) -> int:
