@@ -158,7 +158,7 @@ def run_run(args) -> int:
     from specc.cli.progress import Progress
 
     positive(args.max_new_tokens, "--max-new-tokens")
-    with Progress.for_args(args) as progress:
+    with Progress.for_args(args) as progress, _ArtifactRuns(args.artifact):  # warm-up runs the artifact's code
         progress(f"loading {args.artifact}")
         engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash, warmup=True,
                               progress=lambda msg, seconds: progress(f"{msg} ({seconds:.2f} s)"))

@@ -196,6 +196,12 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
     if progress:
         progress("artifact read, weights bound", engine.load_stats["read"])
     if warmup:
-        engine.load_stats.update(_warm.warm_up(engine.loop, int(manifest["model"]["vocab_size"]), progress=progress))
+        try:
+            engine.load_stats.update(_warm.warm_up(engine.loop, int(manifest["model"]["vocab_size"]),
+                                                   progress=progress))
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:  # its code does not fit
+            raise ArtifactError(f"{path}: the artifact failed while warming up ({type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:300]}); is it intact and from this specc version?"
+                                ) from exc
     engine.load_stats["total"] = time.perf_counter() - t_start
     return engine
