@@ -22,8 +22,9 @@ from specc.passes.pipelines import DEFAULT_PIPELINE
 from specc.passes.base import PassError
 from specc.passes.registry import PipelineError
 
-ROLE_STEP = {"target": "verify", "drafter": "draft"}  # the traced step of each role
-ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep"}  # the emitted class of each role
+# the traced step of each role; "target_tree": the target's tree verify step (tree artifacts)
+ROLE_STEP = {"target": "verify", "drafter": "draft", "target_tree": "tree_verify"}
+ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep", "target_tree": "TreeTargetStep"}  # emitted classes
 
 
 @dataclasses.dataclass
