@@ -116,7 +116,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, cache_len, mask_kind: str, tree_mask=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache_len, mask_kind, tree_mask)
+        extra = () if tree_mask is None else (tree_mask,)  # chain steps call attention as before
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache_len, mask_kind, *extra)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

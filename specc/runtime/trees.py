@@ -116,13 +116,16 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
     return DraftTree(tokens, parents, depths, scores)
 
 
-def accept_tree(tree: DraftTree, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def accept_tree(tree: DraftTree, target_argmax: torch.Tensor,
+                max_depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy acceptance of the longest root path whose every token is the target's argmax at
     its parent. ``target_argmax`` [B, N]: the target's argmax after each node.
 
     Returns (accepted [B]: drafted tokens accepted, path [B, D + 1]: node indices of the accepted
     path from the root, -1 past its end). The committed tokens are the accepted path's drafted
-    tokens then ``target_argmax`` at its last node (the bonus token)."""
+    tokens then ``target_argmax`` at its last node (the bonus token). ``max_depth``: the
+    drafted positions the tree was built from, when known (no host sync; else read from the
+    tree)."""
     bsz, n = tree.tokens.shape
     dev = tree.tokens.device
     parent = tree.parents.clamp(min=0)
@@ -135,7 +138,8 @@ def accept_tree(tree: DraftTree, target_argmax: torch.Tensor) -> tuple[torch.Ten
         alive[:, i] = matched[:, i] & alive.gather(1, parent[:, i:i + 1]).squeeze(1)
     depth = torch.where(alive, tree.depths, torch.full_like(tree.depths, -1))
     best_depth, best_node = depth.max(dim=1)  # the deepest alive node (first one at a tie)
-    max_depth = int(tree.depths.max()) if n else 0
+    if max_depth is None:
+        max_depth = int(tree.depths.max()) if n else 0
     path = torch.full((bsz, max_depth + 1), -1, dtype=torch.long, device=dev)
     node = best_node.clone()
     for d in range(max_depth, -1, -1):
