@@ -139,6 +139,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         logits, _ = self._target_rows(torch.tensor([prompt], dtype=torch.long, device=dev))
         self.state.lengths += len(prompt)
         out = [int(logits[0, -1].argmax())]
+        if self.tree_budget:
+            return out + self._forced_tree(tokens)[: len(tokens) - 1]
         block = self.num_draft + 1
         for start in range(0, len(tokens) - 1, block):
             chunk = tokens[start:start + block][: len(tokens) - 1 - start]
@@ -146,6 +148,48 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             self.state.lengths += len(chunk)
             out += logits[0].argmax(-1).tolist()
         return out[: len(tokens)]
+
+    def _forced_tree(self, tokens: list[int]) -> list[int]:
+        """Token forcing through the tree verify step: each block of stock's tokens is one branch
+        of a tree of ``tree_budget + 1`` nodes whose other nodes are distractors (a sibling of
+        every branch node, then children of the root), so the mask, the positions and the KV
+        compaction of a non-contiguous accepted path are all exercised; the branch is committed."""
+        dev = self.target.device
+        n_nodes = self.tree_budget + 1
+        branch_max = max(1, min(self.num_draft, self.tree_budget // 2))  # branch nodes after the root
+        vocab_hint = max(tokens) + 1  # distractor ids stay below the largest id seen
+        out: list[int] = []
+        start = 0
+        while start < len(tokens) - 1:
+            chunk = tokens[start:start + branch_max + 1][: len(tokens) - start]
+            toks, parents, depths, branch = [chunk[0]], [-1], [0], [0]
+            room = n_nodes - len(chunk)  # distractor nodes
+            for d in range(1, len(chunk)):
+                if room > 0:  # a distractor sibling first: the branch's slots are not contiguous
+                    room -= 1
+                    toks.append((chunk[d] + 1) % vocab_hint)
+                    parents.append(branch[-1])
+                    depths.append(d)
+                toks.append(chunk[d])
+                parents.append(branch[-1])
+                depths.append(d)
+                branch.append(len(toks) - 1)
+            while len(toks) < n_nodes:  # more distractors under the root
+                toks.append((chunk[0] + len(toks)) % vocab_hint)
+                parents.append(0)
+                depths.append(1)
+            from specc.runtime.trees import DraftTree
+
+            tree = DraftTree(torch.tensor([toks], device=dev), torch.tensor([parents], device=dev),
+                             torch.tensor([depths], device=dev), torch.zeros(1, n_nodes, device=dev))
+            lengths = self.state.lengths
+            res = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask())
+            logits = res[0] if isinstance(res, tuple) else res
+            out += logits[0, branch].argmax(-1).tolist()
+            path = torch.tensor([branch], device=dev)
+            self.state.commit(torch.tensor([len(branch)], device=dev), path)
+            start += len(branch)
+        return out
 
     def generate_batch(self, prompts, max_new_tokens: int, eos_token_ids=()) -> list[GenerationResult]:
         """Greedy generation for several prompts at once, one row each (equal prompt lengths for
