@@ -220,7 +220,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         draft_logits = self.drafter.propose_logits_rows(seq, n, k)  # [B, k, V], one forward
         tree = build_tree(draft_logits.float().log_softmax(-1), root, self.tree_budget, self.tree_topk)
         timer.mark("verify")
-        out = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask())
+        out = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask(k))
         logits, hidden = out if isinstance(out, tuple) else (out, None)
         timer.mark("accept")
         if caps is None and seq.shape[0] > 1:
