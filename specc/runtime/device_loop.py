@@ -108,7 +108,12 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             state = DecodingState.adopt(self.target, self.batch, length)
         self.state = state
         if self.tree_target is not self.target:  # a separate tree step shares the target's state
-            state.bind(getattr(self.tree_target, "step", self.tree_target))
+            from specc.runtime.graphs import GraphedStep
+
+            graphed = isinstance(self.tree_target, GraphedStep)
+            state.bind(self.tree_target.step if graphed else self.tree_target)
+            if graphed:
+                self.tree_target.graphs.clear()  # captured graphs point at the old buffers
         if self.drafter is not None:
             self.drafter.setup(max_len + self.num_draft + 1, self.batch)
         self._shapes_captured = False  # graphed steps drop their graphs with the old caches
