@@ -246,6 +246,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=None, help="KV context of the step timings (default 1024)")
     ap.add_argument("--deployment", default=None, help="cost model deployment for predictions (default h200-bs1 on "
                     "CUDA, none on CPU)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", default="tree.json")
     args = ap.parse_args()
 
@@ -254,6 +255,8 @@ def main() -> None:
 
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
+    if not cuda:
+        torch.set_num_threads(args.threads)  # small matmuls: thread start-up costs more than it gains
     small = args.tiny
     n_prompts = args.prompts or (1 if small else 32)
     new_tokens = args.new_tokens or (8 if small else 128)
