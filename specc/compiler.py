@@ -46,6 +46,33 @@ def _step_costs(ir, values: dict) -> dict:
             "flops": float(evaluate(totals.flops, values))}
 
 
+def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say) -> dict | None:
+    """The manifest's tree section (None: the method cannot build trees or no drafts)."""
+    impl = pair.impl
+    if not (impl.supports_tree and k):
+        if tree not in (None, "auto", "off", 0, "0"):
+            raise UserError(f"method {impl.name} has no per-position draft distributions: no tree verification")
+        return None
+    if tree in (None, "off", 0, "0"):
+        return {"budget": 0, "depth": k, "acceptance_source": "off (requested)"}
+    if tree != "auto":
+        try:
+            budget = int(tree)
+        except (TypeError, ValueError):
+            raise UserError(f"--tree takes auto, off or a node budget, not {tree!r}") from None
+        if budget < 1:
+            raise UserError("--tree N needs N >= 1")
+        return {"budget": budget, "depth": k, "acceptance_source": "given (--tree)"}
+    from specc.search.measure_tree import measure_rank_acceptance
+    from specc.search.tree_cost import tree_choice
+
+    say(f"measuring per-rank draft acceptance on {len(prompts)} prompts for the tree budget")
+    model = measure_rank_acceptance(pair, prompts, max_new_tokens, k, ranks=8, dtype=dtype, device=device)
+    section = tree_choice(pair, dep, pipeline, k, model)
+    section["acceptance"] = model.to_json()
+    return section
+
+
 def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
     """Record stock's measured acceptance in the search memory, so that `specc cost` predicts
     this pair with the same acceptance compile did (one source of acceptance)."""
@@ -81,13 +108,19 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
                       out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
                       prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
                       tolerance: float | None = None, progress: Callable[[str], None] | None = None,
-                      memory=None) -> CompileResult:
+                      memory=None, tree: str | int | None = "auto") -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step
     (``specc.search.choose_pipeline``: validated mechanisms from the search memory first, else
     the default pipeline); ``memory``: a memory file, None for the default location, False for
-    none. Raises ``VerificationFailed`` (nothing written) when token forcing fails."""
+    none. Raises ``VerificationFailed`` (nothing written) when token forcing fails.
+
+    ``tree``: tree verification. "auto" (default): where the method has per-position draft
+    distributions (``Method.supports_tree``), measure per-rank acceptance on the calibration
+    prompts (``search.measure_tree``) and let the cost model pick a node budget or the chain
+    (``search.tree_cost``); "off" / None / 0: chains; an int N: a tree of N drafted nodes.
+    The manifest's ``tree`` section records the budget, depth and acceptance source."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
     from specc.codegen.artifact_trust import manifest_hash
     from specc.codegen.build import build_steps
@@ -134,8 +167,18 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
             k = choice.num_draft
     else:
         pipeline = passes
-    say(f"tracing and running passes: {pipeline or '(none)'}")
-    built = build_steps(target, draft_module, pipeline, spec)
+    vocab = int(pair.target.raw["vocab_size"])
+    if prompts is None:
+        prompts = load_prompts_file(prompts_file, tokenizer, vocab) if prompts_file else calibration_prompts(tokenizer, vocab)
+    longest = max(len(p) for p in prompts)
+    if isinstance(positions, int) and longest + max_new_tokens > positions:
+        raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
+                        f"the model's {positions} positions")
+    tree_section = _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say)
+    budget = tree_section["budget"] if tree_section else 0
+    target.setup_caches(1, 16)
+    say(f"tracing and running passes: {pipeline or '(none)'}" + (f" (+ tree verify step, {budget} nodes)" if budget else ""))
+    built = build_steps(target, draft_module, pipeline, spec, tree=budget > 0)
     pass_records, lowering, steps = built.pass_records, built.lowering, built.emitted
     values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1}
     costs = {role: _step_costs(ir, values) for role, ir in built.irs.items()}
@@ -155,6 +198,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         "lowering": lowering, "step_costs_at": {"B": dep.batch_size, "Q": k + 1, "C": 1024}, "step_costs": costs,
         "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},
         "plugins": plugin_records(pipeline),
+        "tree": tree_section,
         "prediction": None if choice is None else {
             key: choice.prediction.get(key) for key in ("tokens_per_s", "speedup", "step_s", "ar_step_s",
                                                          "expected_tokens_per_step", "acceptance_source", "source")},
@@ -162,13 +206,6 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     say("emitting the compiled module")
     tmp = stage_artifact(out, steps, manifest, pair.target.path if tokenizer is not None else None)
     try:
-        vocab = int(pair.target.raw["vocab_size"])
-        if prompts is None:
-            prompts = load_prompts_file(prompts_file, tokenizer, vocab) if prompts_file else calibration_prompts(tokenizer, vocab)
-        longest = max(len(p) for p in prompts)
-        if isinstance(positions, int) and longest + max_new_tokens > positions:
-            raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
-                            f"the model's {positions} positions")
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
         engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1, warmup=False)
         count = getattr(progress, "counter", lambda label: None)  # specc.cli.progress: bars per prompt
@@ -208,6 +245,9 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         report.summary(),
         f"manifest sha256 {digest} (pin it: specc run {out} --expect-hash {digest})",
     ]
+    if tree_section:
+        lines.insert(3, f"tree: {tree_section['budget']} nodes, depth {tree_section['depth']}" if budget else
+                     "tree: off (the chain is predicted at least as fast)" if tree_section.get("candidates") else "tree: off")
     if choice is not None:
         p = manifest["prediction"]
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "

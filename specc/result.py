@@ -19,6 +19,7 @@ class GenerationStats:
     accepted_lengths: list[int] = dataclasses.field(default_factory=list)
     target_forwards: int = 0
     draft_forwards: int = 0
+    tree_nodes: list[int] = dataclasses.field(default_factory=list)  # tree steps: nodes verified (root included)
 
     @property
     def steps(self) -> int:
@@ -36,6 +37,8 @@ class GenerationStats:
             "tau": self.tau,
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
+            **({"tree": {"nodes_per_step": list(self.tree_nodes),
+                         "mean_nodes": sum(self.tree_nodes) / len(self.tree_nodes)}} if self.tree_nodes else {}),
         }
 
 

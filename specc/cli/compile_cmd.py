@@ -34,6 +34,10 @@ def register(sub) -> None:
     p.add_argument("--verify-tokens", type=int, default=24, metavar="N", help="tokens per prompt checked (default 24)")
     p.add_argument("--memory", metavar="FILE",
                    help="search memory to choose the pipeline from (default: ~/.cache/specc/memory or $SPECC_MEMORY_DIR)")
+    p.add_argument("--tree", default="auto", metavar="auto|off|N",
+                   help="tree verification: auto (default; where the method drafts per-position distributions, "
+                   "measure rank acceptance on the calibration prompts and let the cost model pick a node budget "
+                   "or the chain), off, or N drafted nodes per step")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(handler=run_compile)
 
@@ -90,7 +94,8 @@ def run_compile(args) -> int:
             result = compile_artifact(args.model, args.drafter, method=args.method, deployment=args.deployment,
                                       out=args.out, passes=args.passes, prompts_file=args.prompts,
                                       num_draft=args.num_draft, max_new_tokens=args.verify_tokens,
-                                      progress=progress, memory=args.memory)
+                                      progress=progress, memory=args.memory,
+                                      tree=args.tree)
     except VerificationFailed as exc:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)
         return 1

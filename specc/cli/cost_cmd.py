@@ -53,6 +53,11 @@ def register(sub) -> None:
     p.add_argument("--no-graphs", action="store_true", help="price launches as eager launches, not CUDA-graph nodes")
     p.add_argument("--sweep", action="store_true", help="also print tokens/s and speedup for each drafts-per-step")
     p.add_argument("--nodes", action="store_true", help="with --json: every node's costs and formulas")
+    p.add_argument("--tree", type=int, metavar="N",
+                   help="also price tree verification with N drafted nodes (acceptance: --tree-acceptance FILE, "
+                   "else the chain acceptance with rank 0 only)")
+    p.add_argument("--tree-acceptance", metavar="FILE", help="per-depth per-rank tree acceptance JSON ({'p': ...} "
+                   "or {'rank_counts': ...})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -127,10 +132,15 @@ def run(args) -> int:
     if args.sweep and impl.uses_drafter:
         ks = impl.search_k_choices(raw_d, k)
         sweep = speedup_table(model, t_ir, d_ir, method, acc, ks, args.context)
+    tree = None
+    if getattr(args, "tree", None):
+        tree = _tree_prediction(args, model, t_ir, d_ir, impl, acc, k)
     if args.json:
         out = pred.to_json(nodes=args.nodes)
         out.update(pipeline=pipeline, sweep=sweep, calibrated=dep.calibrated, graphs=model.graphs,
                    acceptance_kind=acc_kind, acceptance_source=acc.source if acc is not None else "AR (no drafts)")
+        if tree is not None:
+            out["tree"] = tree
         json.dump(out, sys.stdout, default=str)
         sys.stdout.write("\n")
         return 0
@@ -157,4 +167,28 @@ def run(args) -> int:
     for row in sweep:
         print(f"  k={row['num_draft']:>2}: E {row['expected_tokens']:.2f}, step {fmt_seconds(row['step_s'])}, "
               f"{row['tokens_per_s']:,.1f} tok/s, {row['speedup']:.2f}x")
+    if tree is not None:
+        print(f"tree, {tree['budget']} nodes, depth {tree['depth']} (acceptance: {tree['acceptance_source']}):")
+        for row in tree["rows"]:
+            label = "chain" if row["budget"] == 0 else f"tree {row['budget']}"
+            print(f"  {label:>9}: E {row['expected_tokens']:.2f}, verify rows {row['verify_rows']}, step "
+                  f"{fmt_seconds(row['step_s'])}, {row['tokens_per_s']:,.1f} tok/s, {row['speedup']:.2f}x")
     return 0
+
+
+def _tree_prediction(args, model, t_ir, d_ir, impl, acc, k) -> dict:
+    """Chain vs a tree of ``--tree`` nodes at depth k (``specc.search.tree_cost``)."""
+    from specc.search.tree_acceptance import TreeAcceptanceModel
+    from specc.search.tree_cost import choose_budget
+
+    if not impl.supports_tree:
+        raise UserError(f"--tree needs a method with per-position draft distributions; {impl.name} has none")
+    if args.tree < 1:
+        raise UserError("--tree N needs N >= 1")
+    tree = (TreeAcceptanceModel.from_file(args.tree_acceptance) if args.tree_acceptance
+            else TreeAcceptanceModel.from_chain(acc, k))
+    chain = model.predict(t_ir, d_ir, method=impl.name, num_draft=k, acceptance=acc, context=args.context,
+                          batch_size=args.batch)
+    _, rows = choose_budget(model, t_ir, d_ir, impl, tree, k, chain, budgets=(args.tree,), context=args.context,
+                            batch_size=args.batch)
+    return {"budget": args.tree, "depth": k, "acceptance_source": tree.source, "rows": rows}

@@ -25,6 +25,9 @@ def register(sub) -> None:
                    help="stock: HF transformers loops (default); eager: specc.models definitions, uncompiled")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--tree", type=int, metavar="N",
+                   help="tree verification with N drafted nodes per step (the eager loop; drafters with "
+                   "per-position distributions: PARD, DFlash)")
     p.set_defaults(handler=run)
 
 
@@ -55,6 +58,20 @@ def run(args) -> int:
         kv_bytes_per_token(pair.drafter.raw, nbytes) if pair.drafter is not None else 0)
     positions = pair.target.raw.get("max_position_embeddings")
     check_budget(len(ids), args.max_new_tokens, positions if isinstance(positions, int) else None, per_token, device)
+    tree = getattr(args, "tree", None)
+    if tree is not None:
+        positive(tree, "--tree")
+        if not pair.impl.supports_tree:
+            raise UserError(f"--tree needs a drafter with per-position distributions; method {pair.method} has none")
+        from specc.runtime.eager import build_eager
+
+        decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device, tree_budget=tree)
+        result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
+        s = result.stats
+        stats = {"budget": tree, "depth": decoder.num_draft, "nodes_per_step": list(s.tree_nodes),
+                 "mean_nodes": sum(s.tree_nodes) / max(1, len(s.tree_nodes)), "accepted_lengths": list(s.accepted_lengths)}
+        emit_result(result, args, tokenizer, {"engine": "eager", "tree": stats})
+        return 0
     names = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "")
     with Progress.for_args(args) as progress:
         if args.engine == "stock":

@@ -30,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("model", metavar="MODEL", help="target checkpoint: directory, zoo name or hub id "
                                                   "(with --config-only also a config.json file)")
     p.add_argument("--drafter", metavar="D", help="drafter checkpoint (AR causal LM, PARD or DFlash); needed by --step draft")
-    p.add_argument("--step", choices=("prefill", "ar", "draft", "verify"), default="ar",
+    p.add_argument("--step", choices=("prefill", "ar", "draft", "verify", "tree_verify"), default="ar",
                    help="step function to trace (default: ar)")
     p.add_argument("--after", "--passes", dest="passes", metavar="PASS[,PASS]",
                    help="apply these passes first (names from `specc passes`, or +module:Class / +file.py:Class)")

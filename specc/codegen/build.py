@@ -22,8 +22,9 @@ from specc.passes.pipelines import DEFAULT_PIPELINE
 from specc.passes.base import PassError
 from specc.passes.registry import PipelineError
 
-ROLE_STEP = {"target": "verify", "drafter": "draft"}  # the traced step of each role
-ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep"}  # the emitted class of each role
+# the traced step of each role; "target_tree": the target's tree verify step (tree artifacts)
+ROLE_STEP = {"target": "verify", "drafter": "draft", "target_tree": "tree_verify"}
+ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep", "target_tree": "TreeTargetStep"}  # emitted classes
 
 
 @dataclasses.dataclass
@@ -78,20 +79,25 @@ def build_step(module, role: str, pipeline: str | Iterable[str], *, options: dic
 
 
 def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None,
-                tp: tuple[int, int] | None = None) -> BuiltSteps:
+                tp: tuple[int, int] | None = None, tree: bool = False) -> BuiltSteps:
     """Trace the target's verify step (it also serves prefill and AR: same graph, other Q) and
     the drafter's draft step, run the pass pipeline on each, lower and emit them.
 
     ``tp=(world_size, rank)``: the target's step is this rank's shard (``shard_tensor_parallel``
     joins its pipeline; the pass manager orders it before the fusions that need its result);
-    the drafter stays whole (replicated on every rank)."""
+    the drafter stays whole (replicated on every rank).
+
+    ``tree``: also the target's tree verify step (role ``target_tree``: the same weights and
+    state, plus the tree mask input), for tree verification."""
     modules = {"target": target}
     if draft_module is not None:
         modules["drafter"] = draft_module
+    if tree:
+        modules["target_tree"] = target
     irs, records, lowering, emitted = {}, {}, {}, {}
     for role, module in modules.items():
         role_pipeline, options = pipeline, {}
-        if tp is not None and role == "target" and tp[0] > 1:
+        if tp is not None and role in ("target", "target_tree") and tp[0] > 1:
             role_pipeline = ",".join(p for p in (pipeline, "shard_tensor_parallel") if p)
             options = {"tp_world_size": int(tp[0]), "tp_rank": int(tp[1])}
         extra = spec.block_size if role == "drafter" and spec is not None else 0

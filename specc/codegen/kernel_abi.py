@@ -82,13 +82,13 @@ def write_kv(k, v, cache_k, cache_v, cache_len) -> None:
     cache_v[rows, :, slots] = v.to(cache_v.dtype)
 
 
-def attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale):
+def attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask=None):
     if use_triton(q, opt_in=True):
         from specc.codegen.kernels import attention as kern
 
         write_kv(k, v, cache_k, cache_v, cache_len)
-        return kern.attention(q, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale)
-    return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale)
+        return kern.attention(q, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale, tree_mask=tree_mask)
+    return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask)
 
 
 _PACKED: dict = {}  # sm tensor identity -> Packed12 (the kernel keeps per-weight state on it)
@@ -111,14 +111,15 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
 
 
 def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
-                   eps, mask_kind, scale):
-    """Two kernels on CUDA: rope_and_cache (q/k norm, rotation, KV write) then attention."""
+                   eps, mask_kind, scale, tree_mask=None):
+    """Two kernels on CUDA: rope_and_cache (q/k norm, rotation, KV write) then attention
+    (``tree_mask``: the tree verify step's ancestor mask, read by the attention kernel)."""
     if not use_triton(q, opt_in=True):
         return fused.rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight,
-                                    k_norm_weight, eps, mask_kind, scale)
+                                    k_norm_weight, eps, mask_kind, scale, tree_mask)
     from specc.codegen.kernels import attention as attn
     from specc.codegen.kernels import rope
 
     q_rot = rope.rope_and_cache(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight,
                                 k_norm_weight, eps)
-    return attn.attention(q_rot, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale)
+    return attn.attention(q_rot, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale, tree_mask=tree_mask)

@@ -39,7 +39,7 @@ class InputSpec:
 
     name: str
     meta: TensorMeta
-    role: str  # token_ids | positions | cache_len | hidden
+    role: str  # token_ids | positions | cache_len | hidden | tree_mask
     doc: str = ""
 
 
@@ -399,6 +399,8 @@ class IR:
                 t = (c + torch.arange(shape[-1]))[None].expand(shape[0], -1).contiguous()
             elif spec.role == "cache_len":
                 t = torch.full(shape, c, dtype=torch.long)
+            elif spec.role == "tree_mask":  # a chain-shaped tree: node i's ancestors are 0..i
+                t = torch.ones(shape[-2:], dtype=torch.bool).tril().expand(shape).contiguous()
             else:
                 t = torch.randn(shape, generator=gen, dtype=torch.float32).to(spec.meta.dtype)
             out.append(t.to(device=device, dtype=spec.meta.dtype))

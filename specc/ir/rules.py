@@ -285,10 +285,15 @@ def _rope(op: OpCall) -> Cost:
 
 
 def attention_cost(op: OpCall, q: TensorMeta, k: TensorMeta, v: TensorMeta, ck: TensorMeta, cv: TensorMeta,
-                   cache_len: TensorMeta, mask_kind, scale, cache_args: tuple[int, int] = (3, 4)) -> Cost:
+                   cache_len: TensorMeta, mask_kind, scale, cache_args: tuple[int, int] = (3, 4),
+                   tree_mask: TensorMeta | None = None, tree_arg: int | None = None) -> Cost:
     """Checks and cost of attention over a static KV cache (shared by attention and fused forms):
-    reads C + Qk cache positions, writes Qk; ``cache_args`` are the cache arguments' positions."""
-    op.check(mask_kind in ops.DENSE_MASK_KINDS, f"unknown mask kind {mask_kind!r} (known: {ops.DENSE_MASK_KINDS})")
+    reads C + Qk cache positions, writes Qk; ``cache_args`` are the cache arguments' positions.
+    Mask kind "tree" takes ``tree_mask`` [B, Q, Q] (argument ``tree_arg``), read once."""
+    op.check(mask_kind in ops.MASK_KINDS, f"unknown mask kind {mask_kind!r} (known: {ops.MASK_KINDS})")
+    op.check((mask_kind == "tree") == (tree_mask is not None),
+             f"mask kind {mask_kind!r} with{'out' if tree_mask is None else ''} a tree_mask "
+             "(the tree kind needs one, the others take none)")
     op.check(q.ndim == 4 and k.ndim == 4 and v.ndim == 4, f"q/k/v must be [B, T, H, D]: q {q}, k {k}, v {v}")
     bsz, nq, hq, d = q.shape
     _, nk, hkv, _ = k.shape
@@ -302,8 +307,14 @@ def attention_cost(op: OpCall, q: TensorMeta, k: TensorMeta, v: TensorMeta, ck: 
     op.check(cache_len.ndim == 1 and same(cache_len.shape[0], bsz), f"cache_len {cache_len} should be [{bsz}]")
     if cache_len.value is None:
         op.fail("cache_len has no symbolic value: it must come from the step's cache_len input (value C)")
-    if mask_kind == "causal":
-        op.check(same(nq, nk), f"causal attention needs as many keys as queries ({nk} vs {nq})")
+    if mask_kind in ("causal", "tree"):
+        op.check(same(nq, nk), f"{mask_kind} attention needs as many keys as queries ({nk} vs {nq})")
+    reads_extra = {}
+    if tree_mask is not None:
+        op.check(tree_mask.ndim in (2, 3) and all(same(a, b) for a, b in zip(tree_mask.shape[-2:], (nq, nq)))
+                 and (tree_mask.ndim == 2 or same(tree_mask.shape[0], bsz)),
+                 f"tree_mask {tree_mask} should be [{bsz}, {nq}, {nq}] or [{nq}, {nq}]")
+        reads_extra = {tree_arg: tree_mask.numel * tree_mask.itemsize}
     kv_len = cache_len.value + nk
     cache_positions = bsz * hkv * d * ck.itemsize
     out = TensorMeta((bsz, nq, hq * d), q.dtype)
@@ -311,7 +322,7 @@ def attention_cost(op: OpCall, q: TensorMeta, k: TensorMeta, v: TensorMeta, ck: 
     return Cost(
         out,
         flops=4 * bsz * hq * nq * kv_len * d,
-        reads={ik: cache_positions * kv_len, iv: cache_positions * kv_len},
+        reads={ik: cache_positions * kv_len, iv: cache_positions * kv_len, **reads_extra},
         cache_writes={ik: cache_positions * nk, iv: cache_positions * nk},
         attrs={"mask_kind": mask_kind, "scale": float(scale), "num_heads": int(hq), "num_kv_heads": int(hkv),
                "head_dim": int(d), "kv_len": kv_len},
@@ -322,7 +333,7 @@ def attention_cost(op: OpCall, q: TensorMeta, k: TensorMeta, v: TensorMeta, ck: 
 def _attention(op: OpCall) -> Cost:
     return attention_cost(op, op.tensor(0, "q"), op.tensor(1, "k"), op.tensor(2, "v"), op.tensor(3, "cache_k"),
                           op.tensor(4, "cache_v"), op.tensor(5, "cache_len"), op.arg(6, "mask_kind"),
-                          op.arg(7, "scale"))
+                          op.arg(7, "scale"), tree_mask=op.tensor(8, "tree_mask", optional=True), tree_arg=8)
 
 
 # --------------------------------------------------------------------------- glue

@@ -36,6 +36,7 @@ STEPS: dict[str, str] = {
     "prefill": "target over the prompt: Q prompt tokens per row (C > 0 for chunked prefill)",
     "ar": "target, one new token per row (Q = 1): plain autoregressive decoding",
     "verify": "target over [last committed token, k drafts]: Q = k + 1",
+    "tree_verify": "target over a draft tree of Q nodes (root = last committed token) with its ancestor mask",
     "draft": "one drafter forward: PARD/AR drafters over Q tokens; DFlash over a block of Q with N injected context tokens",
 }
 
@@ -144,22 +145,33 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
         _ensure_caches(model, model)
         cfg = model.config
         q = 1 if step == "ar" else Q
+        tree = step == "tree_verify"
         inputs = [
-            InputSpec("input_ids", TensorMeta((B, q), long), "token_ids", "new tokens"),
-            InputSpec("positions", TensorMeta((B, q), long), "positions", "their positions (C, C + 1, ...)"),
+            InputSpec("input_ids", TensorMeta((B, q), long), "token_ids", "tree nodes" if tree else "new tokens"),
+            InputSpec("positions", TensorMeta((B, q), long), "positions",
+                      "C + node depth" if tree else "their positions (C, C + 1, ...)"),
             InputSpec("cache_len", TensorMeta((B,), long, value=C), "cache_len", "tokens already cached per row (= C)"),
         ]
+        if tree:
+            inputs.append(InputSpec("tree_mask", TensorMeta((B, q, q), torch.bool), "tree_mask",
+                                    "ancestor mask of the draft tree (node i sees node j)"))
         model_kind = "causal_lm"
         role = "drafter" if step == "draft" else "target"
         title = title or _describe(cfg, role) + (f", captures layers {list(model.capture_layers)}" if model.capture_layers else "")
         dflt = {"prefill": {"B": 1, "Q": 128, "C": 0}, "ar": {"B": 1, "C": 1024},
-                "verify": {"B": 1, "Q": 8, "C": 1024}, "draft": {"B": 1, "Q": 8, "C": 1024}}[step]
+                "verify": {"B": 1, "Q": 8, "C": 1024}, "tree_verify": {"B": 1, "Q": 32, "C": 1024},
+                "draft": {"B": 1, "Q": 8, "C": 1024}}[step]
     else:
         raise IRError(f"cannot trace {type(model).__name__}: expected a specc CausalLM or DFlashDrafter")
     dflt = {**dflt, **(defaults or {})}
 
     tracer = _Tracer()
-    graph = tracer.trace(model)
+    if model_kind == "causal_lm" and step != "tree_verify":
+        # chain steps: tree_mask is None, so the graph has no trace of it (no input, no mask load)
+        graph = tracer.trace(model, concrete_args={"tree_mask": None})
+        _drop_specialized_inputs(graph)
+    else:
+        graph = tracer.trace(model)
     gm = torch.fx.GraphModule(model, graph, class_name=f"{step.capitalize()}Step")
     names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
     if names != [s.name for s in inputs]:
@@ -178,6 +190,16 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
 
 
 STATE_KEY = "state"
+
+
+def _drop_specialized_inputs(graph: torch.fx.Graph) -> None:
+    """Remove the placeholders fx makes for arguments specialised to None (and their asserts)."""
+    for node in list(graph.nodes):
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
+            graph.erase_node(node)
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and not node.users and node.kwargs == {} and node.args == (None,):
+            graph.erase_node(node)
 
 
 def _mark_state(graph: torch.fx.Graph, model: nn.Module) -> None:

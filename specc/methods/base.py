@@ -67,6 +67,9 @@ class Method:
     k_choices: ClassVar[tuple[int, ...]] = ()
     #: name of the runtime drafting strategy (``specc.runtime.drafters.DRAFTERS``)
     strategy: ClassVar[str | None] = None
+    #: whether one drafter forward gives a distribution at every drafted position
+    #: (``draft_logits``; the runtime's ``Drafter.propose_logits_rows``): tree verification
+    supports_tree: ClassVar[bool] = False
 
     @property
     def uses_drafter(self) -> bool:

@@ -22,6 +22,7 @@ class DFlashMethod(Method):
     default_for = ("dflash",)
     k_choices = (1, 3, 5, 7, 9, 11, 13, 15)
     strategy = "dflash"
+    supports_tree = True  # per-position logits from the one drafting forward
 
     def check_pair(self, target, drafter):
         super().check_pair(target, drafter)

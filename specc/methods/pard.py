@@ -15,6 +15,7 @@ class PardMethod(Method):
     default_for = ("pard",)
     k_choices = (2, 3, 4, 6, 8, 10, 12)
     strategy = "pard"
+    supports_tree = True  # per-position logits from the one drafting forward
 
     def default_num_draft(self, drafter_raw):
         return 8

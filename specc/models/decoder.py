@@ -95,12 +95,15 @@ class Attention(nn.Module):
             q = self.q_norm(q)
         return ops.rope(q, cos, sin)
 
-    def forward(self, x, cos, sin, cache_len, mask_kind: str):
+    def forward(self, x, cos, sin, cache_len, mask_kind: str, tree_mask=None):
         if self.cache_k is None:
             raise RuntimeError("KV cache not allocated: call model.setup_caches(batch, max_len) first")
         q = self.project_q(x, cos, sin)
         k, v = self.project_kv(x, cos, sin)
-        out = ops.attention(q, k, v, self.cache_k, self.cache_v, cache_len, mask_kind, self.scale)
+        if tree_mask is None:  # chain steps: the op call (and so the traced node) has no mask argument
+            out = ops.attention(q, k, v, self.cache_k, self.cache_v, cache_len, mask_kind, self.scale)
+        else:
+            out = ops.attention(q, k, v, self.cache_k, self.cache_v, cache_len, "tree", self.scale, tree_mask)
         return self.o_proj(out)
 
 
@@ -112,8 +115,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache_len, mask_kind: str):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache_len, mask_kind)
+    def forward(self, x, cos, sin, cache_len, mask_kind: str, tree_mask=None):
+        extra = () if tree_mask is None else (tree_mask,)  # chain steps call attention as before
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache_len, mask_kind, *extra)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -123,6 +127,9 @@ class CausalLM(nn.Module):
 
     Step interface (all steps are this one forward):
         forward(input_ids [B, Q], positions [B, Q], cache_len [B]) -> logits [B, Q, V]
+    Tree verification passes ``tree_mask`` [B, Q, Q] (bool, the draft tree's ancestor mask,
+    ``specc.runtime.trees.DraftTree.ancestor_mask``) with positions = base + depth: every block
+    token sees the committed cache and its own root path only.
     With ``capture_layers`` set (DFlash targets) it returns ``(logits, hidden)`` where hidden is
     the concatenation of the listed layers' outputs [B, Q, n * H] (HF's hidden_states[i + 1]).
     """
@@ -165,13 +172,14 @@ class CausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return ops.embedding(input_ids, self.embed_tokens.weight)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache_len: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache_len: torch.Tensor,
+                tree_mask: torch.Tensor | None = None):
         x = self.embed(input_ids)
         cos, sin = ops.rope_tables(positions, self.inv_freq, x)
         captured = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache_len, self.mask_kind)
+            x = layer(x, cos, sin, cache_len, self.mask_kind, tree_mask)
             if i in self.capture_layers:
                 captured[i] = x
         normed = self.norm(x)

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 # cache and new keys 0..i (plain decoding, chain verification, PARD drafting). "full": every
 # query sees the committed cache and every new key (DFlash's non-causal block). "tree": the
 # committed cache and the new keys an explicit [Q, Q] visibility tensor allows (tree
-# verification); the attention kernel (specc.codegen.kernels.attention) takes it already, the
-# eager op and the IR do not yet (DENSE_MASK_KINDS). The one list of mask kinds in specc.
+# verification: ``tree_mask`` [B, Q, Q] or [Q, Q], the ancestor mask of the draft tree; the block's
+# positions are base + depth, given by the caller). The one list of mask kinds in specc.
 MASK_KINDS = ("causal", "full", "tree")
 DENSE_MASK_KINDS = ("causal", "full")  # the kinds attention_mask builds without a visibility tensor
 
@@ -67,21 +67,33 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def attention_mask(
-    cache_len: torch.Tensor, num_queries: int, num_new_keys: int, kv_len: int, mask_kind: str
+    cache_len: torch.Tensor, num_queries: int, num_new_keys: int, kv_len: int, mask_kind: str,
+    tree_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean visibility [B, 1, Q, kv_len] for a block written at ``cache_len`` per batch row.
 
     The block's ``num_new_keys`` keys occupy cache slots [cache_len, cache_len + num_new_keys);
     its queries are the last ``num_queries`` of them (DFlash writes context keys before its
-    queries, so num_new_keys >= num_queries).
+    queries, so num_new_keys >= num_queries). "tree": the committed cache is visible to every
+    query, block key t to query i iff ``tree_mask[(b,) i, t]`` (num_new_keys == num_queries).
     """
-    if mask_kind not in DENSE_MASK_KINDS:
-        raise ValueError(f"unknown mask kind {mask_kind!r} (known: {DENSE_MASK_KINDS})")
+    if mask_kind not in MASK_KINDS:
+        raise ValueError(f"unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
+    if (mask_kind == "tree") != (tree_mask is not None):
+        raise ValueError("mask kind 'tree' needs a tree_mask, and only it takes one")
     device = cache_len.device
     key_pos = torch.arange(kv_len, device=device)[None, None, :]
     end = (cache_len + num_new_keys)[:, None, None]
     visible = key_pos < end
-    if mask_kind == "causal":
+    if mask_kind == "tree":
+        bsz = cache_len.shape[0]
+        tm = tree_mask.bool()
+        tm = tm.expand(bsz, num_queries, num_new_keys) if tm.dim() == 2 else tm
+        rel = key_pos - cache_len[:, None, None]  # block slot of each key (negative: committed)
+        in_block = (rel >= 0) & visible
+        block_vis = tm.gather(2, rel.clamp(0, num_new_keys - 1).expand(bsz, num_queries, kv_len))
+        visible = (rel < 0) | (in_block & block_vis)
+    elif mask_kind == "causal":
         query_pos = (cache_len + num_new_keys - num_queries)[:, None, None] + torch.arange(
             num_queries, device=device
         )[None, :, None]
@@ -101,6 +113,7 @@ def attention(
     cache_len: torch.Tensor,
     mask_kind: str,
     scale: float,
+    tree_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write the block's K/V into a static cache and attend over it.
 
@@ -108,7 +121,8 @@ def attention(
     cache_len: [B] int64, the number of committed tokens per row. New keys land in slots
     [cache_len, cache_len + Qk). Nothing is "committed" here: the caller advances its lengths,
     so rejected drafts and DFlash/PARD mask slots are discarded by not counting them.
-    Returns [B, Q, Hq * D].
+    ``tree_mask`` ([B, Q, Q] or [Q, Q], mask kind "tree" only): ancestor-only visibility inside
+    the block (tree verification). Returns [B, Q, Hq * D].
     """
     bsz, num_q, num_heads, head_dim = q.shape
     num_new = k.shape[1]
@@ -123,7 +137,7 @@ def attention(
     if groups > 1:
         keys = keys.repeat_interleave(groups, dim=1)
         values = values.repeat_interleave(groups, dim=1)
-    mask = attention_mask(cache_len, num_q, num_new, kv_len, mask_kind)
+    mask = attention_mask(cache_len, num_q, num_new, kv_len, mask_kind, tree_mask)
     qh = q.transpose(1, 2)
     scores = torch.matmul(qh, keys.transpose(2, 3)) * scale
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)

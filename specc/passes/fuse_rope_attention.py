@@ -33,7 +33,8 @@ def _rope_attention_rule(op: OpCall) -> Cost:
     """Attention's costs plus the norm/rotation arithmetic; q and k are read once, never rewritten."""
     q, k = op.tensor(0, "q"), op.tensor(1, "k")
     cost = attention_cost(op, q, k, op.tensor(2, "v"), op.tensor(5, "cache_k"), op.tensor(6, "cache_v"),
-                          op.tensor(7, "cache_len"), op.arg(11, "mask_kind"), op.arg(12, "scale"), cache_args=(5, 6))
+                          op.tensor(7, "cache_len"), op.arg(11, "mask_kind"), op.arg(12, "scale"), cache_args=(5, 6),
+                          tree_mask=op.tensor(13, "tree_mask", optional=True), tree_arg=13)
     cost.flops = cost.flops + 7 * (q.numel + k.numel)
     cost.attrs["qk_norm"] = op.arg(8, "q_norm_weight") is not None
     return cost
@@ -80,12 +81,13 @@ class FuseRopeAttention(Pass):
             if m is None:
                 continue
             q, k, qn, kn, eps, positions, inv_freq = m
-            _, _, v, cache_k, cache_v, cache_len, mask_kind, scale = attn.args
+            _, _, v, cache_k, cache_v, cache_len, mask_kind, scale = attn.args[:8]
+            tree = attn.args[8:9]  # the tree verify step's mask (chain steps have none)
             with graph.inserting_before(attn):
                 new = graph.create_node(
                     "call_function", rope_attention,
                     (q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, qn, kn,
-                     1e-6 if eps is None else eps, mask_kind, scale), name=f"rope_{attn.name}")
+                     1e-6 if eps is None else eps, mask_kind, scale, *tree), name=f"rope_{attn.name}")
             new.meta[SCOPE_KEY] = attn.meta.get(SCOPE_KEY, "")
             attn.replace_all_uses_with(new)
             graph.erase_node(attn)

@@ -13,6 +13,16 @@ integers. An AR drafter feeds each draft to the next forward without leaving the
 row stays in the batch but commits nothing more (its per-row draft cap is 0 and its length is
 frozen) until every row has finished.
 
+Tree mode (``tree_budget`` N > 0 with a drafter that gives per-position distributions,
+``Drafter.supports_tree``): each step builds a draft tree of N drafted nodes from the drafter's
+per-position logits on the device (``specc.runtime.trees.build_tree``), runs the target's tree
+verify step (``tree_target``: the model definition with ``tree_mask``, or the compiled
+``TreeTargetStep``) once over the N + 1 nodes with their ancestor mask and positions base + depth,
+accepts the longest matching root path (``TreeVerifier``), commits the path's tokens plus the
+target's token at its last node, compacts the path's K/V into place
+(``DecodingState.commit(accepted + 1, path)``) and hands DFlash the target's hidden states
+gathered along the path. Still one host copy per step, and static shapes (N per budget).
+
 Same algorithm and statistics as the eager reference loop (``specc.runtime.eager``), which is a
 separate implementation of the same surface, not a base class of this one.
 """
@@ -26,7 +36,8 @@ import torch
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
 from specc.runtime.loop import SpeculativeLoop
 from specc.runtime.state import DecodingState
-from specc.runtime.verifiers import ChainVerifier, Verifier
+from specc.runtime.trees import build_tree
+from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
 
 
 def greedy_accept(drafts: torch.Tensor, posterior: torch.Tensor):
@@ -71,10 +82,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     _shapes_captured = False
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
-                 cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1):
+                 cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,
+                 tree_budget: int = 0, tree_target=None, tree_topk: int | None = None):
         self.target, self.drafter, self.num_draft = target, drafter, num_draft
         self.cap_to_budget = cap_to_budget
         self.verifier = verifier or ChainVerifier()
+        # tree verification: N drafted nodes per step (0: chains); tree_target: the target's tree
+        # verify step (a model definition serves both; a compiled artifact has a TreeTargetStep)
+        self.tree_budget = int(tree_budget) if drafter is not None and drafter.supports_tree else 0
+        self.tree_target = tree_target if tree_target is not None else target
+        self.tree_topk = tree_topk  # candidate tokens per position (None: the budget; 1: a chain-shaped tree)
+        self.tree_verifier = TreeVerifier()
         if drafter is not None and drafter.needs_target_hidden:
             target.capture_layers = tuple(drafter.spec.target_layer_ids)
         self.part_seconds: dict = {}
@@ -84,11 +102,18 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     def resize(self, max_len: int, batch: int | None = None) -> None:
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
-        length = max_len + self.num_draft + 1
+        length = max_len + max(self.num_draft, self.tree_budget) + 1
         state = self.target.setup_caches(self.batch, length)
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
             state = DecodingState.adopt(self.target, self.batch, length)
         self.state = state
+        if self.tree_target is not self.target:  # a separate tree step shares the target's state
+            from specc.runtime.graphs import GraphedStep
+
+            graphed = isinstance(self.tree_target, GraphedStep)
+            state.bind(self.tree_target.step if graphed else self.tree_target)
+            if graphed:
+                self.tree_target.graphs.clear()  # captured graphs point at the old buffers
         if self.drafter is not None:
             self.drafter.setup(max_len + self.num_draft + 1, self.batch)
         self._shapes_captured = False  # graphed steps drop their graphs with the old caches
@@ -119,6 +144,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         logits, _ = self._target_rows(torch.tensor([prompt], dtype=torch.long, device=dev))
         self.state.lengths += len(prompt)
         out = [int(logits[0, -1].argmax())]
+        if self.tree_budget:
+            return out + self._forced_tree(tokens)[: len(tokens) - 1]
         block = self.num_draft + 1
         for start in range(0, len(tokens) - 1, block):
             chunk = tokens[start:start + block][: len(tokens) - 1 - start]
@@ -126,6 +153,48 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             self.state.lengths += len(chunk)
             out += logits[0].argmax(-1).tolist()
         return out[: len(tokens)]
+
+    def _forced_tree(self, tokens: list[int]) -> list[int]:
+        """Token forcing through the tree verify step: each block of stock's tokens is one branch
+        of a tree of ``tree_budget + 1`` nodes whose other nodes are distractors (a sibling of
+        every branch node, then children of the root), so the mask, the positions and the KV
+        compaction of a non-contiguous accepted path are all exercised; the branch is committed."""
+        dev = self.target.device
+        n_nodes = self.tree_budget + 1
+        branch_max = max(1, min(self.num_draft, self.tree_budget // 2))  # branch nodes after the root
+        vocab_hint = max(tokens) + 1  # distractor ids stay below the largest id seen
+        out: list[int] = []
+        start = 0
+        while start < len(tokens) - 1:
+            chunk = tokens[start:start + branch_max + 1][: len(tokens) - start]
+            toks, parents, depths, branch = [chunk[0]], [-1], [0], [0]
+            room = n_nodes - len(chunk)  # distractor nodes
+            for d in range(1, len(chunk)):
+                if room > 0:  # a distractor sibling first: the branch's slots are not contiguous
+                    room -= 1
+                    toks.append((chunk[d] + 1) % vocab_hint)
+                    parents.append(branch[-1])
+                    depths.append(d)
+                toks.append(chunk[d])
+                parents.append(branch[-1])
+                depths.append(d)
+                branch.append(len(toks) - 1)
+            while len(toks) < n_nodes:  # more distractors under the root
+                toks.append((chunk[0] + len(toks)) % vocab_hint)
+                parents.append(0)
+                depths.append(1)
+            from specc.runtime.trees import DraftTree
+
+            tree = DraftTree(torch.tensor([toks], device=dev), torch.tensor([parents], device=dev),
+                             torch.tensor([depths], device=dev), torch.zeros(1, n_nodes, device=dev))
+            lengths = self.state.lengths
+            res = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask())
+            logits = res[0] if isinstance(res, tuple) else res
+            out += logits[0, branch].argmax(-1).tolist()
+            path = torch.tensor([branch], device=dev)
+            self.state.commit(torch.tensor([len(branch)], device=dev), path)
+            start += len(branch)
+        return out
 
     def generate_batch(self, prompts, max_new_tokens: int, eos_token_ids=()) -> list[GenerationResult]:
         """Greedy generation for several prompts at once, one row each (equal prompt lengths for
@@ -146,6 +215,32 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             except StopIteration as stop:
                 return stop.value[0]
             yield tok
+
+    def _tree_step(self, seq, n, k, caps, active, timer):
+        """One tree step on the device (see the module doc): returns (the step's one host copy,
+        rows of [accepted, committed...]; the target's hidden states along the accepted paths
+        (DFlash context) or None; nodes verified)."""
+        lengths = self.state.lengths
+        root = seq.gather(1, lengths[:, None])[:, 0]  # the last committed token (not yet in the cache)
+        draft_logits = self.drafter.propose_logits_rows(seq, n, k)  # [B, k, V], one forward
+        tree = build_tree(draft_logits.float().log_softmax(-1), root, self.tree_budget, self.tree_topk)
+        timer.mark("verify")
+        out = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask(k))
+        logits, hidden = out if isinstance(out, tuple) else (out, None)
+        timer.mark("accept")
+        if caps is None and seq.shape[0] > 1:
+            caps = torch.full_like(lengths, k)
+        res = self.tree_verifier.verify_tree(tree, logits, caps, depth=k)
+        accepted, committed, path = res.accepted, res.committed, res.path
+        if active is not None:
+            accepted = accepted * active
+        seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)
+        self.state.commit(accepted + 1 if active is None else (accepted + 1) * active, path)
+        context = None
+        if hidden is not None:  # DFlash: the target's hidden states of the committed path
+            context = hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
+        host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
+        return host, context, tree.num_nodes
 
     def _rows_loop(self, prompts: list[list[int]], max_new_tokens: int, eos_token_ids=()):
         """Yields (row, token) as tokens are committed; returns one GenerationResult per row."""
@@ -193,25 +288,30 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                                 else k for b in range(rows)]
                     caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
             timer.mark("draft")
-            drafts = self.drafter.propose_rows(seq, n, k) if k > 0 else seq[:, :0]
-            timer.mark("verify")
-            if rows == 1:
-                last = seq[:, n[0] - 1:n[0]]
+            nodes = 0  # tree nodes verified this step (0: a chain step)
+            if self.tree_budget and k > 0:
+                host, context, nodes = self._tree_step(seq, n, k, caps, active, timer)
+                acc = [row[0] for row in host]
             else:
-                last = seq.gather(1, self.state.lengths[:, None])
-            logits, context = self._target_rows(torch.cat([last, drafts], dim=1))
-            timer.mark("accept")
-            if caps is None and rows > 1:
-                caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
-            accepted, committed = self.verifier.verify(drafts, logits, caps)
-            if rows == 1:
-                seq[:, n[0]:n[0] + k + 1] = committed
-                self.state.commit(accepted + 1)
-            else:
-                seq.scatter_(1, self.state.lengths[:, None] + self._arange(k + 2)[:, 1:], committed)
-                self.state.commit((accepted + 1) * active)
-            host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
-            acc = [row[0] for row in host]
+                drafts = self.drafter.propose_rows(seq, n, k) if k > 0 else seq[:, :0]
+                timer.mark("verify")
+                if rows == 1:
+                    last = seq[:, n[0] - 1:n[0]]
+                else:
+                    last = seq.gather(1, self.state.lengths[:, None])
+                logits, context = self._target_rows(torch.cat([last, drafts], dim=1))
+                timer.mark("accept")
+                if caps is None and rows > 1:
+                    caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
+                accepted, committed = self.verifier.verify(drafts, logits, caps)
+                if rows == 1:
+                    seq[:, n[0]:n[0] + k + 1] = committed
+                    self.state.commit(accepted + 1)
+                else:
+                    seq.scatter_(1, self.state.lengths[:, None] + self._arange(k + 2)[:, 1:], committed)
+                    self.state.commit((accepted + 1) * active)
+                host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
+                acc = [row[0] for row in host]
             if self.drafter is not None:
                 self.drafter.accepted_rows(n, acc, k, context)
             finished_now = False
@@ -224,6 +324,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 tokens[b] += step
                 n[b] += a + 1
                 stats[b].accepted_lengths.append(len(step))
+                if nodes:
+                    stats[b].tree_nodes.append(nodes)
                 finished_now |= done[b]
                 yield from ((b, t) for t in step)
             if finished_now and active is not None:

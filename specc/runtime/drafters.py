@@ -75,6 +75,9 @@ class Drafter:
 
     name = "none"
     needs_target_hidden = False
+    # whether ``propose_logits_rows`` gives a distribution at every drafted position from one
+    # forward (parallel drafters): what a draft tree is built from (``specc.runtime.trees``)
+    supports_tree = False
     forwards = 0
 
     @property
@@ -104,6 +107,12 @@ class Drafter:
         yet seen by the target)."""
         raise NotImplementedError
 
+    def propose_logits_rows(self, seq: torch.Tensor, n: list[int], k: int) -> torch.Tensor:
+        """The drafter's logits at each of the k drafted positions, [B, k, V] on the device, from
+        the same single forward ``propose_rows`` runs (its drafts are their argmax). Parallel
+        drafters only (``supports_tree``): a tree step builds its draft tree from them."""
+        raise NotImplementedError(f"the {self.name} drafter gives no per-position distributions (chains only)")
+
     def accepted_rows(self, n: list[int], accepted: list[int], k: int, context: torch.Tensor | None) -> None:
         """Verification of a step that began with ``n[b]`` committed tokens per row accepted
         ``accepted[b]`` of ``k`` drafts; ``context`` holds the target's captured hidden states
@@ -117,6 +126,11 @@ class Drafter:
         """Host-list convenience (the eager reference loop uses it)."""
         ids = torch.tensor([seq], dtype=torch.long, device=self.device)
         return self.propose_rows(ids, [len(seq)], k)[0].tolist()
+
+    def propose_logits(self, seq: list[int], k: int) -> torch.Tensor:
+        """Host-list form of ``propose_logits_rows``: [1, k, V] (the eager reference loop)."""
+        ids = torch.tensor([seq], dtype=torch.long, device=self.device)
+        return self.propose_logits_rows(ids, [len(seq)], k)
 
     def accepted(self, seq_len: int, num_accepted: int, k: int, context: torch.Tensor | None) -> None:
         """Batch-1 form of ``accepted_rows``."""
@@ -204,7 +218,9 @@ class PardDraft(CausalDrafter):
     def mask_slots(self, k: int) -> int:
         return k - 1
 
-    def propose_rows(self, seq, n, k):
+    supports_tree = True
+
+    def propose_logits_rows(self, seq, n, k):
         dev = self.model.device
         starts, m = self._fed(n)
         masks = torch.full((seq.shape[0], self.mask_slots(k)), self.pard_token, dtype=torch.long, device=dev)
@@ -212,7 +228,10 @@ class PardDraft(CausalDrafter):
         self.forwards += 1
         logits = _run(self.model, all(lb == 0 for lb in self.lengths), feed, *_rows(starts, feed.shape[1], dev))
         self.lengths = list(n)  # committed tokens stay, the mask slots are dropped
-        return logits[:, -k:].argmax(-1)
+        return logits[:, -k:]  # the last committed token's and the mask positions' predictions
+
+    def propose_rows(self, seq, n, k):
+        return self.propose_logits_rows(seq, n, k).argmax(-1)
 
 
 class DFlashDraft(Drafter):
@@ -221,6 +240,7 @@ class DFlashDraft(Drafter):
 
     name = "dflash"
     needs_target_hidden = True
+    supports_tree = True
 
     def __init__(self, drafter: DFlashDrafter):
         """``drafter``: a DFlashDrafter or a compiled draft step exposing ``spec``/``device``."""
@@ -246,6 +266,9 @@ class DFlashDraft(Drafter):
         return self.drafter.device
 
     def propose_rows(self, seq, n, k):
+        return self.propose_logits_rows(seq, n, k).argmax(-1)
+
+    def propose_logits_rows(self, seq, n, k):
         dev = self.drafter.device
         if len(set(self.context_lens)) > 1:
             raise NotImplementedError("DFlash rows with different context lengths (ragged acceptance) in one batch")
@@ -260,7 +283,7 @@ class DFlashDraft(Drafter):
         first = all(lb == 0 for lb in self.lengths)
         logits = _run(self.drafter, first, block, context, *_rows(self.lengths, c + block.shape[1], dev))
         self.lengths = starts  # context K/V committed, block K/V dropped
-        return logits.argmax(-1)
+        return logits
 
     def capture_shapes(self, seq, k):
         dev = self.drafter.device
@@ -271,6 +294,8 @@ class DFlashDraft(Drafter):
             self.drafter(block, context, *_rows([0] * rows, n_ctx + k + 1, dev))
 
     def accepted_rows(self, n, accepted, k, context) -> None:
+        """``context``: the target's hidden states of the committed inputs of the step, in order
+        (a chain: the block's prefix; a tree: gathered along the accepted path)."""
         if context is not None:
             self.context_lens = [a + 1 for a in accepted]
             self.context = context[:, : max(self.context_lens)]

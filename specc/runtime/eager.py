@@ -2,8 +2,8 @@
 
 This is the loop the compiled engine reproduces with generated kernels; here it runs the model
 definitions eagerly, which makes it the bridge in the lossless proof: stock (HF) == this loop ==
-compiled. Greedy; batch 1 on host lists; acceptance by the same ``ChainVerifier`` as the
-production loop (``specc.runtime.device_loop``), which is a separate implementation of the same
+compiled. Greedy; batch 1 on host lists; acceptance by the same ``ChainVerifier`` (tree mode:
+``TreeVerifier``) as the production loop (``specc.runtime.device_loop``), which is a separate implementation of the same
 surface (``specc.runtime.loop.SpeculativeLoop``), not a subclass of this one.
 """
 
@@ -16,6 +16,8 @@ import torch
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
 from specc.runtime.drafters import Drafter
 from specc.runtime.loop import SpeculativeLoop
+from specc.runtime.trees import build_tree
+from specc.runtime.verifiers import TreeVerifier
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs generated steps
     from specc.models.decoder import CausalLM
@@ -23,9 +25,14 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs gener
 
 class EagerSpeculativeDecoder(SpeculativeLoop):
     def __init__(self, target: CausalLM, drafter: Drafter | None = None, num_draft: int = 4,
-                 max_len: int = 2048, cap_to_budget: bool = True):
+                 max_len: int = 2048, cap_to_budget: bool = True, tree_budget: int = 0,
+                 tree_topk: int | None = None):
+        """``tree_budget`` N > 0: tree mode (a draft tree of N drafted nodes per step from the
+        drafter's per-position distributions; drafters without them keep chains)."""
         self.cap_to_budget = cap_to_budget
         self.target, self.drafter, self.num_draft, self.max_len = target, drafter, num_draft, max_len
+        self.tree_budget = int(tree_budget) if drafter is not None and drafter.supports_tree else 0
+        self.tree_topk = tree_topk  # candidate tokens per position (None: the budget)
         if drafter is not None and drafter.needs_target_hidden:
             target.capture_layers = tuple(drafter.spec.target_layer_ids)
         self.resize(max_len)
@@ -33,7 +40,7 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
     def resize(self, max_len: int) -> None:
         """(Re)allocate the static caches for sequences of up to ``max_len`` tokens."""
         self.max_len = max_len
-        self.target.setup_caches(1, max_len + self.num_draft + 1)
+        self.target.setup_caches(1, max_len + max(self.num_draft, self.tree_budget) + 1)
         if self.drafter is not None:
             self.drafter.setup(max_len + self.num_draft + 1)
 
@@ -76,6 +83,14 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
             k = 0
             if self.drafter is not None:
                 k = min(self.num_draft, max_new_tokens - len(tokens) - 1) if self.cap_to_budget else self.num_draft
+            if self.tree_budget and k > 0:
+                step, stop, nodes = self._tree_step(seq, k, tokens, max_new_tokens, eos_token_ids)
+                stats.target_forwards += 1
+                tokens += step
+                stats.accepted_lengths.append(len(step))
+                stats.tree_nodes.append(nodes)
+                yield from step
+                continue
             drafts = self.drafter.propose(seq, k) if k > 0 else []
             logits, context = self._target([seq[-1]] + drafts, len(seq) - 1)
             stats.target_forwards += 1
@@ -92,12 +107,40 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
         return GenerationResult.finish(tokens, stats, self.method, eos_token_ids)
 
 
+    def _tree_step(self, seq: list[int], k: int, tokens: list[int], max_new_tokens: int, eos_token_ids):
+        """One tree step, plainly: draft tree from the drafter's k distributions, one target
+        forward over its nodes with the ancestor mask, greedy path acceptance, then the accepted
+        path's K/V copied to consecutive cache slots (and DFlash's context taken along it)."""
+        dev = self.target.device
+        base = len(seq) - 1  # the root (last committed token) goes to this cache slot
+        logprobs = self.drafter.propose_logits(seq, k).float().log_softmax(-1)
+        tree = build_tree(logprobs, torch.tensor([seq[-1]], device=dev), self.tree_budget, self.tree_topk)
+        start = torch.tensor([base], device=dev)
+        out = self.target(tree.tokens, tree.positions(start), start, tree.ancestor_mask())
+        logits, hidden = out if isinstance(out, tuple) else (out, None)
+        res = TreeVerifier().verify_tree(tree, logits)
+        a = int(res.accepted[0])
+        path = res.path[0, : a + 1].tolist()
+        for layer in self.target.layers:  # path slots ascend and path[p] >= p: copy in order
+            for cache in (layer.self_attn.cache_k, layer.self_attn.cache_v):
+                for p, node in enumerate(path):
+                    if node != p:
+                        cache[0, :, base + p] = cache[0, :, base + node]
+        if self.drafter is not None:
+            context = hidden[:, path] if hidden is not None else None
+            self.drafter.accepted(len(seq), a, k, context)
+        committed = res.committed[0, : a + 1].tolist()  # the path's tokens after the root, then the bonus
+        assert committed[:a] == tree.tokens[0, path[1:]].tolist()
+        step, stop = clip_committed(committed, len(tokens), max_new_tokens, eos_token_ids)
+        return step, stop, tree.num_nodes
+
+
 def build_eager(pair, num_draft: int | None = None, max_len: int = 2048, dtype=torch.float32,
-                device="cpu") -> EagerSpeculativeDecoder:
+                device="cpu", tree_budget: int = 0) -> EagerSpeculativeDecoder:
     """An eager specc.models decoder for a resolved ``specc.pairing.Pair``: the pair's method
     (``pair.impl``, a ``specc.methods.Method``) loads the definitions and picks the drafter."""
     impl = pair.impl
     loaded = impl.load(pair, dtype, device)
     drafter: Drafter | None = impl.drafter_for(loaded.draft, pair) if loaded.draft is not None else None
     k = impl.num_draft(num_draft, pair.drafter.raw if pair.drafter is not None else None)
-    return EagerSpeculativeDecoder(loaded.target, drafter, k, max_len)
+    return EagerSpeculativeDecoder(loaded.target, drafter, k, max_len, tree_budget=tree_budget)

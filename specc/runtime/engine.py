@@ -33,7 +33,9 @@ class Engine:
         section = manifest.get("drafter") or {}
         # the drafting strategy the method recorded (artifacts before it: named like the method)
         strategy = section.get("strategy") or self.method
-        self.loop = build_loop(steps, strategy, self.num_draft, max_len, drafter_section=section)
+        self.tree_budget = int((manifest.get("tree") or {}).get("budget") or 0)
+        self.loop = build_loop(steps, strategy, self.num_draft, max_len, drafter_section=section,
+                               tree_budget=self.tree_budget)
         self.steps = self.loop.steps  # GraphedStep-wrapped on CUDA
         self.eos_token_ids = tuple(manifest["model"].get("eos_token_ids", ()))
         self.last_stats: dict = {}
@@ -105,7 +107,8 @@ def timing_stats(start: float, first_at: float | None, end: float, result: Gener
 
 
 def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, pard_token: int | None = None,
-               graphs: bool | None = None, drafter_section: dict | None = None) -> DeviceSpeculativeDecoder:
+               graphs: bool | None = None, drafter_section: dict | None = None,
+               tree_budget: int = 0) -> DeviceSpeculativeDecoder:
     """The device-resident loop over step callables {"target": ..., "drafter": ...}.
 
     The drafter is the drafting strategy registered under ``strategy`` in
@@ -116,7 +119,10 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     On CUDA (or ``graphs=True``) every step is wrapped in ``GraphedStep`` sharing one memory
     pool, drafting is uncapped at the end of the budget (one verify shape; the surplus is
     clipped) and all drafter input shapes are captured before the first step, so no graph is
-    captured while tokens are being timed."""
+    captured while tokens are being timed.
+
+    ``tree_budget`` N > 0 (an artifact with a ``target_tree`` step): tree verification of N
+    drafted nodes per step through that step (sharing the target's decoding state)."""
     target = steps["target"]
     if graphs is None:
         graphs = target.device.type == "cuda"
@@ -124,14 +130,17 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
         from specc.runtime.graphs import GraphedStep
 
         pool = torch.cuda.graph_pool_handle()
-        steps = {role: GraphedStep(step, num_draft + 1 if role == "target" else 2 * num_draft + 2, pool=pool)
+        rows = {"target": num_draft + 1, "target_tree": tree_budget + 1}
+        steps = {role: GraphedStep(step, rows.get(role, 2 * num_draft + 2), pool=pool)
                  for role, step in steps.items()}
     section = dict(drafter_section or {})
     if pard_token is not None:
         section["pard_token"] = pard_token
     drafter = drafter_from_manifest(strategy, steps.get("drafter"), section) if strategy else None
+    tree_step = steps.get("target_tree")
     loop = DeviceSpeculativeDecoder(steps["target"], drafter, num_draft if drafter else 0, max_len,
-                                    cap_to_budget=not graphs)
+                                    cap_to_budget=not graphs, tree_budget=tree_budget if tree_step is not None else 0,
+                                    tree_target=tree_step)
     loop.capture_shapes = graphs
     loop.steps = steps
     return loop

@@ -43,17 +43,24 @@ class DraftTree:
     def num_nodes(self) -> int:
         return int(self.tokens.shape[1])
 
-    def ancestor_mask(self) -> torch.Tensor:
+    def ancestor_mask(self, max_depth: int | None = None) -> torch.Tensor:
         """[B, N, N] bool: mask[b, i, j] is True when node j is node i or one of its ancestors
-        (the tree attention mask: a node attends to the committed cache and its own path)."""
+        (the tree attention mask: a node attends to the committed cache and its own path).
+
+        Vectorised (no per-node loop, no host sync with ``max_depth`` given): start from
+        "self or parent" and square the relation ceil(log2(depth + 1)) times (bool matmuls)."""
         b, n = self.parents.shape
-        eye = torch.eye(n, dtype=torch.bool, device=self.parents.device).expand(b, n, n)
-        mask = eye.clone()
-        # parents precede children: one pass in node order fills every row from its parent's row
-        for i in range(1, n):
-            parent = self.parents[:, i].clamp(min=0)
-            row = mask[torch.arange(b, device=mask.device), parent]
-            mask[:, i] = row | eye[:, i]
+        dev = self.parents.device
+        eye = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n)
+        parent = torch.nn.functional.one_hot(self.parents.clamp(min=0), n).bool() & (self.parents >= 0)[..., None]
+        mask = eye | parent
+        depth = max_depth if max_depth is not None else (int(self.depths.max()) if n else 0)
+        reach = 1
+        work = torch.float32 if dev.type == "cpu" else torch.float16  # exact: counts of paths <= N
+        while reach < depth:
+            m = mask.to(work)
+            mask = torch.bmm(m, m) > 0
+            reach *= 2
         return mask
 
     def positions(self, base: torch.Tensor) -> torch.Tensor:
@@ -116,30 +123,32 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
     return DraftTree(tokens, parents, depths, scores)
 
 
-def accept_tree(tree: DraftTree, target_argmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def accept_tree(tree: DraftTree, target_argmax: torch.Tensor,
+                max_depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy acceptance of the longest root path whose every token is the target's argmax at
     its parent. ``target_argmax`` [B, N]: the target's argmax after each node.
 
     Returns (accepted [B]: drafted tokens accepted, path [B, D + 1]: node indices of the accepted
     path from the root, -1 past its end). The committed tokens are the accepted path's drafted
-    tokens then ``target_argmax`` at its last node (the bonus token)."""
+    tokens then ``target_argmax`` at its last node (the bonus token). ``max_depth``: the
+    drafted positions the tree was built from, when known (no host sync; else read from the
+    tree)."""
     bsz, n = tree.tokens.shape
     dev = tree.tokens.device
     parent = tree.parents.clamp(min=0)
     # a node is "matched" when its token is the target's choice after its parent
     matched = tree.tokens == target_argmax.gather(1, parent)
     matched[:, 0] = True
-    # alive: matched and every ancestor matched (parents precede children)
-    alive = matched.clone()
-    for i in range(1, n):
-        alive[:, i] = matched[:, i] & alive.gather(1, parent[:, i:i + 1]).squeeze(1)
+    if max_depth is None:
+        max_depth = int(tree.depths.max()) if n else 0
+    # alive: matched and every ancestor matched, from the ancestor mask (no per-node loop)
+    anc = tree.ancestor_mask(max_depth)  # [B, N, N]
+    alive = ~(anc & ~matched[:, None, :]).any(-1)
     depth = torch.where(alive, tree.depths, torch.full_like(tree.depths, -1))
     best_depth, best_node = depth.max(dim=1)  # the deepest alive node (first one at a tie)
-    max_depth = int(tree.depths.max()) if n else 0
-    path = torch.full((bsz, max_depth + 1), -1, dtype=torch.long, device=dev)
-    node = best_node.clone()
-    for d in range(max_depth, -1, -1):
-        here = best_depth >= d
-        path[:, d] = torch.where(here, node, path[:, d])
-        node = torch.where(here & (d > 0), parent.gather(1, node[:, None]).squeeze(1), node)
-    return best_depth, path
+    # the path: the best node's ancestors, one per depth
+    on_path = anc.gather(1, best_node[:, None, None].expand(-1, 1, n))[:, 0]  # [B, N]
+    levels = torch.arange(max_depth + 1, device=dev)
+    at = on_path[:, None, :] & (tree.depths[:, None, :] == levels[None, :, None])  # [B, D + 1, N]
+    path = torch.where(at.any(-1), at.to(torch.int8).argmax(-1), torch.full((bsz, max_depth + 1), -1, device=dev))
+    return best_depth, path.to(torch.long)

@@ -11,11 +11,14 @@ to the host once per step.
   its torch reference elsewhere). The stock loops (``specc.stock``) keep their own host code on
   purpose: they are the independent oracle.
 
+- :class:`TreeVerifier` (greedy, a draft tree of N nodes, ``specc.runtime.trees``): the longest
+  root path whose every token is the target's argmax at its parent, then the target's own token
+  at the path's last node (the bonus). ``VerifyInput.parents`` / ``tree_mask`` carry the tree;
+  the result's ``path`` gives the accepted nodes' block slots, which
+  ``DecodingState.commit(accepted + 1, path)`` compacts into place.
+
 Later verifiers plug in behind the same ``verify`` (their input carries what they need):
 
-- tree: ``VerifyInput.parents`` (parent block slot per node, -1 for the root) / ``tree_mask``
-  ([B, Q, Q] visibility); the result's ``path`` gives the accepted nodes' block slots, which
-  ``DecodingState.commit(accepted, path)`` compacts into place.
 - two-level: a cheap first-level verifier prunes rows / positions before the full one; per-row
   ``query_lens`` let rows verify different numbers of tokens in one ragged batch.
 """
@@ -28,7 +31,7 @@ import torch
 
 from specc.codegen.kernels.greedy import greedy_accept
 
-__all__ = ["VerifyInput", "VerifyResult", "Verifier", "ChainVerifier", "VERIFIERS"]
+__all__ = ["VerifyInput", "VerifyResult", "Verifier", "ChainVerifier", "TreeVerifier", "VERIFIERS"]
 
 
 @dataclasses.dataclass
@@ -91,4 +94,39 @@ class ChainVerifier(Verifier):
         return accepted, target_tokens
 
 
-VERIFIERS: dict[str, type[Verifier]] = {"chain": ChainVerifier}
+class TreeVerifier(Verifier):
+    """Greedy tree acceptance (``specc.runtime.trees.accept_tree``) over a ``DraftTree``.
+
+    ``verify_tree(tree, target_logits [B, N, V], max_drafts)`` -> ``VerifyResult`` with
+    ``accepted`` [B] (drafted tokens accepted, capped by ``max_drafts``), ``committed`` [B, D + 1]
+    (row b commits ``committed[b, :accepted[b] + 1]``: the path's tokens then the bonus, which
+    are the target's argmax at the path's nodes, since every accepted node matched it) and
+    ``path`` [B, D + 1] (node indices of the accepted path from the root, -1 past its end).
+    On the device, no host sync (depth-many small ops)."""
+
+    name = "tree"
+
+    def verify_tree(self, tree, target_logits: torch.Tensor, max_drafts: torch.Tensor | None = None,
+                    depth: int | None = None) -> VerifyResult:
+        return self.verify_tree_tokens(tree, target_logits.argmax(-1), max_drafts, depth)
+
+    def verify_tree_tokens(self, tree, target_tokens: torch.Tensor,
+                           max_drafts: torch.Tensor | None = None, depth: int | None = None) -> VerifyResult:
+        """``depth``: the drafted positions the tree came from (fixes the path's width, no sync)."""
+        from specc.runtime.trees import accept_tree
+
+        accepted, path = accept_tree(tree, target_tokens, depth)
+        if max_drafts is not None:
+            accepted = torch.minimum(accepted, max_drafts.to(accepted.dtype))
+            steps = torch.arange(path.shape[1], device=path.device)[None]
+            path = torch.where(steps <= accepted[:, None], path, torch.full_like(path, -1))
+        committed = target_tokens.gather(1, path.clamp(min=0))
+        return VerifyResult(accepted, committed, path)
+
+    def verify(self, drafts, target_logits, max_drafts=None):
+        raise TypeError("TreeVerifier verifies a draft tree: call verify_tree(tree, target_logits)")
+
+    verify_tokens = verify
+
+
+VERIFIERS: dict[str, type[Verifier]] = {"chain": ChainVerifier, "tree": TreeVerifier}

@@ -82,3 +82,27 @@ def choose_budget(model: CostModel, target_ir, draft_ir, method, tree: TreeAccep
         if pred.tokens_per_s > best_tps * (1 + 1e-9):
             best, best_tps = budget, pred.tokens_per_s
     return best, rows
+
+
+def tree_choice(pair, deployment, pipeline: str, depth: int, tree: TreeAcceptanceModel,
+                budgets: Iterable[int] = BUDGETS, budget: int | None = None, context: int | None = None) -> dict:
+    """Price the chain and tree budgets for ``pair`` (a ``specc.pairing.Pair`` or anything with
+    ``target.raw`` / ``drafter.raw`` / ``method``) on ``deployment`` from meta-device IRs, with the
+    same tree acceptance model for both (the chain: rank 0 only). ``budget``: price that one
+    budget and keep it (``--tree N``); None: choose (0 = the chain). Returns {"budget", "depth",
+    "acceptance_source", "candidates": rows}."""
+    from specc.search.acceptance import AcceptanceModel
+    from specc.search.deployments import get_deployment
+    from specc.search.meta_pair import MetaPair
+
+    dep = get_deployment(deployment) if isinstance(deployment, str) else deployment
+    metas = MetaPair(pair.target.raw, pair.drafter.raw if pair.drafter else None, pair.method, dep.dtype)
+    t_ir, d_ir = metas.irs(pipeline)
+    model = CostModel(dep)
+    chain_acc = AcceptanceModel([tree.prob(d, 0) for d in range(1, depth + 1)], source=tree.source)
+    chain = model.predict(t_ir, d_ir, method=pair.method, num_draft=depth, acceptance=chain_acc, context=context)
+    method = pair.impl
+    chosen, rows = choose_budget(model, t_ir, d_ir, method, tree, depth, chain,
+                                 budgets=(budget,) if budget else budgets, context=context)
+    return {"budget": int(budget if budget else chosen), "depth": int(depth), "acceptance_source": tree.source,
+            "deployment": dep.name, "candidates": rows}

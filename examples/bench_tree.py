@@ -1,0 +1,296 @@
+"""Tree verification benchmark: acceptance, step times and end-to-end tokens/s, chain vs tree.
+
+Three parts, each printed as a table and written to one JSON file:
+
+1. ``acceptance`` (specc-tiny, real decoding): held-out-style prompts (files of this machine's
+   Python stdlib whose sha256 falls in the training run's held-out bucket, 64-128 tokens at random
+   offsets), greedy, block 16 (15 drafted positions); tokens committed per target step (pooled
+   tau) for the chain and for trees of 8 / 16 / 32 / 64 drafted nodes, PARD and DFlash, through
+   the production device loop over the model definitions. Every configuration's tokens are
+   checked equal to the chain's (lossless) before anything is printed.
+2. ``steps`` (random weights, Qwen3-8B shapes on a GPU; ``--tiny``: tiny shapes): the compiled
+   target's chain verify step at Q = 16 / 32 / 64 / 128 query rows vs its tree verify step over
+   a draft tree of the same number of nodes (ancestor mask, positions base + depth), both
+   CUDA-graphed on a GPU (median replay, CUDA events), plus the on-device tree work of a step
+   (build_tree + mask + accept_tree + KV compaction) and the cost model's prediction of each step
+   (deployment ``--deployment``).
+3. ``e2e`` (specc-tiny): compiled chain vs compiled tree decoding (the generated steps, built in
+   memory, under the engine's loop; CUDA graphs on a GPU): tokens/s after a warm-up pass, tau.
+
+    PYTHONPATH=. python3 examples/bench_tree.py --device cuda --out $OUT/tree.json     # on the H200
+    PYTHONPATH=. python3 examples/bench_tree.py --tiny --device cpu                     # smoke (< 60 s)
+    PYTHONPATH=. python3 examples/bench_tree.py --parts acceptance,e2e --device cpu     # CPU figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import random
+import sys
+import sysconfig
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+K = 15  # drafted positions at block 16
+
+
+def heldout_prompts(tokenizer, count: int, seed: int = 0, lo: int = 64, hi: int = 128) -> list[list[int]]:
+    """``count`` prompts of lo..hi tokens at random offsets of held-out-bucket stdlib files
+    (``int(sha256[:8], 16) % 1000 < 20``, the rule examples/train_tiny.py holds files out by)."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    held = []
+    for f in sorted(root.rglob("*.py")):
+        try:
+            data = f.read_bytes()
+        except OSError:
+            continue
+        if "site-packages" not in f.parts and int(hashlib.sha256(data).hexdigest()[:8], 16) % 1000 < 20:
+            held.append(data.decode("utf-8", "replace"))
+    rng = random.Random(seed)
+    prompts = []
+    while len(prompts) < count and held:
+        ids = tokenizer(rng.choice(held))["input_ids"]
+        n = rng.randint(lo, hi)
+        if len(ids) <= n:
+            continue
+        off = rng.randint(0, len(ids) - n)
+        prompts.append(ids[off:off + n])
+    return prompts
+
+
+def _loop(method: str, drafter: str, budget: int, max_len: int, dtype, device):
+    from specc.pairing import resolve_pair
+    from specc.runtime.device_loop import DeviceSpeculativeDecoder
+    from specc.runtime.eager import build_eager
+
+    eager = build_eager(resolve_pair("specc-tiny", drafter, method), K, max_len, dtype, device)
+    return DeviceSpeculativeDecoder(eager.target, eager.drafter, K, max_len, tree_budget=budget)
+
+
+def acceptance(prompts, new_tokens: int, budgets, dtype, device) -> list[dict]:
+    rows = []
+    max_len = max(map(len, prompts)) + new_tokens + 2
+    for method, drafter in METHODS:
+        reference = None
+        for budget in (0, *budgets):
+            loop = _loop(method, drafter, budget, max_len, dtype, device)
+            lengths, outs, t0 = [], [], time.perf_counter()
+            for p in prompts:
+                res = loop.generate(p, new_tokens, ())
+                lengths += res.stats.accepted_lengths
+                outs.append(res.tokens)
+            seconds = time.perf_counter() - t0
+            reference = outs if reference is None else reference
+            row = {"method": method, "budget": budget, "tau": sum(lengths) / len(lengths), "steps": len(lengths),
+                   "lossless_vs_chain": outs == reference, "seconds": seconds,
+                   "tokens_per_s": new_tokens * len(prompts) / seconds}
+            rows.append(row)
+            label = "chain" if budget == 0 else f"tree {budget}"
+            print(f"[acceptance] {method:6s} {label:8s} tau {row['tau']:.3f}  ({row['steps']} steps, "
+                  f"{row['tokens_per_s']:.1f} tok/s, lossless {row['lossless_vs_chain']})", flush=True)
+            if not row["lossless_vs_chain"]:
+                raise SystemExit(f"{method} tree {budget}: tokens differ from the chain's")
+    for row in rows:
+        chain = next(r for r in rows if r["method"] == row["method"] and r["budget"] == 0)
+        row["tau_gain_vs_chain"] = row["tau"] / chain["tau"] - 1
+    return rows
+
+
+def compiled_tree_steps(pair, dtype, device):
+    """specc-tiny's compiled steps, the tree verify step included (built once per pair)."""
+    from specc.codegen.build import build_steps
+    from specc.passes.pipelines import DEFAULT_PIPELINE
+    from specc.runtime.compiled import instantiate
+
+    impl = pair.impl
+    loaded = impl.load(pair, dtype, device)
+    target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
+    target.setup_caches(1, 16)
+    draft_module.setup_caches(1, 16)
+    built = build_steps(target, draft_module, DEFAULT_PIPELINE, spec, tree=True)
+    steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}
+    return steps, impl.manifest_drafter(pair, loaded)
+
+
+def compiled_tree_system(steps, section, strategy, budget: int, max_len: int, graphs: bool | None = None):
+    """The engine's loop over the compiled steps: chain (budget 0) or tree of ``budget`` nodes."""
+    from specc.runtime.engine import build_loop
+
+    use = {role: step for role, step in steps.items() if budget or role != "target_tree"}
+    return build_loop(use, strategy, K, max_len, drafter_section=section, graphs=graphs, tree_budget=budget)
+
+
+METHODS = (("pard", "specc-tiny-pard"), ("dflash", "specc-tiny-dflash"))
+
+
+def e2e(prompts, new_tokens: int, budgets, dtype, device, methods=METHODS) -> list[dict]:
+    from specc.pairing import resolve_pair
+
+    rows = []
+    cuda = torch.device(device).type == "cuda"
+    max_len = max(map(len, prompts)) + new_tokens + 2
+    for method, drafter in methods:
+        pair = resolve_pair("specc-tiny", drafter, method)
+        steps, section = compiled_tree_steps(pair, dtype, device)
+        reference = None
+        for budget in (0, *budgets):
+            system = compiled_tree_system(steps, section, pair.impl.strategy, budget, max_len)
+            for p in prompts:  # warm-up: Triton compiles, graph captures
+                system.generate(p, new_tokens, ())
+            if cuda:
+                torch.cuda.synchronize()
+            outs, lengths, t0 = [], [], time.perf_counter()
+            for p in prompts:
+                res = system.generate(p, new_tokens, ())
+                outs.append(res.tokens)
+                lengths += res.stats.accepted_lengths
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            reference = outs if reference is None else reference
+            row = {"method": method, "budget": budget, "tokens_per_s": new_tokens * len(prompts) / seconds,
+                   "tau": sum(lengths) / len(lengths), "lossless_vs_chain": outs == reference, "seconds": seconds}
+            rows.append(row)
+            label = "chain" if budget == 0 else f"tree {budget}"
+            print(f"[e2e] compiled {method:6s} {label:8s} {row['tokens_per_s']:8.1f} tok/s  tau {row['tau']:.2f}  "
+                  f"lossless {row['lossless_vs_chain']}", flush=True)
+    for row in rows:
+        chain = next(r for r in rows if r["method"] == row["method"] and r["budget"] == 0)
+        row["speedup_vs_chain"] = row["tokens_per_s"] / chain["tokens_per_s"]
+    return rows
+
+
+def steps(sizes, dtype, device, context: int, small: bool, deployment: str | None) -> list[dict]:
+    from bench_steps import QWEN3_8B, build_causal, time_on, tiny
+
+    from specc.codegen.build import build_steps
+    from specc.passes.pipelines import DEFAULT_PIPELINE
+    from specc.runtime.compiled import instantiate
+    from specc.runtime.state import DecodingState
+    from specc.runtime.trees import accept_tree, build_tree
+
+    dev = torch.device(device)
+    cfg = tiny(QWEN3_8B) if small else QWEN3_8B
+    target = build_causal(cfg, dtype, dev, seed=1)
+    target.setup_caches(1, 16)
+    built = build_steps(target, None, "" if small else DEFAULT_PIPELINE, tree=True)  # smoke: no passes
+    chain_step, tree_step = instantiate(built.emitted["target"]), instantiate(built.emitted["target_tree"])
+    state = chain_step.setup_caches(1, context + max(sizes) + 8)
+    state.bind(tree_step)
+    cost = None
+    if deployment:
+        from specc.search.cost_model import CostModel
+        from specc.search.deployments import get_deployment
+
+        cost = CostModel(get_deployment(deployment))
+    cache_len = torch.tensor([context], device=dev)
+    vocab = cfg["vocab_size"]
+    rows = []
+    for q in sizes:
+        ids = torch.randint(0, vocab, (1, q), device=dev)
+        pos = torch.arange(context, context + q, device=dev)[None]
+        chain_ms = time_on(device, chain_step, (ids, pos, cache_len))
+        gen = torch.Generator(device="cpu").manual_seed(q)
+        logprobs = torch.randn(1, K, vocab, generator=gen).mul(3).log_softmax(-1).to(dev)
+        tree = build_tree(logprobs, ids[:, 0], q - 1)
+        mask = tree.ancestor_mask(K)
+        tpos = tree.positions(cache_len)
+        tree_ms = time_on(device, tree_step, (tree.tokens, tpos, cache_len, mask))
+        argmax = torch.randint(0, vocab, (1, q), device=dev)
+
+        def tree_work():  # what a tree step adds on the device around the forward
+            t = build_tree(logprobs, ids[:, 0], q - 1)
+            m = t.ancestor_mask(K)
+            accepted, path = accept_tree(t, argmax, K)
+            return m, accepted, path
+
+        work_ms = time_on(device, tree_work, ())
+        _, accepted, path = tree_work()
+        lengths = state.lengths
+
+        def compact():
+            DecodingState.commit(state, accepted + 1, path)
+            state.lengths.copy_(lengths_before)
+
+        lengths_before = lengths.clone()
+        commit_ms = time_on(device, compact, ())
+        row = {"q": q, "chain_verify_ms": chain_ms, "tree_verify_ms": tree_ms, "tree_work_ms": work_ms,
+               "kv_compact_ms": commit_ms, "tree_over_chain": tree_ms / chain_ms}
+        if cost is not None:
+            row["predicted_verify_ms"] = cost.step(built.irs["target"], {"B": 1, "Q": q, "C": context}, step="verify").time * 1e3
+            row["predicted_tree_verify_ms"] = cost.step(built.irs["target_tree"], {"B": 1, "Q": q, "C": context},
+                                                        step="verify").time * 1e3
+        rows.append(row)
+        print(f"[steps] Q={q:4d}: chain verify {chain_ms:8.3f} ms, tree verify {tree_ms:8.3f} ms "
+              f"(x{row['tree_over_chain']:.3f}), tree build+mask+accept {work_ms:.3f} ms, KV compaction "
+              f"{commit_ms:.3f} ms" + (f", predicted {row['predicted_verify_ms']:.3f} / {row['predicted_tree_verify_ms']:.3f} ms"
+                                       if cost is not None else ""), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="smoke run: tiny shapes, few prompts and tokens")
+    ap.add_argument("--parts", default="acceptance,steps,e2e")
+    ap.add_argument("--prompts", type=int, default=None, help="held-out-style prompts (default 32; --tiny 1)")
+    ap.add_argument("--new-tokens", type=int, default=None, help="tokens per prompt (default 128; --tiny 8)")
+    ap.add_argument("--budgets", default=None, help="tree budgets (default 8,16,32,64; --tiny 8)")
+    ap.add_argument("--sizes", default=None, help="step query rows (default 16,32,64,128; --tiny 4,8)")
+    ap.add_argument("--context", type=int, default=None, help="KV context of the step timings (default 1024)")
+    ap.add_argument("--deployment", default=None, help="cost model deployment for predictions (default h200-bs1 on "
+                    "CUDA, none on CPU)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--out", default="tree.json")
+    args = ap.parse_args()
+
+    from specc.models.loading import load_tokenizer
+    from specc.pairing import resolve_pair
+
+    cuda = args.device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if not cuda:
+        torch.set_num_threads(args.threads)  # small matmuls: thread start-up costs more than it gains
+    small = args.tiny
+    n_prompts = args.prompts or (1 if small else 32)
+    new_tokens = args.new_tokens or (8 if small else 128)
+    budgets = [int(x) for x in (args.budgets or ("8" if small else "8,16,32,64")).split(",")]
+    sizes = [int(x) for x in (args.sizes or ("4,8" if small else "16,32,64,128")).split(",")]
+    context = args.context or (32 if small else 1024)
+    deployment = args.deployment or ("h200-bs1" if cuda else None)
+    parts = set(args.parts.split(","))
+    torch.manual_seed(0)
+    result = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if cuda else "cpu",
+              "torch": torch.__version__, "python": sys.version.split()[0], "dtype": str(dtype), "tiny": small,
+              "block": K + 1}
+    try:
+        import triton
+
+        result["triton"] = triton.__version__
+    except ImportError:
+        pass
+    tok = load_tokenizer(resolve_pair("specc-tiny").target.path)
+    prompts = heldout_prompts(tok, n_prompts, lo=16 if small else 64, hi=24 if small else 128)
+    result["prompts"] = len(prompts)
+    result["new_tokens"] = new_tokens
+    if "acceptance" in parts:
+        result["acceptance"] = acceptance(prompts, new_tokens, budgets, dtype, args.device)
+    if "steps" in parts:
+        result["steps"] = {"context": context, "shapes": "tiny" if small else "Qwen3-8B", "deployment": deployment,
+                           "rows": steps(sizes, dtype, args.device, context, small, deployment)}
+    if "e2e" in parts:
+        result["e2e"] = e2e(prompts[: max(1, min(len(prompts), 8))], new_tokens, budgets, dtype, args.device,
+                            METHODS[1:] if small else METHODS)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
