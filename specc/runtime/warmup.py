@@ -60,15 +60,22 @@ def kernel_cache_dir(path: Path) -> str | None:
         return None
     os.environ["TRITON_CACHE_DIR"] = str(target)
     os.environ["_SPECC_SET_TRITON_CACHE"] = "1"
-    try:  # triton >= 3.4 caches its knobs; point the live knob there too
-        import triton
-
-        knobs = getattr(triton, "knobs", None)
-        if knobs is not None and hasattr(knobs, "cache"):
-            knobs.cache.dir = str(target)
-    except Exception:  # pragma: no cover - triton missing or a layout without knobs
-        pass
+    _point_live_triton(str(target))
     return str(target)
+
+
+def _point_live_triton(directory: str) -> None:
+    """Triton >= 3.4 keeps its settings in ``triton.knobs``: when triton is already imported,
+    point the live cache knob at ``directory`` too."""
+    import sys
+
+    triton = sys.modules.get("triton")
+    knobs = getattr(triton, "knobs", None) if triton is not None else None
+    try:
+        if knobs is not None and hasattr(knobs, "cache"):
+            knobs.cache.dir = directory
+    except Exception:  # pragma: no cover - a layout without a settable cache knob
+        pass
 
 
 def _graphed(loop) -> list:

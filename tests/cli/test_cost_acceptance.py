@@ -2,8 +2,9 @@
 
 import json
 
+# specc modules that import triton are imported inside the tests: collecting this file must not
+# import triton before tests/codegen/kernels/conftest.py sets TRITON_INTERPRET
 from specc.cli import main
-from specc.compiler import compile_artifact
 
 
 def _cost(capsys, *argv):
@@ -12,6 +13,8 @@ def _cost(capsys, *argv):
 
 
 def test_cost_uses_the_acceptance_compile_measured(checkpoints, tmp_path, capsys):
+    from specc.compiler import compile_artifact
+
     target, drafter = str(checkpoints["target"]), str(checkpoints["pard_same"])
     memory = str(tmp_path / "memory")
     before = json.loads(_cost(capsys, target, "--drafter", drafter, "--memory", memory, "--json"))

@@ -2,12 +2,14 @@
 
 import json
 
+# specc modules that import triton are imported inside the tests: collecting this file must not
+# import triton before tests/codegen/kernels/conftest.py sets TRITON_INTERPRET
 from specc.cli import main
-from specc.compiler import compile_artifact
-from specc.runtime.engine import load
 
 
 def test_run_json_separates_load_first_token_and_decode(checkpoints, tmp_path, capsys):
+    from specc.compiler import compile_artifact
+
     out = tmp_path / "t.specc"
     compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, max_new_tokens=4)
     capsys.readouterr()
@@ -26,6 +28,9 @@ def test_run_json_separates_load_first_token_and_decode(checkpoints, tmp_path, c
 
 
 def test_load_without_warmup_and_with_progress(checkpoints, tmp_path):
+    from specc.compiler import compile_artifact
+    from specc.runtime.engine import load
+
     out = tmp_path / "t.specc"
     compile_artifact(checkpoints["target"], out=out, max_new_tokens=4)
     cold = load(out, warmup=False)

@@ -15,6 +15,8 @@ def test_kernel_cache_dir_is_keyed_by_the_artifact(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("_SPECC_SET_TRITON_CACHE", raising=False)
     monkeypatch.setenv("SPECC_KERNEL_CACHE", str(tmp_path / "kc"))
+    live = []
+    monkeypatch.setattr(warmup, "_point_live_triton", live.append)  # leave this session's triton alone
     dirs = []
     for name in ("a", "b", "a"):
         art = tmp_path / name
@@ -22,7 +24,7 @@ def test_kernel_cache_dir_is_keyed_by_the_artifact(tmp_path, monkeypatch):
         (art / "manifest.json").write_text(json.dumps({"name": name}))
         dirs.append(warmup.kernel_cache_dir(art))
         assert os.environ["TRITON_CACHE_DIR"] == dirs[-1] and os.path.isdir(dirs[-1])
-    assert dirs[0] == dirs[2] != dirs[1] and dirs[0].startswith(str(tmp_path / "kc"))
+    assert dirs[0] == dirs[2] != dirs[1] and dirs[0].startswith(str(tmp_path / "kc")) and live == dirs
     monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")  # the user's choice is kept
     monkeypatch.delenv("_SPECC_SET_TRITON_CACHE")
     assert warmup.kernel_cache_dir(tmp_path / "a") is None and os.environ["TRITON_CACHE_DIR"] == "/mine"
