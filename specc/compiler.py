@@ -30,6 +30,7 @@ class CompileResult:
     path: Path
     manifest: dict
     summary_lines: list[str]
+    manifest_hash: str = ""  # sha256 of manifest.json: pin it with `specc run --expect-hash`
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -91,11 +92,42 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
     return section
 
 
-def compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
-                     out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
-                     prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
-                     tolerance: float | None = None, progress: Callable[[str], None] | None = None,
-                     memory=None, tree: str | int | None = "auto") -> CompileResult:
+def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
+    """Record stock's measured acceptance in the search memory, so that `specc cost` predicts
+    this pair with the same acceptance compile did (one source of acceptance)."""
+    if memory is False or pair.drafter is None:
+        return
+    from specc.search.memory import Memory, family_of
+
+    try:
+        mem = memory if isinstance(memory, Memory) else Memory.open(family_of(pair.target.raw), dep.name, memory)
+        mem.record_acceptance(pair.target.name, pair.drafter.name, pair.method, k, acc)
+        mem.save()
+    except (OSError, UserError):  # a read-only cache: the prediction still uses it, the memory does not keep it
+        pass
+
+
+def compile_artifact(model: str, drafter: str | None = None, *, out: str | Path,
+                     progress: Callable[[str], None] | None = None, **kwargs) -> CompileResult:
+    """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
+
+    ``out`` is checked before any work (its parent exists and is writable; an existing path is
+    replaced only when it is a specc artifact) and locked for the whole compile, so two compiles
+    to one path run one after the other; stale temporaries of killed runs are removed. Keywords:
+    see ``_compile_artifact``."""
+    from specc.codegen.artifact import check_output_path, output_lock
+
+    out = check_output_path(Path(out))
+    with output_lock(out, progress):
+        check_output_path(out)  # again: it may have changed while this waited for the lock
+        return _compile_artifact(model, drafter, out=out, progress=progress, **kwargs)
+
+
+def _compile_artifact(model: str, drafter: str | None = None, *, method: str | None = None, deployment: str = "cpu",
+                      out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
+                      prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
+                      tolerance: float | None = None, progress: Callable[[str], None] | None = None,
+                      memory=None, tree: str | int | None = "auto") -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step
@@ -109,15 +141,23 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     (``search.tree_cost``); "off" / None / 0: chains; an int N: a tree of N drafted nodes.
     The manifest's ``tree`` section records the budget, depth and acceptance source."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
+    from specc.codegen.artifact_trust import manifest_hash
     from specc.codegen.build import build_steps
+    from specc.passes.registry import plugin_records
     from specc.models.loading import content_hash, load_tokenizer
-    from specc.pairing import resolve_pair
+    from specc.pairing import check_num_draft, resolve_pair
     from specc.runtime.engine import load
     from specc.search.deployments import get_deployment
     from specc.verify import DEFAULT_TOLERANCE, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
     say = progress or (lambda msg: None)
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
+        raise UserError(f"verify tokens must be in 1..{1 << 16} (got {max_new_tokens!r})")
     pair = resolve_pair(model, drafter, method)
+    check_num_draft(pair, num_draft)
+    positions = pair.target.raw.get("max_position_embeddings")
+    if isinstance(positions, int) and max_new_tokens + 1 > positions:
+        raise UserError(f"--verify-tokens {max_new_tokens} exceeds the model's {positions} positions")
     dep = get_deployment(deployment)
     if dep.device == "cuda" and not torch.cuda.is_available():
         raise UserError(f"deployment {dep.name} needs a CUDA GPU; none is available (use --deployment cpu)")
@@ -149,6 +189,10 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     vocab = int(pair.target.raw["vocab_size"])
     if prompts is None:
         prompts = load_prompts_file(prompts_file, tokenizer, vocab) if prompts_file else calibration_prompts(tokenizer, vocab)
+    longest = max(len(p) for p in prompts)
+    if isinstance(positions, int) and longest + max_new_tokens > positions:
+        raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
+                        f"the model's {positions} positions")
     say(f"tracing and running passes: {pipeline or '(none)'}")
     built = build_steps(target, draft_module, pipeline, spec)
     tree_section = _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
@@ -167,6 +211,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "method": pair.method, "num_draft": k,
         "model": {"name": pair.target.name, "content_hash": content_hash(pair.target.path),
                   "architecture": pair.target.raw.get("model_type"), "vocab_size": pair.target.raw.get("vocab_size"),
+                  "max_position_embeddings": pair.target.raw.get("max_position_embeddings"),
                   "eos_token_ids": list(pair.eos_token_ids)},
         "drafter": None if pair.drafter is None else {
             "name": pair.drafter.name, "kind": pair.drafter.kind, "content_hash": content_hash(pair.drafter.path),
@@ -174,6 +219,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "deployment": dep.to_json(), "passes": {"pipeline": pipeline, "applied": pass_records},
         "lowering": lowering, "step_costs_at": {"B": dep.batch_size, "Q": k + 1, "C": 1024}, "step_costs": costs,
         "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},
+        "plugins": plugin_records(pipeline),
         "tree": tree_section,
         "prediction": None if choice is None else {
             key: choice.prediction.get(key) for key in ("tokens_per_s", "speedup", "step_s", "ar_step_s",
@@ -183,24 +229,29 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
     tmp = stage_artifact(out, steps, manifest, pair.target.path if tokenizer is not None else None)
     try:
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
-        engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1)
-        runs = run_stock_reference(pair, prompts, max_new_tokens, k or None, dtype, device)
-        report = verify_system(engine, runs, tolerance, pair.eos_token_ids)
+        engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1, warmup=False)
+        count = getattr(progress, "counter", lambda label: None)  # specc.cli.progress: bars per prompt
+        runs = run_stock_reference(pair, prompts, max_new_tokens, k or None, dtype, device, progress=count("stock"))
+        report = verify_system(engine, runs, tolerance, pair.eos_token_ids, progress=count("compiled, forced"))
         manifest = dict(engine.manifest, verification=report.to_json())
         if not report.passed:
             raise VerificationFailed(report.summary())
-        if choice is not None and k and any(r.accepted_lengths for r in runs):
-            # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
+        if k and any(r.accepted_lengths for r in runs):
             from specc.search.acceptance import AcceptanceModel
-            from specc.search.choose import choose_pipeline
 
             acc = AcceptanceModel.from_accepted_lengths([r.accepted_lengths for r in runs], k,
                                                         source=f"measured by stock on {len(runs)} calibration prompts")
+            _remember_acceptance(pair, dep, memory, k, acc)
+        if choice is not None and k and any(r.accepted_lengths for r in runs):
+            # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
+            from specc.search.choose import choose_pipeline
+
             measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc).prediction
             measured["acceptance_source"] = acc.source or "measured"
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}
         write_manifest(tmp, manifest)
         publish(tmp, out)
+        digest = manifest_hash(out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -214,6 +265,7 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         "bytes per step at B={B}, Q={Q}, C={C}: ".format(**manifest["step_costs_at"]) + "; ".join(
             f"{role} {c['bytes_read'] / 1e6:.2f} MB read ({c['weight_bytes'] / 1e6:.2f} MB weights)" for role, c in costs.items()),
         report.summary(),
+        f"manifest sha256 {digest} (pin it: specc run {out} --expect-hash {digest})",
     ]
     if tree_section:
         lines.insert(3, f"tree: {tree_section['budget']} nodes, depth {tree_section['depth']}" if budget else
@@ -223,4 +275,4 @@ def compile_artifact(model: str, drafter: str | None = None, *, method: str | No
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "
                         f"(step {p['step_s'] * 1e3:.3f} ms, {p['expected_tokens_per_step']:.2f} tokens/step, "
                         f"acceptance {p['acceptance_source']}; `specc cost` shows the gap report)")
-    return CompileResult(out, manifest, lines)
+    return CompileResult(out, manifest, lines, digest)

@@ -2,4 +2,8 @@
 
 
 class UserError(Exception):
-    """Bad input from the user (unknown model, mismatched pair, unreadable file...)."""
+    """Bad input from the user (unknown model, mismatched pair, unreadable file...).
+
+    Subclasses: ``specc.models.loading.CheckpointError``, ``specc.models.config.ConfigError``,
+    ``specc.codegen.artifact.ArtifactError``, ``specc.passes.PipelineError``. The message is
+    one line."""

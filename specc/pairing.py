@@ -60,7 +60,9 @@ def inspect_checkpoint(name: str) -> Checkpoint:
         path = resolve_checkpoint(name)
         raw = load_config(path)
         kind = classify(raw)
-    except (CheckpointError, ConfigError) as exc:
+    except ConfigError as exc:
+        raise UserError(f"{name}: {exc}") from exc
+    except CheckpointError as exc:
         raise UserError(str(exc)) from exc
     return Checkpoint(name=str(name), path=path, raw=raw, kind=kind)
 
@@ -80,7 +82,31 @@ def resolve_pair(model: str, drafter: str | None = None, method: str | None = No
         raise UserError(f"--method {impl.name} does not fit {drafter} (a {draft.kind} checkpoint: use "
                         f"{' or '.join(allowed)})")
     impl.check_pair(target, draft)
+    _check_weights(target)
+    if draft is not None and impl.uses_drafter:
+        _check_weights(draft)
     return Pair(target, draft, impl.name)
+
+
+def _check_weights(ckpt: Checkpoint) -> None:
+    """Weights readable and matching the config, and the model fits in memory (before loading)."""
+    from specc.models.registry import check_checkpoint
+
+    check_checkpoint(ckpt.path, ckpt.raw, ckpt.kind)
+
+
+MAX_NUM_DRAFT = 255  # far beyond any useful speculation length; a typo must not allocate GBs
+
+
+def check_num_draft(pair, k: int | None) -> None:
+    """--num-draft within what the pair's method can draft (a DFlash block proposes block_size - 1)."""
+    if k is None:
+        return
+    if k < 1:
+        raise UserError(f"--num-draft must be >= 1 (got {k})")
+    if k > MAX_NUM_DRAFT:
+        raise UserError(f"--num-draft {k} is more than {MAX_NUM_DRAFT}")
+    pair.impl.num_draft(k, pair.drafter.raw if pair.drafter is not None else None)
 
 
 def __getattr__(name: str):

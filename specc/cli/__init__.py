@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from specc.errors import UserError
@@ -24,11 +25,24 @@ SUBCOMMANDS = [
     "specc.cli.calibrate_cmd",
     "specc.cli.search_cmd",
     "specc.cli.tp_cmd",
+    "specc.cli.bench_cmd",
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with specc's error format: one line ``specc: error: ...``, exit status 2."""
+
+    def error(self, message: str):
+        command = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        self.exit(2, f"specc: error: {command}{one_line(message)} (see `{self.prog} --help`)\n")
+
+
+def one_line(text) -> str:
+    return " ".join(str(text).split()) or "(no message)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specc",
         description="specc: a compiler for speculative decoding. Traces a target model and a drafter "
         "into an IR, applies passes chosen for a deployment, emits Triton modules checked token by "
@@ -41,23 +55,49 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(sub)
+    for command in sub.choices.values():  # one knob on every subcommand (specc/threads.py)
+        command.add_argument("--threads", type=int, metavar="N",
+                             help="CPU threads for torch (default: $SPECC_THREADS, else min(physical cores, 4, "
+                             "idle cores))")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error: one line, SystemExit(2)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0
     try:
+        from specc.threads import configure_threads
+
+        args.threads_given = args.threads is not None or bool(os.environ.get("SPECC_THREADS", "").strip())
+        args.threads = configure_threads(args.threads)
         return int(args.handler(args) or 0)
     except UserError as exc:
-        print(f"specc: error: {exc}", file=sys.stderr)
+        print(f"specc: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `specc ... | head`: the reader left; nothing more to say
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("specc: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        print("specc: error: out of memory (try a smaller --max-new-tokens, batch or model)", file=sys.stderr)
+        return 2
+    except OSError as exc:  # disk full, permission denied... on a path the user gave
+        if os.environ.get("SPECC_DEBUG"):
+            raise
+        where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
+        print(f"specc: error: {where}{one_line(exc.strerror or exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: still one line (SPECC_DEBUG=1 shows the traceback)
+        if os.environ.get("SPECC_DEBUG"):
+            raise
+        print(f"specc: error: internal error: {type(exc).__name__}: {one_line(exc)} "
+              "(a bug; rerun with SPECC_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -39,8 +39,12 @@ def run(args) -> int:
     if device != base.device:
         print(f"specc: warning: measuring on {device} for a {base.device} deployment ({base.name}); the figures "
               f"describe {device}", file=sys.stderr)
-    say = (lambda msg: None) if args.json else (lambda msg: print(f"[calibrate] {msg}", file=sys.stderr, flush=True))
-    dep, record = calibrate(base, device=device, quick=args.quick, progress=say)
+    from specc.cli.progress import Progress
+
+    # microbenchmarks default to 1 thread (specc.search.calibrate); --threads / SPECC_THREADS override
+    threads = args.threads if getattr(args, "threads_given", False) else None
+    with Progress.for_args(args) as progress:
+        dep, record = calibrate(base, device=device, quick=args.quick, progress=progress, threads=threads)
     path, rec = write_calibration(args.out, dep, record)
     if args.json:
         json.dump(record.to_json(), sys.stdout)

@@ -8,6 +8,7 @@ import sys
 
 from specc.errors import UserError
 from specc.methods import method_names
+from specc.pairing import check_num_draft  # noqa: F401 (re-exported)
 
 
 def add_pair_args(p: argparse.ArgumentParser, with_method: bool = True) -> None:
@@ -80,3 +81,38 @@ def emit_result(result, args, tokenizer, extra: dict | None = None) -> None:
     print(f"[{result.method}] {len(result.tokens)} tokens in {s.steps} steps, tau {s.tau:.2f}, "
           f"{s.target_forwards} target / {s.draft_forwards} draft forwards, finished by {result.finished_by}",
           file=sys.stderr)
+
+
+def finite_non_negative(value: float | None, flag: str) -> None:
+    import math
+
+    if value is not None and (not math.isfinite(value) or value < 0):
+        raise UserError(f"{flag} must be a finite number >= 0 (got {value})")
+
+
+def kv_bytes_per_token(raw: dict, dtype_bytes: int = 4) -> int:
+    """KV-cache bytes one token takes in a model of this config.json (all layers, K and V)."""
+    from specc.models.config import model_config_from_hf
+
+    cfg = model_config_from_hf(raw)
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+
+
+def check_budget(prompt_len: int, max_new_tokens: int, max_positions: int | None, bytes_per_token: int,
+                 device="cpu", what: str = "--max-new-tokens") -> None:
+    """Refuse, before allocating anything, a generation longer than the model's positions or one
+    whose caches cannot fit in the memory available."""
+    from specc.models.loading import available_memory_bytes
+
+    total = prompt_len + max_new_tokens + 1
+    if max_positions is not None and prompt_len > max_positions:
+        raise UserError(f"the prompt has {prompt_len} tokens, more than the model's {max_positions} positions "
+                        "(max_position_embeddings)")
+    if max_positions is not None and total - 1 > max_positions:
+        raise UserError(f"{what} {max_new_tokens}: the prompt ({prompt_len} tokens) plus {max_new_tokens} new tokens "
+                        f"exceeds the model's {max_positions} positions (max_position_embeddings)")
+    need = total * bytes_per_token
+    avail = available_memory_bytes(device)
+    if avail is not None and need > 0.9 * avail:
+        raise UserError(f"{what} {max_new_tokens}: the caches would need about {need / 1e9:,.1f} GB, more than the "
+                        f"{avail / 1e9:,.1f} GB available")

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from specc.methods import method_names
-
+import argparse
 import sys
 
-from specc.cli.common import add_prompt_args, check_ids_in_vocab, emit_result, positive
+from specc.cli.common import add_prompt_args, check_budget, check_ids_in_vocab, emit_result, finite_non_negative, positive
+from specc.errors import UserError
+from specc.methods import method_names
 
 
 def register(sub) -> None:
     p = sub.add_parser("compile", help="compile MODEL (+ drafter) for a deployment into an artifact",
                        description="Load, trace, run the deployment's passes, generate Triton-backed modules, check "
                        "them token by token against stock on calibration prompts, and write the artifact. "
-                       "Refuses (exit 1) to write an artifact that fails verification.")
+                       "Refuses (exit 1) to write an artifact that fails verification.",
+                       epilog="""examples:
+  specc compile specc-tiny --drafter specc-tiny-dflash --deployment cpu -o tiny.specc
+  specc compile specc-tiny --drafter specc-tiny-pard --deployment cpu -o pard.specc --passes fuse_qkv,dce
+  specc compile Qwen/Qwen3-8B --drafter z-lab/Qwen3-8B-DFlash-b16 --deployment h200-bs1 -o q8.specc
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="target checkpoint: local directory, hub id or zoo name")
     p.add_argument("--drafter", metavar="D", help="drafter checkpoint (AR causal LM, PARD or DFlash)")
     p.add_argument("--method", choices=method_names(), help="default: from the drafter (`specc methods`)")
@@ -36,10 +42,16 @@ def register(sub) -> None:
     p.set_defaults(handler=run_compile)
 
     r = sub.add_parser("run", help="generate with a compiled artifact",
-                       description="Greedy generation with a compiled artifact (same JSON shape as `specc generate`).")
+                       description="Greedy generation with a compiled artifact (same JSON shape as `specc generate`).",
+                       epilog="""examples:
+  specc run tiny.specc --prompt "def fibonacci(n):"
+  specc run tiny.specc --input-ids 1,2,3 --max-new-tokens 32 --json --profile
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("artifact", metavar="ARTIFACT")
     add_prompt_args(r)
     r.add_argument("--device", help="override the artifact's device (e.g. cpu)")
+    r.add_argument("--expect-hash", metavar="SHA256",
+                   help="refuse the artifact unless its manifest.json has this sha256 (printed by `specc compile`)")
     r.add_argument("--stream", action="store_true", help="print tokens as they are committed")
     r.add_argument("--profile", action="store_true", help="also time prefill / draft / verify / accept")
     r.set_defaults(handler=run_run)
@@ -47,7 +59,11 @@ def register(sub) -> None:
     v = sub.add_parser("verify", help="re-run token forcing of an artifact against stock",
                        description="Token forcing: run stock on prompts, feed its tokens through the compiled system, "
                        "compare the argmax at every position; ties (stock top-2 margin below the tolerance) are "
-                       "reported, every other mismatch fails (exit 1).")
+                       "reported, every other mismatch fails (exit 1).",
+                       epilog="""examples:
+  specc verify tiny.specc
+  specc verify q8.specc --tokens 64 --fp32-audit --json
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("artifact", metavar="ARTIFACT")
     v.add_argument("--model", help="target checkpoint if it moved since compile (default: the recorded name)")
     v.add_argument("--drafter", help="drafter checkpoint if it moved since compile")
@@ -57,6 +73,7 @@ def register(sub) -> None:
     v.add_argument("--fp32-audit", action="store_true",
                    help="ask stock again in fp32 about each mismatch above the tolerance: one within stock's own "
                         "rounding error on the two logits is reported as an fp32-audited tie, not a failure")
+    v.add_argument("--expect-hash", metavar="SHA256", help="refuse the artifact unless its manifest.json has this sha256")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(handler=run_verify)
 
@@ -68,63 +85,131 @@ def run_compile(args) -> int:
 
     positive(args.num_draft, "--num-draft")
     positive(args.verify_tokens, "--verify-tokens")
-    status = None
-    if not args.json:
-        from rich.console import Console
+    if args.verify_tokens > 1 << 16:
+        raise UserError(f"--verify-tokens {args.verify_tokens} is more than {1 << 16}")
+    from specc.cli.progress import Progress
 
-        console = Console(stderr=True)
-
-        def status(msg: str) -> None:
-            console.print(f"[dim]specc:[/dim] {msg}")
     try:
-        result = compile_artifact(args.model, args.drafter, method=args.method, deployment=args.deployment, out=args.out,
-                                  passes=args.passes, prompts_file=args.prompts, num_draft=args.num_draft,
-                                  max_new_tokens=args.verify_tokens, progress=status, memory=args.memory,
-                                  tree=args.tree)
+        with Progress.for_args(args) as progress:
+            result = compile_artifact(args.model, args.drafter, method=args.method, deployment=args.deployment,
+                                      out=args.out, passes=args.passes, prompts_file=args.prompts,
+                                      num_draft=args.num_draft, max_new_tokens=args.verify_tokens,
+                                      progress=progress, memory=args.memory,
+                                      tree=args.tree)
     except VerificationFailed as exc:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result.manifest))
+        print(json.dumps(dict(result.manifest, manifest_sha256=result.manifest_hash)))
     else:
         print("\n".join(result.summary_lines))
     return 0
 
 
-def _load_engine(path, device=None, max_len=2048):
+def _load_engine(path, device=None, max_len=2048, expect_hash=None, warmup=False, progress=None):
     from specc.codegen.artifact import ArtifactError
     from specc.errors import UserError
     from specc.runtime.engine import load
 
+    if device is not None:
+        import torch
+
+        try:
+            kind = torch.device(device).type
+        except RuntimeError:
+            raise UserError(f"--device {device!r} is not a torch device") from None
+        if kind not in ("cpu", "cuda"):
+            raise UserError(f"--device {device!r}: only cpu and cuda are supported")
     try:
-        return load(path, device, max_len=max_len)
+        return load(path, device, max_len=max_len, expect_hash=expect_hash, warmup=warmup, progress=progress)
     except ArtifactError as exc:
         raise UserError(str(exc)) from exc
+
+
+def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str) -> None:
+    """Positions and cache memory of a generation with a loaded artifact, before allocating."""
+    import torch
+
+    per_token = 0
+    for info in engine.manifest["steps"].values():
+        for c in info["caches"].values():
+            per_token += c["heads"] * c["head_dim"] * torch.finfo(getattr(torch, c["dtype"])).bits // 8
+    positions = engine.manifest["model"].get("max_position_embeddings")
+    check_budget(prompt_len, new_tokens, positions if isinstance(positions, int) else None, per_token,
+                 engine.device, flag)
+
+
+class _ArtifactRuns:
+    """Errors raised by an artifact's generated code (a manifest that does not fit its modules)
+    become one line naming the artifact instead of a traceback."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is not None and issubclass(kind, (RuntimeError, AttributeError, IndexError, KeyError, TypeError,
+                                                  ValueError)) and not issubclass(kind, UserError):
+            raise UserError(f"{self.path}: the artifact failed while running ({kind.__name__}: "
+                            f"{' '.join(str(exc).split())[:300]}); is it intact and from this specc version?") from exc
+        return False
 
 
 def run_run(args) -> int:
     from specc.cli.common import prompt_ids
 
+    from specc.cli.progress import Progress
+
     positive(args.max_new_tokens, "--max-new-tokens")
-    engine = _load_engine(args.artifact, args.device)
+    with Progress.for_args(args) as progress, _ArtifactRuns(args.artifact):  # warm-up runs the artifact's code
+        progress(f"loading {args.artifact}")
+        engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash, warmup=True,
+                              progress=lambda msg, seconds: progress(f"{msg} ({seconds:.2f} s)"))
     ids, tokenizer = prompt_ids(args, engine.path)
     check_ids_in_vocab(ids, int(engine.manifest["model"]["vocab_size"]))
+    _check_engine_budget(engine, len(ids), args.max_new_tokens, "--max-new-tokens")
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
     if args.stream and not args.json:
-        for tok in engine.stream(ids, args.max_new_tokens):
-            sys.stdout.write((tokenizer.decode([tok]) if tokenizer else f"{tok} "))
-            sys.stdout.flush()
+        with _ArtifactRuns(args.artifact):
+            for tok in engine.stream(ids, args.max_new_tokens):
+                sys.stdout.write((tokenizer.decode([tok]) if tokenizer else f"{tok} "))
+                sys.stdout.flush()
         sys.stdout.write("\n")
         return 0
-    result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
-    extra = {"engine": "compiled", "tokens_per_s": engine.last_stats["tokens_per_s"]}
+    with _ArtifactRuns(args.artifact):
+        result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
+    extra = {"engine": "compiled", **run_timings(engine)}
     if args.profile:
         extra["part_seconds"] = engine.last_stats["part_seconds"]
         if not args.json:
             print("time per part: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in extra["part_seconds"].items()),
                   file=sys.stderr)
     emit_result(result, args, tokenizer, extra)
+    if not args.json:
+        print(timings_line(extra), file=sys.stderr)
     return 0
+
+
+def run_timings(engine) -> dict:
+    """The one-time work (load) apart from time to first token and steady decode."""
+    s, load = engine.last_stats, engine.load_stats
+    return {"tokens_per_s": s["tokens_per_s"],
+            "load_seconds": load.get("total", 0.0),
+            "load_phases_s": {k: load[k] for k in ("read", "kernels", "graphs") if k in load},
+            "kernel_cache": load.get("kernel_cache"),
+            "time_to_first_token_s": s["time_to_first_token_s"],
+            "decode_tokens_per_s": s["decode_tokens_per_s"], "decode_seconds": s["decode_seconds"],
+            "decode_steps": s["decode_steps"], "decode_step_s": s["decode_step_s"],
+            "tokens_per_step": s["tokens_per_step"]}
+
+
+def timings_line(t: dict) -> str:
+    phases = ", ".join(f"{k} {v:.2f} s" for k, v in t["load_phases_s"].items())
+    return (f"load {t['load_seconds']:.2f} s ({phases}; one-time) | first token {t['time_to_first_token_s'] * 1e3:.1f} ms"
+            f" | decode {t['decode_tokens_per_s']:,.1f} tok/s steady ({t['decode_steps']} steps of "
+            f"{t['decode_step_s'] * 1e3:.2f} ms, {t['tokens_per_step']:.2f} tokens/step)")
 
 
 def run_verify(args) -> int:
@@ -136,19 +221,31 @@ def run_verify(args) -> int:
     from specc.stock.runner import StockSystem
     from specc.verify import Fp32Referee, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
 
-    engine = _load_engine(args.artifact)
-    m = engine.manifest
-    pair = resolve_pair(args.model or m["model"]["name"],
-                        args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])
-    vocab = int(m["model"]["vocab_size"])
-    prompts = load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts else calibration_prompts(engine.tokenizer, vocab)
-    engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
-    dep = m["deployment"]
-    stock = StockSystem(pair, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
-    runs = run_stock_reference(pair, prompts, args.tokens, stock=stock)
-    tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
-    referee = Fp32Referee(stock.target) if args.fp32_audit else None
-    report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee)
+    from specc.cli.progress import Progress
+
+    positive(args.tokens, "--tokens")
+    finite_non_negative(args.tolerance, "--tolerance")
+    with Progress.for_args(args) as progress:
+        progress(f"loading {args.artifact}")
+        engine = _load_engine(args.artifact, expect_hash=args.expect_hash)
+        m = engine.manifest
+        pair = resolve_pair(args.model or m["model"]["name"],
+                            args.drafter or (m["drafter"]["name"] if m["drafter"] else None), m["method"])
+        vocab = int(m["model"]["vocab_size"])
+        prompts = (load_prompts_file(args.prompts, engine.tokenizer, vocab) if args.prompts
+                   else calibration_prompts(engine.tokenizer, vocab))
+        _check_engine_budget(engine, max(len(p) for p in prompts), args.tokens, "--tokens")
+        engine.set_max_len(max(len(p) for p in prompts) + args.tokens + 1)
+        dep = m["deployment"]
+        progress(f"loading stock ({pair.target.name}" + (f" + {pair.drafter.name}" if pair.drafter else "") + ")")
+        stock = StockSystem(pair, m.get("num_draft") or None, getattr(torch, dep["dtype"]), engine.device)
+        progress(f"token forcing on {len(prompts)} prompts x {args.tokens} tokens")
+        runs = run_stock_reference(pair, prompts, args.tokens, stock=stock, progress=progress.counter("stock"))
+        tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
+        referee = Fp32Referee(stock.target) if args.fp32_audit else None
+        with _ArtifactRuns(args.artifact):
+            report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee,
+                                   progress=progress.counter("compiled, forced"))
     if args.json:
         print(json.dumps(report.to_json()))
     else:

@@ -17,11 +17,13 @@ EPILOG = """\
 examples:
   specc cost Qwen3-8B/config.json --deployment h200-bs1                       # AR step
   specc cost Qwen3-8B/config.json --drafter dflash/config.json --deployment h200-bs1 --tau 6.55
-  specc cost ./qwen3-tiny --drafter ./pard-tiny --deployment h200-bs16 --acceptance acc.json --sweep
+  specc cost specc-tiny --drafter specc-tiny-pard --deployment h200-bs16 --acceptance acc.json --sweep
   specc cost Qwen3-8B/config.json --deployment h200-bs1 --nodes --json         # per-node costs + formulas
 acceptance: --tau T (published acceptance length at --num-draft, geometric fit), --alpha A (constant
 per-position acceptance), or --acceptance FILE ({"alphas": [...]}, {"tau": T, "num_draft": K} or
-{"accepted_lengths": [[...]], "num_draft": K}); without one, E = 1 token per step is assumed.
+{"accepted_lengths": [[...]], "num_draft": K}). Without one, the acceptance `specc compile` measured
+for the same pair (kept in the search memory) is used, as compile does; else E = 1 token per step.
+The output says which.
 """
 
 
@@ -43,6 +45,9 @@ def register(sub) -> None:
     group.add_argument("--tau", type=float, metavar="T", help="published acceptance length at --num-draft drafts")
     group.add_argument("--alpha", type=float, metavar="A", help="constant per-position acceptance probability")
     group.add_argument("--acceptance", metavar="FILE", help="acceptance model JSON file")
+    p.add_argument("--memory", metavar="FILE",
+                   help="search memory to read measured acceptance from (default: ~/.cache/specc/memory or "
+                        "$SPECC_MEMORY_DIR)")
     p.add_argument("--context", "-C", type=int, metavar="C", help="tokens in the KV cache (default 1024)")
     p.add_argument("--batch", "-B", type=int, metavar="B", help="batch rows (default: the deployment's)")
     p.add_argument("--no-graphs", action="store_true", help="price launches as eager launches, not CUDA-graph nodes")
@@ -55,6 +60,15 @@ def register(sub) -> None:
                    "or {'rank_counts': ...})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
+
+
+def _pair_name(ref: str) -> str:
+    """The name a checkpoint goes by in the search memory (as `specc compile` was given it): a
+    config.json path stands for its directory."""
+    from pathlib import Path
+
+    p = Path(ref)
+    return str(p.parent) if p.is_file() and p.suffix == ".json" else ref
 
 
 def _method(args, drafter_kind: str | None):
@@ -73,8 +87,9 @@ def run(args) -> int:
     from specc.models.config import ConfigError
     from specc.models.loading import CheckpointError
     from specc.models.registry import classify
-    from specc.search.acceptance import AcceptanceModel
+    from specc.search.choose import resolve_acceptance
     from specc.search.cost_model import CostModel, fmt_seconds, speedup_table
+    from specc.search.memory import family_of
     from specc.search.deployments import get_deployment
     from specc.search.defaults import default_pipeline
     from specc.search.meta_pair import MetaPair
@@ -91,14 +106,13 @@ def run(args) -> int:
     if args.num_draft is not None and args.num_draft < 1:
         raise UserError("--num-draft must be >= 1")
     k = impl.num_draft(args.num_draft, raw_d)
-    if args.tau is not None:
-        acc = AcceptanceModel.from_tau(args.tau, max(k, 1))
-    elif args.alpha is not None:
-        acc = AcceptanceModel.constant(args.alpha, max(k, 1))
-    elif args.acceptance:
-        acc = AcceptanceModel.from_file(args.acceptance)
-    else:
-        acc = AcceptanceModel([], source="none given: E = 1 token per step assumed") if impl.uses_drafter else None
+    # one source of acceptance, shared with `specc compile`: stated (--tau/--alpha/--acceptance), else the
+    # search memory's measured record for this pair (compile writes it), else unknown (E = 1)
+    acc, acc_kind, recorded = resolve_acceptance(
+        _pair_name(args.model), _pair_name(args.drafter) if args.drafter else None, method, family_of(raw_t),
+        dep.name, k, tau=args.tau, alpha=args.alpha, file=args.acceptance, memory=args.memory)
+    if not impl.uses_drafter:
+        acc = None
     pipeline = default_pipeline() if args.passes is None else args.passes
     try:
         pair = MetaPair(raw_t, raw_d if impl.uses_drafter else None, method, dep.dtype)
@@ -123,7 +137,8 @@ def run(args) -> int:
         tree = _tree_prediction(args, model, t_ir, d_ir, impl, acc, k)
     if args.json:
         out = pred.to_json(nodes=args.nodes)
-        out.update(pipeline=pipeline, sweep=sweep, calibrated=dep.calibrated, graphs=model.graphs)
+        out.update(pipeline=pipeline, sweep=sweep, calibrated=dep.calibrated, graphs=model.graphs,
+                   acceptance_kind=acc_kind, acceptance_source=acc.source if acc is not None else "AR (no drafts)")
         if tree is not None:
             out["tree"] = tree
         json.dump(out, sys.stdout, default=str)
@@ -139,7 +154,13 @@ def run(args) -> int:
     if pred.verify is not None:
         print(f"verify Q={k + 1}: {fmt_seconds(pred.verify.time)}; draft: {fmt_seconds(pred.draft_time)} "
               f"({', '.join(f'{n} x Q={p.values.get(chr(81))}' for p, n in pred.drafts)})")
-        print(f"acceptance: {acc.describe(k)}")
+        print(f"acceptance ({acc_kind}): {acc.describe(k)}")
+        if acc_kind == "stated" and recorded is not None:
+            print(f"  (the search memory holds a measured one for this pair, E = {recorded.expected_tokens(k):.2f} at "
+                  f"k={k}: drop --tau/--alpha/--acceptance to predict with it, as `specc compile` does)")
+        elif acc_kind == "unknown":
+            print("  (no measured acceptance for this pair in the search memory and none stated: `specc compile` "
+                  "measures and records it; or give --tau/--alpha/--acceptance)")
     print(pred.summary())
     print()
     print(pred.gap_report().text())

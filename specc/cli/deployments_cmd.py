@@ -1,14 +1,38 @@
-"""`specc deployments`: the built-in deployment profiles."""
+"""`specc deployments`: the built-in deployment profiles.
+
+Names are never truncated: on a terminal the table keeps the name column whole (other columns
+fold), and when stdout is not a terminal it prints plain whitespace-separated columns, one
+deployment per line, that scripts can read (`specc deployments | awk '{print $1}'`).
+`specc deployments NAME` prints every field of one deployment.
+"""
 
 from __future__ import annotations
+
+import sys
+
+COLUMNS = ("name", "gpu", "batch", "dtype", "HBM TB/s", "bf16 TFLOP/s", "SMs", "launch us", "link GB/s", "calibrated")
 
 
 def register(sub) -> None:
     p = sub.add_parser("deployments", help="list deployment profiles (GPU x batch size)",
-                       description="List built-in deployments, or show one (a name or a .toml/.json file).")
+                       description="List built-in deployments, or show every field of one (a name or a "
+                       ".toml/.json file).")
     p.add_argument("name", nargs="?", help="show this deployment's fields")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
+
+
+def _row(d) -> list[str]:
+    return [d.name, d.gpu, str(d.batch_size), d.dtype, f"{d.hbm_bandwidth / 1e12:.2f}", f"{d.bf16_flops / 1e12:.0f}",
+            str(d.sm_count), f"{d.launch_overhead_s * 1e6:.1f}",
+            f"{d.link_bandwidth / 1e9:.0f}" if d.link_bandwidth else "-", "yes" if d.calibrated else "no"]
+
+
+def _plain(rows: list[list[str]]) -> str:
+    """Aligned columns separated by two spaces; cells with spaces (GPU names) stay one column
+    because no cell holds two consecutive spaces."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 def run(args) -> int:
@@ -16,19 +40,46 @@ def run(args) -> int:
 
     from specc.search.deployments import BUILTIN, get_deployment
 
-    deps = [get_deployment(args.name)] if args.name else list(BUILTIN.values())
-    if args.json:
-        print(json.dumps([d.to_json() for d in deps], indent=2 if args.name else None))
+    if args.name:
+        dep = get_deployment(args.name)
+        if args.json:
+            print(json.dumps(dep.to_json(), indent=2))
+            return 0
+        fields = dep.to_json()
+        if not sys.stdout.isatty():
+            print(_plain([[k, json.dumps(v) if not isinstance(v, str) else v] for k, v in fields.items()]))
+            return 0
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"Deployment {dep.name}")
+        table.add_column("field", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        for k, v in fields.items():
+            table.add_row(k, v if isinstance(v, str) else json.dumps(v))
+        Console().print(table)
         return 0
+    deps = list(BUILTIN.values())
+    if args.json:
+        print(json.dumps([d.to_json() for d in deps]))
+        return 0
+    rows = [_row(d) for d in deps]
+    plain = _plain([list(COLUMNS)] + rows)
     from rich.console import Console
+
+    console = Console()
+    # A table needs ~3 columns of border per cell; a terminal narrower than that gets the plain
+    # columns (the terminal wraps long lines; nothing is cut).
+    if not sys.stdout.isatty() or console.width < max(map(len, plain.splitlines())) + 3 * len(COLUMNS) + 1:
+        print(plain)
+        return 0
     from rich.table import Table
 
     table = Table(title="Deployments")
-    for col in ("name", "gpu", "batch", "dtype", "HBM TB/s", "bf16 TFLOP/s", "SMs", "launch us", "link GB/s", "calibrated"):
-        table.add_column(col)
-    for d in deps:
-        table.add_row(d.name, d.gpu, str(d.batch_size), d.dtype, f"{d.hbm_bandwidth / 1e12:.2f}",
-                      f"{d.bf16_flops / 1e12:.0f}", str(d.sm_count), f"{d.launch_overhead_s * 1e6:.1f}",
-                      f"{d.link_bandwidth / 1e9:.0f}" if d.link_bandwidth else "-", "yes" if d.calibrated else "no")
-    Console().print(table)
+    for col in COLUMNS:
+        table.add_column(col, no_wrap=True)
+    for r in rows:
+        table.add_row(*r)
+    console.print(table)
+    print("`specc deployments NAME` shows every field of one deployment.")
     return 0

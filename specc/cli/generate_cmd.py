@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from specc.cli.common import add_pair_args, add_prompt_args, check_ids_in_vocab, emit_result, positive, prompt_ids
+import argparse
+
+from specc.cli.common import (add_pair_args, add_prompt_args, check_budget, check_ids_in_vocab, check_num_draft,
+                              emit_result, kv_bytes_per_token, positive, prompt_ids)
+from specc.errors import UserError
 
 
 def register(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate with the stock reference system (eager, HF transformers)",
         description="Greedy generation with the reference ('stock') system: AR, chain speculation with an "
-        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate.")
+        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate.",
+        epilog="""examples:
+  specc generate specc-tiny --drafter specc-tiny-dflash --prompt "def fibonacci(n):"
+  specc generate specc-tiny --drafter specc-tiny-pard --input-ids 1,2,3 --num-draft 4 --json
+  specc generate specc-tiny --engine eager --prompt "import os" --max-new-tokens 16
+""", formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_prompt_args(p)
     p.add_argument("--engine", choices=("stock", "eager"), default="stock",
@@ -27,16 +36,30 @@ def run(args) -> int:
 
     from specc.pairing import resolve_pair
 
+    from specc.cli.progress import Progress
+
     positive(args.max_new_tokens, "--max-new-tokens")
     positive(args.num_draft, "--num-draft")
     pair = resolve_pair(args.model, args.drafter, args.method)
+    check_num_draft(pair, args.num_draft)
     ids, tokenizer = prompt_ids(args, pair.target.path)
     check_ids_in_vocab(ids, int(pair.target.raw["vocab_size"]))
     dtype = getattr(torch, args.dtype)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        raise UserError(f"--device {args.device!r}: {' '.join(str(exc).split())}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is available")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {args.device!r}: only cpu and cuda are supported")
+    nbytes = torch.finfo(dtype).bits // 8
+    per_token = kv_bytes_per_token(pair.target.raw, nbytes) + (
+        kv_bytes_per_token(pair.drafter.raw, nbytes) if pair.drafter is not None else 0)
+    positions = pair.target.raw.get("max_position_embeddings")
+    check_budget(len(ids), args.max_new_tokens, positions if isinstance(positions, int) else None, per_token, device)
     tree = getattr(args, "tree", None)
     if tree is not None:
-        from specc.errors import UserError
-
         positive(tree, "--tree")
         if not pair.impl.supports_tree:
             raise UserError(f"--tree needs a drafter with per-position distributions; method {pair.method} has none")
@@ -49,14 +72,21 @@ def run(args) -> int:
                  "mean_nodes": sum(s.tree_nodes) / max(1, len(s.tree_nodes)), "accepted_lengths": list(s.accepted_lengths)}
         emit_result(result, args, tokenizer, {"engine": "eager", "tree": stats})
         return 0
-    if args.engine == "stock":
-        from specc.stock.runner import run_stock
+    names = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "")
+    with Progress.for_args(args) as progress:
+        if args.engine == "stock":
+            from specc.stock.runner import StockSystem
 
-        result = run_stock(pair, ids, args.max_new_tokens, args.num_draft, dtype, args.device)
-    else:
-        from specc.runtime.eager import build_eager
+            progress(f"loading {names} (HF transformers, {args.dtype}, {args.device})")
+            stock = StockSystem(pair, args.num_draft, dtype, args.device)
+            progress(f"generating {args.max_new_tokens} tokens ({pair.method})")
+            result = stock.generate(ids, args.max_new_tokens)
+        else:
+            from specc.runtime.eager import build_eager
 
-        decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device)
-        result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
+            progress(f"loading {names} (specc.models, {args.dtype}, {args.device})")
+            decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device)
+            progress(f"generating {args.max_new_tokens} tokens ({pair.method})")
+            result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
     emit_result(result, args, tokenizer, {"engine": args.engine})
     return 0

@@ -12,11 +12,11 @@ EPILOG = """\
 symbols: B batch rows, Q new tokens per row, C tokens already in the KV cache,
          N target tokens injected as DFlash context (DFlash draft step only).
 examples:
-  specc ir ./qwen3-tiny --step verify --new-tokens 8 --context 512
-  specc ir ./qwen3-tiny --drafter ./dflash-tiny --step draft --brief
+  specc ir specc-tiny --step verify --new-tokens 8 --context 512
+  specc ir specc-tiny --drafter specc-tiny-dflash --step draft --brief
   specc ir config.json --config-only --step ar --totals           # Qwen3-8B without weights
-  specc ir ./qwen3-tiny --step ar --after fuse_qkv,fuse_gate_up,fuse_norm_linear --check
-  specc ir ./qwen3-tiny --step ar --after fuse_gate_up,+examples.custom_pass:FuseSiluMulDown
+  specc ir specc-tiny --step ar --after fuse_qkv,fuse_gate_up,fuse_norm_linear --check
+  specc ir specc-tiny --step ar --after fuse_gate_up,+examples.custom_pass:FuseSiluMulDown
 """
 
 

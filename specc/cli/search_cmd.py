@@ -13,10 +13,10 @@ from specc.errors import UserError
 
 EPILOG = """\
 examples:
-  specc search ./qwen3-tiny --drafter ./pard-tiny --deployment h200-bs1 --rounds 3
-  specc search ./qwen3-tiny --drafter ./dflash-tiny --deployment cpu --rounds 2 --json
-  specc search ./qwen3-tiny --drafter ./pard-tiny --deployment h200-bs8 --memory mem/qwen3__h200-bs8.json
-  specc search ./qwen3-tiny --drafter ./pard-tiny --proposer llm --endpoint http://127.0.0.1:8000/v1 --model m
+  specc search specc-tiny --drafter specc-tiny-pard --deployment h200-bs1 --rounds 3
+  specc search specc-tiny --drafter specc-tiny-dflash --deployment cpu --rounds 2 --json
+  specc search specc-tiny --drafter specc-tiny-pard --deployment h200-bs8 --memory mem/qwen3__h200-bs8.json
+  specc search specc-tiny --drafter specc-tiny-pard --proposer llm --endpoint http://127.0.0.1:8000/v1 --model m
 memory: validated mechanisms are kept per model family x deployment in $SPECC_MEMORY_DIR
 (default ~/.cache/specc/memory); later searches, on this and other deployments, try them first.
 """

@@ -17,18 +17,13 @@ from specc.methods import available_methods
 
 EPILOG = """\
 examples:
-  specc tp ./qwen3-tiny --world 2                                   # 2 gloo ranks, token forcing, traced IR
-  specc tp ./qwen3-tiny --world 2 --compiled --json                 # the ranks run specc's generated steps
-  specc tp ./qwen3-tiny --drafter ./pard-tiny --world 2             # speculative decoding, drafter replicated
-  specc tp ./qwen3-tiny --drafter ./dflash-tiny --num-draft 7       # DFlash: reads the sharded target's hidden states
+  specc tp specc-tiny --world 2                                   # 2 gloo ranks, token forcing, traced IR
+  specc tp specc-tiny --world 2 --compiled --json                 # the ranks run specc's generated steps
+  specc tp specc-tiny --drafter specc-tiny-pard --world 2             # speculative decoding, drafter replicated
+  specc tp specc-tiny --drafter specc-tiny-dflash --num-draft 7       # DFlash: reads the sharded target's hidden states
   specc tp Qwen/Qwen3-8B --world 2 --device cuda --dtype bfloat16   # NCCL, cuda:0 and cuda:1
 exit status: 0 the sharded system matches the 1-device model, 1 it does not, 2 bad input.
 """
-
-
-def drafting_method_names() -> tuple[str, ...]:
-    """Methods that speculate with a drafter (a sharded target needs one to speculate)."""
-    return tuple(name for name, m in available_methods().items() if m.uses_drafter)
 
 
 def drafting_method_names() -> tuple[str, ...]:

@@ -15,6 +15,7 @@ left behind; ``check_files`` refuses a tampered or incomplete artifact with a on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
+
+from specc.errors import UserError
 
 if TYPE_CHECKING:
     from specc.codegen.emit import EmittedStep
@@ -35,7 +38,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "chat_template.jinja")
 
 
-class ArtifactError(ValueError):
+class ArtifactError(UserError, ValueError):
     """A corrupt, tampered or incomplete artifact (one-line message)."""
 
 
@@ -53,11 +56,13 @@ def _storage_key(t: torch.Tensor):
 
 def stage_artifact(out: Path, steps: dict[str, EmittedStep], manifest: dict, tokenizer_dir: Path | None) -> Path:
     """Write everything into a temporary directory next to ``out``; return it."""
+    import tempfile
+
     out = Path(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the artifact gets the usual permissions
     try:
         stored: dict = {}
         tensors: dict[str, torch.Tensor] = {}
@@ -93,21 +98,115 @@ def write_manifest(directory: Path, manifest: dict) -> None:
     os.replace(tmp, path)
 
 
-def publish(tmp: Path, out: Path, overwrite: bool = True) -> Path:
-    """Rename the staged directory into place (replacing an existing artifact atomically enough:
-    the old one is moved aside first and removed only after the new one is in place)."""
+def is_specc_artifact(path: Path) -> bool:
+    """A directory whose manifest.json names a specc_version and this format (what may be replaced)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return False
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and isinstance(manifest.get("specc_version"), str) \
+        and manifest.get("format_version") == FORMAT_VERSION
+
+
+def check_output_path(out: Path) -> Path:
+    """Validate ``-o`` before any work: the parent exists and is writable; an existing path is
+    replaced only when it is a specc artifact (or an empty directory)."""
     out = Path(out)
-    backup = None
+    if not out.name or out.name in (".", ".."):
+        raise ArtifactError(f"{out}: not a valid artifact path")
+    parent = out.parent
+    if not parent.is_dir():
+        raise ArtifactError(f"{parent}: no such directory (the output's parent must exist)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ArtifactError(f"{parent}: not writable")
+    if out.is_symlink():
+        raise ArtifactError(f"{out} is a symlink; refusing to replace it")
     if out.exists():
+        if not out.is_dir():
+            raise ArtifactError(f"{out} exists and is not a directory; refusing to replace it")
+        if not is_specc_artifact(out) and any(out.iterdir()):
+            raise ArtifactError(f"{out} exists and is not a specc artifact; refusing to replace it")
+    return out
+
+
+@contextlib.contextmanager
+def output_lock(out: Path, on_wait=None):
+    """Hold the output path's lock (``.NAME.lock`` beside it) and clean up what killed runs left."""
+    from specc.fileio import file_lock
+
+    out = Path(out)
+    with file_lock(out, on_wait):
+        clean_stale(out)
+        yield
+
+
+def clean_stale(out: Path) -> list[Path]:
+    """Remove ``.NAME.tmp-*`` / ``.NAME.old-*`` siblings (call with the output lock held: no live
+    compile to this path owns them)."""
+    out = Path(out)
+    removed = []
+    for pattern in (f".{out.name}.tmp-*", f".{out.name}.old-*"):
+        for p in out.parent.glob(pattern):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            removed.append(p)
+    return removed
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False when unsupported."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    AT_FDCWD, RENAME_EXCHANGE = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE)
+    return rc == 0
+
+
+def publish(tmp: Path, out: Path, overwrite: bool = True) -> Path:
+    """Put the staged directory in place. An existing artifact is swapped with it atomically
+    (renameat2 exchange where available; else moved aside first) and removed only afterwards."""
+    from specc.fileio import fsync_dir
+
+    out, tmp = Path(out), Path(tmp)
+    for f in tmp.iterdir():  # the new artifact is on disk before it becomes visible
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    fsync_dir(tmp)
+    if out.exists() or out.is_symlink():
         if not overwrite:
             raise ArtifactError(f"{out} exists")
-        if not (out / MANIFEST).is_file():
+        if not is_specc_artifact(out) and not (out.is_dir() and not out.is_symlink() and not any(out.iterdir())):
             raise ArtifactError(f"{out} exists and is not a specc artifact; refusing to replace it")
-        backup = out.parent / f".{out.name}.old-{os.getpid()}"
+        if _exchange(tmp, out):  # tmp now holds the old artifact
+            shutil.rmtree(tmp, ignore_errors=True)
+            fsync_dir(out.parent)
+            return out
+        backup = out.parent / f".{out.name}.old-{os.getpid()}-{os.urandom(4).hex()}"
         os.replace(out, backup)
-    os.replace(tmp, out)
-    if backup is not None:
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            os.replace(backup, out)  # put the old one back
+            raise
         shutil.rmtree(backup, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    fsync_dir(out.parent)
     return out
 
 

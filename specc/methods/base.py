@@ -101,6 +101,10 @@ class Method:
         """The largest drafts per step the drafter can produce (None: no limit)."""
         return None
 
+    def limit_reason(self, drafter_raw: dict | None) -> str:
+        """Why ``max_num_draft`` is what it is, for error messages ("" when unlimited)."""
+        return ""
+
     def num_draft(self, requested: int | None, drafter_raw: dict | None) -> int:
         """Resolve a requested drafts-per-step (None: the default); refuse what cannot run."""
         if not self.uses_drafter:
@@ -109,7 +113,9 @@ class Method:
         limit = self.max_num_draft(drafter_raw)
         if k < 1 or (limit is not None and k > limit):
             bound = f"1..{limit}" if limit is not None else ">= 1"
-            raise UserError(f"--num-draft {k} does not fit method {self.name} (allowed: {bound})")
+            why = self.limit_reason(drafter_raw)
+            raise UserError(f"--num-draft {k} does not fit method {self.name} (allowed: {bound}"
+                            + (f"; {why}" if why else "") + ")")
         return k
 
     def search_k_choices(self, drafter_raw: dict | None, start: int) -> list[int]:

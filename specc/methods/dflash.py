@@ -43,6 +43,10 @@ class DFlashMethod(Method):
     def max_num_draft(self, drafter_raw):
         return _spec(drafter_raw).block_size - 1
 
+    def limit_reason(self, drafter_raw):
+        block = _spec(drafter_raw).block_size
+        return f"the DFlash drafter's block_size is {block}: at most {block - 1} drafts per step"
+
     def search_k_choices(self, drafter_raw, start):
         return sorted(set(super().search_k_choices(drafter_raw, start)) | {self.max_num_draft(drafter_raw)})
 

@@ -15,7 +15,10 @@ from typing import Any
 import torch
 
 
-class ConfigError(ValueError):
+from specc.errors import UserError
+
+
+class ConfigError(UserError, ValueError):
     """A config.json that specc cannot use (unknown architecture, missing field, ...)."""
 
 
@@ -32,20 +35,22 @@ class RopeConfig:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "RopeConfig":
-        params = dict(raw.get("rope_parameters") or {})
-        scaling = raw.get("rope_scaling") or {}
+        rp, scaling = raw.get("rope_parameters") or {}, raw.get("rope_scaling") or {}
+        if not isinstance(rp, dict) or not isinstance(scaling, dict):
+            raise ConfigError("config.json: rope_parameters / rope_scaling must be objects")
+        params = dict(rp)
         params.update({k: v for k, v in scaling.items() if v is not None})
-        theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
+        params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
         kind = params.get("rope_type", params.get("type", "default")) or "default"
-        if kind not in cls.SUPPORTED:
+        if not isinstance(kind, str) or kind not in cls.SUPPORTED:
             raise ConfigError(f"rope type {kind!r} is not supported (supported: {', '.join(cls.SUPPORTED)})")
         return cls(
-            theta=float(theta),
+            theta=config_float(params, "rope_theta", 10000.0, 0.0, 1e12),
             kind=kind,
-            factor=float(params.get("factor", 1.0)),
-            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(params.get("original_max_position_embeddings", 8192)),
+            factor=config_float(params, "factor", 1.0, 0.0, 1e6),
+            low_freq_factor=config_float(params, "low_freq_factor", 1.0, 0.0, 1e6),
+            high_freq_factor=config_float(params, "high_freq_factor", 4.0, 0.0, 1e6),
+            original_max_position_embeddings=config_int(params, "original_max_position_embeddings", 8192),
         )
 
     def inv_freq(self, head_dim: int) -> torch.Tensor:
@@ -113,47 +118,107 @@ def _require(raw: dict[str, Any], key: str) -> Any:
     return raw[key]
 
 
+# Upper bounds far above any real model, low enough that a typo cannot allocate the machine away.
+LIMITS = {"hidden_size": 1 << 17, "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12,
+          "head_dim": 1 << 12, "intermediate_size": 1 << 19, "vocab_size": 1 << 23, "num_hidden_layers": 1 << 10,
+          "max_position_embeddings": 1 << 24}
+
+
+def config_int(raw: dict[str, Any], key: str, default: Any = None, lo: int = 1) -> int:
+    """An integer config field in [lo, LIMITS[key]] (an integral float like 4096.0 is accepted)."""
+    v = raw.get(key, default) if default is not None else _require(raw, key)
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ConfigError(f"config.json: {key} must be an integer (got {v!r})")
+    hi = LIMITS.get(key, 1 << 31)
+    if not lo <= v <= hi:
+        raise ConfigError(f"config.json: {key} = {v} is out of range ({lo}..{hi})")
+    return v
+
+
+def config_float(raw: dict[str, Any], key: str, default: float, lo: float, hi: float, open_lo: bool = True) -> float:
+    import math
+
+    v = raw.get(key, default)
+    if v is None:
+        v = default
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) \
+            or v < lo or v > hi or (open_lo and v == lo):
+        raise ConfigError(f"config.json: {key} must be a number in {'(' if open_lo else '['}{lo}, {hi}] (got {v!r})")
+    return float(v)
+
+
+def _token_id(v: Any, what: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ConfigError(f"config.json: {what} must be a non-negative token id (got {v!r})")
+    return v
+
+
 def _eos_ids(raw: dict[str, Any]) -> tuple[int, ...]:
     eos = raw.get("eos_token_id")
     if eos is None:
         return ()
-    if isinstance(eos, int):
-        return (eos,)
-    return tuple(int(e) for e in eos)
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        return (_token_id(eos, "eos_token_id"),)
+    if not isinstance(eos, list):
+        raise ConfigError(f"config.json: eos_token_id must be a token id or a list of them (got {eos!r})")
+    return tuple(_token_id(e, "eos_token_id") for e in eos)
 
 
 def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     """Parse a Llama / Qwen3 (or Qwen3-style DFlash) config.json dict."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config.json must hold one JSON object")
     model_type = raw.get("model_type")
-    family = FAMILY_BY_MODEL_TYPE.get(model_type)
+    family = FAMILY_BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         raise ConfigError(
             f"unsupported model_type {model_type!r} (supported: {', '.join(sorted(FAMILY_BY_MODEL_TYPE))})"
         )
-    hidden = int(_require(raw, "hidden_size"))
-    heads = int(_require(raw, "num_attention_heads"))
-    head_dim = raw.get("head_dim") or hidden // heads
+    hidden = config_int(raw, "hidden_size")
+    heads = config_int(raw, "num_attention_heads")
+    kv_heads = config_int(raw, "num_key_value_heads", heads) if raw.get("num_key_value_heads") is not None else heads
+    if heads % kv_heads:
+        raise ConfigError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if raw.get("head_dim") is not None:
+        head_dim = config_int(raw, "head_dim")
+    else:
+        if hidden % heads:
+            raise ConfigError(f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+        head_dim = hidden // heads
+    if head_dim % 2:
+        raise ConfigError(f"config.json: head_dim {head_dim} must be even (rotary embedding)")
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"hidden_act {act!r} is not supported (only 'silu')")
     dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"config.json: dtype {dtype!r} is not float32, bfloat16 or float16")
+    vocab = config_int(raw, "vocab_size")
+    for key in ("tie_word_embeddings", "attention_bias", "mlp_bias"):
+        if not isinstance(raw.get(key, False), bool) and raw.get(key) is not None:
+            raise ConfigError(f"config.json: {key} must be true or false (got {raw.get(key)!r})")
+    bos = raw.get("bos_token_id")
+    if bos is not None:
+        _token_id(bos, "bos_token_id")
     return ModelConfig(
         family=family,
-        vocab_size=int(_require(raw, "vocab_size")),
+        vocab_size=vocab,
         hidden_size=hidden,
-        num_layers=int(_require(raw, "num_hidden_layers")),
+        num_layers=config_int(raw, "num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim),
-        intermediate_size=int(_require(raw, "intermediate_size")),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=config_int(raw, "intermediate_size"),
+        rms_norm_eps=config_float(raw, "rms_norm_eps", 1e-6, 0.0, 1.0),
         rope=RopeConfig.from_hf(raw),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention_bias=bool(raw.get("attention_bias", False)),
         mlp_bias=bool(raw.get("mlp_bias", False)),
         qk_norm=family == "qwen3",
-        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
-        bos_token_id=raw.get("bos_token_id"),
+        max_position_embeddings=config_int(raw, "max_position_embeddings", 4096),
+        bos_token_id=bos,
         eos_token_ids=_eos_ids(raw),
         torch_dtype=str(dtype),
         raw=raw,

@@ -33,6 +33,8 @@ class DFlashSpec:
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "DFlashSpec":
         extra = raw.get("dflash_config") or {}
+        if not isinstance(extra, dict):
+            raise ConfigError("DFlash config: dflash_config must be an object")
 
         def value(name, default=None):
             return extra.get(name, raw.get(name, default))
@@ -41,17 +43,32 @@ class DFlashSpec:
         mask_id = value("mask_token_id")
         if layer_ids is None or mask_id is None:
             raise ConfigError("DFlash config needs dflash_config.target_layer_ids and mask_token_id")
+
+        def ok_int(v, lo, hi):
+            return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+        block = value("block_size", 16)
+        if not ok_int(block, 2, 1024):
+            raise ConfigError(f"DFlash config: block_size must be an integer in 2..1024 (got {block!r})")
+        if not ok_int(mask_id, 0, 1 << 23):
+            raise ConfigError(f"DFlash config: mask_token_id must be a token id (got {mask_id!r})")
+        if not isinstance(layer_ids, list) or not layer_ids or not all(ok_int(i, 0, 1 << 10) for i in layer_ids):
+            raise ConfigError(f"DFlash config: target_layer_ids must be a non-empty list of layer indices (got {layer_ids!r})")
+        ntl = value("num_target_layers")
+        if ntl is not None and not ok_int(ntl, 1, 1 << 10):
+            raise ConfigError(f"DFlash config: num_target_layers must be a positive integer (got {ntl!r})")
         return cls(
-            block_size=int(value("block_size", 16)),
-            mask_token_id=int(mask_id),
-            target_layer_ids=tuple(int(i) for i in layer_ids),
-            num_target_layers=value("num_target_layers"),
+            block_size=block,
+            mask_token_id=mask_id,
+            target_layer_ids=tuple(layer_ids),
+            num_target_layers=ntl,
         )
 
 
 def is_dflash_config(raw: dict[str, Any]) -> bool:
     archs = raw.get("architectures") or []
-    return any(a.startswith("DFlash") for a in archs) or "dflash_config" in raw
+    archs = archs if isinstance(archs, list) else [archs]
+    return any(isinstance(a, str) and a.startswith("DFlash") for a in archs) or "dflash_config" in raw
 
 
 class DFlashAttention(Attention):

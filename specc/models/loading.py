@@ -16,10 +16,12 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from specc.errors import UserError
+
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be found or read. The message is one line, meant for users."""
 
 
@@ -68,9 +70,12 @@ def _resolve_hub_id(repo_id: str) -> Path:
 
 def load_config(path: Path) -> dict[str, Any]:
     try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
         raise CheckpointError(f"{path / 'config.json'}: unreadable ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path / 'config.json'}: must hold one JSON object")
+    return raw
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -93,7 +98,7 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     except CheckpointError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {exc})") from exc
+        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {' '.join(str(exc).split())})") from exc
 
 
 def load_tokenizer(path: Path):
@@ -119,3 +124,65 @@ def content_hash(path: Path) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def available_memory_bytes(device: str | torch.device = "cpu") -> int | None:
+    """Memory a new allocation can get on ``device`` (None when unknown)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(dev)[0])
+        except Exception:  # noqa: BLE001
+            return None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(nbytes: float, what: str, device: str | torch.device = "cpu", share: float = 0.9) -> None:
+    """Refuse (one line) an allocation that cannot fit, before making it."""
+    avail = available_memory_bytes(device)
+    if avail is not None and nbytes > share * avail:
+        raise CheckpointError(f"{what} needs about {nbytes / 1e9:,.2f} GB, more than the "
+                              f"{avail / 1e9:,.2f} GB available on {torch.device(device).type}")
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """Names and shapes of a checkpoint's tensors from the safetensors headers (no data read);
+    None when the directory has no weight files. Refuses unreadable or inconsistent files."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            data = json.loads(index.read_text())
+            wm = data.get("weight_map") if isinstance(data, dict) else None
+            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+                raise CheckpointError(f"{index}: no weight_map of tensor -> file")
+            files = []
+            for name in sorted(set(wm.values())):
+                if Path(name).is_absolute() or ".." in Path(name).parts or not (path / name).is_file():
+                    raise CheckpointError(f"{index}: weight file {name!r} is missing or outside the checkpoint")
+                files.append(path / name)
+        else:
+            files = sorted(path.glob("*.safetensors"))
+        if not files:
+            return None
+        shapes: dict[str, tuple[int, ...]] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    shapes[key] = tuple(fh.get_slice(key).get_shape())
+        return shapes
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (safetensors raises its own error types)
+        raise CheckpointError(f"{path}: cannot read weights ({type(exc).__name__}: {' '.join(str(exc).split())})") from exc

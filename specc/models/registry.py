@@ -9,6 +9,7 @@ weights with strict name checking.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 
 from specc.models.config import ConfigError, ModelConfig, model_config_from_hf
 from specc.models.decoder import CausalLM
-from specc.models.dflash import DFlashDraft, is_dflash_config
+from specc.models.dflash import DFlashDraft, DFlashSpec, is_dflash_config
 from specc.models.loading import CheckpointError, load_config, load_state_dict, load_tokenizer, resolve_checkpoint
 
 ARCHITECTURES = {
@@ -35,9 +36,16 @@ def classify(raw: dict[str, Any]) -> str:
     if is_dflash_config(raw):
         if raw.get("model_type") != "qwen3":
             raise ConfigError(f"DFlash drafter with model_type {raw.get('model_type')!r}: only qwen3-style is supported")
+        model_config_from_hf(raw)  # validates every field
+        DFlashSpec.from_hf(raw)
         return "dflash"
-    model_config_from_hf(raw)  # validates the family
-    return "pard" if "pard_token" in raw else "causal_lm"
+    cfg = model_config_from_hf(raw)  # validates the family and every field
+    if "pard_token" in raw:
+        pt = raw["pard_token"]
+        if not isinstance(pt, int) or isinstance(pt, bool) or not 0 <= pt < cfg.vocab_size:
+            raise ConfigError(f"config.json: pard_token {pt!r} is not a token id below vocab_size {cfg.vocab_size}")
+        return "pard"
+    return "causal_lm"
 
 
 @dataclasses.dataclass
@@ -84,6 +92,40 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], path, t
             param.copy_(renamed[name])
 
 
+def check_checkpoint(path: Path, raw: dict[str, Any], kind: str, bytes_per_param: int = 4, device="cpu") -> None:
+    """Before loading anything: the weight files' headers are readable and match the config
+    (names and shapes, built on the meta device), and the model fits in memory."""
+    from specc.models.loading import check_fits, weight_shapes
+
+    shapes = weight_shapes(Path(path))
+    try:
+        with torch.device("meta"):
+            if kind == "dflash":
+                model: torch.nn.Module = DFlashDraft.from_hf_config(raw)
+                tied = False
+            else:
+                cfg = model_config_from_hf(raw)
+                model, tied = CausalLM(cfg), cfg.tie_word_embeddings
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    expected = {k: tuple(p.shape) for k, p in model.named_parameters(remove_duplicate=True)}
+    if shapes is None:  # a config-only directory (cost model): nothing will be loaded
+        return
+    check_fits(sum(math.prod(s) for s in expected.values()) * bytes_per_param, f"{path}: the model", device)
+    renamed = {k[len("model."):] if k.startswith("model.") else k: v for k, v in shapes.items()}
+    if tied:
+        renamed.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(renamed))
+    unexpected = sorted(k for k in set(renamed) - set(expected) if "rotary_emb" not in k)
+    if missing or unexpected:
+        parts = ([f"missing {len(missing)} weights (e.g. {missing[0]})"] if missing else []) + \
+            ([f"unexpected {len(unexpected)} weights (e.g. {unexpected[0]})"] if unexpected else [])
+        raise CheckpointError(f"{path}: weights do not match the config: {'; '.join(parts)}")
+    for name, shape in expected.items():
+        if renamed[name] != shape:
+            raise CheckpointError(f"{path}: {name} has shape {renamed[name]}, config implies {shape}")
+
+
 def load_model(name_or_path, dtype: torch.dtype | None = torch.float32, device="cpu",
                with_tokenizer: bool = True) -> Loaded:
     """Load a checkpoint (path, zoo name or hub id) into its specc definition."""
@@ -91,6 +133,10 @@ def load_model(name_or_path, dtype: torch.dtype | None = torch.float32, device="
     raw = load_config(path)
     try:
         kind = classify(raw)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: {exc}") from exc
+    check_checkpoint(path, raw, kind)
+    try:
         if kind == "dflash":
             model: torch.nn.Module = DFlashDraft.from_hf_config(raw)
             cfg = model.config

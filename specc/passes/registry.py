@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -24,12 +25,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
+from specc.errors import UserError
 from specc.passes.base import Pass
 
 ENTRY_POINT_GROUP = "specc.passes"
 
 
-class PipelineError(ValueError):
+class PipelineError(UserError, ValueError):
     """A pipeline string or pass name that cannot be resolved (message is one line)."""
 
 
@@ -210,3 +212,25 @@ def parse_pipeline(spec: str | Iterable[Any] | None) -> list[Pass]:
         return []
     items = [s for s in spec.split(",") if s.strip()] if isinstance(spec, str) else list(spec)
     return [as_pass(item) for item in items]
+
+
+def plugin_records(pipeline: str | None) -> list[dict]:
+    """The non-built-in passes of a pipeline string (after it ran, so they are registered): what
+    an artifact compiled with it needs besides specc to be loaded again (the manifest's
+    ``plugins``; ``specc.codegen.artifact_trust.check_plugins`` checks them at load)."""
+    records = []
+    for item in [s.strip() for s in (pipeline or "").split(",") if s.strip()]:
+        if item.startswith("+"):
+            ref = item[1:]
+            module_part = ref.partition(":")[0]
+            if module_part.endswith(".py") or "/" in module_part:
+                f = Path(module_part).expanduser().resolve()
+                records.append({"ref": ref, "file": str(f), "sha256": hashlib.sha256(f.read_bytes()).hexdigest()
+                                if f.is_file() else None})
+            else:
+                records.append({"ref": ref, "module": module_part})
+        else:
+            info = _REGISTRY.get(item)
+            if info is not None and info.origin != "builtin":
+                records.append({"ref": item, "pass": item, "origin": info.origin, "module": info.cls.__module__})
+    return records

@@ -8,12 +8,13 @@ allocated here through a ``DecodingState``, per batch size and max length).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
+import types
 from pathlib import Path
 
 import torch
 
+from specc.codegen.artifact import ArtifactError
 from specc.models.dflash import DFlashSpec
 from specc.runtime.state import DecodingState, StateSpec
 
@@ -68,16 +69,26 @@ def instantiate(emitted, spec: DFlashSpec | None = None) -> CompiledStep:
     return step
 
 
-def import_step_class(path: Path, class_name: str, unique: str) -> type[CompiledStep]:
-    """Import a generated module from its file (a fresh module object per artifact)."""
-    mod_name = f"specc_compiled_{unique}_{path.stem}"
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    cls = getattr(module, class_name)
-    if not issubclass(cls, CompiledStep):
-        raise ImportError(f"{path}: {class_name} is not a CompiledStep")
+def import_step_class(path: Path, class_name: str, unique: str, source: bytes | None = None) -> type[CompiledStep]:
+    """Execute a generated module from its bytes (``source``: the bytes the manifest's hash was
+    checked on), never through the import system: no bytecode cache is read or written."""
+    return exec_step_module(Path(path).read_bytes() if source is None else source, Path(path).name, class_name, unique)
+
+
+def exec_step_module(source: bytes, name: str, class_name: str, unique: str):
+    """Execute a step module from its verified bytes (never through the import system) and
+    return its step class."""
+    mod_name = f"specc_compiled_{unique}_{Path(name).stem}"
+    module = types.ModuleType(mod_name)
+    module.__file__ = f"<specc artifact {name}>"
+    sys.modules[mod_name] = module  # dataclasses/pickling look their module up
+    try:
+        code = compile(source, f"<specc artifact {name}>", "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+    except Exception as exc:
+        sys.modules.pop(mod_name, None)
+        raise ArtifactError(f"{name}: executing the step module failed: {type(exc).__name__}: {exc}") from exc
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, CompiledStep)):
+        raise ArtifactError(f"{name}: {class_name} is not a CompiledStep subclass")
     return cls

@@ -21,10 +21,14 @@ behind by less than m. Batch 1 takes the same slicing path as before (no extra d
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from specc.models.decoder import CausalLM
 from specc.models.dflash import DFlashDrafter
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs generated steps
+    from specc.models.decoder import CausalLM
 
 
 def _positions(start: int, n: int, device) -> torch.Tensor:

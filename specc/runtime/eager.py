@@ -9,14 +9,18 @@ surface (``specc.runtime.loop.SpeculativeLoop``), not a subclass of this one.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from specc.models.decoder import CausalLM
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
 from specc.runtime.drafters import Drafter
 from specc.runtime.loop import SpeculativeLoop
 from specc.runtime.trees import build_tree
 from specc.runtime.verifiers import TreeVerifier
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs generated steps
+    from specc.models.decoder import CausalLM
 
 
 class EagerSpeculativeDecoder(SpeculativeLoop):

@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from safetensors.torch import load_file
 
-from specc.codegen.artifact import ArtifactError, check_files, read_manifest
+from specc.codegen.artifact import ArtifactError
 from specc.models.dflash import DFlashSpec
 from specc.result import GenerationResult
 from specc.runtime.compiled import import_step_class
@@ -39,6 +39,7 @@ class Engine:
         self.steps = self.loop.steps  # GraphedStep-wrapped on CUDA
         self.eos_token_ids = tuple(manifest["model"].get("eos_token_ids", ()))
         self.last_stats: dict = {}
+        self.load_stats: dict = {}  # seconds per one-time phase (specc.runtime.warmup)
         self.tokenizer = None
 
     def _eos(self, eos_token_id):
@@ -54,13 +55,20 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        result = self.loop.generate(input_ids, max_new_tokens, self._eos(eos_token_id))
+        first_at = None
+        gen = self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id))
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                result = stop.value
+                break
+            if first_at is None:  # the prefill's token reached the host (a device sync)
+                first_at = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        self.last_stats = {"seconds": elapsed, "tokens": len(result.tokens),
-                           "tokens_per_s": len(result.tokens) / elapsed if elapsed > 0 else 0.0,
-                           "tau": result.stats.tau, "steps": result.stats.steps}
+        end = time.perf_counter()
+        self.last_stats = timing_stats(start, first_at, end, result)
         if profile:
             self.last_stats["part_seconds"] = dict(self.loop.part_seconds)
         return result
@@ -79,6 +87,23 @@ class Engine:
     def set_max_len(self, max_len: int) -> None:
         if max_len > self.loop.max_len:
             self.loop.resize(max_len)
+
+
+def timing_stats(start: float, first_at: float | None, end: float, result: GenerationResult) -> dict:
+    """Wall-clock figures of one generation: total, time to first token (prefill), and steady
+    decode: the tokens after the first over the time after the first token (``decode_steps``
+    verification steps, ``decode_step_s`` each on average, ``tokens_per_step`` committed each)."""
+    n, elapsed = len(result.tokens), end - start
+    ttft = (first_at - start) if first_at is not None else elapsed
+    decode_s = end - first_at if first_at is not None else 0.0
+    steps = result.stats.steps  # verification steps, all after the prefill's token
+    decode_tokens = max(0, n - 1)
+    return {"seconds": elapsed, "tokens": n, "tokens_per_s": n / elapsed if elapsed > 0 else 0.0,
+            "time_to_first_token_s": ttft, "decode_seconds": decode_s, "decode_tokens": decode_tokens,
+            "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 and decode_tokens else 0.0,
+            "decode_steps": steps, "decode_step_s": decode_s / steps if steps else 0.0,
+            "tokens_per_step": decode_tokens / steps if steps else 0.0,
+            "tau": result.stats.tau, "steps": result.stats.steps}
 
 
 def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, pard_token: int | None = None,
@@ -121,15 +146,34 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     return loop
 
 
-def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True) -> Engine:
-    """Load a compiled artifact. Refuses (ArtifactError) a tampered or incomplete one."""
+def load(path, device: str | torch.device | None = None, max_len: int = 2048, check: bool = True,
+         threads: int | None = None, expect_hash: str | None = None, warmup: bool = True,
+         progress=None) -> Engine:
+    """Load a compiled artifact: this runs its code (docs/artifact.md). Refuses (ArtifactError) a
+    tampered, incomplete or escaping one; ``expect_hash`` pins the sha256 of its manifest.json.
+
+    ``warmup``: do the one-time work now (``specc.runtime.warmup``: kernel compilation into a
+    cache keyed by the artifact, CUDA-graph capture of every step shape); ``progress(msg,
+    seconds)`` hears about each phase. ``engine.load_stats`` has seconds per phase.
+
+    On CPU, torch's intra-op threads are set to ``threads``, else specc's default
+    (:mod:`specc.threads`: ``SPECC_THREADS``, else min(physical cores, 4, idle cores));
+    ``threads=0`` leaves torch's setting alone."""
+    from specc.codegen.artifact_trust import read_manifest_pinned, verify_artifact
+    from specc.runtime import warmup as _warm
+
+    t_start = time.perf_counter()
     path = Path(path)
-    manifest = read_manifest(path)
-    if check:
-        check_files(path, manifest)
+    manifest, _ = read_manifest_pinned(path, expect_hash)
+    sources = verify_artifact(path, manifest, check)
     dev = torch.device(device or manifest["deployment"].get("device", "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ArtifactError(f"{path}: compiled for CUDA but no GPU is available (pass device='cpu')")
+    if threads != 0 and dev.type == "cpu":
+        from specc.threads import configure_threads
+
+        configure_threads(threads)
+    cache_dir = _warm.kernel_cache_dir(path) if dev.type == "cuda" else None
     try:
         tensors = load_file(str(path / "weights.safetensors"), device=str(dev))
     except Exception as exc:
@@ -137,7 +181,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
     unique = uuid.uuid4().hex[:8]
     steps = {}
     for role, info in manifest["steps"].items():
-        cls = import_step_class(path / info["module"], info["class"], unique)
+        cls = import_step_class(path / info["module"], info["class"], unique, sources[info["module"]])
         step = cls()
         try:
             weights = {name: tensors[key] for name, key in info["weights"].items()}
@@ -149,9 +193,24 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
             spec = DFlashSpec(d["block_size"], d["mask_token_id"], tuple(d["target_layer_ids"]), d.get("num_target_layers"))
         step.bind(weights, info["caches"], spec)
         steps[role] = step
-    engine = Engine(path, manifest, steps, dev, max_len)
+    try:
+        engine = Engine(path, manifest, steps, dev, max_len)
+    except (ValueError, KeyError) as exc:  # e.g. a drafting strategy missing a field it needs
+        raise ArtifactError(f"{path}: {' '.join(str(exc).split())}") from None
     if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         from specc.models.loading import load_tokenizer
 
         engine.tokenizer = load_tokenizer(path)
+    engine.load_stats = {"read": time.perf_counter() - t_start, "kernel_cache": cache_dir}
+    if progress:
+        progress("artifact read, weights bound", engine.load_stats["read"])
+    if warmup:
+        try:
+            engine.load_stats.update(_warm.warm_up(engine.loop, int(manifest["model"]["vocab_size"]),
+                                                   progress=progress))
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:  # its code does not fit
+            raise ArtifactError(f"{path}: the artifact failed while warming up ({type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:300]}); is it intact and from this specc version?"
+                                ) from exc
+    engine.load_stats["total"] = time.perf_counter() - t_start
     return engine

@@ -87,10 +87,49 @@ class Calibration:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Calibration":
+        """Parse a record, checking every field the cost model reads (ValueError otherwise)."""
+        import math
+
+        def number(v, what):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{what} must be a positive number (got {v!r})")
+            return float(v)
+
+        if not isinstance(data, dict):
+            raise ValueError("a calibration record is one JSON object")
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in fields}
+        for key in ("deployment", "device"):
+            if not isinstance(kwargs.get(key), str):
+                raise ValueError(f"{key} must be a string")
         for key in ("linear_flops_by_m", "linear_bandwidth_by_m"):
-            kwargs[key] = {int(k): float(v) for k, v in (data.get(key) or {}).items()}
+            table = data.get(key) or {}
+            if not isinstance(table, dict):
+                raise ValueError(f"{key} must be an object of rows -> efficiency")
+            out = {}
+            for k, v in table.items():
+                try:
+                    m = int(k)
+                except (TypeError, ValueError):
+                    raise ValueError(f"{key}: row count {k!r} is not an integer") from None
+                if m < 1:
+                    raise ValueError(f"{key}: row count {m} must be >= 1")
+                out[m] = number(v, f"{key}[{k}]")
+            kwargs[key] = out
+        ke = kwargs.get("kind_efficiency", {})
+        if not isinstance(ke, dict) or not all(isinstance(v, dict) for v in ke.values()):
+            raise ValueError("kind_efficiency must be an object of kind -> {field: value}")
+        for kind, vals in ke.items():
+            for name, v in vals.items():
+                number(v, f"kind_efficiency.{kind}.{name}")
+        for key in ("fitted", "measurements"):
+            if not isinstance(kwargs.get(key, {}), dict):
+                raise ValueError(f"{key} must be an object")
+        for key in ("device_name", "date", "specc_version", "torch_version"):
+            if not isinstance(kwargs.get(key, ""), str):
+                raise ValueError(f"{key} must be a string")
+        if not isinstance(kwargs.get("quick", False), bool):
+            raise ValueError("quick must be true or false")
         return cls(**kwargs)
 
 
@@ -125,7 +164,7 @@ def calibration_for(deployment) -> Calibration | None:
         return None
     try:
         return Calibration.from_json(json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError, TypeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:  # ValueError: JSON, UTF-8 and field errors
         raise UserError(f"{path}: unreadable calibration record ({exc})") from exc
 
 
@@ -470,10 +509,15 @@ def write_calibration(path, deployment, record: Calibration) -> tuple[Path, Path
     path = Path(path)
     if path.suffix != ".json":
         raise UserError(f"{path}: the calibrated deployment is written as JSON (give a .json path)")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from specc.fileio import atomic_write_text, file_lock
+
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path}: exists and is not a file")
     data = deployment.to_json()
     data.pop("source", None)
-    path.write_text(json.dumps(data, indent=2) + "\n")
     rec = record_path(path)
-    rec.write_text(json.dumps(record.to_json(), indent=1) + "\n")
+    # one lock for the pair: the deployment file and its record always come from the same run
+    with file_lock(path):
+        atomic_write_text(rec, json.dumps(record.to_json(), indent=1) + "\n")
+        atomic_write_text(path, json.dumps(data, indent=2) + "\n")
     return path, rec

@@ -28,6 +28,46 @@ class Choice:
     prediction: dict[str, Any]
 
 
+def memory_acceptance(mem, model: str, drafter: str, method: str, k: int | None = None) -> AcceptanceModel | None:
+    """The measured acceptance the search memory holds for the pair (this deployment's file
+    first, then the family's other deployments), or None."""
+    for m in [mem] + mem.siblings():
+        found = m.find_acceptance(model, drafter, method, k)
+        if found is not None:
+            return found
+    return None
+
+
+def resolve_acceptance(model: str, drafter: str | None, method: str, family: str, deployment: str, k: int, *,
+                       tau: float | None = None, alpha: float | None = None, file: str | None = None,
+                       memory=None) -> tuple[AcceptanceModel, str, AcceptanceModel | None]:
+    """The one acceptance `specc cost` and `specc compile` predict with, and which it is:
+    (model, kind, the memory's measured model or None). ``kind``: "stated" (``tau`` / ``alpha``
+    / ``file`` given: the user's word wins), "measured" (the search memory's record for the
+    pair, which `specc compile` and `specc search` write from stock's accepted lengths), or
+    "unknown" (E = 1 token per step). AR (``k == 0``) has no acceptance: kind "ar"."""
+    from specc.search.memory import Memory
+
+    if k < 1:
+        return AcceptanceModel.none(), "ar", None
+    recorded = None
+    if memory is not False and drafter:
+        mem = memory if isinstance(memory, Memory) else Memory.open(family, deployment, memory)
+        recorded = memory_acceptance(mem, model, drafter, method, k)
+    if tau is not None:
+        return AcceptanceModel.from_tau(tau, k, source=f"stated: tau {tau:g} at k={k} (geometric fit)"), "stated", recorded
+    if alpha is not None:
+        return AcceptanceModel.constant(alpha, k, source=f"stated: constant alpha {alpha:g}"), "stated", recorded
+    if file:
+        acc = AcceptanceModel.from_file(file)
+        acc.source = f"stated: {acc.source}"
+        return acc, "stated", recorded
+    if recorded is not None:
+        recorded.source = f"measured: {recorded.source} (search memory)"
+        return recorded, "measured", recorded
+    return AcceptanceModel([], source="unknown: E = 1 token per step assumed"), "unknown", None
+
+
 def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = None,
                     acceptance: AcceptanceModel | None = None, context: int | None = None) -> Choice:
     """Pick the pipeline and drafts per step for ``pair`` (a ``specc.pairing.Pair``) on
@@ -68,11 +108,7 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
                 k = (num_draft or (cand.num_draft if same and cand.num_draft else k_default)) if drafts else 0
                 options.append((pipe, k, f"memory ({e.deployment or m.deployment}): {e.mechanism}"))
         if acceptance is None and drafts:
-            acceptance = mem.find_acceptance(model_name, drafter_name, method)
-            for m in mem.siblings() if acceptance is None else []:
-                acceptance = m.find_acceptance(model_name, drafter_name, method)
-                if acceptance is not None:
-                    break
+            acceptance = memory_acceptance(mem, model_name, drafter_name, method)
             acc_source = "memory" if acceptance is not None else "unknown"
     if acceptance is None:
         acceptance = AcceptanceModel([], source="unknown: E = 1 assumed") if drafts else AcceptanceModel.none()

@@ -99,21 +99,68 @@ def _read_file(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise UserError(f"{path}: cannot read deployment file ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: deployment file is not UTF-8 text ({exc.reason})") from exc
     try:
         if path.suffix == ".toml":
-            import tomllib
-
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise UserError(f"{path}: TOML deployment files need Python 3.11+ (give a .json file)") from None
             return tomllib.loads(text)
         return json.loads(text)
     except Exception as exc:
         raise UserError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'JSON'} ({exc})") from exc
 
 
+_POSITIVE = ("hbm_bandwidth", "bf16_flops", "memory_bytes", "bandwidth_efficiency", "flops_efficiency")
+_NON_NEGATIVE = ("launch_overhead_s", "graph_node_overhead_s", "link_bandwidth", "link_latency_s")
+
+
+def _check_fields(fields: dict[str, Any], source: str) -> None:
+    """Types and ranges of every deployment field (one-line UserError naming the field)."""
+    import math
+
+    def bad(name, what):
+        return UserError(f"{source}: deployment field {name} = {fields.get(name)!r} {what}")
+
+    for name in ("name", "gpu", "device", "dtype", "source"):
+        if not isinstance(fields.get(name), str):
+            raise bad(name, "must be a string")
+    if fields["dtype"] not in ("float32", "bfloat16", "float16"):
+        raise bad("dtype", "must be float32, bfloat16 or float16")
+    for name in ("batch_size", "sm_count", "l2_bytes", "context_min", "context_max"):
+        v = fields.get(name)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise bad(name, "must be an integer")
+    if not 1 <= fields["batch_size"] <= 65536:
+        raise bad("batch_size", "must be in 1..65536")
+    if fields["sm_count"] < 1 or fields["l2_bytes"] < 0:
+        raise bad("sm_count" if fields["sm_count"] < 1 else "l2_bytes", "is out of range")
+    if not 0 <= fields["context_min"] <= fields["context_max"] <= 1 << 24:
+        raise bad("context_max", f"must satisfy 0 <= context_min <= context_max <= {1 << 24}")
+    for name in _POSITIVE + _NON_NEGATIVE:
+        v = fields.get(name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise bad(name, "must be a finite number")
+        if v < 0 or (name in _POSITIVE and v == 0):
+            raise bad(name, "must be " + ("> 0" if name in _POSITIVE else ">= 0"))
+    for name in ("bandwidth_efficiency", "flops_efficiency"):
+        if fields[name] > 4:
+            raise bad(name, "is not an efficiency (expected about 0..1)")
+    if not isinstance(fields.get("calibrated", False), bool):
+        raise bad("calibrated", "must be true or false")
+
+
 def from_dict(data: dict[str, Any], source: str) -> Deployment:
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: a deployment file holds one object (table) of fields")
     data = dict(data)
     base = data.pop("base", None)
     fields: dict[str, Any] = {}
     if base is not None:
+        if not isinstance(base, str):
+            raise UserError(f"{source}: base must be a name (built-in GPUs: {', '.join(GPUS)})")
         if base in BUILTIN:
             fields.update(dataclasses.asdict(BUILTIN[base]))
         elif base in GPUS:
@@ -133,8 +180,11 @@ def from_dict(data: dict[str, Any], source: str) -> Deployment:
         raise UserError(f"{source}: deployment misses fields {missing} (or give base = \"h200\")")
     if fields["device"] not in ("cuda", "cpu"):
         raise UserError(f"{source}: device must be 'cuda' or 'cpu'")
-    if int(fields["batch_size"]) < 1:
-        raise UserError(f"{source}: batch_size must be >= 1")
+    for name in ("memory_bytes", "l2_bytes", "hbm_bandwidth", "bf16_flops", "link_bandwidth"):
+        # TOML/JSON users write 141e9: an integral float is fine for the integer fields
+        if isinstance(fields.get(name), float) and name == "l2_bytes" and fields[name].is_integer():
+            fields[name] = int(fields[name])
+    _check_fields(fields, source)
     return Deployment(**fields)
 
 
@@ -151,4 +201,7 @@ def get_deployment(name_or_path: str) -> Deployment:
 
 
 def save_deployment(dep: Deployment, path) -> None:
-    Path(path).write_text(json.dumps(dep.to_json(), indent=2) + "\n")
+    from specc.fileio import atomic_write_text, file_lock
+
+    with file_lock(Path(path)):
+        atomic_write_text(Path(path), json.dumps(dep.to_json(), indent=2) + "\n")

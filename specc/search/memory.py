@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -91,8 +92,20 @@ class MemoryEntry:
     def from_json(cls, data: dict[str, Any], where: str = "") -> "MemoryEntry":
         if not isinstance(data, dict) or "mechanism" not in data or not isinstance(data.get("parameters"), dict):
             raise UserError(f"{where}: a memory entry needs 'mechanism' and a 'parameters' object")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in fields})
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in fields}
+        for k, v in kwargs.items():
+            if k in ("predicted_gain", "measured_gain"):
+                ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+            elif k == "validated":
+                ok = isinstance(v, bool)
+            elif k in ("parameters", "prediction"):
+                ok = isinstance(v, dict)
+            else:
+                ok = isinstance(v, str)
+            if not ok:
+                raise UserError(f"{where}: memory entry field {k} has the wrong type ({v!r})")
+        return cls(**kwargs)
 
 
 class Memory:
@@ -125,6 +138,8 @@ class Memory:
             return cls(path, family or "", deployment or "")
         try:
             data = json.loads(path.read_text())
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path}: the search memory is not UTF-8 text ({exc.reason})") from exc
         except OSError as exc:
             raise UserError(f"{path}: cannot read the search memory ({exc.strerror})") from exc
         except json.JSONDecodeError as exc:
@@ -132,16 +147,40 @@ class Memory:
         if not isinstance(data, dict) or not isinstance(data.get("entries", []), list):
             raise UserError(f"{path}: not a specc search memory (expected an object with 'entries')")
         entries = [MemoryEntry.from_json(e, str(path)) for e in data.get("entries", [])]
+        acceptance = data.get("acceptance") or {}
+        if not isinstance(acceptance, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("alphas"), list)
+                and all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in v["alphas"])
+                for v in acceptance.values()):
+            raise UserError(f"{path}: the search memory's 'acceptance' is not a map of acceptance models")
+        for key in ("family", "deployment"):
+            if not isinstance(data.get(key) or "", str):
+                raise UserError(f"{path}: the search memory's {key} is not a string")
         return cls(path, data.get("family") or family or "", data.get("deployment") or deployment or "", entries,
                    data.get("acceptance") or {})
 
     def save(self) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"format": FORMAT, "family": self.family, "deployment": self.deployment,
-                   "entries": [e.to_json() for e in self.entries], "acceptance": self.acceptance}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(payload, indent=1) + "\n")
-        os.replace(tmp, self.path)
+        """Write under a lock: re-read the file, merge (this memory's entries win over the same
+        key; entries other writers added meanwhile are kept), write a unique temp file, fsync,
+        rename. Two concurrent searches on one memory lose nothing."""
+        from specc.fileio import atomic_write_text, file_lock
+
+        with file_lock(self.path):
+            if self.path.is_file():
+                try:
+                    disk = Memory.load(self.path, self.family, self.deployment)
+                except UserError:
+                    disk = None  # a corrupt file is replaced by this memory (it could not be read anyway)
+                if disk is not None:
+                    mine = list(self.entries)
+                    merged = Memory(self.path, self.family, self.deployment, disk.entries, disk.acceptance)
+                    for e in mine:
+                        merged.add(e)
+                    self.entries = merged.entries
+                    self.acceptance = {**disk.acceptance, **self.acceptance}
+            payload = {"format": FORMAT, "family": self.family, "deployment": self.deployment,
+                       "entries": [e.to_json() for e in self.entries], "acceptance": self.acceptance}
+            atomic_write_text(self.path, json.dumps(payload, indent=1) + "\n")
         return self.path
 
     def siblings(self) -> list["Memory"]:

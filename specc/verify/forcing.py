@@ -23,7 +23,8 @@ the compiled engine both are).
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+import math
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -67,10 +68,11 @@ class ForcingReport:
     audited_ties: list[Mismatch] = dataclasses.field(default_factory=list)
     failures: list[Mismatch] = dataclasses.field(default_factory=list)
     generation_failures: list[str] = dataclasses.field(default_factory=list)
+    nonfinite: list[str] = dataclasses.field(default_factory=list)  # positions with NaN/inf logits
 
     @property
     def passed(self) -> bool:
-        return not self.failures and not self.generation_failures
+        return not self.failures and not self.generation_failures and not self.nonfinite and self.positions > 0
 
     def summary(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
@@ -84,6 +86,10 @@ class ForcingReport:
                      f"got {m.got}, stock margin {m.margin:.4g}")
         if self.generation_failures:
             text += f"; free generation: {self.generation_failures[0]}"
+        if self.nonfinite:
+            text += f"; non-finite logits: {self.nonfinite[0]}"
+        if self.positions == 0:
+            text += "; nothing was checked (0 positions)"
         return text
 
     def to_json(self) -> dict:
@@ -91,7 +97,7 @@ class ForcingReport:
                 "positions": self.positions, "ties": [dataclasses.asdict(m) for m in self.ties],
                 "audited_ties": [dataclasses.asdict(m) for m in self.audited_ties],
                 "failures": [dataclasses.asdict(m) for m in self.failures],
-                "generation_failures": list(self.generation_failures)}
+                "generation_failures": list(self.generation_failures), "nonfinite": list(self.nonfinite)}
 
 
 @torch.inference_mode()
@@ -102,7 +108,9 @@ def stock_margins(hf_target, prompt: list[int], tokens: list[int]) -> list[float
     ids = torch.tensor([prompt + tokens], device=hf_target.device)
     logits = hf_target(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
     top2 = logits.topk(2, dim=-1).values
-    return (top2[:, 0] - top2[:, 1]).tolist()
+    margins = top2[:, 0] - top2[:, 1]
+    # a position whose logits are not all finite has no meaningful argmax: NaN marks it (it fails)
+    return torch.where(torch.isfinite(logits).all(dim=-1), margins, torch.full_like(margins, float("nan"))).tolist()
 
 
 class Fp32Referee:
@@ -131,9 +139,10 @@ class Fp32Referee:
 
 
 def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int, num_draft=None,
-                        dtype=torch.float32, device="cpu", stock=None) -> list[StockRun]:
+                        dtype=torch.float32, device="cpu", stock=None,
+                        progress: Callable[[int, int], None] | None = None) -> list[StockRun]:
     """Stock's tokens and margins on each prompt (``stock``: a StockSystem to reuse, e.g. to
-    build an :class:`Fp32Referee` from its target)."""
+    build an :class:`Fp32Referee` from its target; ``progress(done, total)`` after each prompt)."""
     from specc.stock.runner import StockSystem
 
     stock = stock if stock is not None else StockSystem(pair, num_draft, dtype, device)
@@ -142,15 +151,24 @@ def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int,
         result = stock.generate(prompt, max_new_tokens)
         runs.append(StockRun(list(prompt), result.tokens, stock_margins(stock.target, list(prompt), result.tokens),
                              list(result.stats.accepted_lengths)))
+        if progress is not None:
+            progress(len(runs), len(prompts))
     return runs
 
 
 def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eos_token_ids=(),
-                  referee: Fp32Referee | None = None) -> ForcingReport:
+                  referee: Fp32Referee | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> ForcingReport:
+    """Force stock's tokens through ``system`` on every run and decode freely; ``progress(done,
+    total)`` after each prompt."""
     report = ForcingReport(tolerance=tolerance, prompts=len(runs))
     for index, run in enumerate(runs):
         got = system.forced_argmax(run.prompt, run.tokens)
         report.positions += len(run.tokens)
+        bad = [pos for pos, margin in enumerate(run.margins) if not math.isfinite(margin)]
+        if bad:  # NaN/inf in stock's logits: argmax agreement there proves nothing
+            report.nonfinite.append(f"prompt {index}: stock's logits are not finite at {len(bad)} positions "
+                                    f"(first {bad[0]}): non-finite weights or an overflow")
         first_tie = None
         for pos, (want, have) in enumerate(zip(run.tokens, got)):
             if want == have:
@@ -172,4 +190,6 @@ def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eo
             diverge = next((i for i, (a, b) in enumerate(zip(free, run.tokens)) if a != b), min(len(free), limit))
             report.generation_failures.append(
                 f"prompt {index}: free decoding diverges from stock at token {diverge} (no tie before it)")
+        if progress is not None:
+            progress(index + 1, len(runs))
     return report

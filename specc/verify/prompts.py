@@ -45,6 +45,8 @@ def load_prompts_file(path, tokenizer, vocab_size: int) -> list[list[int]]:
         text = p.read_text()
     except OSError as exc:
         raise UserError(f"{p}: cannot read prompts file ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: prompts file is not UTF-8 text ({exc.reason})") from exc
     try:
         items = json.loads(text)
         if not isinstance(items, list):
@@ -54,11 +56,15 @@ def load_prompts_file(path, tokenizer, vocab_size: int) -> list[list[int]]:
     prompts = []
     for item in items:
         if isinstance(item, list):
-            ids = [int(i) for i in item]
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in item):
+                raise UserError(f"{p}: prompt {len(prompts)} is a list but not of integer token ids")
+            ids = list(item)
+        elif not isinstance(item, str):
+            raise UserError(f"{p}: prompt {len(prompts)} is neither text nor a list of token ids")
         elif tokenizer is None:
             raise UserError(f"{p}: text prompts need a tokenizer; the target ships none (give token-id lists)")
         else:
-            ids = tokenizer(str(item), add_special_tokens=True)["input_ids"]
+            ids = tokenizer(item, add_special_tokens=True)["input_ids"]
         if not ids or any(not 0 <= i < vocab_size for i in ids):
             raise UserError(f"{p}: prompt {len(prompts)} is empty or has ids outside 0..{vocab_size - 1}")
         prompts.append(ids)

@@ -157,6 +157,9 @@ def test_acceptance_curve(tt):
 
 def test_end_to_end_toy(tmp_path):
     """Every stage at toy scale on CPU; the checkpoints load with specc and HF and pair up."""
+    # The script's plots and tokenizer training need the `train` extra, not the `test` one.
+    pytest.importorskip("matplotlib", reason="examples/train_tiny.py plots need matplotlib (pip install -e '.[train]')")
+    pytest.importorskip("tokenizers", reason="examples/train_tiny.py trains a tokenizer (pip install -e '.[train]')")
     src = tmp_path / "src"
     src.mkdir()
     import json as json_mod

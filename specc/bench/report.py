@@ -1,0 +1,152 @@
+"""Print, save and plot a `specc bench` report (the dict ``run_bench`` returns)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _f(x, fmt="{:,.1f}", none="-"):
+    return none if x is None else fmt.format(x)
+
+
+def print_table(report: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped: full names and numbers, never an ellipsis
+            console = Console(width=200)
+    acc = report["acceptance"]
+    title = (f"specc bench: {report['what']} | {report['device']} | {report['dtype']} | "
+             f"{report['tokens']} tokens x {report['prompts']} prompts | deployment {report['deployment']}")
+    table = Table(title=title, title_justify="left")
+    for col, just in (("system", "left"), ("tok/s", "right"), ("decode tok/s", "right"), ("first token", "right"),
+                      ("tokens/step", "right"), ("vs best AR", "right"), ("predicted tok/s", "right"),
+                      ("pred/meas", "right"), ("one-time", "right"), ("= HF eager", "center")):
+        table.add_column(col, justify=just)
+    for r in report["rows"]:
+        if r.get("skipped"):
+            table.add_row(r["system"], "skipped", "", "", "", "", "", "", "", "")
+            continue
+        pred = (r.get("prediction") or {}).get("tokens_per_s")
+        same = r.get("same_tokens_as_hf_eager")
+        table.add_row(
+            r["system"] + (" (replay)" if r.get("replay") else ""), _f(r["tokens_per_s"]),
+            _f(r.get("decode_tokens_per_s")),
+            _f(r.get("time_to_first_token_s"), "{:.1f} ms".format) if r.get("time_to_first_token_s") is None
+            else f"{r['time_to_first_token_s'] * 1e3:.1f} ms",
+            _f(r.get("tau"), "{:.2f}"), _f(r.get("speedup_vs_best_ar"), "{:.2f}x"), _f(pred),
+            _f(pred / r["tokens_per_s"] if pred and r["tokens_per_s"] else None, "{:.2f}"),
+            f"{r.get('one_time_s', 0.0):.1f} s", {True: "yes", False: "no", None: "n/a"}[same])
+    console.print(table)
+    for r in report["rows"]:
+        if r.get("skipped"):
+            console.print(f"{r['system']} skipped: {r['skipped']}")
+    if acc["mode"] == "replay":
+        console.print(f"[bold yellow]acceptance: REPLAYED[/bold yellow] from {acc['source']} "
+                      f"(E = {acc['expected_tokens_per_step']:.2f} tokens/step at k={report['num_draft']}). "
+                      f"{acc['notice']}.")
+    elif acc["mode"] == "real":
+        console.print("acceptance: real (the target decides every draft; tokens are the model's output)")
+    if report.get("ar_floor_tokens_per_s"):
+        console.print(f"AR bandwidth floor on {report['deployment']} (cost model): "
+                      f"{report['ar_floor_tokens_per_s']:,.1f} tok/s; best AR in this run: {report['best_ar']}")
+    console.print("predicted: cost model (specc.search.cost_model) for the row's acceptance; HF rows are not modelled")
+
+
+def write_json(report: dict, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return path
+
+
+def write_plots(report: dict, out_dir) -> list[str]:
+    """PNG plots into ``out_dir``: tokens/s per system (measured beside predicted), the accepted
+    length histogram of each speculative system (with the stated model's distribution when
+    replayed), and tokens/s vs batch size when the report holds more than one batch size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    rows = [r for r in report["rows"] if not r.get("skipped")]
+    replay = report["acceptance"]["mode"] == "replay"
+
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows) + 2), 4))
+    names = [r["system"] + ("\n(replay)" if r.get("replay") else "") for r in rows]
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r["tokens_per_s"] for r in rows], width=0.4, label="measured")
+    pred = [(r.get("prediction") or {}).get("tokens_per_s") for r in rows]
+    ax.bar([i + 0.2 for i, p in zip(x, pred) if p], [p for p in pred if p], width=0.4, label="predicted (cost model)",
+           alpha=0.6)
+    if report.get("ar_floor_tokens_per_s"):
+        ax.axhline(report["ar_floor_tokens_per_s"], ls="--", c="gray", lw=1, label="AR bandwidth floor")
+    ax.set_xticks(list(x), names, fontsize=8)
+    ax.set_ylabel("tokens/s (median over prompts)")
+    ax.set_title(f"{report['what']}\n{report['device']}, {report['dtype']}"
+                 + (", acceptance REPLAYED" if replay else ""), fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(str(out / "tokens_per_s.png"))
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    spec = [r for r in rows if r.get("accepted_lengths") and r.get("num_draft", 0) or
+            (r.get("accepted_lengths") and r["system"].startswith("stock-"))]
+    if spec:
+        k = report.get("num_draft") or max(max(r["accepted_lengths"]) for r in spec) - 1
+        fig, ax = plt.subplots(figsize=(6, 4))
+        bins = [b + 0.5 for b in range(0, k + 2)]
+        for r in spec:
+            ax.hist(r["accepted_lengths"], bins=bins, density=True, alpha=0.5,
+                    label=f"{r['system']} (tau {r.get('tau', 0):.2f})")
+        if replay:
+            from specc.search.acceptance import AcceptanceModel
+
+            m = report["acceptance"]["model"]
+            model = AcceptanceModel(m["alphas"], measured_k=m.get("measured_k"))
+            ax.plot(range(1, k + 2), model.distribution(k), "k.-", label="stated model")
+        ax.set_xlabel("tokens committed per step (accepted drafts + 1)")
+        ax.set_ylabel("fraction of steps")
+        ax.set_title("accepted length" + (" (replayed)" if replay else ""), fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(str(out / "accepted_length.png"))
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    path = plot_batch_sweep(report, out)
+    if path:
+        written.append(path)
+    return written
+
+
+def plot_batch_sweep(report: dict, out_dir) -> str | None:
+    """Tokens/s vs batch size per system (the hook for batching: drawn when the report's rows
+    carry more than one ``batch``; a row without one counts as ``report['batch']``)."""
+    rows = [r for r in report["rows"] if not r.get("skipped")]
+    batches = {r.get("batch", report.get("batch", 1)) for r in rows}
+    if len(batches) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in sorted({r["system"] for r in rows}):
+        pts = sorted((r.get("batch", report.get("batch", 1)), r["tokens_per_s"]) for r in rows if r["system"] == name)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("tokens/s (all rows)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = str(Path(out_dir) / "tokens_per_s_vs_batch.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

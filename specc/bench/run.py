@@ -1,0 +1,415 @@
+"""``run_bench``: build each system, warm it up, time it over the prompts, predict it.
+
+Three inputs (``BenchOptions``):
+
+- a checkpoint (zoo name, local directory) with ``--drafter``: real weights, real acceptance
+  (unless ``--acceptance`` states one to replay); AR baselines and stock run the same weights;
+- an artifact (a directory written by `specc compile`): the specc system is the artifact's engine
+  (``specc.load``), the baselines load the target the manifest names;
+- named real shapes with random weights (``--shapes qwen3-8b --drafter-shapes dflash-b16``):
+  timing is real, acceptance is replayed from ``--acceptance`` (required; the report says so).
+
+Every system first runs ``warmup`` untimed generations (HF + torch.compile: 3), then each prompt
+once, timed. Reported per system: medians over prompts of tokens/s (all tokens / wall time),
+time to first token and steady decode tokens/s; the accepted lengths of every step; the
+cost model's prediction for specc's systems (the acceptance it used beside it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import statistics
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from specc.errors import UserError
+
+ALL_SYSTEMS = ("hf-eager", "hf-compiled", "stock", "specc-ar", "specc")
+
+
+@dataclasses.dataclass
+class BenchOptions:
+    model: str | None = None
+    drafter: str | None = None
+    method: str | None = None
+    num_draft: int | None = None
+    shapes: str | None = None
+    drafter_shapes: str | None = "dflash-b16"
+    acceptance: str | None = None
+    device: str = "cpu"
+    tokens: int = 64
+    prompts: int = 2
+    prompt_len: int = 128
+    systems: tuple[str, ...] = ALL_SYSTEMS
+    deployment: str | None = None
+    passes: str | None = None
+    seed: int = 0
+    warmup: int = 1
+    batch: int = 1
+
+
+def default_deployment(device: torch.device, batch: int = 1) -> str:
+    from specc.search.deployments import deployment_names
+
+    if device.type != "cuda":
+        return "cpu"
+    gpu = torch.cuda.get_device_name(device).lower()
+    for name in ("h200", "h100", "a100"):
+        if name in gpu and f"{name}-bs{batch}" in deployment_names():
+            return f"{name}-bs{batch}"
+    return f"h200-bs{batch}" if f"h200-bs{batch}" in deployment_names() else "h200-bs1"
+
+
+class _Setup:
+    """What a bench run holds: target (+ drafter) definitions on the device, prompts, HF twins."""
+
+    target: Any = None
+    loaded: Any = None  # LoadedPair
+    impl: Any = None  # the Method
+    section: dict = {}
+    k: int = 0
+    hf_target: Any = None
+    stock: Any = None
+    engine: Any = None  # an artifact's engine
+    prompts: list = []
+    label: str = ""
+    target_raw: dict = {}
+    drafter_raw: dict | None = None
+    pipeline: str = ""
+
+
+def _pipeline(opts) -> str:
+    from specc.passes.pipelines import DEFAULT_PIPELINE
+
+    return DEFAULT_PIPELINE if opts.passes is None else opts.passes
+
+
+def _setup_shapes(opts, dtype, dev) -> _Setup:
+    from specc.bench.shapes import build_causal, build_dflash, drafter_config, hf_twin, target_config
+    from specc.methods import get_method
+
+    s = _Setup()
+    tcfg = target_config(opts.shapes)
+    method, dcfg = drafter_config(opts.shapes, opts.drafter_shapes)
+    s.target_raw, s.drafter_raw = tcfg, dcfg
+    s.impl = get_method(opts.method or method or "ar")
+    if s.impl.uses_drafter and dcfg is None:
+        raise UserError(f"--method {s.impl.name} needs --drafter-shapes")
+    target = build_causal(tcfg, dtype, dev, seed=1)
+    draft = None
+    if s.impl.uses_drafter:
+        draft = build_dflash(dcfg, dtype, dev, seed=3) if s.impl.name == "dflash" else build_causal(dcfg, dtype, dev, 2)
+    s.hf_target = hf_twin(target, tcfg) if {"hf-eager", "hf-compiled"} & set(opts.systems) else None
+    s.loaded = s.impl.bind(target, draft)
+    s.target = s.loaded.target
+    s.k = s.impl.num_draft(opts.num_draft, dcfg)
+    if s.impl.uses_drafter:
+        s.section = s.impl.manifest_drafter(types.SimpleNamespace(drafter=types.SimpleNamespace(raw=dcfg)), s.loaded)
+    g = torch.Generator().manual_seed(opts.seed)
+    s.prompts = [torch.randint(10, tcfg["vocab_size"] - 10, (opts.prompt_len,), generator=g).tolist()
+                 for _ in range(opts.prompts)]
+    s.label = f"{opts.shapes} shapes" + (f" + {opts.drafter_shapes}" if draft is not None else "") + ", random weights"
+    return s
+
+
+def _prompts_from_tokenizer(tokenizer, vocab: int, count: int, seed: int) -> list[list[int]]:
+    from specc.verify import CALIBRATION_TEXTS
+
+    if tokenizer is None:
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randint(1, vocab, (16,), generator=g).tolist() for _ in range(count)]
+    texts = (CALIBRATION_TEXTS * (count // len(CALIBRATION_TEXTS) + 1))[:count]
+    return [tokenizer(t)["input_ids"] for t in texts]
+
+
+def _setup_checkpoint(opts, dtype, dev) -> _Setup:
+    from specc.models.loading import load_tokenizer
+    from specc.pairing import resolve_pair
+    from specc.stock.runner import StockSystem, load_hf_causal_lm
+
+    s = _Setup()
+    pair = resolve_pair(opts.model, opts.drafter, opts.method)
+    s.impl = pair.impl
+    s.target_raw, s.drafter_raw = pair.target.raw, (pair.drafter.raw if pair.drafter else None)
+    s.k = s.impl.num_draft(opts.num_draft, s.drafter_raw)
+    s.loaded = s.impl.load(pair, dtype, dev)
+    s.target = s.loaded.target
+    if s.impl.uses_drafter:
+        s.section = s.impl.manifest_drafter(pair, s.loaded)
+    if {"hf-eager", "hf-compiled"} & set(opts.systems):
+        s.hf_target = load_hf_causal_lm(pair.target.path, dtype, dev)
+    if "stock" in opts.systems and s.impl.uses_drafter:
+        s.stock = StockSystem(pair, s.k, dtype, dev)
+    s.prompts = _prompts_from_tokenizer(load_tokenizer(pair.target.path), int(s.target_raw["vocab_size"]),
+                                        opts.prompts, opts.seed)
+    s.label = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "") + " (real weights)"
+    s.pair = pair
+    return s
+
+
+def _setup_artifact(opts, dev) -> _Setup:
+    from specc.codegen.artifact import ArtifactError
+    from specc.runtime.engine import load
+
+    try:
+        engine = load(opts.model, dev)
+    except ArtifactError as exc:
+        raise UserError(str(exc)) from exc
+    m = engine.manifest
+    dtype = getattr(torch, m["deployment"]["dtype"]) if dev.type == "cuda" else torch.float32
+    sub = dataclasses.replace(opts, model=m["model"]["name"], drafter=(m["drafter"] or {}).get("name"),
+                              method=m["method"], num_draft=m.get("num_draft") or None,
+                              passes=m["passes"]["pipeline"])
+    try:
+        s = _setup_checkpoint(sub, dtype, dev)
+    except UserError as exc:
+        raise UserError(f"{opts.model}: the baselines need the target the artifact names ({exc})") from exc
+    s.engine = engine
+    s.label = f"{opts.model} (artifact of {s.label})"
+    return s
+
+
+def _stats(runs: list[dict]) -> dict:
+    def med(key):
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    lengths = [x for r in runs for x in r.get("accepted_lengths", [])]
+    out = {"tokens_per_s": med("tokens_per_s"), "time_to_first_token_s": med("time_to_first_token_s"),
+           "decode_tokens_per_s": med("decode_tokens_per_s"), "seconds": [r["seconds"] for r in runs],
+           "tokens": sum(r["tokens"] for r in runs)}
+    if lengths:
+        out["accepted_lengths"] = lengths
+        out["tau"] = sum(lengths) / len(lengths)
+    return out
+
+
+def _time(system, prompts, n, warmup: int) -> tuple[list[list[int]], dict, float]:
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        system.generate(prompts[0], n)
+    warm = time.perf_counter() - t0
+    outs, runs = [], []
+    for p in prompts:
+        tokens, t = system.generate(p, n)
+        outs.append(tokens)
+        runs.append(t)
+    return outs, _stats(runs), warm
+
+
+def _predict(cost, irs, impl, k, acceptance, context):
+    """The cost model's tokens/s for a specc row (+ its step time and E)."""
+    t_ir, d_ir = irs
+    pred = cost.predict(t_ir, d_ir, method=impl.name if k else "ar", num_draft=k, acceptance=acceptance,
+                        context=context, batch_size=1)
+    return {"tokens_per_s": pred.tokens_per_s, "step_s": pred.step_time, "expected_tokens_per_step": pred.expected_tokens,
+            "ar_step_s": pred.ar.time, "ar_floor_s": pred.ar.floor,
+            "acceptance": acceptance.source if acceptance is not None and k else "AR (no drafts)"}
+
+
+def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None) -> dict:
+    """Run the benchmark; returns the report (JSON-ready dict; ``specc.bench.report`` prints it)."""
+    from specc.bench.acceptance import parse_acceptance
+    from specc.bench.systems import HFSystem, LoopSystem, StockSpecSystem
+    from specc.codegen.build import build_steps
+    from specc.runtime.compiled import instantiate
+    from specc.runtime.engine import build_loop
+    from specc.runtime.replay import REPLAY_NOTICE, ReplayVerifier
+    from specc.runtime.verifiers import ChainVerifier
+    from specc.search.acceptance import AcceptanceModel
+    from specc.search.cost_model import CostModel
+    from specc.search.deployments import get_deployment
+    from specc.runtime import warmup as warm
+
+    say = progress or (lambda msg: None)
+    dev = torch.device(opts.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is available (use --device cpu)")
+    if opts.tokens < 2 or opts.prompts < 1:
+        raise UserError("--tokens must be >= 2 and --prompts >= 1")
+    if opts.batch != 1:
+        raise UserError("--batch > 1 comes with batching (the plot hook is ready); use --batch 1")
+    unknown = set(opts.systems) - set(ALL_SYSTEMS)
+    if unknown:
+        raise UserError(f"unknown system {sorted(unknown)[0]!r}; systems: {', '.join(ALL_SYSTEMS)}")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    torch.manual_seed(opts.seed)
+    if opts.shapes:
+        if opts.model:
+            raise UserError("give either MODEL or --shapes, not both")
+        say(f"building {opts.shapes} shapes with random weights on {dev}")
+        s = _setup_shapes(opts, dtype, dev)
+    elif opts.model and (Path(opts.model) / "manifest.json").is_file():
+        say(f"loading artifact {opts.model}")
+        s = _setup_artifact(opts, dev)
+    elif opts.model:
+        say(f"loading {opts.model}" + (f" + {opts.drafter}" if opts.drafter else ""))
+        s = _setup_checkpoint(opts, dtype, dev)
+    else:
+        raise UserError("give MODEL (a checkpoint or an artifact) or --shapes NAME")
+    stated = parse_acceptance(opts.acceptance, s.k) if s.k else None
+    if opts.shapes and s.k and stated is None:
+        raise UserError("random weights accept nothing: state the acceptance to replay, e.g. --acceptance tau:6.5 "
+                        "or --acceptance dflash-qwen3-8b:gsm8k")
+    replay = stated is not None
+    dep = get_deployment(opts.deployment or default_deployment(dev, opts.batch))
+    cost = CostModel(dep)
+    pipeline = _pipeline(opts) if s.engine is None else s.engine.manifest["passes"]["pipeline"]
+    n, prompts = opts.tokens, s.prompts
+    max_len = max(map(len, prompts)) + n + 2
+    context = int(statistics.mean(len(p) for p in prompts) + n / 2)
+    rows: list[dict] = []
+    reference = None
+
+    def record(name, system, kind, extra=None, warmup=None, one_time=0.0):
+        nonlocal reference
+        say(f"timing {name}")
+        outs, st, warm_s = _time(system, prompts, n, opts.warmup if warmup is None else warmup)
+        row = {"system": name, "kind": kind, "one_time_s": one_time + warm_s, **st, **(extra or {})}
+        if name == "hf-eager":
+            reference = outs
+        if row.get("replay"):
+            row["same_tokens_as_hf_eager"] = None
+        elif reference is not None:
+            row["same_tokens_as_hf_eager"] = outs == reference
+        rows.append(row)
+        say(f"{name}: {row['tokens_per_s']:,.1f} tok/s")
+        return row
+
+    def skipped(name, kind, reason):
+        rows.append({"system": name, "kind": kind, "skipped": reason})
+        say(f"{name}: skipped ({reason})")
+
+    # ---------------------------------------------------------------- AR baselines
+    if "hf-eager" in opts.systems:
+        record("hf-eager", HFSystem(s.hf_target, dev), "baseline")
+    if "hf-compiled" in opts.systems:
+        if dev.type != "cuda":
+            skipped("hf-compiled", "baseline", "CPU: torch.compile reduce-overhead needs CUDA graphs (and compiling "
+                                               "takes minutes on CPU)")
+        else:
+            try:
+                record("hf-compiled", HFSystem(s.hf_target, dev, static=True), "baseline", warmup=3)
+            except Exception as exc:  # a transformers / torch combination that cannot compile it
+                skipped("hf-compiled", "baseline", f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            torch._dynamo.reset() if hasattr(torch, "_dynamo") else None
+    if "stock" in opts.systems and s.impl.uses_drafter:
+        name = f"stock-{s.impl.name}"
+        if s.stock is None:
+            skipped(name, "baseline", "random weights: stock would decide acceptance itself (zero); not comparable")
+        elif replay:
+            skipped(name, "baseline", "acceptance is replayed for specc; stock cannot replay it")
+        else:
+            record(name, StockSpecSystem(s.stock, dev, s.impl.name), "stock")
+    s.hf_target = s.stock = None
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+    # ---------------------------------------------------------------- specc
+    def compiled(with_drafter: bool):
+        t0 = time.perf_counter()
+        target, draft = s.loaded.target, s.loaded.draft if with_drafter else None
+        saved = getattr(target, "capture_layers", ())
+        if not with_drafter:
+            target.capture_layers = ()  # plain AR returns no hidden states
+        try:
+            target.setup_caches(1, 16)
+            if draft is not None:
+                draft.setup_caches(1, 16)
+            spec = s.loaded.draft_spec if draft is not None else None
+            built = build_steps(target, draft, pipeline, spec)
+        finally:
+            target.capture_layers = saved
+        steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}
+        strategy = s.impl.strategy if draft is not None else None
+        loop = build_loop(steps, strategy, s.k if draft is not None else 0, max_len,
+                          drafter_section=s.section if draft is not None else None)
+        irs = (built.irs["target"], built.irs.get("drafter"))
+        return loop, irs, time.perf_counter() - t0
+
+    def warmed(loop):
+        stats = warm.warm_up(loop, int(s.target_raw["vocab_size"]), prompt_len=len(prompts[0]))
+        return stats["kernels"] + stats["graphs"]
+
+    ar_pred = None
+    if "specc-ar" in opts.systems:
+        say("compiling specc AR")
+        loop, irs, build_s = compiled(False)
+        one = build_s + warmed(loop)
+        ar_pred = _predict(cost, irs, s.impl, 0, None, context)
+        record("specc-ar", LoopSystem(loop, dev, "specc-ar"), "specc", {"prediction": ar_pred}, one_time=one)
+        del loop
+    if "specc" in opts.systems and s.impl.uses_drafter:
+        name = f"specc-{s.impl.name}"
+        if s.engine is not None:
+            loop, one = s.engine.loop, s.engine.load_stats.get("total", 0.0)
+            from specc.search.meta_pair import MetaPair
+
+            irs = MetaPair(s.target_raw, s.drafter_raw, s.impl.name, dep.dtype).irs(pipeline)
+        else:
+            say(f"compiling {name}")
+            loop, irs, build_s = compiled(True)
+            one = build_s
+        verifier = ReplayVerifier(stated.alphas, seed=opts.seed, source=stated.source) if replay else ChainVerifier()
+        loop.verifier = verifier
+        if s.engine is None:
+            one += warmed(loop)
+        if replay:
+            verifier.reset()
+        extra = {"num_draft": s.k, "replay": replay,
+                 "acceptance": stated.source if replay else "real (the target decides)"}
+        row = record(name, LoopSystem(loop, dev, name), "specc", extra, one_time=one)
+        acc = stated if replay else AcceptanceModel.from_accepted_lengths(
+            [row.get("accepted_lengths", [])] if row.get("accepted_lengths") else [], s.k,
+            source="measured in this run")
+        row["prediction"] = _predict(cost, irs, s.impl, s.k, acc, context)
+        if replay:
+            row["acceptance_model"] = stated.to_json()
+            row["expected_tokens_per_step"] = stated.expected_tokens(s.k)
+        if ar_pred is None:
+            ar_pred = {"ar_step_s": row["prediction"]["ar_step_s"], "ar_floor_s": row["prediction"]["ar_floor_s"]}
+        loop.verifier = ChainVerifier()
+
+    measured = [r for r in rows if not r.get("skipped")]
+    best_ar = max((r for r in measured if r["system"] in ("hf-eager", "hf-compiled", "specc-ar")),
+                  key=lambda r: r["tokens_per_s"], default=None)
+    for r in measured:
+        if best_ar is not None:
+            r["speedup_vs_best_ar"] = r["tokens_per_s"] / best_ar["tokens_per_s"]
+        for base in ("hf-eager", "hf-compiled", "specc-ar"):
+            b = next((x for x in measured if x["system"] == base), None)
+            if b is not None:
+                r.setdefault("speedup_vs", {})[base] = r["tokens_per_s"] / b["tokens_per_s"]
+    report = {
+        "format": "specc-bench/1", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "what": s.label,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, "
+                                                                             f"{torch.get_num_threads()} threads)",
+        "versions": _versions(), "dtype": str(dtype).replace("torch.", ""), "deployment": dep.name,
+        "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
+        "prompt_lengths": [len(p) for p in prompts], "batch": opts.batch, "context_for_prediction": context,
+        "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),
+                        "expected_tokens_per_step": stated.expected_tokens(s.k), "notice": REPLAY_NOTICE}
+                       if replay else {"mode": "real" if s.k else "none"}),
+        "best_ar": best_ar["system"] if best_ar else None,
+        "ar_floor_tokens_per_s": 1.0 / ar_pred["ar_floor_s"] if ar_pred and ar_pred.get("ar_floor_s") else None,
+        "rows": rows,
+    }
+    return report
+
+
+def _versions() -> dict:
+    out = {"torch": torch.__version__}
+    for mod in ("transformers", "triton"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    from specc import __version__
+
+    out["specc"] = __version__
+    return out

@@ -1,0 +1,127 @@
+"""The systems `specc bench` times, each behind one ``generate(prompt, n) -> (tokens, timing)``.
+
+- ``hf-eager``: HF transformers ``generate``, greedy, dynamic cache, eager (SDPA attention).
+- ``hf-compiled``: HF ``generate`` with a static cache, which transformers compiles with
+  torch.compile (reduce-overhead: CUDA graphs). CUDA only; on CPU it is skipped with the reason.
+- ``stock-<method>``: the drafter's published inference loop over HF models (real checkpoints).
+- ``specc-ar``: specc's compiled AR step under the device loop (CUDA-graphed on a GPU).
+- ``specc-<method>``: specc's compiled speculative system; real acceptance, or replayed from a
+  stated acceptance model (``specc.runtime.replay.ReplayVerifier``).
+
+Timings per generation: wall seconds, time to first token (when the system exposes it) and
+steady decode tokens/s = tokens after the first / time after the first token.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timing(start: float, first_at: float | None, end: float, n: int, accepted_lengths=None) -> dict:
+    elapsed = end - start
+    out = {"seconds": elapsed, "tokens": n, "tokens_per_s": n / elapsed if elapsed > 0 else 0.0,
+           "time_to_first_token_s": None, "decode_tokens_per_s": None}
+    if first_at is not None:
+        out["time_to_first_token_s"] = first_at - start
+        dec = end - first_at
+        out["decode_tokens_per_s"] = (n - 1) / dec if dec > 0 and n > 1 else 0.0
+    if accepted_lengths is not None:
+        out["accepted_lengths"] = list(accepted_lengths)
+    return out
+
+
+class _FirstTokenStreamer:
+    """An HF ``generate`` streamer that notes when the first new token reaches the host."""
+
+    def __init__(self):
+        self.calls, self.first_at = 0, None
+
+    def put(self, value):
+        self.calls += 1
+        if self.calls == 2 and self.first_at is None:  # call 1 is the prompt
+            self.first_at = time.perf_counter()
+
+    def end(self):
+        pass
+
+
+class HFSystem:
+    """HF ``generate`` over an HF causal LM; ``static=True``: static cache (+ torch.compile)."""
+
+    def __init__(self, hf_model, device, static: bool = False):
+        self.model, self.device, self.static = hf_model, torch.device(device), static
+        self.name = "hf-compiled" if static else "hf-eager"
+
+    def _config(self, n: int):
+        gc = copy.deepcopy(self.model.generation_config)
+        gc.max_new_tokens, gc.min_new_tokens, gc.do_sample = n, None, False
+        gc.eos_token_id, gc.pad_token_id = None, 0
+        gc.temperature = gc.top_p = gc.top_k = None
+        if self.static:
+            gc.cache_implementation = "static"
+        return gc
+
+    @torch.inference_mode()
+    def generate(self, prompt: list[int], n: int):
+        import warnings
+
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        streamer = _FirstTokenStreamer()
+        sync(self.device)
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = self.model.generate(ids, generation_config=self._config(n), streamer=streamer,
+                                      attention_mask=torch.ones_like(ids))
+        sync(self.device)
+        end = time.perf_counter()
+        tokens = out[0, len(prompt):].tolist()
+        return tokens, timing(start, streamer.first_at, end, len(tokens))
+
+
+class StockSpecSystem:
+    """A method's stock loop (``specc.stock.runner.StockSystem``)."""
+
+    def __init__(self, stock, device, method: str):
+        self.stock, self.device, self.name = stock, torch.device(device), f"stock-{method}"
+
+    @torch.inference_mode()
+    def generate(self, prompt, n):
+        sync(self.device)
+        start = time.perf_counter()
+        res = self.stock.generate(list(prompt), n, ())
+        sync(self.device)
+        end = time.perf_counter()
+        return res.tokens, timing(start, None, end, len(res.tokens), res.stats.accepted_lengths)
+
+
+class LoopSystem:
+    """specc's device loop (``DeviceSpeculativeDecoder``): tokens streamed, first token timed."""
+
+    def __init__(self, loop, device, name: str):
+        self.loop, self.device, self.name = loop, torch.device(device), name
+
+    def generate(self, prompt, n):
+        sync(self.device)
+        start = time.perf_counter()
+        first_at = None
+        gen = self.loop.stream(list(prompt), n, ())
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                res = stop.value
+                break
+            if first_at is None:
+                first_at = time.perf_counter()
+        sync(self.device)
+        end = time.perf_counter()
+        return res.tokens, timing(start, first_at, end, len(res.tokens), res.stats.accepted_lengths)

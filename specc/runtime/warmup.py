@@ -1,0 +1,123 @@
+"""Warm start: the one-time work of loading an artifact, done up front, timed per phase.
+
+``specc.load`` (``runtime.engine.load``) calls, in order:
+
+1. :func:`kernel_cache_dir` before any kernel compiles: Triton keeps compiled kernels in
+   ``$TRITON_CACHE_DIR``; unless the user set it, specc points it at a directory keyed by the
+   artifact (``$SPECC_KERNEL_CACHE`` or ``~/.cache/specc/kernels``, then the first 16 hex digits
+   of the SHA-256 of the artifact's manifest.json), so a second load of the same artifact finds
+   every kernel compiled and starts in seconds. The environment variable is process-wide: a
+   second artifact loaded in the same process switches it to its own directory.
+2. :func:`warm_up` after the engine is built: runs the device loop over the shapes it will use
+   on a dummy prompt, twice over on CUDA:
+
+   - ``kernels``: every step called with every shape the loop uses (prefill, the drafter's
+     shapes via ``Drafter.capture_shapes``, the verify block), CUDA graphs bypassed: Triton
+     compiles (or loads from the cache) and autotunes here;
+   - ``graphs``: the same again with CUDA graphs on: every step shape is captured now, not
+     while the user's tokens are being timed.
+
+   On CPU only the first runs (there are no graphs): one short generation, counted and timed.
+
+``engine.load_stats`` holds seconds per phase (``read``: manifest, hashes, weights and modules;
+``kernels``; ``graphs``) and the counts (warm-up generations, graphs captured, cache directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+Progress = Callable[[str, float], None]  # (phase description, seconds it took)
+
+
+def kernel_cache_root() -> Path:
+    env = os.environ.get("SPECC_KERNEL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specc" / "kernels"
+
+
+def artifact_key(path: Path) -> str:
+    """The first 16 hex digits of the SHA-256 of the artifact's manifest.json (which itself
+    records the hash of every file of the artifact)."""
+    return hashlib.sha256((Path(path) / "manifest.json").read_bytes()).hexdigest()[:16]
+
+
+def kernel_cache_dir(path: Path) -> str | None:
+    """Point Triton's kernel cache at the artifact's directory (see the module docstring) and
+    return it; None when the user chose ``TRITON_CACHE_DIR`` themselves (it is kept) or no
+    cache directory can be created."""
+    if os.environ.get("TRITON_CACHE_DIR") and not os.environ.get("_SPECC_SET_TRITON_CACHE"):
+        return None
+    target = kernel_cache_root() / artifact_key(path)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    os.environ["TRITON_CACHE_DIR"] = str(target)
+    os.environ["_SPECC_SET_TRITON_CACHE"] = "1"
+    try:  # triton >= 3.4 caches its knobs; point the live knob there too
+        import triton
+
+        knobs = getattr(triton, "knobs", None)
+        if knobs is not None and hasattr(knobs, "cache"):
+            knobs.cache.dir = str(target)
+    except Exception:  # pragma: no cover - triton missing or a layout without knobs
+        pass
+    return str(target)
+
+
+def _graphed(loop) -> list:
+    from specc.runtime.graphs import GraphedStep
+
+    return [s for s in getattr(loop, "steps", {}).values() if isinstance(s, GraphedStep)]
+
+
+def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | None = None) -> dict:
+    """Run ``loop`` (a ``DeviceSpeculativeDecoder``) over the shapes it will use; returns
+    ``{"kernels": s, "graphs": s, "generations": n, "graphs_captured": n}``."""
+    say = progress or (lambda msg, s: None)
+    k = int(getattr(loop, "num_draft", 0) or 0)
+    prompt_len = max(1, min(prompt_len, loop.max_len // 2))
+    new = max(2, min(2 * (k + 1) + 1, loop.max_len - prompt_len - 1))
+    prompt = [(7 + 13 * i) % max(vocab_size, 1) for i in range(prompt_len)]
+    graphed = _graphed(loop)
+    cuda = any(s.step.device.type == "cuda" for s in graphed) if graphed else False
+    stats = {"generations": 0}
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def one_pass():
+        loop._shapes_captured = False
+        loop.generate(prompt, new, ())
+        stats["generations"] += 1
+
+    saved = [s.max_tokens for s in graphed]
+    t0 = time.perf_counter()
+    for s in graphed:  # kernels only: every call runs eagerly
+        s.max_tokens = -1
+    try:
+        one_pass()
+    finally:
+        for s, m in zip(graphed, saved):
+            s.max_tokens = m
+    sync()
+    stats["kernels"] = time.perf_counter() - t0
+    say("kernels compiled for every step shape", stats["kernels"])
+    t0 = time.perf_counter()
+    if graphed:
+        one_pass()
+        sync()
+    stats["graphs"] = time.perf_counter() - t0
+    stats["graphs_captured"] = sum(s.captures for s in graphed)
+    if graphed:
+        say(f"{stats['graphs_captured']} CUDA graphs captured", stats["graphs"])
+    for s in graphed:  # the user's runs start their counts at zero
+        s.replays = s.eager_calls = 0
+    return stats

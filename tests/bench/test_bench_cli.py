@@ -1,0 +1,86 @@
+"""`specc bench` on CPU: real acceptance on specc-tiny, replayed acceptance at tiny shapes, plots."""
+
+import json
+
+import pytest
+
+from specc.bench.acceptance import parse_acceptance
+from specc.cli import main
+from specc.errors import UserError
+
+
+def _bench(capsys, *argv):
+    assert main(["bench", *argv]) == 0
+    return capsys.readouterr()
+
+
+def test_specc_tiny_real_acceptance(capsys):
+    out = _bench(capsys, "specc-tiny", "--drafter", "specc-tiny-dflash", "--device", "cpu", "--tokens", "16",
+                 "--prompts", "2", "--json", "-")
+    report = json.loads(out.out)
+    rows = {r["system"]: r for r in report["rows"]}
+    assert set(rows) == {"hf-eager", "hf-compiled", "stock-dflash", "specc-ar", "specc-dflash"}
+    assert "CUDA" in rows["hf-compiled"]["skipped"]
+    assert report["acceptance"]["mode"] == "real"
+    for name in ("hf-eager", "stock-dflash", "specc-ar", "specc-dflash"):
+        assert rows[name]["tokens_per_s"] > 0 and rows[name]["tokens"] == 32
+    for name in ("stock-dflash", "specc-ar", "specc-dflash"):  # lossless: the same tokens as HF generate
+        assert rows[name]["same_tokens_as_hf_eager"] is True
+    spec = rows["specc-dflash"]
+    assert spec["tau"] > 1 and spec["accepted_lengths"] == rows["stock-dflash"]["accepted_lengths"]
+    assert spec["prediction"]["tokens_per_s"] > 0 and spec["prediction"]["acceptance"] == "measured in this run"
+    assert spec["time_to_first_token_s"] > 0 and spec["decode_tokens_per_s"] > 0
+    assert rows["specc-ar"]["prediction"]["expected_tokens_per_step"] == 1.0
+
+
+def test_shapes_with_replayed_acceptance_table_and_plots(capsys, tmp_path):
+    out = _bench(capsys, "--shapes", "tiny-qwen3", "--drafter-shapes", "dflash-b16", "--acceptance", "tau:6.5",
+                 "--device", "cpu", "--tokens", "24", "--prompts", "1", "--prompt-len", "8",
+                 "--systems", "hf-eager,specc-ar,specc", "-o", str(tmp_path / "b"))
+    assert "REPLAYED" in out.out and "NOT the model's real output" in out.out and "specc-dflash (replay)" in out.out
+    report = json.loads((tmp_path / "b" / "bench.json").read_text())
+    spec = next(r for r in report["rows"] if r["system"] == "specc-dflash")
+    assert spec["replay"] and spec["same_tokens_as_hf_eager"] is None
+    assert abs(spec["expected_tokens_per_step"] - 6.5) < 1e-6 and report["acceptance"]["mode"] == "replay"
+    assert spec["prediction"]["expected_tokens_per_step"] == pytest.approx(6.5)
+    for png in ("tokens_per_s.png", "accepted_length.png"):
+        assert (tmp_path / "b" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_batch_plot_hook(tmp_path):
+    from specc.bench.report import plot_batch_sweep
+
+    report = {"batch": 1, "rows": [{"system": "specc-ar", "batch": b, "tokens_per_s": 10.0 * b} for b in (1, 4)]}
+    assert plot_batch_sweep(report, tmp_path).endswith("tokens_per_s_vs_batch.png")
+    assert plot_batch_sweep({"batch": 1, "rows": report["rows"][:1]}, tmp_path) is None
+
+
+def test_acceptance_specs():
+    assert parse_acceptance("measured", 15) is None
+    assert parse_acceptance("tau:6.5", 15).expected_tokens(15) == pytest.approx(6.5)
+    assert parse_acceptance("tau:6.5@15", 7).measured_k == 15
+    assert parse_acceptance("alpha:0.5", 3).expected_tokens(3) == pytest.approx(1.875)
+    assert parse_acceptance("alphas:0.9,0.5", 2).expected_tokens(2) == pytest.approx(1 + 0.9 + 0.45)
+    math = parse_acceptance("dflash-qwen3-8b:math500", 15)
+    assert math.expected_tokens(15) == pytest.approx(7.87) and "DFlash" in math.source
+    for bad in ("tau:x", "dflash-qwen3-8b:nope", "nonsense", "alpha:2"):
+        with pytest.raises(UserError):
+            parse_acceptance(bad, 15)
+
+
+def test_shapes_need_a_stated_acceptance(capsys):
+    assert main(["bench", "--shapes", "tiny-qwen3", "--tokens", "4", "--prompts", "1", "--systems", "specc"]) == 2
+    assert "--acceptance" in capsys.readouterr().err
+
+
+def test_bench_an_artifact(checkpoints, tmp_path, capsys):
+    from specc.compiler import compile_artifact
+
+    out = tmp_path / "p.specc"
+    compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, max_new_tokens=4)
+    capsys.readouterr()
+    report = json.loads(_bench(capsys, str(out), "--tokens", "8", "--prompts", "1", "--systems", "hf-eager,specc",
+                               "--json", "-").out)
+    rows = {r["system"]: r for r in report["rows"]}
+    assert "artifact" in report["what"] and rows["specc-pard"]["same_tokens_as_hf_eager"] is True
+    assert rows["specc-pard"]["prediction"]["tokens_per_s"] > 0

@@ -1,0 +1,37 @@
+"""Warm start: kernel cache keyed by the artifact, one-time work up front and timed per phase."""
+
+import json
+import os
+
+from helpers import PROMPT
+
+from specc.pairing import resolve_pair
+from specc.runtime import warmup
+from specc.runtime.engine import build_loop
+from specc.runtime.eager import build_eager
+
+
+def test_kernel_cache_dir_is_keyed_by_the_artifact(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("_SPECC_SET_TRITON_CACHE", raising=False)
+    monkeypatch.setenv("SPECC_KERNEL_CACHE", str(tmp_path / "kc"))
+    dirs = []
+    for name in ("a", "b", "a"):
+        art = tmp_path / name
+        art.mkdir(exist_ok=True)
+        (art / "manifest.json").write_text(json.dumps({"name": name}))
+        dirs.append(warmup.kernel_cache_dir(art))
+        assert os.environ["TRITON_CACHE_DIR"] == dirs[-1] and os.path.isdir(dirs[-1])
+    assert dirs[0] == dirs[2] != dirs[1] and dirs[0].startswith(str(tmp_path / "kc"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/mine")  # the user's choice is kept
+    monkeypatch.delenv("_SPECC_SET_TRITON_CACHE")
+    assert warmup.kernel_cache_dir(tmp_path / "a") is None and os.environ["TRITON_CACHE_DIR"] == "/mine"
+
+
+def test_warm_up_runs_the_loop_once_on_cpu(checkpoints):
+    eager = build_eager(resolve_pair(checkpoints["target"], checkpoints["dflash"], "dflash"), 3, max_len=64)
+    loop = build_loop({"target": eager.target, "drafter": eager.drafter.drafter}, "dflash", 3, 64)
+    heard = []
+    stats = warmup.warm_up(loop, 64, prompt_len=8, progress=lambda msg, s: heard.append(msg))
+    assert stats["generations"] == 1 and stats["kernels"] > 0 and stats["graphs"] >= 0 and heard
+    assert loop.generate(PROMPT, 8, ()).tokens == eager.generate(PROMPT, 8, ()).tokens
