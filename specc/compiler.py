@@ -46,8 +46,27 @@ def _step_costs(ir, values: dict) -> dict:
             "flops": float(evaluate(totals.flops, values))}
 
 
-def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say) -> dict | None:
-    """The manifest's tree section (None: the method cannot build trees or no drafts)."""
+def _add_tree_step(built, target, pipeline) -> None:
+    """Build the target's tree verify step (role ``target_tree``) into ``built``."""
+    from specc.codegen.build import build_step
+    from specc.passes.base import PassError
+    from specc.passes.registry import PipelineError
+
+    target.setup_caches(1, 16)
+    try:
+        step = build_step(target, "target_tree", pipeline)
+    except (PipelineError, PassError) as exc:
+        raise UserError(str(exc).splitlines()[0]) from exc
+    built.irs["target_tree"], built.emitted["target_tree"] = step.ir, step.emitted
+    built.lowering["target_tree"] = step.lowering
+    built.pass_records["target_tree"] = [] if step.report is None else [
+        {"name": r.name, "changed": r.changed, "stats": r.stats} for r in step.report.records]
+
+
+def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
+                 irs=None) -> dict | None:
+    """The manifest's tree section (None: the method cannot build trees or no drafts).
+    ``irs``: the built (target, drafter) IRs the cost model prices."""
     impl = pair.impl
     if not (impl.supports_tree and k):
         if tree not in (None, "auto", "off", 0, "0"):
@@ -68,7 +87,7 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
 
     say(f"measuring per-rank draft acceptance on {len(prompts)} prompts for the tree budget")
     model = measure_rank_acceptance(pair, prompts, max_new_tokens, k, ranks=8, dtype=dtype, device=device)
-    section = tree_choice(pair, dep, pipeline, k, model)
+    section = tree_choice(pair, dep, pipeline, k, model, irs=irs)
     section["acceptance"] = model.to_json()
     return section
 
@@ -174,11 +193,14 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     if isinstance(positions, int) and longest + max_new_tokens > positions:
         raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
                         f"the model's {positions} positions")
-    tree_section = _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say)
+    say(f"tracing and running passes: {pipeline or '(none)'}")
+    built = build_steps(target, draft_module, pipeline, spec)
+    tree_section = _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
+                                (built.irs["target"], built.irs.get("drafter")))
     budget = tree_section["budget"] if tree_section else 0
-    target.setup_caches(1, 16)
-    say(f"tracing and running passes: {pipeline or '(none)'}" + (f" (+ tree verify step, {budget} nodes)" if budget else ""))
-    built = build_steps(target, draft_module, pipeline, spec, tree=budget > 0)
+    if budget:
+        say(f"tracing the tree verify step ({budget} nodes)")
+        _add_tree_step(built, target, pipeline)
     pass_records, lowering, steps = built.pass_records, built.lowering, built.emitted
     values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1}
     costs = {role: _step_costs(ir, values) for role, ir in built.irs.items()}

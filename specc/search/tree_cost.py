@@ -85,19 +85,24 @@ def choose_budget(model: CostModel, target_ir, draft_ir, method, tree: TreeAccep
 
 
 def tree_choice(pair, deployment, pipeline: str, depth: int, tree: TreeAcceptanceModel,
-                budgets: Iterable[int] = BUDGETS, budget: int | None = None, context: int | None = None) -> dict:
+                budgets: Iterable[int] = BUDGETS, budget: int | None = None, context: int | None = None,
+                irs=None) -> dict:
     """Price the chain and tree budgets for ``pair`` (a ``specc.pairing.Pair`` or anything with
     ``target.raw`` / ``drafter.raw`` / ``method``) on ``deployment`` from meta-device IRs, with the
     same tree acceptance model for both (the chain: rank 0 only). ``budget``: price that one
     budget and keep it (``--tree N``); None: choose (0 = the chain). Returns {"budget", "depth",
-    "acceptance_source", "candidates": rows}."""
+    "acceptance_source", "candidates": rows}. ``irs``: (target verify IR, draft IR) to price
+    instead of tracing ``pipeline`` on the meta device (what `specc compile` built)."""
     from specc.search.acceptance import AcceptanceModel
     from specc.search.deployments import get_deployment
     from specc.search.meta_pair import MetaPair
 
     dep = get_deployment(deployment) if isinstance(deployment, str) else deployment
-    metas = MetaPair(pair.target.raw, pair.drafter.raw if pair.drafter else None, pair.method, dep.dtype)
-    t_ir, d_ir = metas.irs(pipeline)
+    if irs is not None:
+        t_ir, d_ir = irs
+    else:
+        metas = MetaPair(pair.target.raw, pair.drafter.raw if pair.drafter else None, pair.method, dep.dtype)
+        t_ir, d_ir = metas.irs(pipeline)
     model = CostModel(dep)
     chain_acc = AcceptanceModel([tree.prob(d, 0) for d in range(1, depth + 1)], source=tree.source)
     chain = model.predict(t_ir, d_ir, method=pair.method, num_draft=depth, acceptance=chain_acc, context=context)
