@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from specc.cli.common import add_prompt_args, check_budget, check_ids_in_vocab, emit_result, finite_non_negative, positive
@@ -130,10 +131,13 @@ def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str) ->
     """Positions and cache memory of a generation with a loaded artifact, before allocating."""
     import torch
 
+    from specc.runtime.state import StateSpec
+
     per_token = 0
     for info in engine.manifest["steps"].values():
-        for c in info["caches"].values():
-            per_token += c["heads"] * c["head_dim"] * torch.finfo(getattr(torch, c["dtype"])).bits // 8
+        for name, c in info["caches"].items():
+            spec = StateSpec.from_manifest(name, c)  # per-position bytes: the slot shape x the dtype's size
+            per_token += math.prod(spec.shape) * torch.finfo(getattr(torch, spec.dtype or "float32")).bits // 8
     positions = engine.manifest["model"].get("max_position_embeddings")
     check_budget(prompt_len, new_tokens, positions if isinstance(positions, int) else None, per_token,
                  engine.device, flag)
