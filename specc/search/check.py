@@ -144,6 +144,14 @@ def _check_sandboxed(self, ev: Evaluated) -> Evaluated:
     if not res["passed"]:
         ev.verified, ev.status, ev.error = False, "rejected: token forcing failed", res["summary"]
         return ev
+    from specc.search.memory import pass_sources
+
+    now = pass_sources(cand.passes.values())
+    changed = [ref for ref, pinned in cand.sources.items() if now.get(ref, pinned) != pinned]
+    if changed:  # e.g. the worker rewrote its own pass file: what passed is not what was proposed
+        ev.verified, ev.status = False, "rejected: pass source changed while it was checked"
+        ev.error = f"{changed[0]}: the source differs from the one proposed"
+        return ev
     ev.verified, ev.status = True, "verified (sandbox)"
     pred = info.get("prediction")
     # advisory: the cost model ran next to the untrusted pass; it ranks, it does not verify

@@ -313,6 +313,8 @@ class Search:
         from specc.search.memory import MemoryEntry, pass_sources
 
         gain = mgain = None
+        sources = pass_sources(ev.candidate.passes.values())
+        sources.update(ev.candidate.sources)  # pinned when proposed, before the sandbox ran it
         if parent is not None and ev.verified:
             gain = ev.predicted_tokens_per_s / parent.predicted_tokens_per_s if parent.predicted_tokens_per_s else None
             if ev.measured and parent.measured and ev.measured.get("tokens_per_s") and parent.measured.get("tokens_per_s"):
@@ -323,7 +325,7 @@ class Search:
             method=self.method, deployment=self.deployment.name,
             prediction={**ev.prediction_summary(), **({"measured": ev.measured} if ev.measured else {})},
             notes=(ev.error or ev.candidate.reason or "")[:500],
-            pass_sources=pass_sources(ev.candidate.passes.values()), sandbox=dict(ev.sandbox or {})))
+            pass_sources=sources, sandbox=dict(ev.sandbox or {})))
 
     def run(self, rounds: int = 2) -> SearchResult:
         if rounds < 0:

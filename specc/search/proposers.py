@@ -87,6 +87,7 @@ class Candidate:
     reason: str = ""
     sandbox: bool = False
     check_always: bool = False
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # pass ref -> sha256 pinned when proposed
 
     def parameters(self) -> dict[str, Any]:
         return {"passes": dict(sorted(self.passes.items())), "num_draft": self.num_draft,
