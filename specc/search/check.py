@@ -88,57 +88,58 @@ def _check_sandboxed(self, ev: Evaluated) -> Evaluated:
            "candidate": cand.parameters(),
            "runs": [dataclasses.asdict(r) for r in self.runs],
            "acceptance": self.acceptance_for(cand).to_json()}
-    with tempfile.TemporaryDirectory(prefix="specc-sandbox-") as tmp:
-        wdir, vdir = Path(tmp) / "worker", Path(tmp) / "verifier"
-        wdir.mkdir()
-        vdir.mkdir()
+    with tempfile.TemporaryDirectory(prefix="specc-sandbox-") as wtmp:
+        wdir = Path(wtmp)
         (wdir / "job.json").write_text(json.dumps(job))
         rc, tail, network = run_confined(["--worker", "job.json", "out"], wdir, self.sandbox_timeout)
         ev.sandbox = {"network": network}
         if rc is None:
             ev.verified, ev.status, ev.error = False, "rejected: timed out", f"sandbox exceeded {self.sandbox_timeout:g} s"
             return ev
-        # copy out only the expected files, as data; the worker's own claims are never read as a verdict
-        emitted = vdir / "emitted"
-        emitted.mkdir()
-        try:
-            for role in self.roles:
-                for ext in ("py", "json", "safetensors"):
-                    src = wdir / "out" / f"{role}.{ext}"
-                    if src.is_symlink() or not src.is_file():
-                        raise FileNotFoundError(f"{role}.{ext}")
-                    shutil.copyfile(src, emitted / f"{role}.{ext}")
-            info_path = wdir / "out" / "info.json"
-            info = json.loads(info_path.read_text()) if info_path.is_file() and not info_path.is_symlink() else {}
-        except (OSError, ValueError) as exc:
-            ev.verified, ev.status = False, "rejected: passes failed or broke lint"
-            ev.error = tail or f"the sandbox produced no emitted step ({_one_line(exc)})"
-            return ev
-        try:
-            for role in self.roles:
-                meta = json.loads((emitted / f"{role}.json").read_text())
-                if not isinstance(meta, dict) or not isinstance(meta.get("class_name"), str) \
-                        or not meta["class_name"].isidentifier() or not isinstance(meta.get("caches"), dict):
-                    raise EmittedCodeError(f"{role}.json: not an emitted step description")
-                check_emitted_source((emitted / f"{role}.py").read_text(), meta["class_name"], f"{role}.py")
-        except (EmittedCodeError, ValueError, OSError) as exc:
-            ev.verified, ev.status, ev.error = False, "rejected: emitted code beyond the kernel ABI", _one_line(exc)
-            return ev
-        vjob = {"emitted": str(emitted), "model": job["model"], "drafter": job["drafter"], "method": self.method,
-                "drafter_role": "drafter" in self.roles, "device": self.device, "dtype": job["dtype"],
-                "num_draft": cand.num_draft, "tolerance": self.tolerance, "runs": job["runs"],
-                "eos": list(self.pair.eos_token_ids or ()),
-                "spec": dataclasses.asdict(self.spec) if self.spec is not None else None}
-        (vdir / "job.json").write_text(json.dumps(vjob))
-        rc, vtail, _ = run_confined(["--verify", "job.json", "result.json"], vdir, self.sandbox_timeout)
-        result_path = vdir / "result.json"
-        if rc is None:
-            ev.verified, ev.status, ev.error = False, "rejected: timed out", f"token forcing exceeded {self.sandbox_timeout:g} s"
-            return ev
-        if rc != 0 or not result_path.is_file():
-            ev.verified, ev.status, ev.error = False, "rejected: crashed under token forcing", vtail or "no output"
-            return ev
-        res = json.loads(result_path.read_text())
+        # copy out only the expected files, as data, into a directory made after the worker is gone;
+        # the worker's own claims are never read as a verdict
+        with tempfile.TemporaryDirectory(prefix="specc-verify-") as vtmp:
+            vdir = Path(vtmp)
+            emitted = vdir / "emitted"
+            emitted.mkdir()
+            try:
+                for role in self.roles:
+                    for ext in ("py", "json", "safetensors"):
+                        src = wdir / "out" / f"{role}.{ext}"
+                        if src.is_symlink() or not src.is_file():
+                            raise FileNotFoundError(f"{role}.{ext}")
+                        shutil.copyfile(src, emitted / f"{role}.{ext}")
+                info_path = wdir / "out" / "info.json"
+                info = json.loads(info_path.read_text()) if info_path.is_file() and not info_path.is_symlink() else {}
+            except (OSError, ValueError) as exc:
+                ev.verified, ev.status = False, "rejected: passes failed or broke lint"
+                ev.error = tail or f"the sandbox produced no emitted step ({_one_line(exc)})"
+                return ev
+            try:
+                for role in self.roles:
+                    meta = json.loads((emitted / f"{role}.json").read_text())
+                    if not isinstance(meta, dict) or not isinstance(meta.get("class_name"), str) \
+                            or not meta["class_name"].isidentifier() or not isinstance(meta.get("caches"), dict):
+                        raise EmittedCodeError(f"{role}.json: not an emitted step description")
+                    check_emitted_source((emitted / f"{role}.py").read_text(), meta["class_name"], f"{role}.py")
+            except (EmittedCodeError, ValueError, OSError) as exc:
+                ev.verified, ev.status, ev.error = False, "rejected: emitted code beyond the kernel ABI", _one_line(exc)
+                return ev
+            vjob = {"emitted": str(emitted), "model": job["model"], "drafter": job["drafter"], "method": self.method,
+                    "drafter_role": "drafter" in self.roles, "device": self.device, "dtype": job["dtype"],
+                    "num_draft": cand.num_draft, "tolerance": self.tolerance, "runs": job["runs"],
+                    "eos": list(self.pair.eos_token_ids or ()),
+                    "spec": dataclasses.asdict(self.spec) if self.spec is not None else None}
+            (vdir / "job.json").write_text(json.dumps(vjob))
+            rc, vtail, _ = run_confined(["--verify", "job.json", "result.json"], vdir, self.sandbox_timeout)
+            result_path = vdir / "result.json"
+            if rc is None:
+                ev.verified, ev.status, ev.error = False, "rejected: timed out", f"token forcing exceeded {self.sandbox_timeout:g} s"
+                return ev
+            if rc != 0 or not result_path.is_file():
+                ev.verified, ev.status, ev.error = False, "rejected: crashed under token forcing", vtail or "no output"
+                return ev
+            res = json.loads(result_path.read_text())
     ev.lowering = info.get("lowering") if isinstance(info.get("lowering"), dict) else None
     ev.forcing = res["forcing"]
     if not res["passed"]:

@@ -117,6 +117,17 @@ def _netns(pid: int | str) -> str | None:
         return None
 
 
+def _kill_netns(ns: str | None) -> None:
+    if not ns:
+        return
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != os.getpid() and _netns(p) == ns:
+            try:
+                os.kill(int(p), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def _network_reason() -> str:
     if not sys.platform.startswith("linux"):
         return f"no network namespaces on {sys.platform}"
@@ -174,6 +185,8 @@ def run_confined(args: list[str], workdir: Path, timeout: float, limits: dict[st
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            if network == "isolated":  # anything left in its private network namespace is its offspring
+                _kill_netns(child_ns)
     lines = err_path.read_text(errors="replace").strip().splitlines()
     return rc, (lines[-1] if lines else ""), network
 
