@@ -22,7 +22,9 @@ Each round:
 
 Pieces: ``choose.py`` (``choose_pipeline``, the cheap entry point for `specc compile`), ``meta_pair.py``
 (weightless IRs), ``evaluated.py`` (records), ``measure.py`` (GPU timing), ``sandbox.py`` (the
-worker for untrusted pass code), ``check.py`` (compile + token forcing), ``defaults.py``.
+confined worker for untrusted pass code and the verifier of its emitted modules),
+``emitted_check.py`` (the kernel-ABI check of emitted modules), ``check.py`` (compile + token
+forcing), ``defaults.py``.
 """
 
 from __future__ import annotations

@@ -13,11 +13,13 @@ docs/writing-passes.md, and reads back one of:
   names of registered passes with their options; evaluated like any candidate (an unknown name is
   rejected by the pass registry);
 - the **source of a new pass** (a ```python block defining a ``specc.passes.Pass`` subclass). It is
-  syntax-checked here without running it, written to ``<memory dir>/llm_passes/``, and everything
-  that runs it (passes, lint, lowering, token forcing against stock, the cost-model prediction)
-  happens in a subprocess with a time limit (``specc.search.sandbox --worker``). It is accepted only
-  when the IR lints, token forcing passes and the prediction beats the current best; accepted or
-  not, the outcome is recorded in the memory.
+  syntax-checked here without running it, written to ``<memory dir>/llm_passes/`` with its sha256
+  pinned, and run only in a confined worker process (``specc.search.sandbox``) that emits step
+  modules; the search itself checks those against the kernel ABI and token-forces them in a process
+  that never imports the pass (docs/search.md, "Threat model"). Accepted or not, the outcome is
+  recorded in the memory.
+
+Plans name registered passes only: ``+path:Class``, ``module:Class`` and dotted names are refused.
 
 The number of requests is bounded (``max_requests``, default one per round).
 """

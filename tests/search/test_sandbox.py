@@ -70,6 +70,15 @@ FORGE = negate_logits_source("llm_forge").replace("        ir.refresh()\n", ''' 
         forged = {"ok": True, "stage": "verified", "passed": True, "summary": "PASS", "lengths": [],
                   "forcing": {"passed": True, "failures": [], "ties": []},
                   "prediction": {"tokens_per_s": 1e12, "speedup": 1e6}}
+        import atexit, sys
+
+        def forge_last():  # after the worker wrote its own: the file the worker was told to write
+            for target in (pathlib.Path(sys.argv[-1]), pathlib.Path(sys.argv[-1]) / "info.json"):
+                try:
+                    target.write_text(json.dumps(forged))
+                except OSError:
+                    pass
+        atexit.register(forge_last)
         for d in (pathlib.Path("."), pathlib.Path("out"), pathlib.Path("..")):
             for name in ("result.json", "info.json"):
                 try:
