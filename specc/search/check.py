@@ -79,7 +79,7 @@ def _check_sandboxed(self, ev: Evaluated) -> Evaluated:
     import shutil
 
     from specc.search.emitted_check import EmittedCodeError, check_emitted_source
-    from specc.search.sandbox import run_confined
+    from specc.search.confine import run_confined
 
     cand = ev.candidate
     job = {"model": str(self.pair.target.path), "drafter": str(self.pair.drafter.path) if self.pair.drafter else None,

@@ -171,7 +171,7 @@ class MemoryProposer(Proposer):
         out: list[Candidate] = []
         sources = [(ctx.memory, "memory")] + [(m, f"memory:{m.deployment}") for m in ctx.siblings]
         for mem, origin in sources:
-            for e in mem.validated(ctx.model_name, ctx.drafter_name, ctx.method, notes=ctx.notes):
+            for e in mem.validated(ctx.model_name, ctx.drafter_name, ctx.method, notes=getattr(ctx, "notes", None)):
                 cand = Candidate.from_parameters(e.parameters, mechanism=e.mechanism, origin=origin,
                                                  reason=f"validated on {e.deployment or mem.deployment} {e.date[:10]}")
                 # pass code that was checked in the sandbox (LLM-written) stays there, even once validated
