@@ -97,9 +97,10 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
     options: list[tuple[str, int, str]] = [(default_pipeline(), k_default, "default pipeline")]
     registered = available_passes()
     acc_source = "given"
+    skipped: list[str] = []  # memory entries whose pass code changed since they were validated
     if mem is not None:
         for m in [mem] + mem.siblings():
-            for e in m.validated(model_name, drafter_name, method):
+            for e in m.validated(model_name, drafter_name, method, notes=skipped):
                 cand = Candidate.from_parameters(e.parameters)
                 pipe = cand.single_pipeline
                 if pipe is None or not _pipeline_usable(pipe, registered):
@@ -144,5 +145,5 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
                   "batch_size": pred.batch_size, "context": pred.context, "source": source,
                   "acceptance": acceptance.to_json(), "acceptance_source": acc_source,
                   "gap_report": pred.gap_report().to_json(), "candidates": considered,
-                  "memory": str(mem.path) if mem is not None else None}
+                  "memory": str(mem.path) if mem is not None else None, "skipped": skipped}
     return Choice(pipe, k, prediction)

@@ -22,7 +22,9 @@ Each round:
 
 Pieces: ``choose.py`` (``choose_pipeline``, the cheap entry point for `specc compile`), ``meta_pair.py``
 (weightless IRs), ``evaluated.py`` (records), ``measure.py`` (GPU timing), ``sandbox.py`` (the
-worker for untrusted pass code), ``check.py`` (compile + token forcing), ``defaults.py``.
+confined worker for untrusted pass code and the verifier of its emitted modules),
+``emitted_check.py`` (the kernel-ABI check of emitted modules), ``check.py`` (compile + token
+forcing), ``defaults.py``.
 """
 
 from __future__ import annotations
@@ -282,6 +284,8 @@ class Search:
         from specc.ir import fmt_bytes, fmt_flops
 
         lines = []
+        if cand.sandbox:  # tracing it here would run untrusted pass code in this process
+            return "(not shown: the configuration holds sandboxed pass code, traced only in the sandbox)"
         for role in self.roles:
             ir = self.meta_ir(role, cand)
             kinds = _c.Counter(ir.meta(n).kind for n in ir.graph.nodes)
@@ -308,9 +312,11 @@ class Search:
     def _remember(self, ev: Evaluated, parent: Evaluated | None) -> None:
         if self.memory is None:
             return
-        from specc.search.memory import MemoryEntry
+        from specc.search.memory import MemoryEntry, pass_sources
 
         gain = mgain = None
+        sources = pass_sources(ev.candidate.passes.values())
+        sources.update(ev.candidate.sources)  # pinned when proposed, before the sandbox ran it
         if parent is not None and ev.verified:
             gain = ev.predicted_tokens_per_s / parent.predicted_tokens_per_s if parent.predicted_tokens_per_s else None
             if ev.measured and parent.measured and ev.measured.get("tokens_per_s") and parent.measured.get("tokens_per_s"):
@@ -320,7 +326,8 @@ class Search:
             measured_gain=mgain, validated=bool(ev.verified), model=self.model_name, drafter=self.drafter_name,
             method=self.method, deployment=self.deployment.name,
             prediction={**ev.prediction_summary(), **({"measured": ev.measured} if ev.measured else {})},
-            notes=(ev.error or ev.candidate.reason or "")[:500]))
+            notes=(ev.error or ev.candidate.reason or "")[:500],
+            pass_sources=sources, sandbox=dict(ev.sandbox or {})))
 
     def run(self, rounds: int = 2) -> SearchResult:
         if rounds < 0:
@@ -388,8 +395,8 @@ class Search:
                 self.reporter.advance(f"{e.candidate.mechanism}: {e.status}")
                 gain = MEASURED_MIN_GAIN if self.measure else MIN_GAIN
                 if e.verified and e.score > best.score * (1 + gain):
-                    if e.prediction is None:  # a sandboxed pass, now accepted: predict in-process
-                        e.prediction = self.predict(e.candidate)
+                    # a sandboxed pass keeps the worker's (advisory) prediction: predicting here
+                    # would run its code in this process
                     self._remember(e, best)  # a validated mechanism, gain over this round's start
                     if e.score > round_best.score * (1 + gain):
                         round_best = e

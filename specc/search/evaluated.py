@@ -34,6 +34,7 @@ class Evaluated:
     status: str = "proposed"
     error: str | None = None
     lowering: dict[str, Any] | None = None
+    sandbox: dict[str, Any] | None = None  # sandboxed candidates: how the worker was confined ({"network": ...})
 
     @property
     def predicted_tokens_per_s(self) -> float | None:
@@ -68,6 +69,8 @@ class Evaluated:
                "mechanism": self.candidate.mechanism, "origin": self.candidate.origin, "reason": self.candidate.reason,
                "status": self.status, "verified": self.verified, "error": self.error,
                "predicted": self.prediction_summary(), "measured": self.measured}
+        if self.sandbox is not None:
+            out["sandbox"] = dict(self.sandbox)
         if self.acceptance is not None:
             out["acceptance"] = self.acceptance.to_json()
         if self.forcing is not None:

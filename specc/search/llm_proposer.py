@@ -13,11 +13,13 @@ docs/writing-passes.md, and reads back one of:
   names of registered passes with their options; evaluated like any candidate (an unknown name is
   rejected by the pass registry);
 - the **source of a new pass** (a ```python block defining a ``specc.passes.Pass`` subclass). It is
-  syntax-checked here without running it, written to ``<memory dir>/llm_passes/``, and everything
-  that runs it (passes, lint, lowering, token forcing against stock, the cost-model prediction)
-  happens in a subprocess with a time limit (``specc.search.sandbox --worker``). It is accepted only
-  when the IR lints, token forcing passes and the prediction beats the current best; accepted or
-  not, the outcome is recorded in the memory.
+  syntax-checked here without running it, written to ``<memory dir>/llm_passes/`` with its sha256
+  pinned, and run only in a confined worker process (``specc.search.sandbox``) that emits step
+  modules; the search itself checks those against the kernel ABI and token-forces them in a process
+  that never imports the pass (docs/search.md, "Threat model"). Accepted or not, the outcome is
+  recorded in the memory.
+
+Plans name registered passes only: ``+path:Class``, ``module:Class`` and dotted names are refused.
 
 The number of requests is bounded (``max_requests``, default one per round).
 """
@@ -108,20 +110,39 @@ def parse_reply(text: str) -> tuple[str, Any]:
     return "error", "the reply holds neither a JSON pass plan nor a python block with a Pass subclass"
 
 
-def plan_candidate(plan: dict[str, Any], best: Candidate, roles: tuple[str, ...]) -> Candidate:
+_PASS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def _plan_pass_name(name: str, registered) -> str:
+    """A plan names registered passes only: never a file, a module or an importable object
+    (``+path:Class``, ``pkg.mod:Class``, dotted names are refused before anything is imported)."""
+    name = name.strip()
+    if not _PASS_NAME.match(name):
+        raise UserError(f"plan item {name[:80]!r}: a plan names registered passes only (no files, modules or "
+                        f"importable objects)")
+    if registered is not None and name not in registered:
+        raise UserError(f"plan item {name!r}: not a registered pass")
+    return name
+
+
+def plan_candidate(plan: dict[str, Any], best: Candidate, roles: tuple[str, ...], registered=None) -> Candidate:
+    """``registered``: the registered pass names (unknown names are refused here too)."""
     names, options = [], {}
     for item in plan["plan"]:
         if isinstance(item, str):
-            names.append(item.strip())
+            names.append(_plan_pass_name(item, registered))
         elif isinstance(item, dict) and isinstance(item.get("name"), str):
-            names.append(item["name"].strip())
+            names.append(_plan_pass_name(item["name"], registered))
             params = item.get("params") or {}
             if not isinstance(params, dict):
                 raise UserError(f"plan item {item['name']}: params must be an object")
             options.update(params)
         else:
             raise UserError(f"plan item {item!r}: give a pass name or {{'name': ..., 'params': {{...}}}}")
-    use = [r for r in (plan.get("roles") or roles) if r in roles] or list(roles)
+    plan_roles = plan.get("roles") or roles
+    if not isinstance(plan_roles, (list, tuple)):
+        raise UserError("plan roles must be a list")
+    use = [r for r in plan_roles if r in roles] or list(roles)
     pipeline = ",".join(n for n in names if n)
     passes = dict(best.passes)
     opts = {r: dict(o) for r, o in best.options.items()}
@@ -133,8 +154,11 @@ def plan_candidate(plan: dict[str, Any], best: Candidate, roles: tuple[str, ...]
         k = int(plan["num_draft"])
         if k < 1:
             raise UserError("num_draft must be >= 1")
+    # roles the plan leaves alone keep the best's pipeline: sandboxed pass code there stays sandboxed
+    sandboxed = best.sandbox and any(i.startswith("+") for p in passes.values() for i in split_pipeline(p))
     return Candidate(passes, k, opts, mechanism=f"llm plan [{pipeline}]" + (f" k={k}" if k != best.num_draft else ""),
-                     origin="llm", reason=str(plan.get("why") or plan.get("reason") or "")[:300])
+                     origin="llm", reason=str(plan.get("why") or plan.get("reason") or "")[:300], sandbox=sandboxed,
+                     sources=dict(best.sources) if sandboxed else {})
 
 
 def source_candidate(source: str, best: Candidate, roles: tuple[str, ...], directory: Path) -> Candidate:
@@ -158,8 +182,10 @@ def source_candidate(source: str, best: Candidate, roles: tuple[str, ...], direc
         at = items.index("dce") if "dce" in items else len(items)
         items.insert(at, item)
         passes[r] = ",".join(items)
+    # the hash of what was proposed, pinned before anything runs it: the memory records this one
+    sources = {**best.sources, item[1:]: hashlib.sha256(source.encode()).hexdigest()}
     return Candidate(passes, best.num_draft, {r: dict(o) for r, o in best.options.items()},
-                     mechanism=f"llm pass {cls} ({path.name})", origin="llm", sandbox=True)
+                     mechanism=f"llm pass {cls} ({path.name})", origin="llm", sandbox=True, sources=sources)
 
 
 class LLMProposer(Proposer):
@@ -204,7 +230,7 @@ class LLMProposer(Proposer):
         entry["kind"] = kind
         try:
             if kind == "plan":
-                cand = plan_candidate(payload, ctx.best.candidate, ctx.roles)
+                cand = plan_candidate(payload, ctx.best.candidate, ctx.roles, registered=ctx.passes)
             elif kind == "source":
                 directory = self.pass_dir or ((Path(ctx.memory.path).parent if ctx.memory is not None else
                                                Path.cwd()) / "llm_passes")

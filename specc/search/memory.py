@@ -73,6 +73,9 @@ class MemoryEntry:
     deployment: str = ""
     prediction: dict[str, Any] = dataclasses.field(default_factory=dict)
     notes: str = ""
+    #: sha256 of the source of every pass named by reference (``+path.py:Class`` / ``+module:Class``)
+    pass_sources: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sandbox: dict[str, Any] = dataclasses.field(default_factory=dict)  # how a sandboxed check was confined
 
     def __post_init__(self):
         if not self.date:
@@ -84,6 +87,22 @@ class MemoryEntry:
 
     def key(self) -> str:
         return json.dumps(self.parameters, sort_keys=True)
+
+    def untrusted_reason(self) -> str | None:
+        """Why this entry's pass code cannot be trusted now (None: it can): every pass named by
+        reference must have its source hash pinned, and the source must still have that hash."""
+        passes = self.parameters.get("passes") or {}
+        pipelines = [passes] if isinstance(passes, str) else list(passes.values()) if isinstance(passes, dict) else []
+        now_hashes = pass_sources(p for p in pipelines if isinstance(p, str))
+        for ref, digest in now_hashes.items():
+            pinned = self.pass_sources.get(ref)
+            if pinned is None:
+                return f"pass {ref} has no pinned source hash"
+            if digest is None:
+                return f"pass {ref}: its source is gone"
+            if digest != pinned:
+                return f"pass {ref} changed since it was validated (sha256 {digest[:12]} != pinned {str(pinned)[:12]})"
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -99,13 +118,51 @@ class MemoryEntry:
                 ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
             elif k == "validated":
                 ok = isinstance(v, bool)
-            elif k in ("parameters", "prediction"):
+            elif k in ("parameters", "prediction", "pass_sources", "sandbox"):
                 ok = isinstance(v, dict)
             else:
                 ok = isinstance(v, str)
             if not ok:
                 raise UserError(f"{where}: memory entry field {k} has the wrong type ({v!r})")
         return cls(**kwargs)
+
+
+def pass_sources(pipelines: Iterable[str]) -> dict[str, str | None]:
+    """``{ref: sha256 of its source file}`` of every pass named by reference (``+path.py:Class``,
+    ``+module:Class``) in ``pipelines``; None where the source cannot be found. Never imports."""
+    import hashlib
+    import importlib.util
+
+    out: dict[str, str | None] = {}
+    for pipeline in pipelines:
+        for item in (x.strip() for x in (pipeline or "").split(",")):
+            if not item.startswith("+") or item[1:] in out:
+                continue
+            ref = item[1:]
+            module = ref.rpartition(":")[0] or ref
+            path: Path | None = None
+            if module.endswith(".py") or "/" in module or os.sep in module:
+                path = Path(module).expanduser()
+            elif "." not in module:  # a top-level module: find it without importing it
+                try:
+                    spec = importlib.util.find_spec(module)
+                except (ImportError, ValueError):
+                    spec = None
+                path = Path(spec.origin) if spec is not None and spec.origin and spec.has_location else None
+            else:  # finding a dotted module would import its packages: hash the file it would be
+                parts = module.split(".")
+                try:
+                    spec = importlib.util.find_spec(parts[0])
+                except (ImportError, ValueError):
+                    spec = None
+                if spec is not None and spec.submodule_search_locations:
+                    base = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts[1:])
+                    path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+            try:
+                out[ref] = hashlib.sha256(path.read_bytes()).hexdigest() if path is not None and path.is_file() else None
+            except OSError:
+                out[ref] = None
+    return out
 
 
 class Memory:
@@ -208,9 +265,20 @@ class Memory:
         self.entries.append(entry)
         return entry
 
-    def validated(self, model: str | None = None, drafter: str | None = None, method: str | None = None) -> list[MemoryEntry]:
-        """Validated entries, those for this exact model/drafter first, then by gain."""
-        out = [e for e in self.entries if e.validated and (method is None or not e.method or e.method == method)]
+    def validated(self, model: str | None = None, drafter: str | None = None, method: str | None = None,
+                  notes: list[str] | None = None) -> list[MemoryEntry]:
+        """Validated entries, those for this exact model/drafter first, then by gain. Entries whose
+        pass code changed since (or was never pinned) are skipped, with a note in ``notes``."""
+        out = []
+        for e in self.entries:
+            if not e.validated or not (method is None or not e.method or e.method == method):
+                continue
+            why = e.untrusted_reason()
+            if why is not None:
+                if notes is not None:
+                    notes.append(f"memory entry {e.mechanism!r} not trusted: {why}")
+                continue
+            out.append(e)
 
         def rank(e: MemoryEntry):
             same = (model is not None and e.model == model) + (drafter is not None and e.drafter == drafter)

@@ -87,6 +87,7 @@ class Candidate:
     reason: str = ""
     sandbox: bool = False
     check_always: bool = False
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # pass ref -> sha256 pinned when proposed
 
     def parameters(self) -> dict[str, Any]:
         return {"passes": dict(sorted(self.passes.items())), "num_draft": self.num_draft,
@@ -170,9 +171,12 @@ class MemoryProposer(Proposer):
         out: list[Candidate] = []
         sources = [(ctx.memory, "memory")] + [(m, f"memory:{m.deployment}") for m in ctx.siblings]
         for mem, origin in sources:
-            for e in mem.validated(ctx.model_name, ctx.drafter_name, ctx.method):
+            for e in mem.validated(ctx.model_name, ctx.drafter_name, ctx.method, notes=getattr(ctx, "notes", None)):
                 cand = Candidate.from_parameters(e.parameters, mechanism=e.mechanism, origin=origin,
                                                  reason=f"validated on {e.deployment or mem.deployment} {e.date[:10]}")
+                # pass code that was checked in the sandbox (LLM-written) stays there, even once validated
+                cand.sandbox = bool(e.sandbox) and any(i.startswith("+") for p in cand.passes.values()
+                                                       for i in split_pipeline(p))
                 if not all(_pipeline_usable(p, ctx.passes) for p in cand.passes.values()):
                     continue
                 roles = set(ctx.roles)
