@@ -33,7 +33,7 @@ class Engine:
         section = manifest.get("drafter") or {}
         # the drafting strategy the method recorded (artifacts before it: named like the method)
         strategy = section.get("strategy") or self.method
-        self.tree_budget = int((manifest.get("tree") or {}).get("budget") or 0)
+        self.tree_budget = _tree_budget(path, manifest)
         self.loop = build_loop(steps, strategy, self.num_draft, max_len, drafter_section=section,
                                tree_budget=self.tree_budget)
         self.steps = self.loop.steps  # GraphedStep-wrapped on CUDA
@@ -104,6 +104,15 @@ def timing_stats(start: float, first_at: float | None, end: float, result: Gener
             "decode_steps": steps, "decode_step_s": decode_s / steps if steps else 0.0,
             "tokens_per_step": decode_tokens / steps if steps else 0.0,
             "tau": result.stats.tau, "steps": result.stats.steps}
+
+
+def _tree_budget(path, manifest: dict) -> int:
+    """The manifest's tree budget (0: chains); a malformed ``tree`` section is an ArtifactError."""
+    tree = manifest.get("tree") or {}
+    budget = tree.get("budget", 0) if isinstance(tree, dict) else None
+    if not isinstance(budget, int) or isinstance(budget, bool) or not 0 <= budget <= 4096:
+        raise ArtifactError(f"{path}: manifest 'tree' must be {{'budget': 0..4096, ...}}, got {tree!r:.80}")
+    return budget
 
 
 def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, pard_token: int | None = None,
