@@ -20,104 +20,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 
 import torch
 
-QWEN3_8B = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
-                max_position_embeddings=40960, tie_word_embeddings=False, eos_token_id=151645)
-QWEN3_06B = dict(QWEN3_8B, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                 tie_word_embeddings=True, pard_token=151669)
-LLAMA_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=5e5,
-                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                              "original_max_position_embeddings": 8192},
-                max_position_embeddings=131072, tie_word_embeddings=False, eos_token_id=128009)
-LLAMA_1B = dict(LLAMA_8B, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, head_dim=64,
-                tie_word_embeddings=True, pard_token=128250)
-
-
-def dflash_config(target: dict, layer_ids) -> dict:
-    return dict(architectures=["DFlashDraftModel"], model_type="qwen3", hidden_size=target["hidden_size"],
-                intermediate_size=12288 if target["hidden_size"] == 4096 else 4 * target["hidden_size"],
-                num_hidden_layers=5, num_attention_heads=32 if target["hidden_size"] == 4096 else 4,
-                num_key_value_heads=8 if target["hidden_size"] == 4096 else 2, head_dim=128 if target["hidden_size"] == 4096 else 16,
-                vocab_size=target["vocab_size"], rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960,
-                block_size=16, num_target_layers=target["num_hidden_layers"],
-                dflash_config={"mask_token_id": 5, "target_layer_ids": list(layer_ids)})
-
-
-def tiny(cfg: dict, layers: int | None = None) -> dict:
-    out = dict(cfg, vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-               head_dim=16, num_hidden_layers=layers or 4, eos_token_id=511)
-    out.pop("pard_token", None)
-    if "pard_token" in cfg:
-        out["pard_token"] = 3
-    if "rope_scaling" in cfg:
-        out["rope_scaling"] = dict(cfg["rope_scaling"], original_max_position_embeddings=64)
-    return out
-
-
-def init_(module, seed: int, scaled_residual: bool = True) -> None:
-    """N(0, 0.02) weights (residual projections scaled by depth), drawn on the parameters' device:
-    an 8B model's 8e9 normals take seconds on the GPU and minutes on one CPU core."""
-    dev = next(module.parameters()).device
-    g = torch.Generator(device=dev).manual_seed(seed)
-    layers = max(1, sum(1 for n, _ in module.named_parameters() if n.endswith("o_proj.weight")))
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.dim() == 1:
-                p.fill_(1.0)
-                continue
-            std = 0.02 / math.sqrt(2 * layers) if scaled_residual and ("o_proj" in name or "down_proj" in name) else 0.02
-            p.copy_((torch.randn(p.shape, generator=g, device=dev) * std).to(p.dtype))
-
-
-def build_causal(cfg: dict, dtype, device, seed: int):
-    from specc.models import CausalLM, model_config_from_hf
-
-    mc = model_config_from_hf(cfg)
-    with torch.device("meta"):
-        model = CausalLM(mc)
-    model = model.to_empty(device=device).to(dtype)
-    if mc.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    init_(model, seed)
-    model.inv_freq = mc.rope.inv_freq(mc.head_dim).to(device)
-    return model.eval()
-
-
-def build_dflash(cfg: dict, dtype, device, seed: int):
-    from specc.models import DFlashDraft
-
-    with torch.device("meta"):
-        draft = DFlashDraft.from_hf_config(cfg)
-    draft = draft.to_empty(device=device).to(dtype)
-    init_(draft, seed)
-    draft.inv_freq = draft.config.rope.inv_freq(draft.config.head_dim).to(device)
-    return draft.eval()
-
-
-def hf_twin(model, cfg: dict):
-    """An HF transformers model sharing ``model``'s tensors (stock runs on the same weights)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    hf_cfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "pard_token"})
-    hf_cfg._attn_implementation = "eager"
-    with torch.device("meta"):
-        hf = AutoModelForCausalLM.from_config(hf_cfg)
-    state = {("model." + k if not k.startswith("lm_head") else k): v for k, v in model.state_dict().items()
-             if "cache" not in k and k != "inv_freq"}
-    hf.load_state_dict(state, strict=False, assign=True)
-    if cfg.get("tie_word_embeddings"):
-        hf.lm_head.weight = hf.model.embed_tokens.weight
-    for m in hf.modules():  # rotary buffers were on meta; ours are computed as HF does (CPU tests)
-        if hasattr(m, "inv_freq"):
-            m.inv_freq = model.inv_freq.clone()
-            m.original_inv_freq = model.inv_freq.clone()
-    return hf.eval()
+# Real shapes and random-weight builders: one definition, shared with `specc bench --shapes`.
+from specc.bench.shapes import (  # noqa: E402
+    LLAMA_1B,
+    LLAMA_8B,
+    QWEN3_06B,
+    QWEN3_8B,
+    build_causal,
+    build_dflash,
+    dflash_config,
+    hf_twin,
+    tiny,
+)
 
 
 def compiled_system(target, draft_module, method: str, k: int, spec, max_len: int, graphs: bool):
@@ -142,10 +60,10 @@ def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol,
     from specc.verify import Fp32Referee, StockRun, stock_margins, verify_system
 
     target = build_causal(tcfg, dtype, dev, seed=1)
-    hf_target = hf_twin(target, tcfg)
+    hf_target = hf_twin(target, tcfg, attn="eager")
     if method == "pard":
         draft = build_causal(pcfg, dtype, dev, seed=2)
-        hf_draft, k, spec, module = hf_twin(draft, pcfg), 7, None, draft
+        hf_draft, k, spec, module = hf_twin(draft, pcfg, attn="eager"), 7, None, draft
     else:
         L = tcfg["num_hidden_layers"]
         ids = [1, L // 4, L // 2, 3 * L // 4, L - 3] if not small else [0, 1, 2]
