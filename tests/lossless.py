@@ -54,3 +54,16 @@ def run_eager(method, target_path, drafter_path, num_draft, max_new, eos=(), cap
 
 def reference(target_path, max_new, eos=None, prompt=PROMPT):
     return hf_greedy(_hf(target_path), prompt, max_new, eos)
+
+
+def eos_inside_accepted_block(result):
+    """A token that a speculative run committed strictly before the end of one of its
+    multi-token steps, and had not produced before: used as EOS, generation must stop inside an
+    accepted block. None when the run has no such token."""
+    tokens, index = result.tokens, 1
+    for n in result.stats.accepted_lengths:
+        for j in range(index, index + n - 1):
+            if n > 1 and tokens[j] not in tokens[:j]:
+                return tokens[j]
+        index += n
+    return None

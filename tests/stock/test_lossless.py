@@ -3,7 +3,7 @@ token, for every target family x drafter, with full / partial / zero acceptance,
 accepted block and max_new_tokens inside a block."""
 
 import pytest
-from lossless import SCENARIOS, reference, run_eager, run_stock
+from lossless import SCENARIOS, eos_inside_accepted_block, reference, run_eager, run_stock
 
 MAX_NEW = 24
 
@@ -38,16 +38,7 @@ def test_stock_and_eager_equal_hf_greedy(checkpoints, method, target_key, drafte
 def test_eos_inside_accepted_block(checkpoints, method, target_key, drafter_key, num_draft, expected):
     target, drafter = checkpoints[target_key], checkpoints[drafter_key]
     free = run_stock(method, target, drafter, num_draft, MAX_NEW)
-    tokens, index = free.tokens, 1
-    eos = None
-    for n in free.stats.accepted_lengths:  # a token first seen strictly before its step's end
-        for j in range(index, index + n - 1):
-            if n > 1 and tokens[j] not in tokens[:j]:
-                eos = tokens[j]
-                break
-        if eos is not None:
-            break
-        index += n
+    eos = eos_inside_accepted_block(free)
     assert eos is not None, "fixture produced no usable EOS candidate"
     want = reference(target, MAX_NEW, eos=eos)
     assert want[-1] == eos and len(want) < MAX_NEW

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import PROMPT
-from lossless import reference
+from lossless import eos_inside_accepted_block, reference
 
 from specc.pairing import resolve_pair
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
@@ -79,15 +79,7 @@ def test_eos_inside_accepted_path(checkpoints, method, drafter_key, num_draft, b
     drafter = checkpoints[drafter_key]
     topk = 1 if drafter_key.startswith("const") else None
     free = _eager(method, target, drafter, num_draft, budget, MAX_NEW, topk=topk).generate(PROMPT, MAX_NEW)
-    tokens, index, eos = free.tokens, 1, None
-    for n in free.stats.accepted_lengths:  # a token first seen strictly before its step's end
-        for j in range(index, index + n - 1):
-            if n > 1 and tokens[j] not in tokens[:j]:
-                eos = tokens[j]
-                break
-        if eos is not None:
-            break
-        index += n
+    eos = eos_inside_accepted_block(free)
     assert eos is not None, f"no EOS candidate inside an accepted path: {free.stats.accepted_lengths}"
     want = reference(target, MAX_NEW, eos=eos)
     assert want[-1] == eos and len(want) < MAX_NEW
