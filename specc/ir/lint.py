@@ -12,7 +12,6 @@ it after every pass when checking is on.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import torch
 import torch.fx
@@ -21,11 +20,8 @@ from torch import nn
 from specc.ir.errors import IRError, LintError
 from specc.ir.meta import META_KEY, NodeMeta
 
-if TYPE_CHECKING:
-    from specc.ir.ir import IR
 
-
-def problems(ir: IR) -> list[str]:
+def problems(ir) -> list[str]:
     """All invariant violations of ``ir``, each naming the node; empty when the IR is sound."""
     found: list[str] = []
     graph = ir.gm.graph
@@ -78,7 +74,7 @@ def problems(ir: IR) -> list[str]:
     return found
 
 
-def lint(ir: IR) -> None:
+def lint(ir) -> None:
     """Raise :class:`LintError` listing every problem (see the module docstring)."""
     found = problems(ir)
     if found:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 import torch
@@ -11,9 +11,6 @@ import torch.fx
 from specc.ir.meta import TensorMeta, dtype_name, value_str
 from specc.ir.rules import STRUCTURAL_KINDS
 from specc.ir.symbols import fmt_expr
-
-if TYPE_CHECKING:  # pragma: no cover
-    from specc.ir.ir import IR
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -59,8 +56,8 @@ def _out_json(out: Any) -> Any:
     return _json_value(out)
 
 
-def node_line(ir: "IR", node: torch.fx.Node) -> str:
-    """``%name = kind target(args) : out  | costs`` (formulas), one line."""
+def node_line(ir, node: torch.fx.Node) -> str:
+    """(``ir``: the ``specc.ir.IR`` holding ``node``) ``%name = kind target(args) : out  | costs`` (formulas), one line."""
     m = ir.meta(node)
     if node.op == "placeholder":
         head = f"%{node.name} = input"

@@ -21,7 +21,6 @@ import torch
 from specc.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specc.pairing import Checkpoint, Pair
     from specc.result import GenerationResult
     from specc.runtime.drafters import Drafter
 
@@ -55,7 +54,10 @@ class DraftShape:
 
 class Method:
     """Base class of speculation methods. Subclasses set the class attributes and override the
-    hooks they need; the defaults describe a method with no drafter (plain AR)."""
+    hooks they need; the defaults describe a method with no drafter (plain AR).
+
+    In the hooks, ``pair`` is a resolved ``specc.pairing.Pair`` and ``target`` / ``drafter`` are
+    ``specc.pairing.Checkpoint``s (not imported here: pairing asks the methods, not the reverse)."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -77,7 +79,7 @@ class Method:
 
     # ------------------------------------------------------------------ pairing
 
-    def check_pair(self, target: "Checkpoint", drafter: "Checkpoint | None") -> None:
+    def check_pair(self, target, drafter) -> None:
         """Raise ``UserError`` (one line) when ``drafter`` cannot serve ``target`` this way."""
         if not self.uses_drafter:
             if drafter is not None:
@@ -132,7 +134,7 @@ class Method:
         """Wire a loaded target and drafter definition together (shared by real and meta loading)."""
         return LoadedPair(target, draft if self.uses_drafter else None)
 
-    def load(self, pair: "Pair", dtype: torch.dtype = torch.float32, device: Any = "cpu") -> LoadedPair:
+    def load(self, pair, dtype: torch.dtype = torch.float32, device: Any = "cpu") -> LoadedPair:
         """The pair's specc.models definitions with their weights."""
         from specc.models.registry import load_model
 
@@ -154,12 +156,12 @@ class Method:
 
     # ------------------------------------------------------------------ runtime
 
-    def drafter_for(self, draft_step, pair: "Pair") -> "Drafter | None":
+    def drafter_for(self, draft_step, pair) -> "Drafter | None":
         """The runtime drafting strategy over a draft step: the specc.models definition
         (``LoadedPair.draft``) or its compiled step (same call signature)."""
         return None
 
-    def draft_inputs(self, values: dict[str, int], batch: int, context: int, pair: "Pair", device: Any,
+    def draft_inputs(self, values: dict[str, int], batch: int, context: int, pair, device: Any,
                      dtype: torch.dtype) -> tuple:
         """Random inputs of one drafter forward of shape ``values`` (a ``DraftShape``'s) at
         ``context`` committed tokens, for timing it. Default: a causal drafter step."""
@@ -169,11 +171,11 @@ class Method:
         pos = torch.arange(context, context + q, device=device)[None].expand(batch, -1).contiguous()
         return ids, pos, torch.full((batch,), context, dtype=torch.long, device=device)
 
-    def manifest_drafter(self, pair: "Pair", loaded: LoadedPair) -> dict[str, Any]:
+    def manifest_drafter(self, pair, loaded: LoadedPair) -> dict[str, Any]:
         """Method-specific facts the artifact records about the drafter (read back by the runtime)."""
         return {}
 
-    def draft_logits(self, loaded: LoadedPair, pair: "Pair", seq: torch.Tensor, hidden: torch.Tensor | None,
+    def draft_logits(self, loaded: LoadedPair, pair, seq: torch.Tensor, hidden: torch.Tensor | None,
                      num_draft: int) -> torch.Tensor | None:
         """The drafter's logits [num_draft, V] for the drafts after the committed ``seq`` [1, n]
         (its last token not yet seen by the target), computed from scratch (no cache reuse).
@@ -189,11 +191,11 @@ class Method:
 
     # ------------------------------------------------------------------ stock reference
 
-    def load_stock_drafter(self, pair: "Pair", dtype: torch.dtype, device: Any):
+    def load_stock_drafter(self, pair, dtype: torch.dtype, device: Any):
         """The drafter as its published inference loads it (HF transformers), or None."""
         return None
 
-    def stock_generate(self, target, draft, pair: "Pair", prompt, max_new_tokens: int, num_draft: int | None,
+    def stock_generate(self, target, draft, pair, prompt, max_new_tokens: int, num_draft: int | None,
                        eos_token_ids) -> "GenerationResult":
         """Run the method's published reference loop (HF models) greedily."""
         from specc.stock import generate_ar

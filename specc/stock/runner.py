@@ -8,12 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from typing import TYPE_CHECKING
-
 from specc.result import GenerationResult
-
-if TYPE_CHECKING:  # pragma: no cover
-    from specc.pairing import Pair
 
 
 def load_hf_causal_lm(path, dtype=torch.float32, device="cpu"):
@@ -25,9 +20,10 @@ def load_hf_causal_lm(path, dtype=torch.float32, device="cpu"):
 
 
 class StockSystem:
-    """The reference system of a pair with its HF models loaded (reuse it across prompts)."""
+    """The reference system of a pair (a resolved ``specc.pairing.Pair``) with its HF models
+    loaded (reuse it across prompts)."""
 
-    def __init__(self, pair: "Pair", num_draft: int | None = None, dtype=torch.float32, device="cpu"):
+    def __init__(self, pair, num_draft: int | None = None, dtype=torch.float32, device="cpu"):
         self.pair, self.num_draft = pair, num_draft
         self.target = load_hf_causal_lm(pair.target.path, dtype, device)
         self.draft = pair.impl.load_stock_drafter(pair, dtype, device)
@@ -38,6 +34,6 @@ class StockSystem:
         return pair.impl.stock_generate(self.target, self.draft, pair, prompt, max_new_tokens, self.num_draft, eos)
 
 
-def run_stock(pair: "Pair", prompt: list[int], max_new_tokens: int, num_draft: int | None = None,
+def run_stock(pair, prompt: list[int], max_new_tokens: int, num_draft: int | None = None,
               dtype=torch.float32, device="cpu", eos_token_ids=None) -> GenerationResult:
     return StockSystem(pair, num_draft, dtype, device).generate(prompt, max_new_tokens, eos_token_ids)
