@@ -34,7 +34,7 @@ import time
 import torch
 
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
-from specc.runtime.loop import SpeculativeLoop
+from specc.runtime.loop import SpeculativeLoop, run_to_end
 from specc.runtime.state import DecodingState
 from specc.runtime.trees import build_tree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
@@ -201,11 +201,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         now); per row the same tokens as that prompt alone."""
         gen = self._rows_loop([as_prompt_list(p) for p in prompts], max_new_tokens, eos_token_ids)
         with torch.inference_mode():
-            while True:
-                try:
-                    next(gen)
-                except StopIteration as stop:
-                    return stop.value
+            return run_to_end(gen)
 
     def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
         gen = self._rows_loop([as_prompt_list(input_ids)], max_new_tokens, eos_token_ids)

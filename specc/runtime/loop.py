@@ -31,12 +31,7 @@ class SpeculativeLoop:
         return self.drafter.name if self.drafter is not None else "ar"
 
     def generate(self, input_ids, max_new_tokens: int, eos_token_ids=()) -> GenerationResult:
-        gen = self.stream(input_ids, max_new_tokens, eos_token_ids)
-        while True:
-            try:
-                next(gen)
-            except StopIteration as stop:
-                return stop.value
+        return run_to_end(self.stream(input_ids, max_new_tokens, eos_token_ids))
 
     def stream(self, input_ids, max_new_tokens: int, eos_token_ids=()):
         """Yield each committed token as soon as its verification step finishes."""
@@ -50,3 +45,13 @@ class SpeculativeLoop:
 
     def forced_argmax(self, prompt, tokens) -> list[int]:
         raise NotImplementedError
+
+
+def run_to_end(gen):
+    """Exhaust a generator that yields tokens as it goes and return its return value (the
+    GenerationResult a loop's ``stream`` or ``_rows_loop`` ends with)."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return stop.value

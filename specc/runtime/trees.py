@@ -48,7 +48,12 @@ class DraftTree:
         (the tree attention mask: a node attends to the committed cache and its own path).
 
         Vectorised (no per-node loop, no host sync with ``max_depth`` given): start from
-        "self or parent" and square the relation ceil(log2(depth + 1)) times (bool matmuls)."""
+        "self or parent" and square the relation ceil(log2(depth + 1)) times (bool matmuls).
+        Kept on the tree after the first call: a step needs it for the verify forward and again
+        for acceptance (any ``max_depth`` >= the tree's depth gives the same closure)."""
+        cached = getattr(self, "_ancestors", None)
+        if cached is not None:
+            return cached
         b, n = self.parents.shape
         dev = self.parents.device
         eye = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n)
@@ -61,6 +66,7 @@ class DraftTree:
             m = mask.to(work)
             mask = torch.bmm(m, m) > 0
             reach *= 2
+        self._ancestors = mask
         return mask
 
     def positions(self, base: torch.Tensor) -> torch.Tensor:
