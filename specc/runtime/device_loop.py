@@ -29,13 +29,14 @@ separate implementation of the same surface, not a base class of this one.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 
-from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
-from specc.runtime.loop import SpeculativeLoop, run_to_end
-from specc.runtime.state import DecodingState
+from specc.result import GenerationResult, as_prompt_list
+from specc.runtime.loop import SpeculativeLoop
+from specc.runtime.state import DecodingState, slot_view
 from specc.runtime.trees import build_tree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
 
@@ -196,29 +197,142 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             start += len(branch)
         return out
 
-    def generate_batch(self, prompts, max_new_tokens: int, eos_token_ids=()) -> list[GenerationResult]:
-        """Greedy generation for several prompts at once, one row each (equal prompt lengths for
-        now); per row the same tokens as that prompt alone."""
-        gen = self._rows_loop([as_prompt_list(p) for p in prompts], max_new_tokens, eos_token_ids)
+    def generate_batch(self, prompts, max_new_tokens, eos_token_ids=(), batch_size: int | None = None
+                       ) -> list[GenerationResult]:
+        """Greedy generation for several prompts (any lengths), ``batch_size`` rows at a time
+        (default: all at once) with continuous batching (``specc.runtime.batching``): per
+        prompt the same tokens as that prompt alone. ``max_new_tokens``: one budget or one per
+        prompt."""
+        from specc.runtime.batching import BatchScheduler
+
+        prompts = [as_prompt_list(p) for p in prompts]
+        budgets = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+        if len(budgets) != len(prompts):
+            raise ValueError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts")
         with torch.inference_mode():
-            return run_to_end(gen)
+            scheduler = BatchScheduler(self, batch_size or max(1, len(prompts)))
+            return scheduler.run([(p, m, eos_token_ids) for p, m in zip(prompts, budgets)])
 
     def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
-        gen = self._rows_loop([as_prompt_list(input_ids)], max_new_tokens, eos_token_ids)
-        while True:
-            try:
-                _, tok = next(gen)
-            except StopIteration as stop:
-                return stop.value[0]
-            yield tok
+        from specc.runtime.batching import BatchScheduler
 
-    def _tree_step(self, seq, n, k, caps, active, timer):
+        scheduler = BatchScheduler(self, 1)
+        rid = scheduler.submit(as_prompt_list(input_ids), max_new_tokens, eos_token_ids)
+        for event in scheduler.admit():  # the prefill's token reaches the caller at once
+            yield from event.tokens
+        while not scheduler.idle:
+            for event in scheduler.decode():
+                yield from event.tokens
+        return scheduler.take(rid)
+
+    # --- slots: what a scheduler (``specc.runtime.batching.BatchScheduler``) drives -------------
+
+    def open_slots(self, rows: int) -> None:
+        """Start over with ``rows`` free slots (reallocating the state when the batch changes)."""
+        if rows != self.batch:
+            self.resize(self.max_len, rows)
+        k_max = self.num_draft if self.drafter is not None else 0
+        self.seq = torch.zeros(rows, self.max_len + k_max + 2, dtype=torch.long, device=self.target.device)
+        self.n = [0] * rows  # committed tokens per slot (host mirror of state.lengths + 1)
+        self.live = [False] * rows
+        self._live_mask = None
+        self.state.lengths.zero_()
+        if self.drafter is not None:
+            self.drafter.forwards = 0
+            self.drafter.open_rows(rows)
+        self.part_seconds = {}
+        self._timer = PartTimer(self.target.device) if self.profile else _NoTimer()
+
+    def prefill_slot(self, slot: int, prompt: list[int]) -> int:
+        """Run ``prompt`` through the target into ``slot`` alone (a batch-1 forward on views of
+        the slot's state rows; the other slots are untouched), start the drafter's sequence
+        there, and return the first generated token (one host sync)."""
+        plen = len(prompt)
+        if not 0 < plen <= self.max_len:
+            raise ValueError(f"prompt of {plen} tokens for a loop of max_len {self.max_len}")
+        dev = self.target.device
+        self._timer.mark("prefill")
+        self.seq[slot, :plen] = torch.tensor(prompt, dtype=torch.long)
+        ids = self.seq[slot:slot + 1, :plen]
+        step = getattr(self.target, "eager", None) or self.target  # a one-off shape: never graphed
+        with slot_view(self.target, slot) if self.batch > 1 else contextlib.nullcontext():
+            out = step(ids, self._arange(plen), torch.zeros(1, dtype=torch.long, device=dev))
+        logits, context = out if isinstance(out, tuple) else (out, None)
+        self.state.lengths[slot] = plen  # the first generated token's K/V lands with the first verify step
+        first = logits[:, -1].argmax(-1)
+        self.seq[slot, plen] = first[0]
+        self.n[slot], self.live[slot], self._live_mask = plen + 1, True, None
+        if self.drafter is not None:
+            self.drafter.reset_slot(slot, plen, context)
+        return int(first[0])
+
+    def release_slot(self, slot: int) -> None:
+        """Free ``slot`` (its request finished or was cancelled); a later prefill reuses it."""
+        self.live[slot], self._live_mask = False, None
+        self.state.release(slot)
+        self.n[slot] = 0
+
+    def speculate(self, budgets: list[int]) -> tuple[list[list[int]], int]:
+        """One speculative step over every slot. ``budgets[b]``: tokens live slot b may still
+        commit (>= 1). Returns (per slot [accepted, committed tokens...] from the step's one
+        device -> host copy: slot b committed ``row[1:row[0] + 2]``, free slots commit nothing;
+        tree nodes verified, 0 for a chain step). Clipping at EOS / budgets is the caller's."""
+        seq, n, rows, dev, timer = self.seq, self.n, self.batch, self.target.device, self._timer
+        live = [b for b in range(rows) if self.live[b]]
+        k, caps, active = 0, None, None
+        if rows > 1:
+            if self._live_mask is None:
+                self._live_mask = torch.tensor([int(x) for x in self.live], dtype=torch.long, device=dev)
+            active = self._live_mask
+        if self.drafter is not None:
+            if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
+                self.drafter.capture_shapes(seq, self.num_draft)
+                self._shapes_captured = True
+            k = min(self.num_draft, max(budgets[b] - 1 for b in live)) if self.cap_to_budget else self.num_draft
+            if rows > 1:
+                row_caps = [0 if not self.live[b] else min(k, budgets[b] - 1) if self.cap_to_budget else k
+                            for b in range(rows)]
+                caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
+        drafting = None if rows == 1 else self.live
+        timer.mark("draft")
+        nodes = 0  # tree nodes verified this step (0: a chain step)
+        if self.tree_budget and k > 0:
+            host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, drafting)
+        else:
+            drafts = self.drafter.propose_rows(seq, n, k, drafting) if k > 0 else seq[:, :0]
+            timer.mark("verify")
+            if rows == 1:
+                last = seq[:, n[0] - 1:n[0]]
+            else:
+                last = seq.gather(1, self.state.lengths[:, None])
+            logits, context = self._target_rows(torch.cat([last, drafts], dim=1))
+            timer.mark("accept")
+            if caps is None and rows > 1:
+                caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
+            accepted, committed = self.verifier.verify(drafts, logits, caps)
+            if rows == 1:
+                seq[:, n[0]:n[0] + k + 1] = committed
+                self.state.commit(accepted + 1)
+            else:
+                seq.scatter_(1, self.state.lengths[:, None] + self._arange(k + 2)[:, 1:], committed)
+                self.state.commit((accepted + 1) * active)
+            host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
+        acc = [row[0] if self.live[b] else 0 for b, row in enumerate(host)]
+        if self.drafter is not None:
+            self.drafter.accepted_rows(n, acc, k, context)
+        for b in live:
+            n[b] += acc[b] + 1
+        timer.mark(None)
+        self.part_seconds = dict(timer.parts)
+        return host, nodes
+
+    def _tree_step(self, seq, n, k, caps, active, timer, drafting=None):
         """One tree step on the device (see the module doc): returns (the step's one host copy,
         rows of [accepted, committed...]; the target's hidden states along the accepted paths
         (DFlash context) or None; nodes verified)."""
         lengths = self.state.lengths
         root = seq.gather(1, lengths[:, None])[:, 0]  # the last committed token (not yet in the cache)
-        draft_logits = self.drafter.propose_logits_rows(seq, n, k)  # [B, k, V], one forward
+        draft_logits = self.drafter.propose_logits_rows(seq, n, k, drafting)  # [B, k, V], one forward
         tree = build_tree(draft_logits.float().log_softmax(-1), root, self.tree_budget, self.tree_topk)
         timer.mark("verify")
         out = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask(k))
@@ -237,101 +351,3 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             context = hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
         host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
         return host, context, tree.num_nodes
-
-    def _rows_loop(self, prompts: list[list[int]], max_new_tokens: int, eos_token_ids=()):
-        """Yields (row, token) as tokens are committed; returns one GenerationResult per row."""
-        rows = len(prompts)
-        plen = len(prompts[0])
-        if any(len(p) != plen for p in prompts):
-            raise NotImplementedError("prompts of different lengths in one batch (a later batching issue)")
-        if plen + max_new_tokens > self.max_len:
-            raise ValueError(f"prompt ({plen}) + max_new_tokens ({max_new_tokens}) exceeds max_len {self.max_len}")
-        if rows != self.batch:
-            self.resize(self.max_len, rows)
-        dev = self.target.device
-        k_max = self.num_draft if self.drafter is not None else 0
-        seq = torch.zeros(rows, plen + max_new_tokens + k_max + 2, dtype=torch.long, device=dev)
-        seq[:, :plen] = torch.tensor(prompts, dtype=torch.long)
-        stats = [GenerationStats() for _ in range(rows)]
-        timer = PartTimer(dev) if self.profile else _NoTimer()
-        timer.mark("prefill")
-        self.state.lengths.zero_()
-        logits, context = self._target_rows(seq[:, :plen])
-        self.state.lengths += plen  # the first generated token's K/V lands with the first verify step
-        first = logits[:, -1].argmax(-1)
-        seq[:, plen] = first
-        tokens: list[list[int]] = [[] for _ in range(rows)]
-        done = [False] * rows
-        for b, tok in enumerate(first.tolist()):
-            stats[b].target_forwards += 1
-            tokens[b], done[b] = clip_committed([tok], 0, max_new_tokens, eos_token_ids)
-            yield from ((b, t) for t in tokens[b])
-        n = [plen + 1] * rows  # committed tokens per row (host mirror of state.lengths + 1)
-        active = torch.ones(rows, dtype=torch.long, device=dev) if rows > 1 else None
-        if self.drafter is not None:
-            self.drafter.forwards = 0
-            self.drafter.reset_rows([plen] * rows, context)
-            if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
-                self.drafter.capture_shapes(seq, self.num_draft)
-                self._shapes_captured = True
-        while not all(done):
-            left = [max_new_tokens - len(t) - 1 for b, t in enumerate(tokens) if not done[b]]
-            k, caps = 0, None
-            if self.drafter is not None:
-                k = min(self.num_draft, max(left)) if self.cap_to_budget else self.num_draft
-                if rows > 1:
-                    row_caps = [0 if done[b] else min(k, max_new_tokens - len(tokens[b]) - 1) if self.cap_to_budget
-                                else k for b in range(rows)]
-                    caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
-            timer.mark("draft")
-            nodes = 0  # tree nodes verified this step (0: a chain step)
-            if self.tree_budget and k > 0:
-                host, context, nodes = self._tree_step(seq, n, k, caps, active, timer)
-                acc = [row[0] for row in host]
-            else:
-                drafts = self.drafter.propose_rows(seq, n, k) if k > 0 else seq[:, :0]
-                timer.mark("verify")
-                if rows == 1:
-                    last = seq[:, n[0] - 1:n[0]]
-                else:
-                    last = seq.gather(1, self.state.lengths[:, None])
-                logits, context = self._target_rows(torch.cat([last, drafts], dim=1))
-                timer.mark("accept")
-                if caps is None and rows > 1:
-                    caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
-                accepted, committed = self.verifier.verify(drafts, logits, caps)
-                if rows == 1:
-                    seq[:, n[0]:n[0] + k + 1] = committed
-                    self.state.commit(accepted + 1)
-                else:
-                    seq.scatter_(1, self.state.lengths[:, None] + self._arange(k + 2)[:, 1:], committed)
-                    self.state.commit((accepted + 1) * active)
-                host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
-                acc = [row[0] for row in host]
-            if self.drafter is not None:
-                self.drafter.accepted_rows(n, acc, k, context)
-            finished_now = False
-            for b in range(rows):
-                if done[b]:
-                    continue
-                a = acc[b]
-                stats[b].target_forwards += 1
-                step, done[b] = clip_committed(host[b][1:a + 2], len(tokens[b]), max_new_tokens, eos_token_ids)
-                tokens[b] += step
-                n[b] += a + 1
-                stats[b].accepted_lengths.append(len(step))
-                if nodes:
-                    stats[b].tree_nodes.append(nodes)
-                finished_now |= done[b]
-                yield from ((b, t) for t in step)
-            if finished_now and active is not None:
-                active = torch.tensor([0 if d else 1 for d in done], dtype=torch.long, device=dev)
-        timer.mark(None)
-        self.part_seconds = dict(timer.parts)
-        forwards = self.drafter.forwards if self.drafter is not None else 0
-        results = []
-        for b in range(rows):
-            stats[b].draft_forwards = forwards
-            results.append(GenerationResult.finish(tokens[b], stats[b], self.method, eos_token_ids))
-        return results
-

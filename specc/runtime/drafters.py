@@ -14,9 +14,15 @@ speculation method's drafting strategy) and built from an artifact's manifest wi
   forward over [last token, mask x (b - 1)].
 
 Rows of a batch may have committed different numbers of tokens since the drafter last saw
-them; a causal drafter then feeds every row the same number m of trailing committed tokens,
-re-feeding (and rewriting with the same values) some already-cached ones for rows that are
-behind by less than m. Batch 1 takes the same slicing path as before (no extra device ops).
+them; the drafter then feeds every row the same number m of trailing committed tokens (DFlash:
+m trailing target hidden states, from a window of each row's newest ones), re-feeding (and
+rewriting with the same values) some already-cached ones for rows that are behind by less than
+m. A row that cannot join that one forward drafts *alone* in its slot (``slot_view``: a batch-1
+forward on views of its cache rows): a request that has just joined (its first draft reads the
+whole prompt, exactly as when it runs alone), or a row too short to re-feed m tokens. Rows the
+loop marks inactive (finished, free slots) ride along in the batched forward with inputs whose
+cache writes land past anything they keep. Batch 1 takes the same slicing path as before (no
+extra device ops).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specc.models.dflash import DFlashDrafter
+from specc.runtime.state import slot_view
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs generated steps
     from specc.models.decoder import CausalLM
@@ -55,7 +62,7 @@ def _window(seq: torch.Tensor, starts: list[int], m: int) -> torch.Tensor:
     if len(set(starts)) == 1:
         return seq[:, starts[0]:starts[0] + m]
     if min(starts) < 0:
-        raise NotImplementedError("rows too far apart to re-feed (prompts of unequal length or shorter than k)")
+        raise RuntimeError(f"a drafting window starts before its sequence (starts {starts})")
     index = torch.tensor(starts, dtype=torch.long, device=seq.device)[:, None] + torch.arange(m, device=seq.device)
     return seq.gather(1, index)
 
@@ -65,6 +72,44 @@ def _run(step, first: bool, *args):
     occurs once) bypasses CUDA-graph capture when the step is graphed (``GraphedStep.eager``)."""
     fn = getattr(step, "eager", None) if first else None
     return (fn or step)(*args)
+
+
+def _solo(step, slot: int, *args):
+    """One row's forward in its own slot (batch-1 views of its cache rows), never graphed."""
+    with slot_view(step, slot):
+        return _run(step, True, *args)
+
+
+def _merge_rows(out: torch.Tensor, rows: dict[int, torch.Tensor]) -> torch.Tensor:
+    """``out`` with row b replaced by ``rows[b]`` (out of place: ``out`` may be a graph's buffer)."""
+    if not rows:
+        return out
+    index = torch.tensor(list(rows), dtype=torch.long, device=out.device)
+    return out.index_put((index,), torch.cat(list(rows.values()), dim=0))
+
+
+def _split_rows(lags: list[int], history: list[int], active: list[bool] | None,
+                window: int) -> tuple[int, list[int]]:
+    """(m, solo rows): the rows that join one batched forward feed ``m`` trailing entries each
+    (the largest lag among them); a row drafts alone when it lags by more than ``window`` (it
+    has just joined: its first draft reads its whole prompt) unless every active row is in the
+    same position (a batch that started together), or when it has fewer than ``m - lag``
+    entries before its new ones to re-feed. Inactive rows never draft alone."""
+    act = [b for b in range(len(lags)) if active is None or active[b]]
+    if not act:
+        return 1, []
+    if len({lags[b] for b in act}) == 1:  # every row alike (e.g. a batch that started together)
+        return lags[act[0]], []
+    solo = [b for b in act if lags[b] > window]
+    rest = [b for b in act if lags[b] <= window]
+    while rest:
+        m = max(lags[b] for b in rest)
+        short = [b for b in rest if history[b] < m - lags[b]]
+        if not short:
+            return m, solo
+        solo += short
+        rest = [b for b in rest if b not in short]
+    return 1, solo
 
 
 class Drafter:
@@ -99,15 +144,31 @@ class Drafter:
         self.reset_rows([len(prompt)], context)
 
     def reset_rows(self, prompt_lens: list[int], context: torch.Tensor | None) -> None:
-        self.lengths = [0] * len(prompt_lens)
+        """Start ``len(prompt_lens)`` new sequences at once (row b's prompt hidden states:
+        ``context[b, :prompt_lens[b]]``)."""
+        self.open_rows(len(prompt_lens))
+        for b, plen in enumerate(prompt_lens):
+            self.reset_slot(b, plen, None if context is None else context[b:b + 1, :plen])
 
-    def propose_rows(self, seq: torch.Tensor, n: list[int], k: int) -> torch.Tensor:
+    def open_rows(self, rows: int) -> None:
+        """Forget every sequence; ``rows`` slots, all free."""
+        self.lengths = [0] * rows
+
+    def reset_slot(self, slot: int, prompt_len: int, context: torch.Tensor | None) -> None:
+        """Start a new sequence in ``slot`` (the others keep theirs): its prompt has
+        ``prompt_len`` tokens; ``context`` [1, prompt_len, n*H]: the target's captured hidden
+        states of the prompt (DFlash), else None."""
+        self.lengths[slot] = 0
+
+    def propose_rows(self, seq: torch.Tensor, n: list[int], k: int, active: list[bool] | None = None) -> torch.Tensor:
         """Draft k tokens per row, [B, k] on the device, without a host sync. ``seq`` [B, L]
         holds the committed tokens; row b has ``n[b]`` (the last, ``seq[b, n[b] - 1]``, not
-        yet seen by the target)."""
+        yet seen by the target). ``active[b]`` False: row b's drafts are not wanted (a finished
+        request or a free slot); None: every row."""
         raise NotImplementedError
 
-    def propose_logits_rows(self, seq: torch.Tensor, n: list[int], k: int) -> torch.Tensor:
+    def propose_logits_rows(self, seq: torch.Tensor, n: list[int], k: int,
+                            active: list[bool] | None = None) -> torch.Tensor:
         """The drafter's logits at each of the k drafted positions, [B, k, V] on the device, from
         the same single forward ``propose_rows`` runs (its drafts are their argmax). Parallel
         drafters only (``supports_tree``): a tree step builds its draft tree from them."""
@@ -174,27 +235,53 @@ class CausalDrafter(Drafter):
         """Mask tokens appended after the newly committed ones in one drafting forward."""
         return 0
 
-    def _fed(self, n: list[int]) -> tuple[list[int], int]:
-        """(per-row start, m): feed every row its last m committed tokens."""
-        m = max(nb - lb for nb, lb in zip(n, self.lengths))
-        return [nb - m for nb in n], m
+    def _fed(self, n: list[int], k: int = 1, active: list[bool] | None = None) -> tuple[list[int], int, list[int]]:
+        """(per-row start, m, solo rows): the batched forward feeds every row its last m
+        committed tokens (inactive rows: a window clamped into their cache); solo rows draft
+        alone (:func:`_split_rows`)."""
+        lags = [nb - lb for nb, lb in zip(n, self.lengths)]
+        m, solo = _split_rows(lags, list(self.lengths), active, k + 1)
+        return [max(nb - m, 0) for nb in n], m, solo
+
+    def _draft(self, seq, n, k, active, fn):
+        """``fn(seq, starts, m, first, slot)`` drafts for the batched rows (slot None) or for
+        one solo row; returns the batched result with the solo rows' merged in."""
+        starts, m, solo = self._fed(n, k, active)
+        batched = [b for b in range(len(n)) if b not in solo]
+        out = None
+        if any(active is None or active[b] for b in batched):
+            out = fn(seq, starts, m, all(self.lengths[b] == 0 for b in batched), None)
+        rows = {}
+        for b in solo:
+            rows[b] = fn(seq[b:b + 1], [self.lengths[b]], n[b] - self.lengths[b], True, b)
+        if out is None:  # every row drafted alone: one output row each
+            out = torch.cat([rows[b] for b in range(len(n))], dim=0) if len(rows) == len(n) else None
+            if out is None:  # inactive rows with no batched forward: their drafts are never read
+                first = next(iter(rows.values()))
+                out = first.new_zeros((len(n),) + tuple(first.shape[1:]))
+        return _merge_rows(out, rows)
+
+    def _call(self, slot, first, *args):
+        return _run(self.model, first, *args) if slot is None else _solo(self.model, slot, *args)
 
 
 class ARDraft(CausalDrafter):
     name = "ar-draft"
 
-    def propose_rows(self, seq, n, k):
+    def propose_rows(self, seq, n, k, active=None):
+        return self._draft(seq, n, k, active, lambda s, st, m, first, slot: self._chain(s, st, m, k, first, slot))
+
+    def _chain(self, seq, starts, m, k, first, slot):
         dev = self.model.device
         drafts = []
-        starts, m = self._fed(n)
         feed = _window(seq, starts, m)
         for _ in range(k):
             self.forwards += 1
-            first = all(s == 0 for s in starts)
-            logits = _run(self.model, first, feed, *_rows(starts, feed.shape[1], dev))
+            logits = self._call(slot, first, feed, *_rows(starts, feed.shape[1], dev))
             drafts.append(logits[:, -1].argmax(-1, keepdim=True))  # fed back without leaving the GPU
             starts = [s + feed.shape[1] for s in starts]
             feed = drafts[-1]
+            first = first and slot is not None
         return torch.cat(drafts, dim=1)
 
     def accepted_rows(self, n, accepted, k, context) -> None:
@@ -220,23 +307,30 @@ class PardDraft(CausalDrafter):
 
     supports_tree = True
 
-    def propose_logits_rows(self, seq, n, k):
+    def propose_logits_rows(self, seq, n, k, active=None):
+        out = self._draft(seq, n, k, active, lambda s, st, m, first, slot: self._block(s, st, m, k, first, slot))
+        self.lengths = list(n)  # committed tokens stay, the mask slots are dropped
+        return out
+
+    def _block(self, seq, starts, m, k, first, slot):
         dev = self.model.device
-        starts, m = self._fed(n)
         masks = torch.full((seq.shape[0], self.mask_slots(k)), self.pard_token, dtype=torch.long, device=dev)
         feed = torch.cat([_window(seq, starts, m), masks], dim=1)
         self.forwards += 1
-        logits = _run(self.model, all(lb == 0 for lb in self.lengths), feed, *_rows(starts, feed.shape[1], dev))
-        self.lengths = list(n)  # committed tokens stay, the mask slots are dropped
+        logits = self._call(slot, first, feed, *_rows(starts, feed.shape[1], dev))
         return logits[:, -k:]  # the last committed token's and the mask positions' predictions
 
-    def propose_rows(self, seq, n, k):
-        return self.propose_logits_rows(seq, n, k).argmax(-1)
+    def propose_rows(self, seq, n, k, active=None):
+        return self.propose_logits_rows(seq, n, k, active).argmax(-1)
 
 
 class DFlashDraft(Drafter):
-    """Rows of a batch must carry the same number of context rows (equal acceptance so far);
-    ragged DFlash contexts come with the batching issue."""
+    """Per row: ``lengths[b]`` context entries in the drafter's cache, ``context_lens[b]`` new
+    target hidden states not yet fed. One batched forward feeds every row the same number C of
+    trailing context entries: ``context`` (the last step's, when every row has C new ones) or
+    ``window`` [B, W, n*H], each row's W newest hidden states right-aligned (W = block size),
+    kept only when B > 1. A row that has just joined keeps its whole prompt's hidden states in
+    ``fresh`` until its first draft (alone in its slot, unless every row started together)."""
 
     name = "dflash"
     needs_target_hidden = True
@@ -249,6 +343,8 @@ class DFlashDraft(Drafter):
         self.lengths = [0]
         self.context: torch.Tensor | None = None
         self.context_lens = [0]
+        self.window: torch.Tensor | None = None
+        self.fresh: dict[int, torch.Tensor] = {}
 
     @property
     def length(self) -> int:
@@ -257,48 +353,107 @@ class DFlashDraft(Drafter):
     def setup(self, max_len: int, batch: int = 1) -> None:
         self.drafter.setup_caches(batch, max_len)
 
-    def reset_rows(self, prompt_lens, context) -> None:
-        self.lengths, self.context = [0] * len(prompt_lens), context
-        self.context_lens = list(prompt_lens)
+    def open_rows(self, rows: int) -> None:
+        self.lengths, self.context_lens = [0] * rows, [0] * rows
+        self.context, self.window, self.fresh = None, None, {}
+
+    def reset_slot(self, slot, prompt_len, context) -> None:
+        self.lengths[slot], self.context_lens[slot] = 0, prompt_len
+        self.fresh[slot] = context
+        if len(self.lengths) > 1:
+            self._window_rows(slot, context)
+
+    def _window_rows(self, slot: int, context: torch.Tensor) -> None:
+        """Put the last W of ``context`` [1, c, n*H] into row ``slot`` of the window."""
+        width = self.spec.block_size
+        if self.window is None:
+            self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
+        tail = context[0, -width:]
+        self.window[slot, width - tail.shape[0]:] = tail
 
     @property
     def device(self):
         return self.drafter.device
 
-    def propose_rows(self, seq, n, k):
-        return self.propose_logits_rows(seq, n, k).argmax(-1)
+    def propose_rows(self, seq, n, k, active=None):
+        return self.propose_logits_rows(seq, n, k, active).argmax(-1)
 
-    def propose_logits_rows(self, seq, n, k):
+    def propose_logits_rows(self, seq, n, k, active=None):
         dev = self.drafter.device
-        if len(set(self.context_lens)) > 1:
-            raise NotImplementedError("DFlash rows with different context lengths (ragged acceptance) in one batch")
-        c = self.context_lens[0]
+        rows = len(n)
         starts = [nb - 1 for nb in n]  # the block starts at the last committed token
-        if any(lb + c != s for lb, s in zip(self.lengths, starts)):
+        live = [b for b in range(rows) if active is None or active[b]]
+        if any(self.lengths[b] + self.context_lens[b] != starts[b] for b in live):
             raise RuntimeError("DFlash drafter context out of step with the target")
-        masks = torch.full((seq.shape[0], k), self.spec.mask_token_id, dtype=torch.long, device=dev)
-        block = torch.cat([_window(seq, starts, 1), masks], dim=1)
-        context = self.context if self.context.shape[1] == c else self.context[:, :c]
-        self.forwards += 1
-        first = all(lb == 0 for lb in self.lengths)
-        logits = _run(self.drafter, first, block, context, *_rows(self.lengths, c + block.shape[1], dev))
-        self.lengths = starts  # context K/V committed, block K/V dropped
-        return logits
+        width = self.spec.block_size
+        c, solo = _split_rows(list(self.context_lens), list(self.lengths), active, width)
+        batched = [b for b in live if b not in solo]
+        masks = torch.full((rows, k), self.spec.mask_token_id, dtype=torch.long, device=dev)
+        block = torch.cat([_window(seq, [max(st, 0) for st in starts], 1), masks], dim=1)  # free slots: n = 0
+        out = None
+        if batched:
+            context = self._batched_context(batched, c)
+            # row b re-feeds its last c - context_lens[b] cached entries; other rows write past theirs
+            cache = [self.lengths[b] - (c - self.context_lens[b]) if b in batched else
+                     max(self.lengths[b] + self.context_lens[b] - c, 0) if b not in solo else starts[b]
+                     for b in range(rows)]
+            self.forwards += 1
+            first = all(self.lengths[b] == 0 for b in batched)
+            out = _run(self.drafter, first, block, context, *_rows(cache, c + block.shape[1], dev))
+        solo_rows = {}
+        for b in solo:
+            cb = self.context_lens[b]
+            context = self.fresh.get(b)
+            if context is None:
+                context = self.window[b:b + 1, width - cb:]
+            self.forwards += 1
+            solo_rows[b] = _solo(self.drafter, b, block[b:b + 1], context,
+                                 *_rows([self.lengths[b]], cb + block.shape[1], dev))
+        if out is None:
+            first = next(iter(solo_rows.values()))
+            out = first.new_zeros((rows,) + tuple(first.shape[1:]))
+        for b in live:
+            self.lengths[b] = starts[b]  # context K/V committed, block K/V dropped
+            self.fresh.pop(b, None)
+        return _merge_rows(out, solo_rows)
+
+    def _batched_context(self, batched: list[int], c: int) -> torch.Tensor:
+        """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). Batched
+        rows that have just joined all have exactly c (a row short of history drafts alone)."""
+        if self.fresh and all(b in self.fresh for b in batched):  # rows that started together
+            if len(self.lengths) == 1:
+                return self.fresh[0][:, :c]
+            filler = next(iter(self.fresh.values())).new_zeros(1, c, self.fresh[batched[0]].shape[-1])
+            return torch.cat([self.fresh[b][:, :c] if b in batched else filler
+                              for b in range(len(self.lengths))], dim=0)
+        if not self.fresh and all(self.context_lens[b] == c for b in batched):
+            return self.context if self.context.shape[1] == c else self.context[:, :c]
+        return self.window[:, self.spec.block_size - c:]
 
     def capture_shapes(self, seq, k):
         dev = self.drafter.device
         rows = seq.shape[0]
+        source = self.context if self.context is not None else next(iter(self.fresh.values()))
         block = torch.full((rows, k + 1), self.spec.mask_token_id, dtype=torch.long, device=dev)
         for n_ctx in range(1, k + 2):  # context rows after a step: accepted + 1 = 1 .. k + 1
-            context = self.context[:, :1].expand(rows, n_ctx, -1).contiguous()
+            context = source[:1, :1].expand(rows, n_ctx, -1).contiguous()
             self.drafter(block, context, *_rows([0] * rows, n_ctx + k + 1, dev))
 
     def accepted_rows(self, n, accepted, k, context) -> None:
         """``context``: the target's hidden states of the committed inputs of the step, in order
         (a chain: the block's prefix; a tree: gathered along the accepted path)."""
-        if context is not None:
-            self.context_lens = [a + 1 for a in accepted]
-            self.context = context[:, : max(self.context_lens)]
+        if context is None:
+            return
+        self.context_lens = [a + 1 for a in accepted]
+        self.context = context[:, : max(self.context_lens)]
+        if len(self.lengths) > 1:  # slide each row's window by its accepted + 1 new entries
+            width = self.spec.block_size
+            if self.window is None:
+                self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
+            joined = torch.cat([self.window, context], dim=1)
+            shift = torch.tensor(self.context_lens, dtype=torch.long, device=context.device)
+            index = (shift[:, None] + torch.arange(width, device=context.device)[None])
+            self.window = joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1]))
 
 
 DRAFTERS: dict[str, type[Drafter]] = {cls.name: cls for cls in (ARDraft, PardDraft, DFlashDraft)}

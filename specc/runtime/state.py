@@ -34,13 +34,14 @@ Kinds that fit the same interface later (not implemented here):
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterable
 
 import torch
 
 from specc.models.state import StateSpec, get_attr, layout, set_attr, state_specs_of
 
-__all__ = ["StateSpec", "StateKind", "KVState", "STATE_KINDS", "DecodingState", "state_specs_of"]
+__all__ = ["StateSpec", "StateKind", "KVState", "STATE_KINDS", "DecodingState", "state_specs_of", "slot_view"]
 
 
 class StateKind:
@@ -177,3 +178,29 @@ class DecodingState:
         for spec in self.specs:
             _kind(spec.kind).release(self.buffers[spec.name], slot)
         self.lengths[slot] = 0
+
+
+def _unwrapped(module):
+    """The step a wrapper (``specc.runtime.graphs.GraphedStep``) holds, else the module itself:
+    state attributes live on the wrapped step."""
+    from specc.runtime.graphs import GraphedStep
+
+    return module.step if isinstance(module, GraphedStep) else module
+
+
+@contextlib.contextmanager
+def slot_view(module, slot: int):
+    """Bind row ``slot`` of each state buffer ``module`` declares (a ``[1, ...]`` view sharing the
+    buffer's storage) for the duration, so a batch-1 call of the step reads and writes that slot
+    only: how one request's prefill (or a drafter's catch-up forward) lands in its slot of a
+    batch while the other rows' state stays untouched. Call the step eagerly inside (never
+    through a CUDA graph, which would keep pointing at the view)."""
+    inner = _unwrapped(module)
+    full = {spec.name: get_attr(inner, spec.name) for spec in state_specs_of(inner)}
+    try:
+        for name, buffer in full.items():
+            set_attr(inner, name, buffer[slot:slot + 1])
+        yield
+    finally:
+        for name, buffer in full.items():
+            set_attr(inner, name, buffer)

@@ -1,0 +1,209 @@
+"""Continuous batching: requests join and leave a running batch between speculative steps.
+
+A :class:`BatchScheduler` owns a device loop (``specc.runtime.device_loop.DeviceSpeculativeDecoder``)
+opened with ``capacity`` slots (rows of its decoding state). ``submit`` queues a request and
+returns its id; each ``step`` first admits queued requests into free slots (each prompt is
+prefilled alone into its slot, which yields the request's first token) and then runs one
+speculative step over every slot, so requests at different positions, with different prompt
+lengths, budgets and EOS ids, advance together. A request leaves as soon as it finishes (EOS,
+its ``max_new_tokens``, or ``cancel``) and its slot is free for the next queued one. Greedy
+verification makes every request's tokens those it gets alone: the batch changes what is
+computed together, never what a row computes.
+
+This is the object a server drives (docs/batching.md)::
+
+    rid = scheduler.submit(prompt_ids, max_new_tokens=64, eos_token_ids=(2,))
+    while not scheduler.idle:
+        for event in scheduler.step():      # StepEvent(rid, tokens, finished, finished_by)
+            send(event.rid, event.tokens)
+    result = scheduler.take(rid)            # GenerationResult (tokens + stats) once finished
+
+It is not thread-safe: one thread calls ``submit`` / ``step`` / ``cancel``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+
+from specc.result import GenerationResult, GenerationStats, clip_committed
+
+__all__ = ["StepEvent", "BatchScheduler"]
+
+
+@dataclasses.dataclass
+class StepEvent:
+    """What one ``step`` did for one request: the tokens it committed (possibly none), whether
+    the request is now finished and why ("eos", "length" or "cancelled")."""
+
+    rid: int
+    tokens: list[int]
+    finished: bool = False
+    finished_by: str | None = None
+
+
+@dataclasses.dataclass
+class _Request:
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    eos: tuple[int, ...]
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    stats: GenerationStats = dataclasses.field(default_factory=GenerationStats)
+    slot: int | None = None
+    draft_forwards_at_join: int = 0
+
+
+class BatchScheduler:
+    """Requests over the slots of one device loop (module doc). ``capacity``: slots, the most
+    requests decoded together; more wait in a FIFO queue."""
+
+    def __init__(self, loop, capacity: int):
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+        self.loop, self.capacity = loop, capacity
+        loop.open_slots(capacity)
+        self._ids = itertools.count()
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._slots: list[_Request | None] = [None] * capacity
+        self._finished: dict[int, GenerationResult] = {}
+
+    # --- the server-facing surface -----------------------------------------------------------
+
+    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=()) -> int:
+        """Queue a request; returns its id. Raises ValueError for an empty prompt, a negative
+        budget, or a prompt + budget that does not fit the loop's ``max_len``."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("empty prompt")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if len(prompt) + max_new_tokens > self.loop.max_len:
+            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds max_len "
+                             f"{self.loop.max_len}")
+        eos = (eos_token_ids,) if isinstance(eos_token_ids, int) else tuple(int(e) for e in eos_token_ids)
+        request = _Request(next(self._ids), prompt, max_new_tokens, eos)
+        self._queue.append(request)
+        return request.rid
+
+    def step(self) -> list[StepEvent]:
+        """Admit queued requests into free slots, then one speculative step over the batch.
+        One event per request that committed tokens or finished, in slot order."""
+        merged: dict[int, StepEvent] = {}
+        for event in self.admit() + self.decode():
+            seen = merged.get(event.rid)
+            if seen is None:
+                merged[event.rid] = event
+            else:
+                seen.tokens += event.tokens
+                seen.finished, seen.finished_by = event.finished, event.finished_by
+        return list(merged.values())
+
+    def cancel(self, rid: int) -> bool:
+        """Drop a queued or running request (its slot is freed now); False if it is unknown or
+        already finished. Its partial result stays available to ``take`` (finished_by "cancelled")."""
+        for request in self._queue:
+            if request.rid == rid:
+                self._queue.remove(request)
+                self._finish(request, "cancelled")
+                return True
+        for request in self._slots:
+            if request is not None and request.rid == rid:
+                self._finish(request, "cancelled")
+                return True
+        return False
+
+    def take(self, rid: int) -> GenerationResult:
+        """The finished request's result (tokens and stats), forgotten after this call."""
+        try:
+            return self._finished.pop(rid)
+        except KeyError:
+            raise KeyError(f"request {rid} is not finished (or was already taken)") from None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running."""
+        return not self._queue and all(r is None for r in self._slots)
+
+    @property
+    def running(self) -> list[int]:
+        """Ids of the requests in slots, in slot order."""
+        return [r.rid for r in self._slots if r is not None]
+
+    @property
+    def queued(self) -> list[int]:
+        return [r.rid for r in self._queue]
+
+    # --- the two halves of a step --------------------------------------------------------------
+
+    def admit(self) -> list[StepEvent]:
+        """Prefill queued requests into free slots (a slot freed by a request that finishes at
+        its first token is reused at once). Each admitted request's first token is an event."""
+        events = []
+        while self._queue and None in self._slots:
+            request = self._queue.popleft()
+            if request.max_new_tokens == 0:
+                self._finish(request, "length")
+                events.append(StepEvent(request.rid, [], True, "length"))
+                continue
+            slot = self._slots.index(None)
+            request.slot, self._slots[slot] = slot, request
+            request.draft_forwards_at_join = self._draft_forwards()
+            first = self.loop.prefill_slot(slot, request.prompt)
+            request.stats.target_forwards += 1
+            events.append(self._commit(request, [first]))
+        return events
+
+    def decode(self) -> list[StepEvent]:
+        """One speculative step over the running requests (none: nothing happens)."""
+        running = [r for r in self._slots if r is not None]
+        if not running:
+            return []
+        budgets = [0 if r is None else r.max_new_tokens - len(r.tokens) for r in self._slots]
+        host, nodes = self.loop.speculate(budgets)
+        events = []
+        for request in running:
+            row = host[request.slot]
+            request.stats.target_forwards += 1
+            before = len(request.tokens)
+            event = self._commit(request, row[1:row[0] + 2])
+            request.stats.accepted_lengths.append(len(request.tokens) - before)
+            if nodes:
+                request.stats.tree_nodes.append(nodes)
+            events.append(event)
+        return events
+
+    def run(self, requests) -> list[GenerationResult]:
+        """Submit ``(prompt, max_new_tokens, eos_token_ids)`` requests, step until all finish,
+        and return their results in order (``generate_batch``)."""
+        rids = [self.submit(*request) for request in requests]
+        while not self.idle:
+            self.step()
+        return [self.take(rid) for rid in rids]
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+
+    def _commit(self, request: _Request, tokens: list[int]) -> StepEvent:
+        step, stop = clip_committed(tokens, len(request.tokens), request.max_new_tokens, request.eos)
+        request.tokens += step
+        if not stop:
+            return StepEvent(request.rid, step)
+        result = self._finish(request, None)
+        return StepEvent(request.rid, step, True, result.finished_by)
+
+    def _finish(self, request: _Request, why: str | None) -> GenerationResult:
+        if request.slot is not None:
+            self.loop.release_slot(request.slot)
+            self._slots[request.slot] = None
+            request.stats.draft_forwards = self._draft_forwards() - request.draft_forwards_at_join
+            request.slot = None
+        result = GenerationResult.finish(request.tokens, request.stats, self.loop.method, request.eos)
+        if why is not None:
+            result.finished_by = why
+        self._finished[request.rid] = result
+        return result
+
+    def _draft_forwards(self) -> int:
+        drafter = self.loop.drafter
+        return drafter.forwards if drafter is not None else 0
