@@ -25,8 +25,36 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the target's tokenizer)")
     group.add_argument("--input-ids", metavar="1,2,3", help="prompt token ids, comma separated")
+    group.add_argument("--prompts", metavar="FILE",
+                       help="several prompts: a JSON list of strings or token-id lists, or one text prompt per line; "
+                       "one result per prompt, in order (JSON lines with --json)")
+    p.add_argument("--batch-size", type=int, metavar="N",
+                   help="with --prompts: decode up to N prompts together (continuous batching: a finished "
+                   "prompt's slot takes the next); each result equals that prompt run alone")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="tokens to generate (default 64)")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--json", action="store_true", help="print one JSON object (per prompt) instead of text")
+
+
+def prompt_list(args, tokenizer_path, vocab_size: int) -> tuple[list[list[int]], object]:
+    """(one id list per prompt, tokenizer or None) from --prompt / --input-ids / --prompts;
+    checks --batch-size (only with --prompts, >= 1) and the ids against the vocabulary."""
+    from specc.models.loading import CheckpointError, load_tokenizer
+
+    batch = getattr(args, "batch_size", None)
+    if batch is not None and getattr(args, "prompts", None) is None:
+        raise UserError("--batch-size needs --prompts FILE")
+    positive(batch, "--batch-size")
+    if getattr(args, "prompts", None) is None:
+        ids, tokenizer = prompt_ids(args, tokenizer_path)
+        check_ids_in_vocab(ids, vocab_size)
+        return [ids], tokenizer
+    from specc.verify.prompts import load_prompts_file
+
+    try:
+        tokenizer = load_tokenizer(tokenizer_path)
+    except CheckpointError as exc:
+        raise UserError(str(exc)) from exc
+    return load_prompts_file(args.prompts, tokenizer, vocab_size), tokenizer
 
 
 def positive(value: int | None, flag: str) -> None:
@@ -81,6 +109,20 @@ def emit_result(result, args, tokenizer, extra: dict | None = None) -> None:
     print(f"[{result.method}] {len(result.tokens)} tokens in {s.steps} steps, tau {s.tau:.2f}, "
           f"{s.target_forwards} target / {s.draft_forwards} draft forwards, finished by {result.finished_by}",
           file=sys.stderr)
+
+
+def emit_results(results, args, tokenizer, extra: dict | None = None) -> None:
+    """One result per prompt, in order: JSON lines (each object as ``emit_result`` prints it,
+    plus ``index``) with --json, else each prompt's text then its stats line."""
+    for index, result in enumerate(results):
+        if args.json:
+            payload = result.to_json()
+            if tokenizer is not None:
+                payload["text"] = tokenizer.decode(result.tokens)
+            payload.update({"index": index, **(extra or {})})
+            sys.stdout.write(json.dumps(payload) + "\n")
+        else:
+            emit_result(result, args, tokenizer, extra)
 
 
 def finite_non_negative(value: float | None, flag: str) -> None:

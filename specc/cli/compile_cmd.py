@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 
-from specc.cli.common import add_prompt_args, check_budget, check_ids_in_vocab, emit_result, finite_non_negative, positive
+from specc.cli.common import add_prompt_args, check_budget, emit_result, finite_non_negative, positive
 from specc.errors import UserError
 from specc.methods import method_names
 
@@ -47,6 +47,7 @@ def register(sub) -> None:
                        epilog="""examples:
   specc run tiny.specc --prompt "def fibonacci(n):"
   specc run tiny.specc --input-ids 1,2,3 --max-new-tokens 32 --json --profile
+  specc run tiny.specc --prompts prompts.json --batch-size 8 --json
 """, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("artifact", metavar="ARTIFACT")
     add_prompt_args(r)
@@ -127,8 +128,9 @@ def _load_engine(path, device=None, max_len=2048, expect_hash=None, warmup=False
         raise UserError(str(exc)) from exc
 
 
-def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str) -> None:
-    """Positions and cache memory of a generation with a loaded artifact, before allocating."""
+def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str, rows: int = 1) -> None:
+    """Positions and cache memory of a generation (``rows`` decoded together) with a loaded
+    artifact, before allocating."""
     import torch
 
     from specc.runtime.state import StateSpec
@@ -139,7 +141,7 @@ def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str) ->
             spec = StateSpec.from_manifest(name, c)  # per-position bytes: the slot shape x the dtype's size
             per_token += math.prod(spec.shape) * torch.finfo(getattr(torch, spec.dtype or "float32")).bits // 8
     positions = engine.manifest["model"].get("max_position_embeddings")
-    check_budget(prompt_len, new_tokens, positions if isinstance(positions, int) else None, per_token,
+    check_budget(prompt_len, new_tokens, positions if isinstance(positions, int) else None, per_token * rows,
                  engine.device, flag)
 
 
@@ -162,17 +164,21 @@ class _ArtifactRuns:
 
 
 def run_run(args) -> int:
-    from specc.cli.common import prompt_ids
+    from specc.cli.common import prompt_list
 
     from specc.cli.progress import Progress
 
     positive(args.max_new_tokens, "--max-new-tokens")
+    if args.prompts is not None and (args.stream or args.profile):
+        raise UserError("--stream and --profile take one prompt (--prompt or --input-ids), not --prompts")
     with Progress.for_args(args) as progress, _ArtifactRuns(args.artifact):  # warm-up runs the artifact's code
         progress(f"loading {args.artifact}")
         engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash, warmup=True,
                               progress=lambda msg, seconds: progress(f"{msg} ({seconds:.2f} s)"))
-    ids, tokenizer = prompt_ids(args, engine.path)
-    check_ids_in_vocab(ids, int(engine.manifest["model"]["vocab_size"]))
+    prompts, tokenizer = prompt_list(args, engine.path, int(engine.manifest["model"]["vocab_size"]))
+    if args.prompts is not None:
+        return _run_prompts(engine, prompts, tokenizer, args)
+    ids = prompts[0]
     _check_engine_budget(engine, len(ids), args.max_new_tokens, "--max-new-tokens")
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
     if args.stream and not args.json:
@@ -193,6 +199,22 @@ def run_run(args) -> int:
     emit_result(result, args, tokenizer, extra)
     if not args.json:
         print(timings_line(extra), file=sys.stderr)
+    return 0
+
+
+def _run_prompts(engine, prompts, tokenizer, args) -> int:
+    """`specc run --prompts FILE [--batch-size N]`: every prompt through ``Engine.generate_batch``
+    (continuous batching, N slots); one result per prompt in order, a throughput line on stderr."""
+    from specc.cli.common import emit_results
+
+    batch = min(args.batch_size or len(prompts), len(prompts))
+    _check_engine_budget(engine, max(len(p) for p in prompts), args.max_new_tokens, "--max-new-tokens", rows=batch)
+    with _ArtifactRuns(args.artifact):
+        results = engine.generate_batch(prompts, args.max_new_tokens, batch_size=batch)
+    s = engine.last_stats
+    emit_results(results, args, tokenizer, {"engine": "compiled", "batch_size": batch})
+    print(f"{len(prompts)} prompts, {s['tokens']} tokens in {s['seconds']:.2f} s: {s['tokens_per_s']:,.1f} tok/s "
+          f"(batch size {batch})", file=sys.stderr)
     return 0
 
 

@@ -57,12 +57,14 @@ class _Request:
 
 class BatchScheduler:
     """Requests over the slots of one device loop (module doc). ``capacity``: slots, the most
-    requests decoded together; more wait in a FIFO queue."""
+    requests decoded together; more wait in a FIFO queue. ``eos_token_ids``: the EOS ids of a
+    request submitted without its own (the engine passes the model's)."""
 
-    def __init__(self, loop, capacity: int):
-        if not isinstance(capacity, int) or capacity < 1:
+    def __init__(self, loop, capacity: int, eos_token_ids=()):
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.loop, self.capacity = loop, capacity
+        self.default_eos = tuple(int(e) for e in eos_token_ids)
         loop.open_slots(capacity)
         self._ids = itertools.count()
         self._queue: collections.deque[_Request] = collections.deque()
@@ -71,18 +73,24 @@ class BatchScheduler:
 
     # --- the server-facing surface -----------------------------------------------------------
 
-    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=()) -> int:
-        """Queue a request; returns its id. Raises ValueError for an empty prompt, a negative
-        budget, or a prompt + budget that does not fit the loop's ``max_len``."""
+    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=None) -> int:
+        """Queue a request; returns its id. ``eos_token_ids``: an id, ids, () for none, or None
+        for the scheduler's default. Raises ValueError for an empty prompt, a negative budget,
+        or a prompt + budget that does not fit the loop's ``max_len``."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("empty prompt")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
         if len(prompt) + max_new_tokens > self.loop.max_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds max_len "
                              f"{self.loop.max_len}")
-        eos = (eos_token_ids,) if isinstance(eos_token_ids, int) else tuple(int(e) for e in eos_token_ids)
+        if eos_token_ids is None:
+            eos = self.default_eos
+        elif isinstance(eos_token_ids, int):
+            eos = (eos_token_ids,)
+        else:
+            eos = tuple(int(e) for e in eos_token_ids)
         request = _Request(next(self._ids), prompt, max_new_tokens, eos)
         self._queue.append(request)
         return request.rid

@@ -144,3 +144,13 @@ def build_eager(pair, num_draft: int | None = None, max_len: int = 2048, dtype=t
     drafter: Drafter | None = impl.drafter_for(loaded.draft, pair) if loaded.draft is not None else None
     k = impl.num_draft(num_draft, pair.drafter.raw if pair.drafter is not None else None)
     return EagerSpeculativeDecoder(loaded.target, drafter, k, max_len, tree_budget=tree_budget)
+
+
+def build_device_loop(pair, num_draft: int | None = None, max_len: int = 2048, dtype=torch.float32, device="cpu",
+                      tree_budget: int = 0):
+    """The production loop (``specc.runtime.device_loop``: batches, continuous batching) over the
+    same uncompiled definitions ``build_eager`` loads."""
+    from specc.runtime.device_loop import DeviceSpeculativeDecoder
+
+    eager = build_eager(pair, num_draft, max_len, dtype, device)
+    return DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, max_len, tree_budget=tree_budget)

@@ -73,6 +73,43 @@ class Engine:
             self.last_stats["part_seconds"] = dict(self.loop.part_seconds)
         return result
 
+    def generate_batch(self, prompts, max_new_tokens=64, eos_token_id=None, batch_size: int | None = None
+                       ) -> list[GenerationResult]:
+        """Greedy generation for several prompts of any lengths, decoded ``batch_size`` at a
+        time (default: all together) with continuous batching; one result per prompt, in order,
+        each equal to that prompt run alone. ``max_new_tokens``: one budget or one per prompt;
+        ``eos_token_id`` as in ``generate``. ``last_stats``: seconds and tokens/s of the batch."""
+        prompts = [list(p) for p in prompts]
+        budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
+        if len(budgets) != len(prompts):
+            raise ValueError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts")
+        if not prompts:
+            return []
+        self.set_max_len(max(len(p) + int(m) for p, m in zip(prompts, budgets)) + 1)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        results = self.loop.generate_batch(prompts, budgets, self._eos(eos_token_id), batch_size)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        tokens = sum(len(r.tokens) for r in results)
+        self.last_stats = {"seconds": elapsed, "tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+                           "prompts": len(prompts), "batch_size": self.loop.batch}
+        return results
+
+    def scheduler(self, capacity: int, max_len: int | None = None):
+        """A continuous-batching scheduler over this engine's loop (``specc.runtime.batching``:
+        ``submit`` / ``step`` / ``cancel`` / ``take``) with ``capacity`` slots of up to
+        ``max_len`` tokens each (prompt + new tokens; default: the engine's). Requests without
+        their own EOS ids stop at the model's. One scheduler drives the engine at a time: making
+        one (or calling ``generate``) starts the loop over."""
+        from specc.runtime.batching import BatchScheduler
+
+        if max_len is not None:
+            self.set_max_len(max_len)
+        return BatchScheduler(self.loop, capacity, self.eos_token_ids)
+
     def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None) -> Iterator[int]:
         """Yield tokens as they are committed (one verification step at a time)."""
         yield from self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id))
