@@ -1,0 +1,49 @@
+"""A compiled artifact at batch > 1: ``Engine.generate_batch`` and ``Engine.scheduler`` run the
+generated steps over B-row caches with per-row lengths (prefills into slot views), and every
+request equals HF greedy on its prompt alone."""
+
+import pytest
+from lossless import reference
+
+PROMPTS = [[5, 17, 33, 2, 8, 9, 41], [7, 3], [11, 4, 60, 2, 8, 31, 17, 5, 70, 44, 12, 3], [9], [40, 41, 6, 1, 23]]
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints, tmp_path_factory):
+    import specc
+    from specc.compiler import compile_artifact
+
+    out = {}
+    for key in ("dflash", "pard_same"):
+        path = tmp_path_factory.mktemp(f"batch-{key}") / "a.specc"
+        compile_artifact(checkpoints["target"], checkpoints[key], out=path, max_new_tokens=4, tree="off")
+        out[key] = specc.load(path, max_len=24)
+    return out
+
+
+@pytest.mark.parametrize("key", ["dflash", "pard_same"])
+def test_compiled_generate_batch_equals_each_prompt_alone(checkpoints, engines, key):
+    engine = engines[key]
+    budgets = [10, 6, 12, 9, 4]
+    results = engine.generate_batch(PROMPTS, budgets, eos_token_id=(), batch_size=3)
+    assert engine.loop.batch == 3 and engine.last_stats["prompts"] == 5
+    for prompt, budget, result in zip(PROMPTS, budgets, results):
+        assert result.tokens == reference(checkpoints["target"], budget, prompt=prompt)
+    alone = engine.generate(PROMPTS[2], 12, eos_token_id=())
+    assert engine.loop.batch == 1 and alone.tokens == results[2].tokens
+
+
+def test_compiled_scheduler_default_eos_and_growing_max_len(checkpoints, engines):
+    engine = engines["dflash"]
+    free = reference(checkpoints["target"], 30, prompt=PROMPTS[0])
+    saved, engine.eos_token_ids = engine.eos_token_ids, (free[6],)  # the model's EOS, as a manifest gives it
+    try:
+        scheduler = engine.scheduler(2, max_len=48)  # longer than the engine was loaded with
+        a = scheduler.submit(PROMPTS[0], 30)  # stops at the default EOS
+        b = scheduler.submit(PROMPTS[3], 30, eos_token_ids=())
+        while not scheduler.idle:
+            scheduler.step()
+    finally:
+        engine.eos_token_ids = saved
+    assert scheduler.take(a).tokens == free[:7]
+    assert scheduler.take(b).tokens == reference(checkpoints["target"], 30, prompt=PROMPTS[3])
