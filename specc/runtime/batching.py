@@ -27,6 +27,8 @@ import collections
 import dataclasses
 import itertools
 
+import torch
+
 from specc.result import GenerationResult, GenerationStats, clip_committed
 
 __all__ = ["StepEvent", "BatchScheduler"]
@@ -65,7 +67,8 @@ class BatchScheduler:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.loop, self.capacity = loop, capacity
         self.default_eos = tuple(int(e) for e in eos_token_ids)
-        loop.open_slots(capacity)
+        with torch.inference_mode():  # the loop's state lives in inference mode
+            loop.open_slots(capacity)
         self._ids = itertools.count()
         self._queue: collections.deque[_Request] = collections.deque()
         self._slots: list[_Request | None] = [None] * capacity
@@ -108,6 +111,7 @@ class BatchScheduler:
                 seen.finished, seen.finished_by = event.finished, event.finished_by
         return list(merged.values())
 
+    @torch.inference_mode()
     def cancel(self, rid: int) -> bool:
         """Drop a queued or running request (its slot is freed now); False if it is unknown or
         already finished. Its partial result stays available to ``take`` (finished_by "cancelled")."""
@@ -145,6 +149,7 @@ class BatchScheduler:
 
     # --- the two halves of a step --------------------------------------------------------------
 
+    @torch.inference_mode()
     def admit(self) -> list[StepEvent]:
         """Prefill queued requests into free slots (a slot freed by a request that finishes at
         its first token is reused at once). Each admitted request's first token is an event."""
@@ -163,6 +168,7 @@ class BatchScheduler:
             events.append(self._commit(request, [first]))
         return events
 
+    @torch.inference_mode()
     def decode(self) -> list[StepEvent]:
         """One speculative step over the running requests (none: nothing happens)."""
         running = [r for r in self._slots if r is not None]

@@ -1,17 +1,20 @@
 """The production speculative loop: batch-shaped state on the device, one small host copy per step.
 
-Every piece of loop state is per row: the committed sequences ``seq`` [B, L] (device), the
+Every piece of loop state is per row (slot): the committed sequences ``seq`` [B, L] (device), the
 target's ``DecodingState`` whose ``lengths`` [B] count the tokens each row has in the target
 cache (= committed - 1: the last committed token is fed by the next step), per-row committed
-counts, budgets and finished flags (host mirrors, updated from the step's one device -> host
-copy). Batch 1 is one case of it. Drafters read ``seq`` and return drafts [B, k] as device
-tensors (``Drafter.propose_rows``), the verify input is assembled on the device, the verifier
+counts and live flags (host mirrors, updated from the step's one device -> host copy). Batch 1
+is one case of it. A request enters a slot by ``prefill_slot`` (its prompt alone, a batch-1
+forward on views of the slot's state rows, so prompts of any lengths share a batch) and leaves
+by ``release_slot``; ``speculate`` runs one step over every slot. ``specc.runtime.batching``
+schedules requests over the slots (continuous batching); ``generate`` / ``generate_batch`` go
+through it. Drafters read ``seq`` and return drafts [B, k] as device tensors
+(``Drafter.propose_rows``), the verify input is assembled on the device, the verifier
 (``specc.runtime.verifiers.ChainVerifier``: greedy acceptance, one batched kernel) decides per
 row on the device, the committed tokens are written back into ``seq`` and the state's lengths
 advance on the device; the host learns the step's outcome from one copy of B x (k + 2)
-integers. An AR drafter feeds each draft to the next forward without leaving the GPU. A finished
-row stays in the batch but commits nothing more (its per-row draft cap is 0 and its length is
-frozen) until every row has finished.
+integers. An AR drafter feeds each draft to the next forward without leaving the GPU. A free
+slot stays in the batch but commits nothing (its draft cap is 0 and its length is frozen).
 
 Tree mode (``tree_budget`` N > 0 with a drafter that gives per-position distributions,
 ``Drafter.supports_tree``): each step builds a draft tree of N drafted nodes from the drafter's
