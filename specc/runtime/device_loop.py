@@ -213,7 +213,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if len(budgets) != len(prompts):
             raise ValueError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts")
         with torch.inference_mode():
-            scheduler = BatchScheduler(self, batch_size or max(1, len(prompts)))
+            scheduler = BatchScheduler(self, max(1, min(batch_size or len(prompts), len(prompts))))
             return scheduler.run([(p, m, eos_token_ids) for p, m in zip(prompts, budgets)])
 
     def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):

@@ -240,7 +240,8 @@ class CausalDrafter(Drafter):
         committed tokens (inactive rows: a window clamped into their cache); solo rows draft
         alone (:func:`_split_rows`)."""
         lags = [nb - lb for nb, lb in zip(n, self.lengths)]
-        m, solo = _split_rows(lags, list(self.lengths), active, k + 1)
+        self._widest = max(getattr(self, "_widest", 0), k + 1)  # a lag after any step so far (k can shrink)
+        m, solo = _split_rows(lags, list(self.lengths), active, self._widest)
         return [max(nb - m, 0) for nb in n], m, solo
 
     def _draft(self, seq, n, k, active, fn):

@@ -49,7 +49,7 @@ class SpeculativeLoop:
 
 def run_to_end(gen):
     """Exhaust a generator that yields tokens as it goes and return its return value (the
-    GenerationResult a loop's ``stream`` or ``_rows_loop`` ends with)."""
+    GenerationResult a loop's ``stream`` ends with)."""
     while True:
         try:
             next(gen)

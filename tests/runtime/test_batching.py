@@ -168,3 +168,37 @@ def test_bad_requests_are_refused(checkpoints):
     with pytest.raises(ValueError, match="capacity"):
         BatchScheduler(loop, 0)
     assert scheduler.idle and scheduler.step() == []
+
+
+@pytest.mark.parametrize("method,target_key,drafter_key,num_draft", [SCENARIOS[2], SCENARIOS[5], SCENARIOS[1]])
+def test_random_joins_leaves_and_cancels(checkpoints, method, target_key, drafter_key, num_draft):
+    """A seeded random schedule: requests of random lengths and budgets arrive between steps,
+    some are cancelled while queued or running; every finished request equals HF greedy alone,
+    every cancelled one is a prefix of it."""
+    import random
+
+    rng = random.Random(7)
+    target = checkpoints[target_key]
+    loop = _loop(checkpoints, method, target_key, drafter_key, num_draft)
+    scheduler = BatchScheduler(loop, 3)
+    asked, cancelled = {}, set()
+    for _ in range(40):
+        if len(asked) < 9 and rng.random() < 0.5:
+            prompt = [rng.randrange(4, 90) for _ in range(rng.randint(1, 12))]
+            budget = rng.randint(1, 14)
+            asked[scheduler.submit(prompt, budget)] = (prompt, budget)
+        live = scheduler.running + scheduler.queued
+        if live and rng.random() < 0.25:
+            rid = rng.choice(live)
+            assert scheduler.cancel(rid)
+            cancelled.add(rid)
+        scheduler.step()
+    while not scheduler.idle:
+        scheduler.step()
+    assert len(asked) >= 6 and cancelled and len(asked) - len(cancelled) >= 4
+    for rid, (prompt, budget) in asked.items():
+        got, want = scheduler.take(rid), reference(target, budget, prompt=prompt)
+        if rid in cancelled:
+            assert got.finished_by == "cancelled" and got.tokens == want[:len(got.tokens)]
+        else:
+            assert got.tokens == want
