@@ -30,6 +30,7 @@ import itertools
 import torch
 
 from specc.result import GenerationResult, GenerationStats, clip_committed
+from specc.runtime.adaptive import AcceptanceEstimate
 
 __all__ = ["StepEvent", "BatchScheduler"]
 
@@ -55,18 +56,24 @@ class _Request:
     stats: GenerationStats = dataclasses.field(default_factory=GenerationStats)
     slot: int | None = None
     draft_forwards_at_join: int = 0
+    acceptance: AcceptanceEstimate = dataclasses.field(default_factory=AcceptanceEstimate)
 
 
 class BatchScheduler:
     """Requests over the slots of one device loop (module doc). ``capacity``: slots, the most
     requests decoded together; more wait in a FIFO queue. ``eos_token_ids``: the EOS ids of a
-    request submitted without its own (the engine passes the model's)."""
+    request submitted without its own (the engine passes the model's). ``draft_length``: a
+    goodput rule (``specc.runtime.adaptive``) choosing each step's drafts, or None."""
 
-    def __init__(self, loop, capacity: int, eos_token_ids=()):
+    def __init__(self, loop, capacity: int, eos_token_ids=(), draft_length=None):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.loop, self.capacity = loop, capacity
         self.default_eos = tuple(int(e) for e in eos_token_ids)
+        # ``draft_length``: a rule choosing drafts per step from the requests' measured acceptance
+        # (``specc.runtime.adaptive.GoodputDraftLength``); None: the loop's fixed k
+        self.draft_length = draft_length
+        self.last_num_draft: int | None = None
         with torch.inference_mode():  # the loop's state lives in inference mode
             loop.open_slots(capacity)
         self._ids = itertools.count()
@@ -175,10 +182,17 @@ class BatchScheduler:
         if not running:
             return []
         budgets = [0 if r is None else r.max_new_tokens - len(r.tokens) for r in self._slots]
-        host, nodes = self.loop.speculate(budgets)
+        k = None
+        if self.draft_length is not None and self.loop.drafter is not None:
+            k = self.draft_length.choose([r.acceptance.alpha for r in running],
+                                         [r.max_new_tokens - len(r.tokens) - 1 for r in running], self.capacity)
+        self.last_num_draft = k
+        host, nodes = self.loop.speculate(budgets, k)
         events = []
         for request in running:
             row = host[request.slot]
+            if k is not None:
+                request.acceptance.observe(min(k, request.max_new_tokens - len(request.tokens) - 1), row[0])
             request.stats.target_forwards += 1
             before = len(request.tokens)
             event = self._commit(request, row[1:row[0] + 2])

@@ -275,9 +275,10 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.state.release(slot)
         self.n[slot] = 0
 
-    def speculate(self, budgets: list[int]) -> tuple[list[list[int]], int]:
+    def speculate(self, budgets: list[int], num_draft: int | None = None) -> tuple[list[list[int]], int]:
         """One speculative step over every slot. ``budgets[b]``: tokens live slot b may still
-        commit (>= 1). Returns (per slot [accepted, committed tokens...] from the step's one
+        commit (>= 1); ``num_draft``: drafts per row this step (at most the loop's; None: the
+        loop's, e.g. a goodput rule's choice, ``specc.runtime.adaptive``). Returns (per slot [accepted, committed tokens...] from the step's one
         device -> host copy: slot b committed ``row[1:row[0] + 2]``, free slots commit nothing;
         tree nodes verified, 0 for a chain step). Clipping at EOS / budgets is the caller's."""
         seq, n, rows, dev, timer = self.seq, self.n, self.batch, self.target.device, self._timer
@@ -291,7 +292,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
                 self.drafter.capture_shapes(seq, self.num_draft)
                 self._shapes_captured = True
-            k = min(self.num_draft, max(budgets[b] - 1 for b in live)) if self.cap_to_budget else self.num_draft
+            k = self.num_draft if num_draft is None else max(0, min(int(num_draft), self.num_draft))
+            k = min(k, max(budgets[b] - 1 for b in live)) if self.cap_to_budget else k
             if rows > 1:
                 row_caps = [0 if not self.live[b] else min(k, budgets[b] - 1) if self.cap_to_budget else k
                             for b in range(rows)]

@@ -98,17 +98,19 @@ class Engine:
                            "prompts": len(prompts), "batch_size": self.loop.batch}
         return results
 
-    def scheduler(self, capacity: int, max_len: int | None = None):
+    def scheduler(self, capacity: int, max_len: int | None = None, draft_length=None):
         """A continuous-batching scheduler over this engine's loop (``specc.runtime.batching``:
         ``submit`` / ``step`` / ``cancel`` / ``take``) with ``capacity`` slots of up to
         ``max_len`` tokens each (prompt + new tokens; default: the engine's). Requests without
-        their own EOS ids stop at the model's. One scheduler drives the engine at a time: making
-        one (or calling ``generate``) starts the loop over."""
+        their own EOS ids stop at the model's. ``draft_length``: a rule choosing each step's
+        drafts (``specc.runtime.adaptive.GoodputDraftLength``; None: the artifact's k). One
+        scheduler drives the engine at a time: making one (or calling ``generate``) starts the
+        loop over."""
         from specc.runtime.batching import BatchScheduler
 
         if max_len is not None:
             self.set_max_len(max_len)
-        return BatchScheduler(self.loop, capacity, self.eos_token_ids)
+        return BatchScheduler(self.loop, capacity, self.eos_token_ids, draft_length)
 
     def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None) -> Iterator[int]:
         """Yield tokens as they are committed (one verification step at a time)."""

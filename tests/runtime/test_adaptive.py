@@ -1,0 +1,66 @@
+"""Drafts per step by goodput (specc.runtime.adaptive): the expected-tokens formula, the
+acceptance estimate, the choice against a step-time curve, and a scheduler driven by it stays
+lossless while its k changes with the requests' measured acceptance."""
+
+import pytest
+from lossless import reference
+
+from specc.pairing import resolve_pair
+from specc.runtime.adaptive import AcceptanceEstimate, GoodputDraftLength, expected_tokens
+from specc.runtime.batching import BatchScheduler
+from specc.runtime.device_loop import DeviceSpeculativeDecoder
+from specc.runtime.eager import build_eager
+
+PROMPTS = [[5, 17, 33, 2, 8, 9, 41], [7, 3], [11, 4, 60, 2, 8, 31, 17, 5, 70, 44, 12, 3], [9]]
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    for alpha in (0.0, 0.3, 0.9, 1.0):
+        for k in range(6):
+            assert expected_tokens(alpha, k) == pytest.approx(sum(alpha ** i for i in range(k + 1)))
+
+
+def test_acceptance_estimate_from_steps():
+    est = AcceptanceEstimate()
+    assert est.alpha == 0.5
+    est.observe(4, 4)  # all accepted: no rejection
+    est.observe(4, 1)  # one accepted, then a rejection
+    assert est.alpha == pytest.approx((1 + 5) / (1 + 5 + 1 + 1))
+
+
+def test_goodput_choice_follows_the_curve():
+    flat = GoodputDraftLength(lambda rows, k: 1.0, 8)  # drafting is free: draft all
+    assert flat.choose([0.5, 0.1], [20, 20], 2) == 8
+    assert flat.choose([0.5], [3], 1) == 3  # never past what the row can still use
+    steep = GoodputDraftLength(lambda rows, k: 1.0 + rows * k, 8)  # every draft costs a full step
+    assert steep.choose([0.9, 0.9], [20, 20], 2) == 0
+    mid = GoodputDraftLength(lambda rows, k: 1.0 + 0.1 * rows * k, 8)
+    assert 0 < mid.choose([0.8] * 4, [20] * 4, 4) < mid.choose([0.8], [20], 1)
+    with pytest.raises(ValueError, match="positive"):
+        GoodputDraftLength(lambda rows, k: 0.0, 2).choose([0.5], [4], 1)
+
+
+@pytest.mark.parametrize("method,target_key,drafter_key,num_draft", [
+    ("pard", "target", "pard_same", 4), ("dflash", "const_target", "const_dflash", 3),
+    ("ar-draft", "target", "ar_random", 4)])
+def test_scheduler_with_goodput_rule_is_lossless_and_adapts(checkpoints, method, target_key, drafter_key, num_draft):
+    target = checkpoints[target_key]
+    pair = resolve_pair(target, checkpoints[drafter_key], method)
+    eager = build_eager(pair, num_draft, max_len=40)
+    loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len)
+    rule = GoodputDraftLength(lambda rows, k: 1.0 + 0.2 * k, loop.num_draft)
+    scheduler = BatchScheduler(loop, 3, draft_length=rule)
+    budgets = [16, 12, 20, 9]
+    rids = [scheduler.submit(p, m) for p, m in zip(PROMPTS, budgets)]
+    chosen = []
+    while not scheduler.idle:
+        scheduler.step()
+        chosen.append(scheduler.last_num_draft)
+    for rid, prompt, budget in zip(rids, PROMPTS, budgets):
+        assert scheduler.take(rid).tokens == reference(target, budget, prompt=prompt)
+    ks = [k for k in chosen if k is not None]
+    if drafter_key == "ar_random":  # nothing is ever accepted: the rule stops drafting
+        assert ks[-1] == 0
+    elif drafter_key == "const_dflash":  # everything is accepted: the rule drafts the most it can
+        assert max(ks) == loop.num_draft
+    assert len(set(ks)) > 1  # the choice followed the measured acceptance
