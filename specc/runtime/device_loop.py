@@ -274,6 +274,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.live[slot], self._live_mask = False, None
         self.state.release(slot)
         self.n[slot] = 0
+        if self.drafter is not None:
+            self.drafter.release_slot(slot)
 
     def speculate(self, budgets: list[int], num_draft: int | None = None) -> tuple[list[list[int]], int]:
         """One speculative step over every slot. ``budgets[b]``: tokens live slot b may still

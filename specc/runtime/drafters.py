@@ -160,6 +160,10 @@ class Drafter:
         states of the prompt (DFlash), else None."""
         self.lengths[slot] = 0
 
+    def release_slot(self, slot: int) -> None:
+        """``slot``'s sequence is over (its request finished or was cancelled)."""
+        self.lengths[slot] = 0
+
     def propose_rows(self, seq: torch.Tensor, n: list[int], k: int, active: list[bool] | None = None) -> torch.Tensor:
         """Draft k tokens per row, [B, k] on the device, without a host sync. ``seq`` [B, L]
         holds the committed tokens; row b has ``n[b]`` (the last, ``seq[b, n[b] - 1]``, not
@@ -363,6 +367,10 @@ class DFlashDraft(Drafter):
         self.fresh[slot] = context
         if len(self.lengths) > 1:
             self._window_rows(slot, context)
+
+    def release_slot(self, slot) -> None:
+        self.lengths[slot], self.context_lens[slot] = 0, 0
+        self.fresh.pop(slot, None)
 
     def _window_rows(self, slot: int, context: torch.Tensor) -> None:
         """Put the last W of ``context`` [1, c, n*H] into row ``slot`` of the window."""
