@@ -10,11 +10,14 @@ the accepted count is drawn, so the timing is real and the tokens are not the mo
 Before timing, the batched AR output is checked equal to each prompt run alone (greedy).
 
 Each row: batch size, seconds, total new tokens, tokens/s, tokens/s per request, mean committed
-tokens per step; one untimed pass first (Triton compiles, CUDA-graph captures per shape).
+tokens per step; one untimed pass first (Triton compiles, CUDA-graph captures per shape). With
+``--goodput`` the speculative loop also runs under the goodput rule (``specc.runtime.adaptive``:
+drafts per step from the requests' measured, here replayed, acceptance against the cost model's
+step-time curve for ``--deployment``), rows ``specc-goodput`` with the mean k it chose.
 
     python3 examples/bench_batching.py --device cpu --shapes tiny-qwen3 --tokens 16 --batches 1,2
     PYTHONPATH=. python3 examples/bench_batching.py --device cuda --shapes qwen3-8b --drafter-shapes dflash-b16 \
-        --acceptance dflash-qwen3-8b:gsm8k --batches 1,2,4,8,16,32 --out $OUT/batching.json
+        --acceptance dflash-qwen3-8b:gsm8k --batches 1,2,4,8,16,32 --goodput --deployment h200-bs1 --out $OUT/batching.json
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import time
 
 import torch
 
+from specc.passes.pipelines import DEFAULT_PIPELINE
+
 
 def build(opts, dev):
     """(AR loop, speculative loop or None, prompts pool, acceptance model or None)."""
     from specc.bench.acceptance import parse_acceptance
     from specc.bench.run import BenchOptions, _setup_shapes
     from specc.codegen.build import build_steps
-    from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
     from specc.runtime.replay import ReplayVerifier
@@ -72,7 +76,50 @@ def build(opts, dev):
             raise SystemExit("random weights accept nothing: give --acceptance (e.g. tau:6.5, dflash-qwen3-8b:gsm8k)")
         spec_loop = loop_over(True)
         spec_loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source)
-    return ar, spec_loop, prompts, acceptance
+    curve = None
+    if opts.goodput and spec_loop is not None:
+        from specc.search.batch_pricing import step_seconds
+        from specc.search.cost_model import CostModel
+        from specc.search.deployments import get_deployment
+        from specc.search.meta_pair import MetaPair
+
+        irs = MetaPair(s.target_raw, s.drafter_raw, s.impl.name, "bfloat16" if dev.type == "cuda" else None).irs(
+            DEFAULT_PIPELINE)
+        curve = step_seconds(CostModel(get_deployment(opts.deployment)), *irs, s.impl.name,
+                             context=opts.prompt_len + opts.tokens // 2)
+    return ar, spec_loop, prompts, acceptance, curve
+
+
+def time_goodput(loop, prompts, tokens, dev, curve):
+    """The speculative loop under the goodput rule: (row, mean k chosen)."""
+    from specc.runtime.adaptive import GoodputDraftLength
+    from specc.runtime.batching import BatchScheduler
+
+    def once():
+        scheduler = BatchScheduler(loop, len(prompts), (), GoodputDraftLength(curve, loop.num_draft))
+        rids = [scheduler.submit(p, tokens, ()) for p in prompts]
+        ks = []
+        while not scheduler.idle:
+            scheduler.step()
+            if scheduler.last_num_draft is not None:
+                ks.append(scheduler.last_num_draft)
+        return [scheduler.take(r) for r in rids], ks
+
+    once()  # untimed: captures for every k the rule picks
+    loop.verifier.reset()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    results, ks = once()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    new = sum(len(r.tokens) for r in results)
+    steps = sum(r.stats.steps for r in results)
+    return {"batch": len(prompts), "seconds": seconds, "tokens": new, "tokens_per_s": new / seconds,
+            "tokens_per_s_per_request": new / seconds / len(prompts),
+            "tokens_per_step": (new - len(results)) / steps if steps else 0.0,
+            "mean_k": sum(ks) / len(ks) if ks else 0.0}
 
 
 def time_batch(loop, prompts, tokens, dev):
@@ -105,11 +152,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     ap.add_argument("--prompt-len", type=int, default=128, help="mean prompt length (+- 25%%)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--goodput", action="store_true", help="also run the goodput rule (drafts per step)")
+    ap.add_argument("--deployment", default="h200-bs1", help="deployment whose cost model prices the goodput rule")
     ap.add_argument("--out", help="write the rows as JSON here")
     opts = ap.parse_args()
     opts.batches = sorted({int(b) for b in opts.batches.split(",") if b.strip()})
     dev = torch.device(opts.device)
-    ar, spec_loop, pool, acceptance = build(opts, dev)
+    ar, spec_loop, pool, acceptance, curve = build(opts, dev)
     alone = [ar.generate(p, opts.tokens, ()).tokens for p in pool[: max(2, min(4, len(pool)))]]
     batched = ar.generate_batch(pool[: len(alone)], opts.tokens, (), batch_size=len(alone))
     if [r.tokens for r in batched] != alone:
@@ -125,6 +174,13 @@ def main() -> None:
             rows.append(row)
             print(f"{name:>10} {b:>4} {row['tokens_per_s']:>10,.1f} {row['tokens_per_s_per_request']:>10,.1f} "
                   f"{row['tokens_per_step']:>9.2f} {row['seconds']:>8.3f}")
+    if curve is not None:
+        for b in opts.batches:
+            row = time_goodput(spec_loop, pool[:b], opts.tokens, dev, curve)
+            row["system"] = "specc-goodput"
+            rows.append(row)
+            print(f"{'goodput':>10} {b:>4} {row['tokens_per_s']:>10,.1f} {row['tokens_per_s_per_request']:>10,.1f} "
+                  f"{row['tokens_per_step']:>9.2f} {row['seconds']:>8.3f}  mean k {row['mean_k']:.1f}")
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "tokens": opts.tokens,
               "prompt_len": opts.prompt_len, "rows": rows,
