@@ -14,14 +14,15 @@ def engines(checkpoints, tmp_path_factory):
     from specc.compiler import compile_artifact
 
     out = {}
-    for key in ("dflash", "pard_same"):
-        path = tmp_path_factory.mktemp(f"batch-{key}") / "a.specc"
-        compile_artifact(checkpoints["target"], checkpoints[key], out=path, max_new_tokens=4, tree="off")
-        out[key] = specc.load(path, max_len=24)
+    for name, key, tree in (("dflash", "dflash", "off"), ("pard", "pard_same", "off"), ("pard-tree", "pard_same", "8")):
+        path = tmp_path_factory.mktemp(f"batch-{name}") / "a.specc"
+        compile_artifact(checkpoints["target"], checkpoints[key], out=path, max_new_tokens=4, tree=tree)
+        out[name] = specc.load(path, max_len=24)
+    assert out["pard-tree"].tree_budget == 8 and out["pard"].tree_budget == 0
     return out
 
 
-@pytest.mark.parametrize("key", ["dflash", "pard_same"])
+@pytest.mark.parametrize("key", ["dflash", "pard", "pard-tree"])
 def test_compiled_generate_batch_equals_each_prompt_alone(checkpoints, engines, key):
     engine = engines[key]
     budgets = [10, 6, 12, 9, 4]
@@ -29,6 +30,7 @@ def test_compiled_generate_batch_equals_each_prompt_alone(checkpoints, engines, 
     assert engine.loop.batch == 3 and engine.last_stats["prompts"] == 5
     for prompt, budget, result in zip(PROMPTS, budgets, results):
         assert result.tokens == reference(checkpoints["target"], budget, prompt=prompt)
+        assert bool(result.stats.tree_nodes) == (key == "pard-tree")
     alone = engine.generate(PROMPTS[2], 12, eos_token_id=())
     assert engine.loop.batch == 1 and alone.tokens == results[2].tokens
 
