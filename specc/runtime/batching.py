@@ -154,6 +154,14 @@ class BatchScheduler:
     def queued(self) -> list[int]:
         return [r.rid for r in self._queue]
 
+    @property
+    def num_running(self) -> int:
+        return sum(r is not None for r in self._slots)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._queue)
+
     # --- the two halves of a step --------------------------------------------------------------
 
     @torch.inference_mode()
