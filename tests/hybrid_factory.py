@@ -39,3 +39,68 @@ def make_hybrid(kind: str = "qwen3_5", seed: int = 0, scale: float = 0.08, **ove
             elif "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
     return model
+
+
+def load_hybrid(tmp_path_factory, kind: str = "qwen3_5", seed: int = 0, name: str = "hybrid", **overrides):
+    """(HF model, saved path, specc HybridLM loaded from it)."""
+    from model_factory import save
+
+    from specc.models import load_model
+
+    hf = make_hybrid(kind, seed, **overrides)
+    path = save(hf, tmp_path_factory, name)
+    return hf, path, load_model(path).model
+
+
+class ScriptedDrafter:
+    """A drafter that knows the reference continuation and makes scripted mistakes, so a test
+    chooses each step's acceptance: ``plan[i]`` = (drafts, wrong_at) for step i (cycled):
+    ``drafts`` proposed (fewer than the loop's k allowed in the eager loop: 0 = a zero-draft
+    step), the one at index ``wrong_at`` replaced by another token (>= drafts: all right).
+    Tree mode: the per-position logits put the proposed token first and, where it is wrong, the
+    right one second, so the accepted path leaves the top-1 chain."""
+
+    def __new__(cls, *args, **kwargs):
+        from specc.runtime.drafters import Drafter
+
+        impl = type("ScriptedDrafterImpl", (_ScriptedBase, Drafter), {})
+        return impl(*args, **kwargs)
+
+
+class _ScriptedBase:
+    name = "scripted"
+    supports_tree = True
+
+    def __init__(self, reference: list[int], plan: list[tuple[int, int]], vocab: int = VOCAB):
+        self.reference, self.plan, self.vocab = list(reference), list(plan), vocab
+        self.step = 0
+        self.device = torch.device("cpu")
+
+    def _next(self, n: int, k: int) -> tuple[list[int], list[int]]:
+        count, wrong_at = self.plan[self.step % len(self.plan)]
+        self.step += 1
+        right = [self.reference[n + j] if n + j < len(self.reference) else 0 for j in range(k)]
+        drafts = list(right)
+        if wrong_at < k:
+            drafts[wrong_at] = (drafts[wrong_at] + 1) % self.vocab
+        return drafts[:min(count, k)], right
+
+    def propose(self, seq, k):
+        self.forwards += 1
+        return self._next(len(seq), k)[0]
+
+    def propose_rows(self, seq, n, k):
+        self.forwards += 1
+        rows = [self._next(nb, k) for nb in n]
+        return torch.tensor([d + r[len(d):] for d, r in rows], dtype=torch.long)
+
+    def propose_logits_rows(self, seq, n, k):
+        self.forwards += 1
+        logits = torch.zeros(len(n), k, self.vocab)
+        for b, nb in enumerate(n):
+            drafts, right = self._next(nb, k)
+            drafts = drafts + right[len(drafts):]
+            for j in range(k):
+                logits[b, j, right[j]] = 4.0
+                logits[b, j, drafts[j]] = 5.0
+        return logits

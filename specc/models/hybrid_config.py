@@ -86,6 +86,16 @@ def _text_part(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return raw, "model."
 
 
+def text_config_view(raw: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal qwen3_5 config as its language model's flat config (model_type
+    ``qwen3_5_text``), which pairing checks read (vocab_size, hidden_size, ...); other configs
+    unchanged. Weights load the same either way (``hybrid_weights`` accepts both prefixes)."""
+    if not isinstance(raw, dict) or raw.get("model_type") != "qwen3_5":
+        return raw
+    text, _ = _text_part(raw)
+    return {**text, "model_type": "qwen3_5_text"}
+
+
 def _layer_types(raw: dict[str, Any], num_layers: int) -> tuple[str, ...]:
     types = raw.get("layer_types")
     if types is None:

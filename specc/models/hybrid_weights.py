@@ -41,10 +41,10 @@ def to_specc_names(state: dict[str, torch.Tensor], cfg: HybridConfig) -> dict[st
     for name, tensor in state.items():
         if name.startswith(DROPPED_PREFIXES):
             continue
-        if name.startswith(cfg.weight_prefix):
-            name = name[len(cfg.weight_prefix):]
-        elif name.startswith("model."):
-            name = name[len("model."):]
+        for prefix in ("model.language_model.", cfg.weight_prefix, "model."):
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                break
         owner, _, leaf = name.rpartition(".linear_attn.")
         if cfg.layout == "qwen3_next" and leaf in ("in_proj_qkvz.weight", "in_proj_ba.weight"):
             fused.setdefault(owner, {})[leaf] = tensor

@@ -35,7 +35,7 @@ import torch
 
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
 from specc.runtime.loop import SpeculativeLoop, run_to_end
-from specc.runtime.state import DecodingState
+from specc.runtime.state import DecodingState, reserve_block
 from specc.runtime.trees import build_tree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
 
@@ -103,6 +103,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
+        reserve_block(self.target, max(self.num_draft, self.tree_budget) + 1)  # hybrid targets' per-node states
         state = self.target.setup_caches(self.batch, length)
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
             state = DecodingState.adopt(self.target, self.batch, length)

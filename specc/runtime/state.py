@@ -41,7 +41,8 @@ import torch
 
 from specc.models.state import StateSpec, get_attr, layout, set_attr, state_specs_of
 
-__all__ = ["StateSpec", "StateKind", "KVState", "SnapshotState", "STATE_KINDS", "DecodingState", "state_specs_of"]
+__all__ = ["StateSpec", "StateKind", "KVState", "SnapshotState", "STATE_KINDS", "DecodingState", "reserve_block",
+           "state_specs_of"]
 
 
 class StateKind:
@@ -134,6 +135,14 @@ def _kind(name: str) -> StateKind:
         raise ValueError(f"unknown state kind {name!r} (known: {', '.join(STATE_KINDS)})") from None
 
 
+def reserve_block(step, block: int) -> None:
+    """Size the per-node snapshots of a step whose state keeps them (a model definition with
+    ``max_block``: hybrid targets) for verify blocks of up to ``block`` tokens; call before its
+    ``setup_caches``. Steps without snapshot kinds are left alone."""
+    if getattr(step, "max_block", None) is not None:
+        step.max_block = int(block)
+
+
 class DecodingState:
     """The state buffers of one step for ``batch`` slots of up to ``max_len`` tokens, plus the
     per-slot committed lengths (a [B] long tensor on the device).
@@ -164,10 +173,12 @@ class DecodingState:
         return self
 
     @classmethod
-    def adopt(cls, module, batch: int, max_len: int) -> "DecodingState":
+    def adopt(cls, module, batch: int, max_len: int, kinds: Iterable[str] | None = None) -> "DecodingState":
         """A state over the buffers ``module`` already holds for its declared specs (a model
-        definition that allocated its own, ``setup_caches``), lengths 0."""
-        state = cls(state_specs_of(module), getattr(module, "device", None))
+        definition that allocated its own, ``setup_caches``), lengths 0; ``kinds``: only the
+        specs of these kinds (None: all)."""
+        specs = [s for s in state_specs_of(module) if kinds is None or s.kind in kinds]
+        state = cls(specs, getattr(module, "device", None))
         state.buffers = {spec.name: get_attr(module, spec.name) for spec in state.specs}
         state.lengths = torch.zeros(batch, dtype=torch.long, device=state.device)
         state.batch, state.max_len = batch, max_len

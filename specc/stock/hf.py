@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -40,6 +41,34 @@ def crop(cache: DynamicCache, length: int) -> None:
     excess = cache.get_seq_length() - length
     if excess > 0:
         cache.crop(-excess)
+
+
+def is_recurrent(model) -> bool:
+    """Whether the HF model has linear-attention (recurrent) layers: a hybrid Qwen3.5 / Qwen3-Next."""
+    return "linear_attention" in (getattr(model.config, "layer_types", None) or ())
+
+
+def snapshot(model, cache: DynamicCache) -> DynamicCache | None:
+    """Before a verify forward: a copy of a recurrent model's cache (its GDN states cannot be
+    cropped), None for attention-only models (``crop`` rolls those back)."""
+    return copy.deepcopy(cache) if is_recurrent(model) else None
+
+
+def rollback(model, cache: DynamicCache, before: DynamicCache | None, inputs: list[int], start: int,
+             keep: int) -> DynamicCache:
+    """After a verify forward of ``inputs`` at ``start``: the cache holding exactly the first
+    ``keep`` positions. Attention-only models: a crop. Recurrent models: the cache as it is when
+    every input is kept, else the snapshot taken before the forward with the kept inputs replayed
+    through it (plain, obviously right; one extra forward per partially accepted step)."""
+    if before is None:
+        crop(cache, keep)
+        return cache
+    kept = keep - start
+    if kept == len(inputs):
+        return cache
+    if kept > 0:
+        forward(model, inputs[:kept], before, start)
+    return before
 
 
 def greedy_accept(drafts: list[int], posterior: list[int]) -> list[int]:
