@@ -104,3 +104,34 @@ class _ScriptedBase:
                 logits[b, j, right[j]] = 4.0
                 logits[b, j, drafts[j]] = 5.0
         return logits
+
+
+def bigram_drafter(target, layers: int = 1, scale: float = 0.01, seed: int = 5):
+    """A Qwen3 attention drafter that shares the hybrid target's embedding, final norm and LM
+    head, with near-zero layers: it predicts roughly what the target's embedding-to-head path
+    does, so it agrees with the target on some tokens (partial acceptance)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = target.config
+    torch.manual_seed(seed)
+    draft = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=layers, num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim, max_position_embeddings=512, eos_token_id=cfg.eos_token_id, bos_token_id=1,
+        tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if "layers" in name and p.dim() == 2:
+                p.normal_(0, scale)
+        draft.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        draft.lm_head.weight.copy_(target.lm_head.weight)
+        draft.model.norm.weight.copy_(1.0 + target.model.norm.weight)
+    return draft
+
+
+def constant(model, strength: float):
+    """A shared component in every token embedding: the target's argmax depends less on the input."""
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb += strength * torch.randn(1, emb.shape[1], generator=torch.Generator().manual_seed(9))
+    return model
