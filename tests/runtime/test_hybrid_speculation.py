@@ -1,0 +1,118 @@
+"""Speculative decoding on a hybrid (GDN + attention) target keeps the recurrent state exact.
+
+A scripted drafter (``hybrid_factory.ScriptedDrafter``) knows the target's greedy continuation
+and makes planned mistakes, so each step's acceptance is chosen: full, partial, zero, a step
+with no drafts right after an accepting one (the stale-state bug of vLLM #39273 / #52942), and,
+in tree mode, paths that leave the top-1 chain (the accepted path is not a block prefix). After
+each run the live recurrent state and conv window of every GDN layer must equal those of plain
+AR decoding of the same tokens, and the tokens must equal plain AR greedy."""
+
+import pytest
+import torch
+from hybrid_factory import ScriptedDrafter, load_hybrid
+
+from specc.runtime.device_loop import DeviceSpeculativeDecoder
+from specc.runtime.eager import EagerSpeculativeDecoder
+
+PROMPT = [5, 17, 33, 2, 61, 40, 8, 71, 12]
+NEW = 24
+# (drafts, index of the wrong one): full, partial, zero, no drafts after full, full, partial
+PLAN = [(4, 9), (4, 1), (4, 0), (4, 9), (0, 9), (4, 9), (3, 2), (4, 3)]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    _, _, model = load_hybrid(tmp_path_factory, seed=0, name="hy-spec")
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    """Plain AR greedy tokens, and the GDN states after AR-decoding prompt + tokens[:-1]."""
+    tokens = EagerSpeculativeDecoder(target, None, 0, 64).generate(PROMPT, NEW).tokens
+    return tokens, _ar_states(target, PROMPT + tokens[:-1])
+
+
+@torch.no_grad()
+def _ar_states(model, ids):
+    """Prefill the prompt, then one token per forward: the states plain decoding reaches."""
+    model.setup_caches(1, 64)
+    model(torch.tensor([PROMPT]), torch.arange(len(PROMPT))[None], torch.tensor([0]))
+    for pos in range(len(PROMPT), len(ids)):
+        model(torch.tensor([[ids[pos]]]), torch.tensor([[pos]]), torch.tensor([pos]))
+    return _live(model)
+
+
+def _live(model, row=0):
+    return {name: buf[row, 0].clone() for name, buf in model.named_buffers()
+            if name.endswith(("recurrent_state", "conv_state"))}
+
+
+def _assert_states(model, want, row=0):
+    got = _live(model, row)
+    assert set(got) == set(want) and got
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _drafter(reference, plan):
+    tokens, _ = reference
+    return ScriptedDrafter(PROMPT + tokens, plan)
+
+
+@pytest.mark.parametrize("tree", [0, 6])
+def test_eager_tokens_and_state_equal_plain_decoding(target, reference, tree):
+    tokens, states = reference
+    plan = PLAN if not tree else [p for p in PLAN if p[0]]  # a tree step always drafts
+    result = EagerSpeculativeDecoder(target, _drafter(reference, plan), 4, 64, tree_budget=tree).generate(PROMPT, NEW)
+    assert result.tokens == tokens
+    lengths = result.stats.accepted_lengths
+    assert 5 in lengths and 1 in lengths and any(1 < n < 5 for n in lengths), lengths
+    _assert_states(target, states)
+
+
+def test_zero_draft_step_after_accepting_step(target, reference):
+    """A step with no drafts right after an accepting one (fully, then partially) must continue
+    from the committed state (the snapshot of the last accepted token), not a stale one."""
+    tokens, states = reference
+    plan = [(4, 9), (0, 9), (4, 2), (0, 9)]
+    result = EagerSpeculativeDecoder(target, _drafter(reference, plan), 4, 64).generate(PROMPT, NEW)
+    assert result.tokens == tokens
+    assert result.stats.accepted_lengths[:4] == [5, 1, 3, 1]
+    _assert_states(target, states)
+
+
+@pytest.mark.parametrize("tree", [0, 6])
+def test_device_loop_tokens_and_state_equal_plain_decoding(target, reference, tree):
+    tokens, states = reference
+    loop = DeviceSpeculativeDecoder(target, _drafter(reference, [p for p in PLAN if p[0]]), 4, 64, tree_budget=tree)
+    result = loop.generate(PROMPT, NEW)
+    assert result.tokens == tokens
+    assert loop.state.buffers  # the loop's DecodingState holds the GDN buffers the model reads
+    _assert_states(target, states)
+
+
+def test_device_loop_batch_rows_keep_their_own_state(target, reference):
+    """Two rows with different acceptance per step (their drafters' plans are interleaved)."""
+    tokens, states = reference
+    loop = DeviceSpeculativeDecoder(target, _drafter(reference, [(4, 9), (4, 0), (4, 1), (4, 9), (4, 2), (4, 9)]), 4, 64)
+    results = loop.generate_batch([PROMPT, PROMPT], NEW)
+    assert [r.tokens for r in results] == [tokens, tokens]
+    assert results[0].stats.accepted_lengths != results[1].stats.accepted_lengths
+    _assert_states(target, states, row=0)
+    _assert_states(target, states, row=1)
+
+
+@pytest.mark.parametrize("tree", [0, 6])
+def test_eos_inside_an_accepted_path(target, reference, tree):
+    """Generation stops at an EOS committed inside a fully accepted block, like plain AR."""
+    tokens, _ = reference
+    first = {t: i for i, t in reversed(list(enumerate(tokens)))}
+    eos = next(t for t in tokens[2:4] if first[t] in (2, 3))  # inside the first step's block of 5
+    want = EagerSpeculativeDecoder(target, None, 0, 64).generate(PROMPT, NEW, (eos,)).tokens
+    assert want == tokens[:first[eos] + 1]
+    for loop_cls in (EagerSpeculativeDecoder, DeviceSpeculativeDecoder):
+        loop = loop_cls(target, _drafter(reference, [(4, 9)]), 4, 64, tree_budget=tree)
+        result = loop.generate(PROMPT, NEW, (eos,))
+        assert result.tokens == want
+        assert result.stats.accepted_lengths[0] == len(want) - 1  # clipped inside the first block
