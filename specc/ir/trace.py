@@ -315,6 +315,9 @@ def meta_model(config: Any, *, dtype: str | torch.dtype | None = None, max_len: 
         kind = classify(raw)
     except ConfigError as exc:
         raise IRError(f"{path}: {exc}") from exc
+    if kind == "hybrid":
+        raise IRError(f"{path}: hybrid recurrent targets (gated DeltaNet + attention) have no IR yet; "
+                      "they run eagerly (docs/hybrid.md)")
     dt = parse_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype"), torch.bfloat16)
     with torch.device("meta"):
         if kind == "dflash":
