@@ -126,24 +126,20 @@ def gated_delta_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     dtype = v.dtype
     q, k, v, g, beta = _heads_fp32(q, k, v, g, beta)
     bsz, n = parents.shape
-    states = []
     rows = torch.arange(bsz, device=parents.device)
     start = state.float()
+    states = start.new_empty(bsz, n, *start.shape[1:])
     outs = []
     for i in range(n):
-        if i == 0:
-            prev = start
-        else:
-            stacked = torch.stack(states, dim=1)  # [B, i, Hv, dk, dv]
-            par = parents[:, i].clamp(min=0)
-            prev = torch.where((parents[:, i] < 0)[:, None, None, None], start, stacked[rows, par])
+        par = parents[:, i]
+        prev = torch.where((par < 0)[:, None, None, None], start, states[rows, par.clamp(min=0)]) if i else start
         s = prev * g[:, i].exp()[..., None, None]
         kt = k[:, i]
         delta = (v[:, i] - (s * kt[..., None]).sum(dim=-2)) * beta[:, i][..., None]
         s = s + kt[..., None] * delta[..., None, :]
         outs.append((s * q[:, i][..., None]).sum(dim=-2))
-        states.append(s)
-    return torch.stack(outs, dim=1).to(dtype), torch.stack(states, dim=1)
+        states[:, i] = s
+    return torch.stack(outs, dim=1).to(dtype), states
 
 
 @torch.fx.wrap
