@@ -48,10 +48,34 @@ def is_recurrent(model) -> bool:
     return "linear_attention" in (getattr(model.config, "layer_types", None) or ())
 
 
+def check_cached_blocks(model) -> None:
+    """Refuse (one line) an HF recurrent model whose modeling ignores the cache for multi-token
+    inputs (older transformers' qwen3_next ran such blocks from a zero state): a verify block
+    fed at once must match the same tokens fed one by one. Runs once per model."""
+    if getattr(model, "_specc_blocks_checked", False):
+        return
+    from specc.errors import UserError
+
+    vocab = int(model.config.vocab_size)
+    ids = [(7 * i + 3) % vocab for i in range(7)]
+    whole, steps = new_cache(model), new_cache(model)
+    forward(model, ids[:4], whole, 0)
+    forward(model, ids[:4], steps, 0)
+    block = forward(model, ids[4:], whole, 4).logits[0].float()
+    one = torch.cat([forward(model, ids[4 + j:5 + j], steps, 4 + j).logits[0].float() for j in range(3)])
+    if (block - one).norm() > 0.05 * one.norm():
+        raise UserError(f"{type(model).__name__}: this transformers version's modeling ignores the cache for "
+                        "multi-token inputs, so its verify steps are wrong; upgrade transformers (5.24 is right)")
+    model._specc_blocks_checked = True
+
+
 def snapshot(model, cache: DynamicCache) -> DynamicCache | None:
     """Before a verify forward: a copy of a recurrent model's cache (its GDN states cannot be
     cropped), None for attention-only models (``crop`` rolls those back)."""
-    return copy.deepcopy(cache) if is_recurrent(model) else None
+    if not is_recurrent(model):
+        return None
+    check_cached_blocks(model)
+    return copy.deepcopy(cache)
 
 
 def rollback(model, cache: DynamicCache, before: DynamicCache | None, inputs: list[int], start: int,

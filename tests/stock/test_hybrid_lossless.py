@@ -115,3 +115,28 @@ def test_device_loop_equals_stock_with_eos_inside_a_block(paths, method):
     want = _stock(method, paths, eos=(eos,))
     assert want.tokens[-1] == eos and len(want.tokens) < NEW
     assert _device_tokens(paths, method, (eos,)) == [want.tokens, want.tokens]
+
+
+class _IgnoresCacheForBlocks:
+    """An HF hybrid model as older transformers' qwen3_next modeling behaved: a multi-token input
+    runs from a fresh cache (the recurrent state and conv window are ignored)."""
+
+    def __init__(self, model):
+        self.model, self.config, self.device = model, model.config, model.device
+
+    def __call__(self, input_ids, past_key_values=None, **kwargs):
+        if input_ids.shape[1] > 1 and past_key_values is not None and past_key_values.get_seq_length() > 0:
+            from transformers import DynamicCache
+
+            past_key_values = DynamicCache(config=self.config)
+        return self.model(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
+
+
+def test_stock_refuses_a_modeling_that_ignores_the_cache_for_blocks(paths):
+    from specc.errors import UserError
+    from specc.stock import hf as stock_hf
+
+    model = make_hybrid("qwen3_5", 0)
+    stock_hf.check_cached_blocks(model)  # the real modeling passes
+    with pytest.raises(UserError, match="ignores the cache for multi-token inputs"):
+        generate_chain(_IgnoresCacheForBlocks(make_hybrid("qwen3_5", 0)), _hf(paths["ar-draft"]), PROMPT, NEW, 4)
