@@ -35,3 +35,10 @@ def test_compile_is_refused_in_one_line(paths, tmp_path, capsys):
     assert main(["compile", paths["target"], "-o", str(tmp_path / "hy.specc")]) == 2
     err = capsys.readouterr().err.strip()
     assert "hybrid recurrent target" in err and "docs/hybrid.md" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("argv", [["ir", "{target}"], ["ir", "{target}", "--config-only"]])
+def test_ir_is_refused_in_one_line(paths, capsys, argv):
+    assert main([a.format(**paths) for a in argv]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "hybrid recurrent targets have no IR yet" in err and "\n" not in err
