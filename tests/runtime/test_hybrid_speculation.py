@@ -116,3 +116,13 @@ def test_eos_inside_an_accepted_path(target, reference, tree):
         result = loop.generate(PROMPT, NEW, (eos,))
         assert result.tokens == want
         assert result.stats.accepted_lengths[0] == len(want) - 1  # clipped inside the first block
+
+
+@pytest.mark.parametrize("tree", [0, 6])
+def test_token_forcing_reproduces_greedy_tokens(target, reference, tree):
+    """forced_argmax (verify-sized blocks; tree mode: each block one branch of a tree with
+    distractor siblings, committed along that branch) gives back the greedy tokens."""
+    tokens, _ = reference
+    for loop_cls in (EagerSpeculativeDecoder, DeviceSpeculativeDecoder):
+        loop = loop_cls(target, _drafter(reference, [(4, 9)]), 4, 64, tree_budget=tree)
+        assert loop.forced_argmax(PROMPT, tokens) == tokens
