@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specc.runtime.drafters import Drafter
+
 VOCAB = 96
 
 
@@ -52,7 +54,7 @@ def load_hybrid(tmp_path_factory, kind: str = "qwen3_5", seed: int = 0, name: st
     return hf, path, load_model(path).model
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """A drafter that knows the reference continuation and makes scripted mistakes, so a test
     chooses each step's acceptance: ``plan[i]`` = (drafts, wrong_at) for step i (cycled):
     ``drafts`` proposed (fewer than the loop's k allowed in the eager loop: 0 = a zero-draft
@@ -60,14 +62,6 @@ class ScriptedDrafter:
     Tree mode: the per-position logits put the proposed token first and, where it is wrong, the
     right one second, so the accepted path leaves the top-1 chain."""
 
-    def __new__(cls, *args, **kwargs):
-        from specc.runtime.drafters import Drafter
-
-        impl = type("ScriptedDrafterImpl", (_ScriptedBase, Drafter), {})
-        return impl(*args, **kwargs)
-
-
-class _ScriptedBase:
     name = "scripted"
     supports_tree = True
 

@@ -103,6 +103,9 @@ class GatedDeltaNet(nn.Module):
         bsz, q = x.shape[0], x.shape[1]
         slots = self.recurrent_state.shape[1] - 2  # snapshot capacity (max_block)
         chain = parents is None
+        if not chain and q > slots:
+            raise RuntimeError(f"a tree of {q} nodes exceeds the GDN state's {slots} per-node entries: "
+                               f"setup_caches(..., max_block={q})")
         fresh = (cache_len[:bsz] == 0)[:, None, None]
         window = torch.where(fresh, 0.0, self.conv_state[:bsz, 0].float()).to(self.conv_state.dtype)
         start = torch.where(fresh[..., None], 0.0, self.recurrent_state[:bsz, 0])
