@@ -71,3 +71,21 @@ def test_batch_rows_at_different_lengths(pair):
     ours(torch.cat([a, b]), torch.arange(9)[None].expand(2, -1), torch.tensor([0, 0]))
     got = ours(torch.tensor([[70, 71], [72, 73]]), torch.tensor([[9, 10], [0, 1]]), torch.tensor([9, 0]))
     torch.testing.assert_close(got, torch.cat([want0, want1]), **TOL)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"tie_word_embeddings": True, "linear_num_value_heads": 2},  # tied head, one v head per q/k head
+    {"layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
+     "linear_conv_kernel_dim": 2, "num_key_value_heads": 1},  # attention first, shortest conv, MQA
+])
+@torch.no_grad()
+def test_config_variants_match_hf(overrides, tmp_path_factory):
+    hf = make_hybrid("qwen3_5", seed=6, **overrides)
+    ours = load_model(save(hf, tmp_path_factory, "hy-variant")).model
+    ours.setup_caches(1, 64, max_block=6)
+    cache = stock_hf.new_cache(hf)
+    pos = 0
+    for block in (PROMPT, [3], [44, 9, 27, 80, 1]):
+        ids = torch.tensor([block])
+        torch.testing.assert_close(_ours(ours, ids, pos), stock_hf.forward(hf, ids, cache, pos).logits, **TOL)
+        pos += len(block)
