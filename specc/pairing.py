@@ -88,8 +88,8 @@ def resolve_pair(model: str, drafter: str | None = None, method: str | None = No
         impl = default_method(draft.kind if draft is not None else None)
     if draft is not None and impl.uses_drafter and draft.kind not in impl.drafter_kinds:
         allowed = methods_for_kind(draft.kind)
-        raise UserError(f"--method {impl.name} does not fit {drafter} (a {draft.kind} checkpoint: use "
-                        f"{' or '.join(allowed)})")
+        hint = f"use {' or '.join(allowed)}" if allowed else "no method drafts with one"
+        raise UserError(f"--method {impl.name} does not fit {drafter} (a {draft.kind} checkpoint: {hint})")
     impl.check_pair(target, draft)
     _check_weights(target)
     if draft is not None and impl.uses_drafter:

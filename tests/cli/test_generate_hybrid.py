@@ -42,3 +42,11 @@ def test_ir_is_refused_in_one_line(paths, capsys, argv):
     assert main([a.format(**paths) for a in argv]) != 0
     err = capsys.readouterr().err.strip()
     assert "hybrid recurrent targets have no IR yet" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("method", [None, "ar-draft"])
+def test_a_hybrid_drafter_is_refused_in_one_line(paths, capsys, method):
+    argv = ["generate", "specc-tiny", "--drafter", paths["target"], "--input-ids", "1,2,3"]
+    assert main(argv + (["--method", method] if method else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert "hybrid" in err and "\n" not in err and not err.endswith("use )")
