@@ -79,9 +79,11 @@ def _text_part(raw: dict[str, Any]) -> tuple[dict[str, Any], str]:
         if not isinstance(text, dict):
             raise ConfigError("config.json: a qwen3_5 checkpoint needs a text_config object")
         merged = dict(text)
-        for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id", "dtype", "torch_dtype"):
+        for key in ("eos_token_id", "bos_token_id", "dtype", "torch_dtype"):
             if key not in merged and key in raw:
                 merged[key] = raw[key]
+        if "tie_word_embeddings" in raw:  # the multimodal model ties its lm_head by the top-level flag
+            merged["tie_word_embeddings"] = raw["tie_word_embeddings"]
         return merged, "model.language_model."
     return raw, "model."
 
