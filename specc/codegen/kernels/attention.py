@@ -8,8 +8,10 @@ Mask kinds (the visibility of cache slot j for query i of row b, with
 
 * ``"causal"``: ``j <= c + i`` (decoding, chain verification, PARD drafting);
 * ``"full"``: ``j < cache_len[b] + Qk`` (DFlash's non-causal block);
-* ``"tree"``: slots ``j < c`` always, block slot ``c + t`` iff ``tree_mask[(b,) i, t]`` (a
-  ``[Q, Q]`` or ``[B, Q, Q]`` bool/int visibility of the new-token block; tree verification).
+* ``"tree"``: slots ``j < c`` always, block slot ``c + t`` iff ``t <= i`` and
+  ``tree_mask[(b,) i, t]`` (a ``[Q, Q]`` or ``[B, Q, Q]`` bool/int visibility of the new-token
+  block, read as-is without a conversion; tree verification, nodes in topological order, so the
+  key tiles after a row block's last query are skipped as for "causal").
 
 Kernel (flash-decoding). GQA is packed into the rows of the tiles: for one KV head the
 ``Q * G`` (query, head-in-group) pairs are the rows of the Q tile (row r = i * G + g), so every
@@ -91,7 +93,8 @@ def _attn_split_kernel(
     split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = pid_s * split_len
     end = tl.minimum(start + split_len, kv_end)
-    if MASK == 0:
+    if MASK != 1:  # causal and tree: no key after this row block's last query (a tree's nodes
+        # are in topological order, so a node's ancestors sit at or before its own slot)
         last_q = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, QN * G - 1) // G
         end = tl.minimum(end, q0 + last_q + 1)
 
@@ -125,7 +128,7 @@ def _attn_split_kernel(
             in_blk = t >= 0
             tv = tl.load(tree_ptr + b.to(tl.int64) * stride_tb + qi[:, None] * stride_ti
                          + t[None, :], mask=vis & in_blk[None, :], other=0)
-            vis = vis & ((~in_blk)[None, :] | (tv != 0))
+            vis = vis & ((~in_blk)[None, :] | ((tv != 0) & (offs_n[None, :] <= (q0 + qi)[:, None])))
         s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -333,7 +336,8 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
         num_stages = plan["num_stages"]
     fused_merge = plan["fused_merge"] if fused_merge is None else bool(fused_merge)
     if tree_mask is not None:
-        tm = tree_mask.to(torch.int8)
+        # bool -> uint8 is a view (same bytes): no conversion kernel per layer
+        tm = tree_mask.view(torch.uint8) if tree_mask.dtype == torch.bool else tree_mask
         if tm.dim() == 2:
             tm = tm.unsqueeze(0).expand(bsz, -1, -1)
         stride_tb, stride_ti = tm.stride(0), tm.stride(1)
@@ -397,7 +401,7 @@ def attention_visibility(cache_len: torch.Tensor, num_queries: int, num_new_keys
         t = key_pos - q0  # [B, 1, kv]
         in_blk = (t >= 0) & (t < num_queries)
         tv = torch.gather(tm, 2, t.clamp(0, num_queries - 1).expand(-1, num_queries, -1))
-        visible = visible & (~in_blk | tv)
+        visible = visible & (~in_blk | (tv & (key_pos <= query_pos)))
     else:
         raise ValueError(f"unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
     return visible[:, None]
