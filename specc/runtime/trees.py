@@ -94,7 +94,12 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
     dev = logprobs.device
     width = min(budget, k)
     if k >= budget:  # every depth's beam is `budget` wide: one kernel runs them all
-        levels = list(zip(*(t.unbind(1) for t in tree_beam(top_lp, top_tok, budget))))
+        score, tok, parent = tree_beam(top_lp, top_tok, budget)  # [B, D, W] each
+        # flat candidate index = depth-major concat; a parent index at depth d >= 1 shifts by (d - 1) * W
+        shift = (torch.arange(depth, device=dev) - 1).clamp(min=0) * budget
+        all_score, cand_tok = score.flatten(1), tok.flatten(1)
+        cand_parent = (parent + shift[None, :, None]).flatten(1)  # depth 0: -1 stays -1
+        cand_depth = torch.arange(1, depth + 1, device=dev).repeat_interleave(budget)[None].expand(bsz, -1)
     else:  # a vocabulary smaller than the budget: the beam widens with depth
         # depth 1: the beam is the top ranks of position 0
         beam_score = top_lp[:, 0, :width]  # [B, W1]
@@ -104,17 +109,19 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
         for d in range(1, depth):
             cand = beam_score[:, :, None] + top_lp[:, d, None, :]  # [B, W, k]
             w = min(budget, cand.shape[1] * k)
-            score, flat = cand.flatten(1).topk(w, dim=-1)
-            parent_in_beam, rank = flat // k, flat % k
-            beam_tok = top_tok[:, d].gather(1, rank)
-            beam_score, beam_parent = score, parent_in_beam
-            levels.append((beam_score, beam_tok, beam_parent))
+            beam_score, flat = cand.flatten(1).topk(w, dim=-1)
+            beam_tok = top_tok[:, d].gather(1, flat % k)
+            levels.append((beam_score, beam_tok, flat // k))
+        offsets, start = [], 0
+        for lv in levels:
+            offsets.append(start)
+            start += lv[0].shape[1]
+        all_score = torch.cat([lv[0] for lv in levels], dim=1)
+        cand_depth = torch.cat([torch.full_like(lv[1], i + 1) for i, lv in enumerate(levels)], dim=1)
+        cand_tok = torch.cat([lv[1] for lv in levels], dim=1)
+        cand_parent = torch.cat([torch.where(lv[2] < 0, lv[2], lv[2] + (offsets[i - 1] if i else 0))
+                                 for i, lv in enumerate(levels)], dim=1)  # parent as a candidate index
     # global top-`budget` over every depth; ties prefer shallower nodes (earlier in the concat)
-    all_score = torch.cat([lv[0] for lv in levels], dim=1)
-    offsets, start = [], 0
-    for lv in levels:
-        offsets.append(start)
-        start += lv[0].shape[1]
     n_cand = all_score.shape[1]
     budget = min(budget, n_cand)
     order_key = all_score - torch.arange(n_cand, device=dev, dtype=all_score.dtype) * 1e-9
@@ -123,10 +130,6 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
     # map each candidate to its tree node index (1 + position in `chosen`), -1 when not chosen
     node_of = torch.full((bsz, n_cand), -1, dtype=torch.long, device=dev)
     node_of.scatter_(1, chosen, torch.arange(1, budget + 1, device=dev).expand(bsz, budget))
-    cand_depth = torch.cat([torch.full_like(lv[1], i + 1) for i, lv in enumerate(levels)], dim=1)
-    cand_tok = torch.cat([lv[1] for lv in levels], dim=1)
-    cand_parent = torch.cat([torch.where(lv[2] < 0, lv[2], lv[2] + (offsets[i - 1] if i else 0))
-                             for i, lv in enumerate(levels)], dim=1)  # parent as a candidate index
     parent_node = torch.where(cand_parent < 0, torch.zeros_like(cand_parent),
                               node_of.gather(1, cand_parent.clamp(min=0)))
     tokens = torch.cat([root_tokens.reshape(bsz, 1).to(torch.long), cand_tok.gather(1, chosen)], dim=1)
