@@ -154,8 +154,19 @@ def e2e(prompts, new_tokens: int, budgets, dtype, device, methods=METHODS) -> li
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
             reference = outs if reference is None else reference
+            system.profile = True  # one more pass, timed by part (synchronising): where a step goes
+            system.generate(prompts[0], new_tokens, ())
+            system.profile = False
+            graphs = {role: step.stats() for role, step in system.steps.items() if hasattr(step, "stats")}
+            graphs.update({f"tree_{name}": fn.stats() for name, fn in (getattr(system, "_tree_graphs", None) or {}).items()
+                           if hasattr(fn, "stats")})
             row = {"method": method, "budget": budget, "tokens_per_s": new_tokens * len(prompts) / seconds,
-                   "tau": sum(lengths) / len(lengths), "lossless_vs_chain": outs == reference, "seconds": seconds}
+                   "tau": sum(lengths) / len(lengths), "lossless_vs_chain": outs == reference, "seconds": seconds,
+                   "part_seconds_one_prompt": dict(system.part_seconds), "graphs": graphs}
+            if outs != reference:  # where the first difference is (numerical ties in bf16 show up here)
+                i = next(j for j, (a, b) in enumerate(zip(outs, reference)) if a != b)
+                pos = next((j for j, (a, b) in enumerate(zip(outs[i], reference[i])) if a != b), None)
+                row["first_difference"] = {"prompt": i, "token": pos, "differing_prompts": sum(a != b for a, b in zip(outs, reference))}
             rows.append(row)
             label = "chain" if budget == 0 else f"tree {budget}"
             print(f"[e2e] compiled {method:6s} {label:8s} {row['tokens_per_s']:8.1f} tok/s  tau {row['tau']:.2f}  "
@@ -247,6 +258,7 @@ def main() -> None:
     ap.add_argument("--deployment", default=None, help="cost model deployment for predictions (default h200-bs1 on "
                     "CUDA, none on CPU)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--fp32", action="store_true", help="fp32 on the GPU too (bf16 by default there)")
     ap.add_argument("--out", default="tree.json")
     args = ap.parse_args()
 
@@ -254,7 +266,7 @@ def main() -> None:
     from specc.pairing import resolve_pair
 
     cuda = args.device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = torch.float32 if args.fp32 or not cuda else torch.bfloat16
     if not cuda:
         torch.set_num_threads(args.threads)  # small matmuls: thread start-up costs more than it gains
     small = args.tiny
