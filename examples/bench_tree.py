@@ -129,6 +129,27 @@ def compiled_tree_system(steps, section, strategy, budget: int, max_len: int, gr
 METHODS = (("pard", "specc-tiny-pard"), ("dflash", "specc-tiny-dflash"))
 
 
+def _margins(pair, prompt, chain_tokens, tree_tokens, pos, device) -> dict:
+    """The target's (model definition, eager, one prefill) choice where chain and tree outputs first
+    differ, in bf16 and fp32: top-2 logits and their margin. A margin of a few bf16 ulps is a
+    numerical tie (the two verify shapes round differently); a wide one would be a bug."""
+    out = {"chain_token": chain_tokens[pos], "tree_token": tree_tokens[pos]}
+    if pos is None:
+        return out
+    ids = torch.tensor([list(prompt) + list(chain_tokens[:pos])], device=device)
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        target = pair.impl.load(pair, dtype, device).target
+        target.setup_caches(1, ids.shape[1] + 8)
+        with torch.inference_mode():
+            res = target(ids, torch.arange(ids.shape[1], device=device)[None], torch.zeros(1, dtype=torch.long, device=device))
+        logits = (res[0] if isinstance(res, tuple) else res)[0, -1].float()
+        top = logits.topk(2)
+        out[name] = {"top2_tokens": top.indices.tolist(), "top2_logits": top.values.tolist(),
+                     "margin": float(top.values[0] - top.values[1]),
+                     "chain_logit": float(logits[chain_tokens[pos]]), "tree_logit": float(logits[tree_tokens[pos]])}
+    return out
+
+
 def e2e(prompts, new_tokens: int, budgets, dtype, device, methods=METHODS) -> list[dict]:
     from specc.pairing import resolve_pair
 
@@ -166,7 +187,8 @@ def e2e(prompts, new_tokens: int, budgets, dtype, device, methods=METHODS) -> li
             if outs != reference:  # where the first difference is (numerical ties in bf16 show up here)
                 i = next(j for j, (a, b) in enumerate(zip(outs, reference)) if a != b)
                 pos = next((j for j, (a, b) in enumerate(zip(outs[i], reference[i])) if a != b), None)
-                row["first_difference"] = {"prompt": i, "token": pos, "differing_prompts": sum(a != b for a, b in zip(outs, reference))}
+                row["first_difference"] = {"prompt": i, "token": pos, "differing_prompts": sum(a != b for a, b in zip(outs, reference)),
+                                           **_margins(pair, prompts[i], reference[i], outs[i], pos, device)}
             rows.append(row)
             label = "chain" if budget == 0 else f"tree {budget}"
             print(f"[e2e] compiled {method:6s} {label:8s} {row['tokens_per_s']:8.1f} tok/s  tau {row['tau']:.2f}  "
