@@ -58,6 +58,46 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
+               stride_ks, stride_vs, scale_log2, tree_row,
+               MASK: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+    """One key tile of the online softmax: keys n0 .. n0 + BLOCK_N (before ``end``) under mask
+    kind MASK (1: no test beyond the bounds). Returns the updated (m_i, l_i, acc)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < end
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    kt = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
+                 mask=kv_mask, other=0.0)
+    vt = tl.load(v_base + offs_n.to(tl.int64)[:, None] * stride_vs + offs_d[None, :],
+                 mask=kv_mask, other=0.0)
+    if DOT_F32:
+        s = tl.dot(qd, tl.trans(kt.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(qd, tl.trans(kt.to(qd.dtype)))
+    s = s * scale_log2
+    vis = mask_n[None, :] & mask_r[:, None]
+    if MASK == 0:
+        vis = vis & (offs_n[None, :] <= (q0 + qi)[:, None])
+    if MASK == 2:
+        t = offs_n - q0
+        in_blk = t >= 0
+        tv = tl.load(tree_row + t[None, :], mask=vis & in_blk[None, :], other=0)
+        vis = vis & ((~in_blk)[None, :] | ((tv != 0) & (offs_n[None, :] <= (q0 + qi)[:, None])))
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DOT_F32:
+        acc = tl.dot(p, vt.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None])
+    m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, tree_ptr, o_ptr, part_ptr, lse_ptr, cnt_ptr,
     QN, QK, G, HKV, scale_log2,
@@ -107,39 +147,21 @@ def _attn_split_kernel(
         qd = q.to(tl.float32)
     else:
         qd = q
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        kt = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        vt = tl.load(v_base + offs_n.to(tl.int64)[:, None] * stride_vs + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        if DOT_F32:
-            s = tl.dot(qd, tl.trans(kt.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(qd, tl.trans(kt.to(qd.dtype)))
-        s = s * scale_log2
-        vis = mask_n[None, :] & mask_r[:, None]
-        if MASK == 0:
-            vis = vis & (offs_n[None, :] <= (q0 + qi)[:, None])
-        if MASK == 2:
-            t = offs_n - q0
-            in_blk = t >= 0
-            tv = tl.load(tree_ptr + b.to(tl.int64) * stride_tb + qi[:, None] * stride_ti
-                         + t[None, :], mask=vis & in_blk[None, :], other=0)
-            vis = vis & ((~in_blk)[None, :] | ((tv != 0) & (offs_n[None, :] <= (q0 + qi)[:, None])))
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT_F32:
-            acc = tl.dot(p, vt.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None])
-        m_i = m_new
+    # key tiles wholly before the block (the committed cache) need no causal/tree test: they
+    # run without it; the tiles from the block's first key on apply the mask kind
+    if MASK == 1:
+        mid = start
+    else:
+        mid = tl.minimum(start + (tl.maximum(q0 - start, 0) // BLOCK_N) * BLOCK_N, end)
+    tree_row = tree_ptr + b.to(tl.int64) * stride_tb + qi[:, None] * stride_ti
+    for n0 in range(start, mid, BLOCK_N):
+        m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
+                                   stride_ks, stride_vs, scale_log2, tree_row,
+                                   MASK=1, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32)
+    for n0 in range(mid, end, BLOCK_N):
+        m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
+                                   stride_ks, stride_vs, scale_log2, tree_row,
+                                   MASK=MASK, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
