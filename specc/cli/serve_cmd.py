@@ -65,7 +65,8 @@ def run(args) -> int:
     def load_engine():  # runs on the worker thread, which owns the engine from here on
         with _ArtifactRuns(args.artifact):
             progress(f"loading {args.artifact}")
-            engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash, warmup=True,
+            engine = _load_engine(args.artifact, args.device, max_len=args.max_len or 2048,
+                                  expect_hash=args.expect_hash, warmup=True,
                                   progress=lambda msg, seconds: progress(f"{msg} ({seconds:.2f} s)"))
         _check_engine_budget(engine, 0, args.max_len or default_max_len(engine.manifest), "--max-len")
         return engine
