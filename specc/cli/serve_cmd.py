@@ -54,6 +54,7 @@ def run(args) -> int:
     _check_installed()
     from specc.serve.app import create_app
     from specc.serve.server import bind, run_server
+    from specc.serve.scheduler import SerialScheduler
     from specc.serve.worker import EngineWorker, default_max_len
 
     positive(args.max_len, "--max-len")
@@ -71,7 +72,9 @@ def run(args) -> int:
         _check_engine_budget(engine, 0, args.max_len or default_max_len(engine.manifest), "--max-len")
         return engine
 
-    worker = EngineWorker(load_engine, max_len=args.max_len, model_name=args.model_name)
+    # the scheduler the worker thread drives (docs/serve.md, "Swapping in the batching scheduler")
+    worker = EngineWorker(load_engine, max_len=args.max_len, model_name=args.model_name,
+                          scheduler=SerialScheduler)
     try:
         with progress:
             info = worker.start()

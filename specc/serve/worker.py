@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -124,6 +125,16 @@ class EngineWorker:
             return
         self._ready.set()
         handles: dict[str, _Handle] = {}
+        try:
+            self._serve(scheduler, handles)
+        except BaseException as exc:  # a bug in the loop itself: nobody may wait forever
+            self._closed = True
+            waiting = [arg for kind, arg in self._commands(block=False) if kind == "submit"]
+            for h in [*handles.values(), *waiting]:
+                self._deliver(h, exc)
+            logging.getLogger("specc.serve").exception("the engine worker stopped")
+
+    def _serve(self, scheduler, handles: dict) -> None:
         by_rid: dict[int, _Handle] = {}
         while True:
             busy = scheduler.num_running + scheduler.num_waiting > 0

@@ -159,6 +159,28 @@ def test_a_failing_step_fails_those_in_flight_and_the_next_request_runs(monkeypa
     assert not w.alive()
 
 
+class _BrokenScheduler(_ExplodingScheduler):
+    def step(self):  # not a list of StepOutput: the worker's own loop fails
+        return ["garbage"]
+
+
+def test_if_the_worker_loop_dies_waiting_requests_fail_and_it_reports_dead(monkeypatch, caplog):
+    monkeypatch.setattr("specc.models.loading.load_tokenizer", lambda path: None)
+    w = EngineWorker(_StubEngine, max_len=16, scheduler=_BrokenScheduler)
+    w.start()
+
+    async def main():
+        with pytest.raises(GenerationError):
+            await _collect(w, GenerationRequest("x", (1,), 2))
+        w._thread.join(10)
+        with pytest.raises(GenerationError, match="not running"):
+            await _collect(w, GenerationRequest("y", (1,), 2))
+
+    asyncio.run(main())
+    assert not w.alive() and "the engine worker stopped" in caplog.text
+    w.close()
+
+
 def test_a_load_error_reaches_start():
     def broken():
         raise UserError("tiny.specc: not a specc artifact")
