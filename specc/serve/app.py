@@ -88,8 +88,9 @@ def create_app(backend: ServeBackend, info: ModelInfo | None = None) -> FastAPI:
         body = await _parse(request, CompletionRequest)
         _check_request(body, info)
         ids = completion_prompt_ids(body.prompt, info)
-        check_length(len(ids), body.max_tokens, info)
-        gen = _Generation(backend, info, metrics, ids, body.max_tokens, _stop(body, info), "cmpl")
+        max_tokens = body.max_tokens if body.max_tokens is not None else body.DEFAULT_MAX_TOKENS
+        check_length(len(ids), max_tokens, info)
+        gen = _Generation(backend, info, metrics, ids, max_tokens, _stop(body, info), "cmpl")
         echo = _prompt_text(body.prompt, ids, info) if body.echo else ""
 
         def choice(text: str, tokens: list[int] | None, finish_reason):

@@ -19,6 +19,7 @@ import pytest
 from serve_fakes import FakeBackend
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # examples/
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +149,18 @@ def test_the_cli_refuses_a_max_len_beyond_the_model(tiny_artifact, capsys):
     assert main(["serve", str(tiny_artifact), "--port", "0", "--max-len", "100000"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specc: error: ") and "512 positions" in err and err.count("\n") == 1
+
+
+def test_the_load_script_reports_and_checks_exactness(fake_info, thread_server, capsys):
+    """examples/bench_serve.py (the GPU measurement's client) against a fake backend."""
+    from examples.bench_serve import main
+
+    from specc.serve.app import create_app
+
+    server = thread_server(create_app(FakeBackend(fake_info)))
+    assert main(["--url", server.url, "--concurrency", "3", "--requests", "6", "--max-tokens", "5",
+                 "--check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mismatches"] == 0 and report["output_tokens"] == 6 * 5 and report["output_tokens_per_s"] > 0
+    assert 0 < report["ttft_p50_s"] <= report["latency_p95_s"]
+    assert report["server_accepted_tokens_per_step"] == 2.5  # the fake's stats, read from /metrics
