@@ -84,7 +84,10 @@ def run(args) -> int:
             print(f"specc serve: {info.name} on {url} (max length {info.max_len}; POST /v1/completions{chat}; "
                   "GET /v1/models, /health, /metrics)", flush=True)
 
-        run_server(create_app(worker, info), sock, on_ready=ready)
+        try:
+            run_server(create_app(worker, info), sock, on_ready=ready)
+        except KeyboardInterrupt:  # uvicorn shut down gracefully, then re-raised Ctrl-C
+            pass
     finally:
         worker.close()
         sock.close()

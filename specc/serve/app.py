@@ -93,18 +93,22 @@ def create_app(backend: ServeBackend, info: ModelInfo | None = None) -> FastAPI:
         gen = _Generation(backend, info, metrics, ids, max_tokens, _stop(body, info), "cmpl")
         echo = _prompt_text(body.prompt, ids, info) if body.echo else ""
 
-        def choice(text: str, tokens: list[int] | None, finish_reason):
+        def choice(text: str, tokens: list[int], finish_reason, with_prompt: bool = True):
             out = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
-            if body.return_token_ids and tokens is not None:
-                out.update(prompt_token_ids=ids, token_ids=tokens)
+            if body.return_token_ids:
+                out.update(prompt_token_ids=ids, token_ids=tokens) if with_prompt else out.update(token_ids=tokens)
             return out
 
         if body.stream:
+            sent = False
+
             def chunk(text, tokens, finish_reason):
+                nonlocal sent
                 if not text and finish_reason is None and not (body.return_token_ids and tokens):
                     return None
+                first, sent = not sent, True  # the prompt's ids go with the first chunk only
                 return {"id": gen.id, "object": "text_completion", "created": int(time.time()), "model": info.name,
-                        "choices": [choice(text, tokens, finish_reason)]}
+                        "choices": [choice(text, tokens, finish_reason, with_prompt=first)]}
 
             return await _stream(request, gen, chunk, echo, body, object_="text_completion")
         await _unless_disconnected(request, gen.run())

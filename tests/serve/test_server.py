@@ -164,3 +164,13 @@ def test_the_load_script_reports_and_checks_exactness(fake_info, thread_server, 
     assert report["mismatches"] == 0 and report["output_tokens"] == 6 * 5 and report["output_tokens_per_s"] > 0
     assert 0 < report["ttft_p50_s"] <= report["latency_p95_s"]
     assert report["server_accepted_tokens_per_step"] == 2.5  # the fake's stats, read from /metrics
+
+
+def test_ctrl_c_stops_the_server_gracefully(served):
+    """Last in this module: it stops the module's server."""
+    import signal
+
+    _, proc = served
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 0
+    assert "specc serve: stopped" in proc.stderr.read()
