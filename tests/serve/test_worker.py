@@ -62,6 +62,15 @@ async def _collect(worker, request, stop_after=None):
     return tokens, reason
 
 
+def test_engine_stream_returns_the_generate_result(reference):
+    """SerialScheduler reads the finish and the per-step stats from Engine.stream's return value."""
+    from specc.runtime.loop import run_to_end
+
+    streamed, whole = run_to_end(reference.stream([5, 6, 7], 9)), reference.generate([5, 6, 7], 9)
+    assert streamed.tokens == whole.tokens and streamed.stats.accepted_lengths == whole.stats.accepted_lengths
+    assert streamed.finished_by == whole.finished_by
+
+
 PROMPTS = [([5, 6, 7, 8], 10), ([100, 200, 300], 7), ([9] * 20, 12), ([42], 1)]
 
 
