@@ -13,6 +13,7 @@ pending command, call ``scheduler.step()`` once, hand the outputs out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -159,7 +160,8 @@ class EngineWorker:
             except Exception as exc:  # not attributable to one request: fail those in flight, keep serving
                 outputs = []
                 for rid, h in list(by_rid.items()):
-                    scheduler.cancel(rid)
+                    with contextlib.suppress(Exception):  # free its slot if the scheduler still can
+                        scheduler.cancel(rid)
                     self._finish(h, handles, by_rid, failed=1)
                     self._deliver(h, exc)
             self._count(busy_seconds=time.perf_counter() - start)
