@@ -88,9 +88,8 @@ def create_app(backend: ServeBackend, info: ModelInfo | None = None) -> FastAPI:
         body = await _parse(request, CompletionRequest)
         _check_request(body, info)
         ids = completion_prompt_ids(body.prompt, info)
-        max_tokens = body.max_tokens if body.max_tokens is not None else body.DEFAULT_MAX_TOKENS
-        check_length(len(ids), max_tokens, info)
-        gen = _Generation(backend, info, metrics, ids, max_tokens, _stop(body, info), "cmpl")
+        check_length(len(ids), body.max_tokens, info)
+        gen = _Generation(backend, info, metrics, ids, body.max_tokens, _stop(body, info), "cmpl")
         echo = _prompt_text(body.prompt, ids, info) if body.echo else ""
 
         def choice(text: str, tokens: list[int], finish_reason, with_prompt: bool = True):
@@ -279,8 +278,8 @@ async def _parse(request: Request, model):
         raise RequestError(f"the request body is not valid JSON ({exc})", code="invalid_json") from None
     if not isinstance(obj, dict):
         raise RequestError(f"the request body must be a JSON object, not {type(obj).__name__}")
-    try:
-        return model.model_validate(obj)
+    try:  # a field sent as null asks for nothing: the default (clients send e.g. "tools": null)
+        return model.model_validate({k: v for k, v in obj.items() if v is not None})
     except ValidationError as exc:
         message, field = _validation_message(exc)
         raise RequestError(message, param=field) from None

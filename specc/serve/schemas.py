@@ -1,14 +1,15 @@
 """OpenAI request shapes (field names as in the OpenAI API) and the error envelope.
 
 Fields are typed strictly (``"max_tokens": "16"`` is an error, not 16) and unknown fields are
-refused, so a request never silently means something other than what it says. Fields the
-server accepts but cannot honour (sampling, several choices, log-probabilities, penalties) are
-checked by ``unsupported()`` with a message saying why.
+refused, so a request never silently means something other than what it says (the app drops
+fields sent as null first: null asks for the default). Fields the server accepts but cannot
+honour (sampling, several choices, log-probabilities, penalties) are checked by
+``unsupported()`` with a message saying why.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -25,7 +26,7 @@ class _Sampling(BaseModel):
 
     model_config = _STRICT
     model: str | None = None  # None: the served model
-    stream: bool | None = False
+    stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
     temperature: float | None = Field(None, ge=0, le=2)
@@ -36,7 +37,7 @@ class _Sampling(BaseModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    return_token_ids: bool | None = False  # extension (as in vLLM): choices[i].token_ids
+    return_token_ids: bool = False  # extension (as in vLLM): choices[i].token_ids
 
     @field_validator("stop")
     @classmethod
@@ -53,11 +54,9 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions. ``prompt``: a string, a list of token ids, or a list holding one of
     those (one prompt per request)."""
 
-    DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's
-
     prompt: Any
-    max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=1)  # null: the default
-    echo: bool | None = False
+    max_tokens: int = Field(16, ge=1)  # OpenAI's default
+    echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None

@@ -51,7 +51,8 @@ def test_text_prompt_is_tokenized_and_default_max_tokens_is_16(fake_info, tiny_t
     assert r.status_code == 200, r.text
     assert list(backend.submitted[0].prompt_ids) == tiny_tokenizer("def fibonacci(n):")["input_ids"]
     assert backend.submitted[0].max_new_tokens == 16 and "token_ids" not in r.json()["choices"][0]
-    nulls = {"max_tokens": None, "stream": None, "echo": None, "stop": None, "temperature": None, "n": None}
+    nulls = {"max_tokens": None, "stream": None, "echo": None, "stop": None, "temperature": None, "n": None,
+             "tools": None}
     assert _client(backend).post("/v1/completions", json={"prompt": [5], **nulls}).status_code == 200
     assert backend.submitted[-1].max_new_tokens == 16  # null means the default
 
