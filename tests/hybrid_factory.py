@@ -65,15 +65,18 @@ class ScriptedDrafter(Drafter):
     name = "scripted"
     supports_tree = True
 
-    def __init__(self, reference: list[int], plan: list[tuple[int, int]], vocab: int = VOCAB):
-        self.reference, self.plan, self.vocab = list(reference), list(plan), vocab
+    def __init__(self, reference, plan: list[tuple[int, int]], vocab: int = VOCAB):
+        """``reference``: prompt + continuation, or one such list per batch row."""
+        rows = reference if reference and isinstance(reference[0], list) else [reference]
+        self.references, self.plan, self.vocab = [list(r) for r in rows], list(plan), vocab
         self.step = 0
         self.device = torch.device("cpu")
 
-    def _next(self, n: int, k: int) -> tuple[list[int], list[int]]:
+    def _next(self, n: int, k: int, row: int = 0) -> tuple[list[int], list[int]]:
         count, wrong_at = self.plan[self.step % len(self.plan)]
         self.step += 1
-        right = [self.reference[n + j] if n + j < len(self.reference) else 0 for j in range(k)]
+        ref = self.references[row % len(self.references)]
+        right = [ref[n + j] if n + j < len(ref) else 0 for j in range(k)]
         drafts = list(right)
         if wrong_at < k:
             drafts[wrong_at] = (drafts[wrong_at] + 1) % self.vocab
@@ -85,14 +88,14 @@ class ScriptedDrafter(Drafter):
 
     def propose_rows(self, seq, n, k):
         self.forwards += 1
-        rows = [self._next(nb, k) for nb in n]
+        rows = [self._next(nb, k, b) for b, nb in enumerate(n)]
         return torch.tensor([d + r[len(d):] for d, r in rows], dtype=torch.long)
 
     def propose_logits_rows(self, seq, n, k):
         self.forwards += 1
         logits = torch.zeros(len(n), k, self.vocab)
         for b, nb in enumerate(n):
-            drafts, right = self._next(nb, k)
+            drafts, right = self._next(nb, k, b)
             drafts = drafts + right[len(drafts):]
             for j in range(k):
                 logits[b, j, right[j]] = 4.0

@@ -126,3 +126,33 @@ def test_token_forcing_reproduces_greedy_tokens(target, reference, tree):
     for loop_cls in (EagerSpeculativeDecoder, DeviceSpeculativeDecoder):
         loop = loop_cls(target, _drafter(reference, [(4, 9)]), 4, 64, tree_budget=tree)
         assert loop.forced_argmax(PROMPT, tokens) == tokens
+
+
+def test_a_finished_row_keeps_its_state_while_the_batch_goes_on(target):
+    """Rows with different prompts, every block accepted in full; EOS is the last token of one of
+    row 0's blocks, so row 0 finishes early. Its later steps commit nothing (accepted 0: the
+    state before each step is restored), so at the end its GDN state is the one plain decoding
+    reaches at its EOS, while row 1 runs on to its budget."""
+    prompts = [PROMPT, PROMPT[::-1]]
+    plain = [EagerSpeculativeDecoder(target, None, 0, 64).generate(p, NEW).tokens for p in prompts]
+    ends = [j for j in (5, 10, 15) if plain[0][j] not in plain[0][:j] and plain[0][j] not in plain[1]]
+    assert ends, plain
+    cut = ends[0] + 1
+    eos = plain[0][cut - 1]
+    want_states = [_ar_states_of(target, prompts[0], plain[0][:cut - 1]), _ar_states_of(target, prompts[1], plain[1][:-1])]
+    drafter = ScriptedDrafter([prompts[b] + plain[b] for b in range(2)], [(4, 9)])
+    results = DeviceSpeculativeDecoder(target, drafter, 4, 64).generate_batch(prompts, NEW, (eos,))
+    assert [r.tokens for r in results] == [plain[0][:cut], plain[1]]
+    assert len(results[1].stats.accepted_lengths) > len(results[0].stats.accepted_lengths)
+    for row in range(2):
+        _assert_states(target, want_states[row], row=row)
+
+
+@torch.no_grad()
+def _ar_states_of(model, prompt, tokens):
+    model.setup_caches(1, 64)
+    model(torch.tensor([prompt]), torch.arange(len(prompt))[None], torch.tensor([0]))
+    for j, tok in enumerate(tokens):
+        pos = len(prompt) + j
+        model(torch.tensor([[tok]]), torch.tensor([[pos]]), torch.tensor([pos]))
+    return _live(model)
