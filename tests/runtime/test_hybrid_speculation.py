@@ -156,3 +156,18 @@ def _ar_states_of(model, prompt, tokens):
         pos = len(prompt) + j
         model(torch.tensor([[tok]]), torch.tensor([[pos]]), torch.tensor([pos]))
     return _live(model)
+
+
+@pytest.mark.parametrize("loop_cls", [EagerSpeculativeDecoder, DeviceSpeculativeDecoder])
+def test_tree_mode_zero_draft_step_after_an_accepted_path(target, reference, loop_cls):
+    """Tree steps accept whole paths (the last one off the top-1 chain), then the budget leaves
+    room for one token: a zero-draft chain step, which must read the committed path's state."""
+    tokens, _ = reference
+    new = 21  # 1 (prefill) + tree steps of 5, 5, 5 and 4 tokens (the last off the chain), then 1 left
+    want = tokens[:new]
+    loop = loop_cls(target, _drafter(reference, [(4, 9), (4, 9), (4, 9), (4, 1)]), 4, 64, tree_budget=6)
+    result = loop.generate(PROMPT, new)
+    assert result.tokens == want
+    lengths = result.stats.accepted_lengths
+    assert lengths == [5, 5, 5, 4, 1] and len(result.stats.tree_nodes) == 4, lengths
+    _assert_states(target, _ar_states(target, PROMPT + want[:-1]))
