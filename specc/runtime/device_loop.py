@@ -39,8 +39,8 @@ import torch
 
 from specc.result import GenerationResult, as_prompt_list
 from specc.runtime.loop import SpeculativeLoop
-from specc.runtime.state import DecodingState, slot_view
-from specc.runtime.trees import build_tree
+from specc.runtime.state import DecodingState, reserve_block, slot_view
+from specc.runtime.trees import DraftTree, plan_tree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
 
 
@@ -107,6 +107,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
+        reserve_block(self.target, max(self.num_draft, self.tree_budget) + 1)  # hybrid targets' per-node states
         state = self.target.setup_caches(self.batch, length)
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
             state = DecodingState.adopt(self.target, self.batch, length)
@@ -187,7 +188,6 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 toks.append((chunk[0] + len(toks)) % vocab_hint)
                 parents.append(0)
                 depths.append(1)
-            from specc.runtime.trees import DraftTree
 
             tree = DraftTree(torch.tensor([toks], device=dev), torch.tensor([parents], device=dev),
                              torch.tensor([depths], device=dev), torch.zeros(1, n_nodes, device=dev))
@@ -300,13 +300,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 row_caps = [0 if not self.live[b] else min(k, budgets[b] - 1) if self.cap_to_budget else k
                             for b in range(rows)]
                 caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
-        drafting = None if rows == 1 else self.live
+        drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
         if self.tree_budget and k > 0:
             host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, drafting)
         else:
-            drafts = self.drafter.propose_rows(seq, n, k, drafting) if k > 0 else seq[:, :0]
+            drafts = self._draft_rows(seq, n, k, drafting) if k > 0 else seq[:, :0]
             timer.mark("verify")
             if rows == 1:
                 last = seq[:, n[0] - 1:n[0]]
@@ -333,22 +333,29 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.part_seconds = dict(timer.parts)
         return host, nodes
 
+    def _draft_rows(self, seq, n, k, drafting, logits: bool = False):
+        """The drafter's ``propose_rows`` (``propose_logits_rows``), told which rows are live only
+        when some are not (drafters written before slots take no ``active``)."""
+        fn = self.drafter.propose_logits_rows if logits else self.drafter.propose_rows
+        return fn(seq, n, k) if drafting is None else fn(seq, n, k, active=drafting)
+
     def _tree_step(self, seq, n, k, caps, active, timer, drafting=None):
         """One tree step on the device (see the module doc): returns (the step's one host copy,
         rows of [accepted, committed...]; the target's hidden states along the accepted paths
         (DFlash context) or None; nodes verified)."""
         lengths = self.state.lengths
         root = seq.gather(1, lengths[:, None])[:, 0]  # the last committed token (not yet in the cache)
-        draft_logits = self.drafter.propose_logits_rows(seq, n, k, drafting)  # [B, k, V], one forward
-        tree = build_tree(draft_logits.float().log_softmax(-1), root, self.tree_budget, self.tree_topk)
+        draft_logits = self._draft_rows(seq, n, k, drafting, logits=True)  # [B, k, V], one forward
+        tree_fns = self._tree_fns()
+        tokens, parents, depths, positions, mask = tree_fns["plan"](draft_logits, root, lengths,
+                                                                    self.tree_budget, self.tree_topk)
         timer.mark("verify")
-        out = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask(k))
+        out = self.tree_target(tokens, positions, lengths, mask)
         logits, hidden = out if isinstance(out, tuple) else (out, None)
         timer.mark("accept")
         if caps is None and seq.shape[0] > 1:
             caps = torch.full_like(lengths, k)
-        res = self.tree_verifier.verify_tree(tree, logits, caps, depth=k)
-        accepted, committed, path = res.accepted, res.committed, res.path
+        accepted, committed, path = tree_fns["accept"](tokens, parents, depths, mask, logits, caps, k)
         if active is not None:
             accepted = accepted * active
         seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)
@@ -357,4 +364,25 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if hidden is not None:  # DFlash: the target's hidden states of the committed path
             context = hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
         host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
-        return host, context, tree.num_nodes
+        return host, context, tokens.shape[1]
+
+    def _tree_fns(self) -> dict:
+        """The tree step's on-device work around the verify forward: ``plan`` (build the tree, its
+        positions and ancestor mask) and ``accept`` (greedy tree acceptance). Dozens of small ops
+        each; on CUDA (``capture_shapes``) each is one CUDA graph, replayed every step, so their
+        launches do not add to the step (outputs are static buffers, consumed within the step)."""
+        fns = getattr(self, "_tree_graphs", None)
+        if fns is None:
+            fns = {"plan": plan_tree, "accept": self._accept_tree}
+            if self.capture_shapes:
+                from specc.runtime.graphs import GraphedStep
+
+                fns = {name: GraphedStep(fn, max_tokens=1 << 30) for name, fn in fns.items()}
+            self._tree_graphs = fns
+        return fns
+
+    def _accept_tree(self, tokens, parents, depths, mask, logits, caps, k):
+        tree = DraftTree(tokens, parents, depths, None)
+        tree._ancestors = mask
+        res = self.tree_verifier.verify_tree(tree, logits, caps, depth=k)
+        return res.accepted, res.committed, res.path

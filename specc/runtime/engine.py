@@ -113,8 +113,9 @@ class Engine:
         return BatchScheduler(self.loop, capacity, self.eos_token_ids, draft_length)
 
     def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None) -> Iterator[int]:
-        """Yield tokens as they are committed (one verification step at a time)."""
-        yield from self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id))
+        """Yield tokens as they are committed (one verification step at a time); the generator
+        returns the ``GenerationResult`` (``StopIteration.value``), as ``generate`` does."""
+        return (yield from self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id)))
 
     def forced_argmax(self, prompt, tokens):
         return self.loop.forced_argmax(prompt, tokens)
