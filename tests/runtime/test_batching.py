@@ -202,3 +202,69 @@ def test_random_joins_leaves_and_cancels(checkpoints, method, target_key, drafte
             assert got.finished_by == "cancelled" and got.tokens == want[:len(got.tokens)]
         else:
             assert got.tokens == want
+
+
+class _RowScripted:
+    """A drafter that finds each row's reference continuation by its prompt (rows change owners
+    as requests come and go) and makes planned mistakes: plan[i] = (drafts, wrong index)."""
+
+    name, needs_target_hidden, supports_tree, forwards = "row-scripted", False, True, 0
+
+    def __init__(self, references, plan, vocab=96):
+        self.references, self.plan, self.vocab, self.step = references, plan, vocab, 0
+        self.device = "cpu"
+
+    def setup(self, max_len, batch=1): ...
+    def open_rows(self, rows): ...
+    def reset_slot(self, slot, prompt_len, context): ...
+    def release_slot(self, slot): ...
+    def accepted_rows(self, n, accepted, k, context): ...
+
+    def _row(self, seq, nb, k, b):
+        ref = next((r for p, r in self.references if seq[b, :len(p)].tolist() == p), [])
+        count, wrong = self.plan[self.step % len(self.plan)]
+        self.step += 1
+        right = [ref[nb + j] if nb + j < len(ref) else 0 for j in range(k)]
+        drafts = list(right)
+        if wrong < min(count, k):
+            drafts[wrong] = (drafts[wrong] + 1) % self.vocab
+        return drafts, right
+
+    def propose_logits_rows(self, seq, n, k, active=None):
+        import torch
+
+        self.forwards += 1
+        logits = torch.zeros(len(n), k, self.vocab)
+        for b, nb in enumerate(n):
+            drafts, right = self._row(seq, nb, k, b)
+            for j in range(k):
+                logits[b, j, right[j]] = 4.0
+                logits[b, j, drafts[j]] = 5.0
+        return logits
+
+    def propose_rows(self, seq, n, k, active=None):
+        return self.propose_logits_rows(seq, n, k, active).argmax(-1)
+
+
+@pytest.mark.parametrize("tree", [0, 6])
+def test_hybrid_target_ragged_continuous_batch(tmp_path_factory, tree):
+    """A hybrid (GDN + attention) target: prompts of different lengths join slots freed by
+    finished requests (a new request's recurrent state starts from zero in its slot), with
+    planned draft mistakes per row (in tree mode, accepted paths off the top-1 chain). Every
+    request equals plain AR greedy alone."""
+    from hybrid_factory import load_hybrid
+
+    from specc.runtime.eager import EagerSpeculativeDecoder
+
+    _, _, target = load_hybrid(tmp_path_factory, seed=0, name=f"hy-batch-{tree}")
+    prompts = [[5, 17, 33, 2, 61, 40, 8, 71, 12], [9, 3], [44, 12, 7, 70, 1], [30]]
+    budgets = [14, 9, 12, 7]
+    plain = [EagerSpeculativeDecoder(target, None, 0, 48).generate(p, m).tokens for p, m in zip(prompts, budgets)]
+    drafter = _RowScripted([(p, p + t) for p, t in zip(prompts, plain)], [(4, 9), (4, 1), (4, 0), (2, 1)])
+    loop = DeviceSpeculativeDecoder(target, drafter, 4, 48, tree_budget=tree)
+    results = loop.generate_batch(prompts, budgets, batch_size=2)
+    assert [r.tokens for r in results] == plain
+    lengths = {n for r in results for n in r.stats.accepted_lengths}
+    # chains: zero, partial and full steps; trees: the right token is the second candidate, so a
+    # wrong draft still lets the path go on (off the top-1 chain)
+    assert ({1, 2, 5} <= lengths) if tree == 0 else (5 in lengths and all(r.stats.tree_nodes for r in results))
