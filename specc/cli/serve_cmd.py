@@ -12,6 +12,7 @@ EPILOG = """\
 examples:
   specc serve tiny.specc --port 8000
   specc serve tiny.specc --port 0 --max-len 512 --model-name tiny
+  specc serve tiny.specc --port 8000 --batch-size 8
   specc serve q8.specc --host 0.0.0.0 --port 8000 --max-len 4096 --device cuda
 endpoints: POST /v1/completions, POST /v1/chat/completions (tokenizers with a chat template),
 GET /v1/models, /health, /metrics (Prometheus). Greedy decoding only: temperature > 0 is refused.
@@ -23,7 +24,8 @@ def register(sub) -> None:
         "serve", help="serve an artifact over HTTP (OpenAI-compatible API)",
         description="Load a compiled artifact and answer OpenAI-style /v1/completions and /v1/chat/completions "
         "requests (streaming with server-sent events), with /v1/models, /health and /metrics. One worker thread "
-        "owns the engine and runs the requests one at a time. Prints the URL once it accepts connections; "
+        "owns the engine and runs the requests one at a time, or --batch-size N of them together (continuous "
+        "batching). Prints the URL once it accepts connections; "
         "Ctrl-C stops it. Needs the serve extra: pip install 'specc[serve]'.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("artifact", metavar="ARTIFACT")
@@ -32,6 +34,8 @@ def register(sub) -> None:
     p.add_argument("--max-len", type=int, metavar="N",
                    help="longest prompt + completion in tokens (default: the model's positions, at most 2048)")
     p.add_argument("--device", help="override the artifact's device (e.g. cpu)")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N",
+                   help="decode up to N requests together (continuous batching; default 1: one at a time)")
     p.add_argument("--model-name", metavar="NAME",
                    help="the name clients send as `model` (default: the artifact's model name)")
     p.add_argument("--expect-hash", metavar="SHA256",
@@ -54,10 +58,11 @@ def run(args) -> int:
     _check_installed()
     from specc.serve.app import create_app
     from specc.serve.server import bind, run_server
-    from specc.serve.scheduler import SerialScheduler
+    from specc.serve.scheduler import BatchingScheduler, SerialScheduler
     from specc.serve.worker import EngineWorker, default_max_len
 
     positive(args.max_len, "--max-len")
+    positive(args.batch_size, "--batch-size")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be 0..65535 (got {args.port})")
     sock = bind(args.host, args.port)  # a busy port fails now, before the engine loads
@@ -69,12 +74,17 @@ def run(args) -> int:
             engine = _load_engine(args.artifact, args.device, max_len=args.max_len or 2048,
                                   expect_hash=args.expect_hash, warmup=True,
                                   progress=lambda msg, seconds: progress(f"{msg} ({seconds:.2f} s)"))
-        _check_engine_budget(engine, 0, args.max_len or default_max_len(engine.manifest), "--max-len")
+        _check_engine_budget(engine, 0, args.max_len or default_max_len(engine.manifest), "--max-len",
+                             rows=args.batch_size)
         return engine
 
-    # the scheduler the worker thread drives (docs/serve.md, "Swapping in the batching scheduler")
-    worker = EngineWorker(load_engine, max_len=args.max_len, model_name=args.model_name,
-                          scheduler=SerialScheduler)
+    # the scheduler the worker thread drives (docs/serve.md, "The scheduler interface")
+    if args.batch_size > 1:  # continuous batching: up to N requests decoded together (docs/batching.md)
+        def scheduler(engine):
+            return BatchingScheduler(engine, args.batch_size, args.max_len or default_max_len(engine.manifest))
+    else:
+        scheduler = SerialScheduler
+    worker = EngineWorker(load_engine, max_len=args.max_len, model_name=args.model_name, scheduler=scheduler)
     try:
         with progress:
             info = worker.start()

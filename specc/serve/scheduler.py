@@ -8,11 +8,13 @@ The worker (``specc.serve.worker``) owns the engine and, on its one thread only,
 
 ``num_running`` / ``num_waiting`` give the queue depth. This is the shape of a
 continuous-batching scheduler (``submit`` / ``step`` / ``cancel`` with slots reused), so one
-drops in through the worker's ``scheduler=`` factory (docs/serve.md, "Swapping in the batching
-scheduler").
+drops in through the worker's ``scheduler=`` factory (docs/serve.md, "The scheduler
+interface").
 
 ``SerialScheduler`` runs one request at a time, first come first served, through
 ``Engine.stream``: the engine's loop holds one sequence, so requests cannot interleave on it.
+``BatchingScheduler`` decodes up to ``capacity`` requests together through the runtime's
+continuous-batching scheduler (``Engine.scheduler``: slots reused, docs/batching.md).
 """
 
 from __future__ import annotations
@@ -120,3 +122,39 @@ class SerialScheduler:
             return [StepOutput(rid, [], True, error=exc)]
         q.tokens.append(int(token))
         return [StepOutput(rid, [int(token)])]
+
+
+class BatchingScheduler:
+    """Up to ``capacity`` requests decoded together (``specc.runtime.batching.BatchScheduler``
+    over the engine's loop, sequences of up to ``max_len`` tokens); its step events become
+    ``StepOutput``s, a finished request's with its ``GenerationResult``. Each request's tokens
+    equal that request run alone (greedy)."""
+
+    def __init__(self, engine, capacity: int, max_len: int | None = None):
+        self._inner = engine.scheduler(capacity, max_len)
+
+    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=()) -> int:
+        return self._inner.submit(list(prompt_ids), int(max_new_tokens), tuple(eos_token_ids))
+
+    @property
+    def num_running(self) -> int:
+        return self._inner.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self._inner.num_waiting
+
+    def cancel(self, rid: int) -> None:
+        if self._inner.cancel(rid):
+            self._inner.take(rid)  # nobody reads a cancelled request's result
+
+    def step(self) -> list[StepOutput]:
+        outputs = []
+        for event in self._inner.step():
+            if not event.finished:
+                outputs.append(StepOutput(event.rid, list(event.tokens)))
+                continue
+            result = self._inner.take(event.rid)
+            outputs.append(StepOutput(event.rid, list(event.tokens), True,
+                                      FINISH_REASON.get(result.finished_by, "length"), result))
+        return outputs

@@ -1,0 +1,79 @@
+"""The worker over the continuous-batching scheduler (``specc serve --batch-size N``): concurrent
+requests of different lengths and budgets are decoded together, each equal to one-at-a-time
+``Engine.generate``; a request cancelled half way frees its slot for the next."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specc.serve.backend import GenerationRequest
+from specc.serve.scheduler import BatchingScheduler
+from specc.serve.worker import EngineWorker
+
+PROMPTS = [([5, 6, 7, 8], 10), ([100, 200, 300], 7), ([9] * 20, 12), ([42], 1), ([7, 70, 700], 9)]
+
+
+class _Recording(BatchingScheduler):
+    """Records the most requests that ran together in one step."""
+
+    most = 0
+
+    def step(self):
+        self.most = max(self.most, self.num_running + min(self.num_waiting, 3 - self.num_running))
+        return super().step()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_artifact):
+    from specc.runtime.engine import load
+
+    return load(tiny_artifact)
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_artifact):
+    from specc.runtime.engine import load
+
+    made = []
+
+    def scheduler(engine):
+        made.append(_Recording(engine, 3, 128))
+        return made[-1]
+
+    w = EngineWorker(lambda: load(tiny_artifact), max_len=128, scheduler=scheduler)
+    w.start()
+    w.schedulers = made
+    yield w
+    w.close()
+
+
+async def _collect(worker, request, stop_after=None):
+    tokens, reason = [], None
+    stream = worker.submit(request)
+    async for chunk in stream:
+        tokens += chunk.tokens
+        reason = chunk.finish_reason
+        if stop_after is not None and len(tokens) >= stop_after:
+            await stream.aclose()
+            break
+    return tokens, reason
+
+
+def test_concurrent_requests_batched_equal_one_at_a_time(worker, reference):
+    async def main():
+        cut = asyncio.ensure_future(_collect(worker, GenerationRequest("cut", (5, 6, 7, 8), 40), stop_after=3))
+        rest = await asyncio.gather(*(_collect(worker, GenerationRequest(f"r{i}", tuple(p), n))
+                                      for i, (p, n) in enumerate(PROMPTS)))
+        return await cut, rest
+
+    cut, results = asyncio.run(main())
+    assert cut[0] == reference.generate([5, 6, 7, 8], 40).tokens[:len(cut[0])]
+    for (prompt, n), (tokens, reason) in zip(PROMPTS, results):
+        expected = reference.generate(prompt, n)
+        assert tokens == expected.tokens
+        assert reason == {"eos": "stop", "length": "length"}[expected.finished_by]
+    stats = worker.stats()
+    assert stats.running == stats.waiting == 0 and stats.finished >= len(PROMPTS)
+    assert worker.schedulers[0].most == 3  # requests were decoded together
