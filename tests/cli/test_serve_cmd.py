@@ -19,6 +19,7 @@ def _one_line_error(capsys) -> str:
     (["--port", "70000"], "--port must be 0..65535"),
     (["--port", "-1"], "--port must be 0..65535"),
     (["--max-len", "0"], "--max-len must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
     (["--port", "0", "--host", "no.such.host.invalid"], "--host"),
 ])
 def test_bad_flags(argv, words, capsys, tmp_path):
