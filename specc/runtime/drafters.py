@@ -429,7 +429,7 @@ class DFlashDraft(Drafter):
     def _batched_context(self, batched: list[int], c: int) -> torch.Tensor:
         """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). Batched
         rows that have just joined all have exactly c (a row short of history drafts alone)."""
-        if self.fresh and all(b in self.fresh for b in batched):  # rows that started together
+        if self.fresh and all(b in self.fresh and self.context_lens[b] == c for b in batched):  # started together
             if len(self.lengths) == 1:
                 return self.fresh[0][:, :c]
             filler = next(iter(self.fresh.values())).new_zeros(1, c, self.fresh[batched[0]].shape[-1])
@@ -438,6 +438,19 @@ class DFlashDraft(Drafter):
         if not self.fresh and all(self.context_lens[b] == c for b in batched):
             return self.context if self.context.shape[1] == c else self.context[:, :c]
         return self.window[:, self.spec.block_size - c:]
+
+    def _hold_pending(self, accepted: list[int], context: torch.Tensor) -> None:
+        """Keep each row's unfed hidden states (those of earlier steps without drafting, then
+        this step's) in ``fresh``, so the next draft feeds them all."""
+        width = self.spec.block_size
+        for b, a in enumerate(accepted):
+            c = self.context_lens[b]
+            if c <= 0:  # a free slot
+                continue
+            earlier = self.fresh.get(b)
+            if earlier is None:
+                earlier = self.context[b:b + 1, :c] if len(self.lengths) == 1 else self.window[b:b + 1, width - c:]
+            self.fresh[b] = torch.cat([earlier, context[b:b + 1, :a + 1]], dim=1)
 
     def capture_shapes(self, seq, k):
         dev = self.drafter.device
@@ -453,14 +466,16 @@ class DFlashDraft(Drafter):
         (a chain: the block's prefix; a tree: gathered along the accepted path)."""
         if context is None:
             return
-        self.context_lens = [a + 1 for a in accepted]
-        self.context = context[:, : max(self.context_lens)]
+        if k == 0:  # a step without drafting: this step's context adds to what is still unfed
+            self._hold_pending(accepted, context)
+        self.context_lens = [c + a + 1 if k == 0 else a + 1 for c, a in zip(self.context_lens, accepted)]
+        self.context = context[:, : max(a + 1 for a in accepted)]
         if len(self.lengths) > 1:  # slide each row's window by its accepted + 1 new entries
             width = self.spec.block_size
             if self.window is None:
                 self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
             joined = torch.cat([self.window, context], dim=1)
-            shift = torch.tensor(self.context_lens, dtype=torch.long, device=context.device)
+            shift = torch.tensor([a + 1 for a in accepted], dtype=torch.long, device=context.device)
             index = (shift[:, None] + torch.arange(width, device=context.device)[None])
             self.window = joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1]))
 

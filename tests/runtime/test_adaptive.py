@@ -64,3 +64,27 @@ def test_scheduler_with_goodput_rule_is_lossless_and_adapts(checkpoints, method,
     elif drafter_key == "const_dflash":  # everything is accepted: the rule drafts the most it can
         assert max(ks) == loop.num_draft
     assert len(set(ks)) > 1  # the choice followed the measured acceptance
+
+
+def test_steps_without_drafts_then_drafting_again(checkpoints):
+    """The rule stops drafting for requests whose drafter is never right (k = 0 steps: DFlash
+    keeps their unfed target hidden states) and drafts again when a new request (prior
+    acceptance 0.5) joins; every request stays equal to HF greedy alone."""
+    target = checkpoints["target"]
+    eager = build_eager(resolve_pair(target, checkpoints["dflash"], "dflash"), 3, max_len=40)
+    loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len)
+    scheduler = BatchScheduler(loop, 3, draft_length=GoodputDraftLength(lambda rows, k: 1.0 + 0.3 * k, 3))
+    asked = {scheduler.submit(PROMPTS[0], 20): (PROMPTS[0], 20)}
+    chosen = []
+    for step in range(40):
+        if step in (6, 12):
+            prompt, budget = PROMPTS[1 + step // 6], 9
+            asked[scheduler.submit(prompt, budget)] = (prompt, budget)
+        if scheduler.idle:
+            break
+        scheduler.step()
+        chosen.append(scheduler.last_num_draft)
+    for rid, (prompt, budget) in asked.items():
+        assert scheduler.take(rid).tokens == reference(target, budget, prompt=prompt)
+    first_zero = chosen.index(0)
+    assert any(k for k in chosen[first_zero:])  # drafting resumed after steps without drafts
