@@ -67,3 +67,12 @@ def test_generate_batch_flags_refused_in_one_line(checkpoints, tmp_path, capsys,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_run_prompts_refuses_stream_and_profile_before_loading(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(PROMPTS))
+    for flag in ("--stream", "--profile"):
+        assert main(["run", str(tmp_path / "missing.specc"), "--prompts", str(path), flag]) == 2
+        err = capsys.readouterr().err
+        assert "take one prompt" in err and len(err.strip().splitlines()) == 1
