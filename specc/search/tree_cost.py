@@ -1,13 +1,23 @@
 """Pricing tree verification and choosing its node budget per deployment.
 
 A tree step makes the same drafter forward as a chain step with ``depth`` drafts (one block
-forward gives every position's distribution), builds the tree on the device (a few small top-k
-launches, priced as launches), and runs one target verify over ``budget + 1`` query rows (the
-root and the drafted nodes) with the ancestor-only mask, which costs what a causal verify of
-the same row count costs. The tree commits ``TreeAcceptanceModel.expected_tokens(budget, depth)``
-tokens on average (formula (2) of ``tree_acceptance.py``). At bs1 on an HBM GPU a verify of 16
-or 64 rows costs about one AR step, so wide trees are nearly free; with batching verification
-turns compute-bound and the best budget shrinks: the cost model finds where, per deployment.
+forward gives every position's distribution), builds the tree on the device, runs one target verify
+over ``budget + 1`` query rows (the root and the drafted nodes) with the ancestor-only mask, accepts
+on the device and compacts the accepted path's K/V. The tree commits
+``TreeAcceptanceModel.expected_tokens(budget, depth)`` tokens on average (formula (2) of
+``tree_acceptance.py``). At bs1 on an HBM GPU a verify of 16 or 64 rows costs about one AR step, so
+wide trees are nearly free in the linears; with batching verification turns compute-bound and the
+best budget shrinks: the cost model finds where, per deployment.
+
+Two costs that a causal verify of the same size does not have are calibrated on the H200
+(docs/benchmarks/tree-steps-h200.md, Qwen3-8B shapes, CUDA graphs):
+
+- the on-device tree work (build: log-softmax, top-k, the one-launch beam, bookkeeping, ancestor
+  mask; acceptance; KV compaction), ~80 dependent small kernels: 0.21 ms at 16 nodes to 0.39 ms
+  at 128, priced as ``TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget`` launch overheads of
+  the deployment;
+- the tree-masked verify forward: 1.14x a causal verify of the same rows at 16 rows, 1.39x at 128
+  (``TREE_VERIFY_FACTOR``, interpolated in the row count).
 """
 
 from __future__ import annotations
@@ -19,9 +29,23 @@ from specc.search.cost_model import DEFAULT_CONTEXT, CostModel, SystemPrediction
 from specc.search.tree_acceptance import TreeAcceptanceModel
 
 BUDGETS = (8, 16, 32, 64, 128)
-# Launches of the on-device tree construction (log-softmax, top-k per position, the beam's
-# top-k per depth, the final top-k and gathers): priced as fixed launch overhead per depth.
-TREE_BUILD_LAUNCHES_PER_DEPTH = 3
+# The tree step's on-device work in launch overheads of the deployment (H200: 1.5 us each):
+# 0.206 ms at 16 nodes, 0.220 at 32, 0.264 at 64, 0.390 at 128 measured (2026-12-03).
+TREE_STEP_LAUNCHES = 120
+TREE_LAUNCHES_PER_NODE = 1.1
+# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024).
+TREE_VERIFY_FACTOR = ((16, 1.137), (32, 1.172), (64, 1.324), (128, 1.392))
+
+
+def tree_verify_factor(rows: int) -> float:
+    """``TREE_VERIFY_FACTOR`` interpolated linearly in the row count (constant past its ends)."""
+    points = TREE_VERIFY_FACTOR
+    if rows <= points[0][0]:
+        return points[0][1]
+    for (r0, f0), (r1, f1) in zip(points, points[1:]):
+        if rows <= r1:
+            return f0 + (f1 - f0) * (rows - r0) / (r1 - r0)
+    return points[-1][1]
 
 
 @dataclasses.dataclass
@@ -31,7 +55,7 @@ class TreePrediction:
     budget: int
     depth: int
     system: SystemPrediction
-    build_s: float
+    build_s: float  # what the tree adds to the step: on-device tree work + the mask's extra verify time
 
     @property
     def step_time(self) -> float:
@@ -64,8 +88,9 @@ def predict_tree(model: CostModel, target_ir, draft_ir, method, tree: TreeAccept
     drafts = [(model.step(draft_ir, {"B": b, "C": c, **shape.values}, step="draft", role="drafter"), shape.count)
               for shape in method.draft_shapes(depth, committed)]
     system = SystemPrediction(method.name, depth, dep.name, b, c, ar, verify, drafts, expected, tree)
-    build_s = TREE_BUILD_LAUNCHES_PER_DEPTH * depth * model.overhead
-    return TreePrediction(budget, depth, system, build_s)
+    build_s = (TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget) * model.overhead
+    mask_s = (tree_verify_factor(budget + 1) - 1.0) * verify.time
+    return TreePrediction(budget, depth, system, build_s + mask_s)
 
 
 def choose_budget(model: CostModel, target_ir, draft_ir, method, tree: TreeAcceptanceModel, depth: int,

@@ -132,3 +132,34 @@ def test_tree_cost_prefers_trees_at_bs1_on_a_gpu_deployment():
     assert choose_budget(model, t_ir, d_ir, method, poor, 15, chain)[0] == 0
     pred = predict_tree(model, t_ir, d_ir, method, rich, 15, 32)
     assert pred.system.verify.values["Q"] == 33 and pred.step_time > pred.system.step_time
+
+
+def test_tree_verify_factor_interpolates_the_measured_points():
+    from specc.search.tree_cost import TREE_VERIFY_FACTOR, tree_verify_factor
+
+    (r0, f0), (r1, f1) = TREE_VERIFY_FACTOR[0], TREE_VERIFY_FACTOR[1]
+    assert tree_verify_factor(1) == f0 and tree_verify_factor(r0) == f0
+    assert abs(tree_verify_factor((r0 + r1) // 2) - (f0 + f1) / 2) < 1e-9
+    assert tree_verify_factor(10 ** 6) == TREE_VERIFY_FACTOR[-1][1]
+    assert all(tree_verify_factor(r) >= 1.0 for r in range(1, 300))
+
+
+def test_tree_step_prices_the_work_and_the_mask_on_top_of_the_causal_verify():
+    """build_s = launches of the tree work + (factor - 1) x the verify step: grows with the budget."""
+    from specc.methods import get_method
+    from specc.search.cost_model import CostModel
+    from specc.search.deployments import get_deployment
+    from specc.search.tree_cost import TREE_LAUNCHES_PER_NODE, TREE_STEP_LAUNCHES, predict_tree, tree_verify_factor
+    from real_configs import QWEN3_8B, QWEN3_8B_DFLASH
+    from specc.ir import trace
+
+    loaded = get_method("dflash").load_meta(QWEN3_8B, QWEN3_8B_DFLASH)
+    t_ir, d_ir = trace(loaded.target, "verify"), trace(loaded.draft, "draft")
+    model = CostModel(get_deployment("h200-bs1"))
+    tree = TreeAcceptanceModel([[0.8, 0.1], [0.7, 0.15]])
+    small, big = (predict_tree(model, t_ir, d_ir, get_method("dflash"), tree, 15, b) for b in (16, 128))
+    for pred, b in ((small, 16), (big, 128)):
+        want = (TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * b) * model.overhead \
+            + (tree_verify_factor(b + 1) - 1) * pred.system.verify.time
+        assert abs(pred.build_s - want) < 1e-12
+    assert big.build_s > small.build_s > 0
