@@ -97,3 +97,25 @@ def test_bf16_gpu(kind, q, cache_len):
     out = K.delta_rule_step(ref_mixed, decay, beta, rec, lens, HK, parents)
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(rec, ref_rec, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind, q, cache_len", [("chain", 5, [3, 0]), ("tree", 5, [6, 0])])
+def test_bf16_inputs_match_the_model_op(dev, kind, q, cache_len):
+    """bf16 activations and conv window (fp32 state): the kernels widen every load to fp32 and
+    round where the reference rounds, so they agree with it (interpreted or compiled)."""
+    rec, conv = _state(dev, 9, torch.bfloat16)
+    mixed, decay, beta, weight = _block(dev, q, 10, torch.bfloat16)
+    lens = torch.tensor(cache_len, device=dev)
+    parents = _parents(kind, q, dev)
+    ref_rec, ref_conv = rec.clone().cpu(), conv.clone().cpu()
+    cpu_parents = None if parents is None else parents.cpu()
+    ref_mixed = gdn.conv_step(mixed.cpu(), ref_conv, weight.cpu(), lens.cpu(), cpu_parents)
+    got_mixed = K.conv_step(mixed, conv, weight, lens, parents)
+    assert (got_mixed.cpu() != ref_mixed).float().mean().item() < 0.02  # rounding of near-ties only
+    torch.testing.assert_close(got_mixed.cpu(), ref_mixed, rtol=2e-2, atol=2e-2)
+    assert torch.equal(conv.cpu(), ref_conv)
+    ref = gdn.delta_rule_step(ref_mixed, decay.cpu(), beta.cpu(), ref_rec, lens.cpu(), HK, cpu_parents)
+    out = K.delta_rule_step(ref_mixed.to(dev), decay, beta, rec, lens, HK, parents)
+    assert (out.cpu() != ref).float().mean().item() < 0.05
+    torch.testing.assert_close(out.cpu(), ref, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(rec.cpu(), ref_rec, rtol=1e-4, atol=1e-5)
