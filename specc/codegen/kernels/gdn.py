@@ -68,8 +68,8 @@ def _delta_rule_kernel(mixed_ptr, g_ptr, beta_ptr, state_ptr, cache_len_ptr, par
         q = tl.load(row + kh * DK + rk, mask=mk, other=0.0).to(tl.float32)
         k = tl.load(row + K_OFF + kh * DK + rk, mask=mk, other=0.0).to(tl.float32)
         v = tl.load(row + V_OFF + h * DV + rv, mask=mv, other=0.0).to(tl.float32)
-        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + L2_EPS)) * scale
-        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + L2_EPS))
+        q = q * tl.rsqrt(tl.sum(q * q, axis=0) + L2_EPS) * scale  # as gdn.l2norm: x * rsqrt(|x|^2 + eps)
+        k = k * tl.rsqrt(tl.sum(k * k, axis=0) + L2_EPS)
         g = tl.load(g_ptr + b * s_gb + i * s_gq + h).to(tl.float32)
         beta = tl.load(beta_ptr + b * s_bb + i * s_bq + h).to(tl.float32)
         s = s * precise_exp(g)
@@ -86,11 +86,10 @@ def _delta_rule_kernel(mixed_ptr, g_ptr, beta_ptr, state_ptr, cache_len_ptr, par
 @triton.jit
 def _conv_kernel(x_ptr, state_ptr, w_ptr, cache_len_ptr, parents_ptr, out_ptr,
                  Q, SLOTS, C, s_xb, s_xq, s_sb, s_se, s_sc, s_ob, s_oq, s_pb,
-                 CHAIN: tl.constexpr, KERNEL: tl.constexpr, BLOCK_C: tl.constexpr):
+                 CHAIN: tl.constexpr, KERNEL: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mc = rc < C
-    W: tl.constexpr = KERNEL - 1
     live = tl.load(cache_len_ptr + b) != 0  # a row starting a sequence reads a zero window
     base = state_ptr + b * s_sb + rc * s_sc
     for j in tl.static_range(W):  # entry 1: the window before the step
@@ -197,7 +196,7 @@ def conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, c
     _conv_kernel[(bsz, triton.cdiv(channels, block_c))](
         x, conv_state, weight, cache_len, pars, out, q, conv_state.shape[1] - 2, channels,
         x.stride(0), x.stride(1), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        out.stride(0), out.stride(1), pars.stride(0), CHAIN=parents is None, KERNEL=kernel, BLOCK_C=block_c,
+        out.stride(0), out.stride(1), pars.stride(0), CHAIN=parents is None, KERNEL=kernel, W=kernel - 1, BLOCK_C=block_c,
         num_warps=4)
     return out
 
