@@ -60,3 +60,8 @@ def test_compiled_hybrid_forces_and_generates(paths, reference, tmp_path, tree):
     got = engine.generate(PROMPT, NEW).tokens
     greedy, stock, eager = reference
     assert got == greedy == stock == eager
+    # two rows at once (one batch, each row its own GDN state and commits): each row's own tokens
+    other = PROMPT[::-1]
+    alone = engine.generate(other, NEW).tokens
+    rows = engine.loop.generate_batch([PROMPT, other], NEW, (engine.manifest["model"]["eos_token_ids"][0],))
+    assert [r.tokens for r in rows] == [got, alone]
