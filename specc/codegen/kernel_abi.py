@@ -146,18 +146,31 @@ def delta_rule_step(mixed, g, beta, state, cache_len, key_heads, parents=None):
     return gdn.delta_rule_step(mixed, g, beta, state, cache_len, key_heads, parents)
 
 
-# element-wise GDN / gated-attention glue: their reference bodies everywhere (no kernels yet)
+# element-wise GDN / gated-attention ops: one Triton launch each on CUDA (kernels/gdn_elementwise.py)
 def gdn_gates(b, a, a_log, dt_bias):
+    if use_triton(b, opt_in=True):
+        from specc.codegen.kernels import gdn_elementwise as kern
+
+        return kern.gdn_gates(b, a, a_log, dt_bias)
     return gdn.gdn_gates(b, a, a_log, dt_bias)
 
 
 def gated_head_norm(x, gate, weight, eps):
+    if use_triton(x, opt_in=True):
+        from specc.codegen.kernels import gdn_elementwise as kern
+
+        return kern.gated_head_norm(x, gate, weight, eps)
     return gdn.gated_head_norm(x, gate, weight, eps)
 
 
 def rms_norm_offset(x, weight, eps):
+    if use_triton(x, opt_in=True):
+        from specc.codegen.kernels import gdn_elementwise as kern
+
+        return kern.offset_rms_norm(x, weight, eps)
     return gdn.rms_norm_offset(x, weight, eps)
 
 
 def tree_parents(tree_mask, like):
+    """Its reference body everywhere (a few small ops on the [B, Q, Q] mask)."""
     return gdn.tree_parents(tree_mask, like)
