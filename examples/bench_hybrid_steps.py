@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from specc.bench.shapes import QWEN3_06B, build_causal, hf_twin, init_, tiny
+from specc.bench.shapes import QWEN3_06B, build_causal, init_, tiny
 
 TINY_HYBRID = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
@@ -192,7 +192,7 @@ def step_times(dtype, dev, small: bool, context: int) -> dict:
 
 def gdn_layer_times(raw: dict, dev) -> dict:
     """One GDN layer's kernels at the target's shapes, and snapshot vs replay commits."""
-    from specc.codegen.kernels import gdn as kern
+    from specc.codegen.kernels import gated_delta as kern
 
     hk, hv = raw["linear_num_key_heads"], raw["linear_num_value_heads"]
     dk, dv, width = raw["linear_key_head_dim"], raw["linear_value_head_dim"], raw["linear_conv_kernel_dim"]

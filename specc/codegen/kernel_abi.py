@@ -131,7 +131,7 @@ def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_
 def conv_step(x, conv_state, weight, cache_len, parents=None):
     """The GDN conv with its window state: one Triton launch on CUDA."""
     if use_triton(x, opt_in=True):
-        from specc.codegen.kernels import gdn as kern
+        from specc.codegen.kernels import gated_delta as kern
 
         return kern.conv_step(x, conv_state, weight, cache_len, parents)
     return gdn.conv_step(x, conv_state, weight, cache_len, parents)
@@ -140,7 +140,7 @@ def conv_step(x, conv_state, weight, cache_len, parents=None):
 def delta_rule_step(mixed, g, beta, state, cache_len, key_heads, parents=None):
     """The gated delta rule with per-node state snapshots: one Triton launch on CUDA."""
     if use_triton(mixed, opt_in=True):
-        from specc.codegen.kernels import gdn as kern
+        from specc.codegen.kernels import gated_delta as kern
 
         return kern.delta_rule_step(mixed, g, beta, state, cache_len, key_heads, parents)
     return gdn.delta_rule_step(mixed, g, beta, state, cache_len, key_heads, parents)

@@ -5,20 +5,15 @@ buffer), the default pass pipeline leaves the GDN ops alone, and real shapes tra
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from hybrid_factory import hybrid_config
 
 from specc.codegen.build import run_passes
 from specc.ir import evaluate, meta_model, trace
 from specc.models.hybrid import HybridLM
 from specc.models.hybrid_config import hybrid_config_from_hf
 from specc.passes.pipelines import DEFAULT_PIPELINE
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hybrid_factory import hybrid_config  # noqa: E402
 
 GDN_KINDS = ("gdn_conv", "gdn_gates", "gated_delta_rule", "gated_rms_norm", "offset_rms_norm")
 

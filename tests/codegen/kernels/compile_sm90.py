@@ -72,7 +72,7 @@ def main() -> int:
 
     from specc.codegen.kernels import attention as A
     from specc.codegen.kernels import embedding as E
-    from specc.codegen.kernels import gdn as D
+    from specc.codegen.kernels import gated_delta as D
     from specc.codegen.kernels import gdn_elementwise as DE
     from specc.codegen.kernels import greedy as G
     from specc.codegen.kernels import kv_cache as KV

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specc.codegen.kernels import gdn as K
+from specc.codegen.kernels import gated_delta as K
 from specc.models import gdn
 
 B, HK, HV, DK, DV, CONV_K = 2, 2, 4, 8, 6, 4
