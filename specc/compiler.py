@@ -46,6 +46,15 @@ def _step_costs(ir, values: dict) -> dict:
             "flops": float(evaluate(totals.flops, values))}
 
 
+def _reserve_block(target, block: int) -> None:
+    """Give a hybrid target's GDN state ``block`` per-node entries before tracing: the emitted
+    steps' state specs (and so the artifact's capacity) come from the traced buffers."""
+    from specc.runtime.state import reserve_block
+
+    reserve_block(target, block)
+    target.setup_caches(1, 16)
+
+
 def _add_tree_step(built, target, pipeline) -> None:
     """Build the target's tree verify step (role ``target_tree``) into ``built``."""
     from specc.codegen.build import build_step
@@ -154,9 +163,6 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
         raise UserError(f"verify tokens must be in 1..{1 << 16} (got {max_new_tokens!r})")
     pair = resolve_pair(model, drafter, method)
-    if pair.target.kind == "hybrid":
-        raise UserError(f"{model} is a hybrid recurrent target (gated DeltaNet + attention): specc cannot compile "
-                        "it yet (no IR ops or Triton kernels for GDN layers); it runs eagerly, see docs/hybrid.md")
     check_num_draft(pair, num_draft)
     positions = pair.target.raw.get("max_position_embeddings")
     if isinstance(positions, int) and max_new_tokens + 1 > positions:
@@ -197,10 +203,16 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
                         f"the model's {positions} positions")
     say(f"tracing and running passes: {pipeline or '(none)'}")
+    snapshots = pair.target.kind == "hybrid"  # GDN states keep one entry per verify-block node
+    if snapshots:
+        _reserve_block(target, k + 1)
     built = build_steps(target, draft_module, pipeline, spec)
     tree_section = _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
                                 (built.irs["target"], built.irs.get("drafter")))
     budget = tree_section["budget"] if tree_section else 0
+    if snapshots and budget > k:  # the tree verify block is larger: every step keeps its entries
+        _reserve_block(target, budget + 1)
+        built = build_steps(target, draft_module, pipeline, spec)
     if budget:
         say(f"tracing the tree verify step ({budget} nodes)")
         _add_tree_step(built, target, pipeline)

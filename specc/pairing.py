@@ -55,8 +55,8 @@ class Pair:
         return (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
 
 
-#: checkpoint kinds (``specc.models.registry.classify``) that can be targets; "hybrid" targets
-#: (Qwen3.5 / Qwen3-Next) run eagerly and cannot be compiled yet (docs/hybrid.md)
+#: checkpoint kinds (``specc.models.registry.classify``) that can be targets; "hybrid": Qwen3.5 /
+#: Qwen3-Next (gated DeltaNet + attention, docs/hybrid.md)
 TARGET_KINDS = ("causal_lm", "hybrid")
 
 

@@ -92,7 +92,7 @@ def emit_step(gm: torch.fx.GraphModule, class_name: str, cache_extra_len: int | 
                 # shape and dtype from the buffer itself: passes may have resliced it (tensor parallel)
                 spec = dataclasses.replace(spec, name=flat, shape=layout(spec.kind).slot_shape(value),
                                            dtype=str(value.dtype).replace("torch.", ""))
-                if cache_extra_len is not None:
+                if cache_extra_len is not None and spec.kind == "kv":  # snapshot kinds keep their capacity
                     spec = dataclasses.replace(spec, extra_len=cache_extra_len)
                 caches[flat] = spec.to_manifest()
             else:

@@ -14,7 +14,7 @@ import torch
 
 from specc.codegen.kernels.dispatch import use_triton
 from specc.models import fused_ops as fused
-from specc.models import ops
+from specc.models import gdn, ops
 
 
 def embedding(ids, weight):
@@ -123,3 +123,54 @@ def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_
     q_rot = rope.rope_and_cache(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight,
                                 k_norm_weight, eps)
     return attn.attention(q_rot, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale, tree_mask=tree_mask)
+
+
+# --------------------------------------------------------------------------- hybrid (GDN) targets
+
+
+def conv_step(x, conv_state, weight, cache_len, parents=None):
+    """The GDN conv with its window state: one Triton launch on CUDA."""
+    if use_triton(x, opt_in=True):
+        from specc.codegen.kernels import gated_delta as kern
+
+        return kern.conv_step(x, conv_state, weight, cache_len, parents)
+    return gdn.conv_step(x, conv_state, weight, cache_len, parents)
+
+
+def delta_rule_step(mixed, g, beta, state, cache_len, key_heads, parents=None):
+    """The gated delta rule with per-node state snapshots: one Triton launch on CUDA."""
+    if use_triton(mixed, opt_in=True):
+        from specc.codegen.kernels import gated_delta as kern
+
+        return kern.delta_rule_step(mixed, g, beta, state, cache_len, key_heads, parents)
+    return gdn.delta_rule_step(mixed, g, beta, state, cache_len, key_heads, parents)
+
+
+# element-wise GDN / gated-attention ops: one Triton launch each on CUDA (kernels/gdn_elementwise.py)
+def gdn_gates(b, a, a_log, dt_bias):
+    if use_triton(b, opt_in=True):
+        from specc.codegen.kernels import gdn_elementwise as kern
+
+        return kern.gdn_gates(b, a, a_log, dt_bias)
+    return gdn.gdn_gates(b, a, a_log, dt_bias)
+
+
+def gated_head_norm(x, gate, weight, eps):
+    if use_triton(x, opt_in=True):
+        from specc.codegen.kernels import gdn_elementwise as kern
+
+        return kern.gated_head_norm(x, gate, weight, eps)
+    return gdn.gated_head_norm(x, gate, weight, eps)
+
+
+def rms_norm_offset(x, weight, eps):
+    if use_triton(x, opt_in=True):
+        from specc.codegen.kernels import gdn_elementwise as kern
+
+        return kern.offset_rms_norm(x, weight, eps)
+    return gdn.rms_norm_offset(x, weight, eps)
+
+
+def tree_parents(tree_mask, like):
+    """Its reference body everywhere (a few small ops on the [B, Q, Q] mask)."""
+    return gdn.tree_parents(tree_mask, like)

@@ -16,7 +16,7 @@ import torch.fx
 
 from specc.codegen import kernel_abi as abi
 from specc.models import fused_ops as fused
-from specc.models import ops
+from specc.models import gdn, ops
 from specc.models.fused_ops import packed_linear, rope_attention
 
 LOWERING = {
@@ -31,6 +31,12 @@ LOWERING = {
     fused.linear_add: abi.linear_add,
     packed_linear: abi.packed_linear,
     rope_attention: abi.rope_attention,
+    gdn.conv_step: abi.conv_step,
+    gdn.delta_rule_step: abi.delta_rule_step,
+    gdn.gdn_gates: abi.gdn_gates,
+    gdn.gated_head_norm: abi.gated_head_norm,
+    gdn.rms_norm_offset: abi.rms_norm_offset,
+    gdn.tree_parents: abi.tree_parents,
 }
 
 

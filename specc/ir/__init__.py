@@ -14,6 +14,7 @@ Public API (docs/ir.md has the long form):
 """
 
 from specc.ir import fused  # noqa: F401  (registers the rules of pass-introduced ops)
+from specc.ir import gdn_rules  # noqa: F401  (registers the rules of the hybrid targets' ops)
 from specc.ir.errors import IRError, LintError, ShapeError
 from specc.ir.ir import GROUP_KEY, META_KEY, SCOPE_KEY, IR, InputSpec, Totals
 from specc.ir.lint import problems as lint_problems

@@ -28,9 +28,10 @@ from specc.ir.errors import IRError
 from specc.ir.ir import GROUP_KEY, IR, SCOPE_KEY, InputSpec
 from specc.ir.meta import TensorMeta
 from specc.ir.symbols import B, C, N, Q
-from specc.models import ops
+from specc.models import gdn, ops
 from specc.models.decoder import CausalLM, Linear, RMSNorm
 from specc.models.dflash import DFlashDraft, DFlashDrafter
+from specc.models.hybrid import HybridLM, OffsetRMSNorm
 
 STEPS: dict[str, str] = {
     "prefill": "target over the prompt: Q prompt tokens per row (C > 0 for chunked prefill)",
@@ -41,10 +42,12 @@ STEPS: dict[str, str] = {
 }
 
 # Leaf ops that get the name of the module that calls them (Linear -> linear, RMSNorm -> rms_norm).
-_MODULE_LEAF = ((Linear, ops.linear), (RMSNorm, ops.rms_norm))
+_MODULE_LEAF = ((Linear, ops.linear), (RMSNorm, ops.rms_norm), (OffsetRMSNorm, gdn.rms_norm_offset))
 # Call targets that get scoped names (others keep fx's short names: getattr_1, getitem_2, neg).
 _SCOPED_TARGETS = {ops.embedding, ops.linear, ops.rms_norm, ops.silu_mul, ops.rope_tables, ops.rope, ops.attention,
-                   operator.add, operator.mul, torch.cat}
+                   operator.add, operator.mul, torch.cat, torch.sigmoid,
+                   gdn.rms_norm_offset, gdn.tree_parents, gdn.gdn_gates, gdn.conv_step, gdn.delta_rule_step,
+                   gdn.gated_head_norm}
 DFLASH_CONTEXT_MODULES = ("fc", "hidden_norm")
 # Bound at import: while tracing, torch.fx patches the wrapped functions in specc.models.ops.
 _ROPE_TABLES = ops.rope_tables
@@ -141,7 +144,7 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
         model_kind = "dflash"
         title = title or _describe(cfg, "DFlash drafter") + f", block {spec.block_size}"
         dflt = {"B": 1, "Q": spec.block_size, "C": 1024, "N": 4}
-    elif isinstance(model, CausalLM):
+    elif isinstance(model, (CausalLM, HybridLM)):
         _ensure_caches(model, model)
         cfg = model.config
         q = 1 if step == "ar" else Q
@@ -162,9 +165,7 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
                 "verify": {"B": 1, "Q": 8, "C": 1024}, "tree_verify": {"B": 1, "Q": 32, "C": 1024},
                 "draft": {"B": 1, "Q": 8, "C": 1024}}[step]
     else:
-        hint = " (hybrid recurrent targets have no IR yet; they run eagerly: docs/hybrid.md)" \
-            if hasattr(model, "max_block") else ""
-        raise IRError(f"cannot trace {type(model).__name__}: expected a specc CausalLM or DFlashDrafter{hint}")
+        raise IRError(f"cannot trace {type(model).__name__}: expected a specc CausalLM, HybridLM or DFlashDrafter")
     dflt = {**dflt, **(defaults or {})}
 
     tracer = _Tracer()
@@ -317,19 +318,21 @@ def meta_model(config: Any, *, dtype: str | torch.dtype | None = None, max_len: 
         kind = classify(raw)
     except ConfigError as exc:
         raise IRError(f"{path}: {exc}") from exc
-    if kind == "hybrid":
-        raise IRError(f"{path}: hybrid recurrent targets have no IR yet (gated DeltaNet layers); "
-                      "they run eagerly: docs/hybrid.md")
     dt = parse_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype"), torch.bfloat16)
     with torch.device("meta"):
         if kind == "dflash":
             model: nn.Module = DFlashDraft.from_hf_config(raw)
             cfg = model.config
+        elif kind == "hybrid":
+            from specc.models.hybrid_config import hybrid_config_from_hf
+
+            cfg = hybrid_config_from_hf(raw)
+            model = HybridLM(cfg)
         else:
             cfg = model_config_from_hf(raw)
             model = CausalLM(cfg)
         model = model.to(dt)
-        model.inv_freq = cfg.rope.inv_freq(cfg.head_dim)  # fp32, as load_model keeps it
+        model.inv_freq = cfg.rope.inv_freq(getattr(cfg, "rotary_dim", 0) or cfg.head_dim)  # fp32, as load_model keeps it
         model.setup_caches(1, max_len)
     return Loaded(kind=kind, model=model.eval(), config=cfg, raw_config=raw, path=path)
 

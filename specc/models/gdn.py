@@ -179,3 +179,102 @@ def gated_delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
         s = s * last.exp()[..., None] + (kc * (last - cum).exp()[..., None]).transpose(-1, -2) @ u
     out = torch.cat(outs, dim=2).transpose(1, 2)
     return out.to(dtype), s
+
+
+# --------------------------------------------------------------------------- step ops
+#
+# The GDN layer's step as the IR sees it: a few leaf ops, two of which own the layer's state
+# buffers (``[Bmax, 2 + max_block, ...]``, ``specc.models.state.SnapshotLayout``) the way
+# attention owns its KV cache: they read the live entry (0; zeros for a row whose cache_len is
+# 0), and write entry 1 (the state before the step), entries 2 + i (after block node i, up to
+# the buffer's capacity) and, for a chain, entry 0 (after the whole block). ``parents`` is None
+# for a chain (the traced chain steps specialise it away) or [B, Q] for a tree.
+
+
+@torch.fx.wrap
+def tree_parents(tree_mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """parents [B, Q] of the draft tree whose ancestor mask is ``tree_mask`` ([B, Q, Q] or
+    [Q, Q]); ``like`` [B, ...] gives the batch size."""
+    parents = parents_from_mask(tree_mask)
+    return parents.expand(like.shape[0], -1) if parents.shape[0] != like.shape[0] else parents
+
+
+@torch.fx.wrap
+def gdn_gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """The write strength and decay of every token and value head from the b / a projections:
+    (g = -exp(A_log) * softplus(a + dt_bias) fp32 [B, Q, Hv], beta = sigmoid(b) [B, Q, Hv])."""
+    return -a_log.float().exp() * F.softplus(a.float() + dt_bias), torch.sigmoid(b)
+
+
+def _live(buffer: torch.Tensor, cache_len: torch.Tensor, bsz: int) -> torch.Tensor:
+    """Entry 0 of the first ``bsz`` rows; zeros for rows starting a sequence (cache_len 0)."""
+    fresh = (cache_len[:bsz] == 0).view(bsz, *([1] * (buffer.dim() - 2)))
+    return torch.where(fresh, torch.zeros((), dtype=buffer.dtype, device=buffer.device), buffer[:bsz, 0])
+
+
+@torch.fx.wrap
+def conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, cache_len: torch.Tensor,
+              parents: torch.Tensor | None = None) -> torch.Tensor:
+    """The GDN layer's depthwise causal conv + SiLU over a block, with its window state.
+
+    x [B, Q, C] (pre-conv projections), conv_state [Bmax, 2 + max_block, C, K - 1], weight
+    [C, 1, K], parents [B, Q] or None (chain). Returns the conv output [B, Q, C]; writes the
+    window entries (see the section comment)."""
+    bsz, q = x.shape[0], x.shape[1]
+    slots = conv_state.shape[1] - 2
+    window = _live(conv_state, cache_len, bsz)
+    chain = parents is None
+    if chain:
+        parents = chain_parents(bsz, q, x.device)
+    out, windows = causal_conv(x, window, weight[:, 0], parents)
+    conv_state[:bsz, 1] = window
+    n = min(q, slots)
+    conv_state[:bsz, 2:2 + n] = windows[:, :n].to(conv_state.dtype)
+    if chain:
+        conv_state[:bsz, 0] = windows[:, -1].to(conv_state.dtype)
+    return out
+
+
+@torch.fx.wrap
+def delta_rule_step(mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+                    cache_len: torch.Tensor, key_heads: int, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """The gated delta rule over a block, with the layer's recurrent state.
+
+    mixed [B, Q, 2 Hk dk + Hv dv] (the conv output: q | k | v), g, beta [B, Q, Hv], state
+    [Bmax, 2 + max_block, Hv, dk, dv] fp32, key_heads Hk, parents [B, Q] or None (chain).
+    Returns the per-head outputs [B, Q, Hv * dv] in ``mixed``'s dtype; writes the state
+    entries (see the section comment). A chain longer than the buffer's per-node capacity
+    (prefill) runs the chunked form and keeps only its final state; a tree must fit."""
+    bsz, q = mixed.shape[0], mixed.shape[1]
+    slots = state.shape[1] - 2
+    hv, dk, dv = state.shape[2], state.shape[3], state.shape[4]
+    chain = parents is None
+    if not chain and q > slots:
+        raise RuntimeError(f"a tree of {q} nodes exceeds the GDN state's {slots} per-node entries: "
+                           f"setup_caches(..., max_block={q})")
+    kd = key_heads * dk
+    query = mixed[..., :kd].reshape(bsz, q, key_heads, dk)
+    key = mixed[..., kd:2 * kd].reshape(bsz, q, key_heads, dk)
+    value = mixed[..., 2 * kd:].reshape(bsz, q, hv, dv)
+    start = _live(state, cache_len, bsz)
+    state[:bsz, 1] = start
+    if chain and q > slots:
+        out, final = gated_delta_chunked(query, key, value, g, beta, start)
+    else:
+        if chain:
+            parents = chain_parents(bsz, q, mixed.device)
+        out, states = gated_delta_recurrent(query, key, value, g, beta, start, parents)
+        state[:bsz, 2:2 + q] = states
+        final = states[:, -1]
+    if chain:
+        state[:bsz, 0] = final
+    return out.reshape(bsz, q, hv * dv)
+
+
+@torch.fx.wrap
+def gated_head_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`gated_rms_norm` per value head of flat x, gate [B, Q, Hv * dv] (weight [dv])."""
+    dv = weight.shape[0]
+    shape = x.shape
+    heads = x.reshape(*shape[:-1], shape[-1] // dv, dv)
+    return gated_rms_norm(heads, gate.reshape(heads.shape), weight, eps).reshape(shape)

@@ -25,7 +25,6 @@ fused projections are rearranged into these names by ``specc.models.hybrid_weigh
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specc.models import gdn, ops
@@ -98,51 +97,20 @@ class GatedDeltaNet(nn.Module):
                                      ("conv_state", "conv", (self.channels, self.kernel - 1))], max_block + 1)
 
     def forward(self, x: torch.Tensor, cache_len: torch.Tensor, parents: torch.Tensor | None) -> torch.Tensor:
+        """One step over a block (chain: ``parents`` None; tree: [B, Q]); the two state ops read
+        the live entries and write the snapshot entries (``specc.models.gdn`` step ops)."""
         if self.recurrent_state is None:
             raise RuntimeError("GDN state not allocated: call model.setup_caches(batch, max_len) first")
-        bsz, q = x.shape[0], x.shape[1]
-        slots = self.recurrent_state.shape[1] - 2  # snapshot capacity (max_block)
-        chain = parents is None
-        if not chain and q > slots:
-            raise RuntimeError(f"a tree of {q} nodes exceeds the GDN state's {slots} per-node entries: "
-                               f"setup_caches(..., max_block={q})")
-        fresh = (cache_len[:bsz] == 0)[:, None, None]
-        window = torch.where(fresh, 0.0, self.conv_state[:bsz, 0].float()).to(self.conv_state.dtype)
-        start = torch.where(fresh[..., None], 0.0, self.recurrent_state[:bsz, 0])
-        if chain:
-            parents = gdn.chain_parents(bsz, q, x.device)
-        mixed = self.in_proj_qkv(x)
-        conv_out, windows = gdn.causal_conv(mixed, window, self.conv1d.weight[:, 0], parents)
-        kd = self.hk * self.dk
-        query = conv_out[..., :kd].reshape(bsz, q, self.hk, self.dk)
-        key = conv_out[..., kd:2 * kd].reshape(bsz, q, self.hk, self.dk)
-        value = conv_out[..., 2 * kd:].reshape(bsz, q, self.hv, self.dv)
-        beta = torch.sigmoid(self.in_proj_b(x))
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-        if chain and q > slots:  # prefill-sized chain: no per-token snapshots, the chunked form
-            out, final = gdn.gated_delta_chunked(query, key, value, g, beta, start)
-            states = None
+        if parents is None:
+            mixed = gdn.conv_step(self.in_proj_qkv(x), self.conv_state, self.conv1d.weight, cache_len)
         else:
-            out, states = gdn.gated_delta_recurrent(query, key, value, g, beta, start, parents)
-            final = states[:, -1]
-        self._write_state(bsz, start, window, states, windows, final, chain, slots)
-        z = self.in_proj_z(x).reshape(bsz, q, self.hv, self.dv)
-        out = self.norm(out, z).reshape(bsz, q, self.hv * self.dv)
-        return self.out_proj(out)
-
-    def _write_state(self, bsz, start, window, states, windows, final, chain: bool, slots: int) -> None:
-        """Entry 1: the state before the step; 2 + i: after node i (up to the capacity);
-        entry 0 (chains only): the state after the whole block."""
-        rec, conv = self.recurrent_state, self.conv_state
-        rec[:bsz, 1] = start
-        conv[:bsz, 1] = window
-        if states is not None:
-            n = min(states.shape[1], slots)
-            rec[:bsz, 2:2 + n] = states[:, :n]
-            conv[:bsz, 2:2 + n] = windows[:, :n].to(conv.dtype)
-        if chain:
-            rec[:bsz, 0] = final
-            conv[:bsz, 0] = windows[:, -1].to(conv.dtype)
+            mixed = gdn.conv_step(self.in_proj_qkv(x), self.conv_state, self.conv1d.weight, cache_len, parents)
+        g, beta = gdn.gdn_gates(self.in_proj_b(x), self.in_proj_a(x), self.A_log, self.dt_bias)
+        if parents is None:
+            out = gdn.delta_rule_step(mixed, g, beta, self.recurrent_state, cache_len, self.hk)
+        else:
+            out = gdn.delta_rule_step(mixed, g, beta, self.recurrent_state, cache_len, self.hk, parents)
+        return self.out_proj(gdn.gated_head_norm(out, self.in_proj_z(x), self.norm.weight, self.norm.eps))
 
 
 class GatedAttention(nn.Module):
@@ -269,11 +237,7 @@ class HybridLM(nn.Module):
                 tree_mask: torch.Tensor | None = None):
         x = self.embed(input_ids)
         cos, sin = ops.rope_tables(positions, self.inv_freq, x)
-        parents = None
-        if tree_mask is not None:
-            if tree_mask.dim() == 2:
-                tree_mask = tree_mask[None].expand(x.shape[0], -1, -1)
-            parents = gdn.parents_from_mask(tree_mask)
+        parents = None if tree_mask is None else gdn.tree_parents(tree_mask, x)
         captured = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):

@@ -139,9 +139,17 @@ def _kind(name: str) -> StateKind:
 def reserve_block(step, block: int) -> None:
     """Size the per-node snapshots of a step whose state keeps them (a model definition with
     ``max_block``: hybrid targets) for verify blocks of up to ``block`` tokens; call before its
-    ``setup_caches``. Steps without snapshot kinds are left alone."""
+    ``setup_caches``. A compiled step's snapshot capacity is fixed by its artifact: a block
+    larger than it is refused (a chain would silently keep only its final state). Steps without
+    snapshot kinds are left alone."""
     if getattr(step, "max_block", None) is not None:
         step.max_block = int(block)
+        return
+    capacity = min((spec.extra_len - 1 for spec in state_specs_of(step) if isinstance(STATE_KINDS.get(spec.kind),
+                                                                                        SnapshotState)), default=None)
+    if capacity is not None and block > capacity:
+        raise ValueError(f"verify blocks of {block} tokens exceed the {capacity} per-node state entries the "
+                         "step was compiled with (recompile with fewer drafts or a smaller tree)")
 
 
 class DecodingState:

@@ -1,5 +1,6 @@
 """`specc generate` on a hybrid (Qwen3.5-style) target: eager and stock engines, with a PARD
-drafter and a tree, give HF's greedy output; `specc compile` refuses it in one line."""
+drafter and a tree, give HF's greedy output; `specc compile` compiles it (token forcing passes)
+and `specc ir` shows its GDN ops."""
 
 import json
 
@@ -31,17 +32,20 @@ def test_generate_equals_hf_greedy(paths, capsys, extra):
     assert tokens == hf_greedy(model, PROMPT, 10, model.config.eos_token_id)
 
 
-def test_compile_is_refused_in_one_line(paths, tmp_path, capsys):
-    assert main(["compile", paths["target"], "-o", str(tmp_path / "hy.specc")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "hybrid recurrent target" in err and "docs/hybrid.md" in err and "\n" not in err
+def test_compile_passes_token_forcing(paths, tmp_path, capsys):
+    argv = ["compile", paths["target"], "--drafter", paths["pard"], "--num-draft", "3", "--tree", "off",
+            "--verify-tokens", "8", "--memory", str(tmp_path / "memory.json"), "-o", str(tmp_path / "hy.specc")]
+    assert main(argv) == 0
+    assert "token forcing PASS" in capsys.readouterr().out
+    assert (tmp_path / "hy.specc" / "manifest.json").is_file()
 
 
-@pytest.mark.parametrize("argv", [["ir", "{target}"], ["ir", "{target}", "--config-only"]])
-def test_ir_is_refused_in_one_line(paths, capsys, argv):
-    assert main([a.format(**paths) for a in argv]) != 0
-    err = capsys.readouterr().err.strip()
-    assert "hybrid recurrent targets have no IR yet" in err and "\n" not in err
+@pytest.mark.parametrize("argv", [["ir", "{target}", "--brief"], ["ir", "{target}", "--config-only", "--brief"],
+                                  ["ir", "{target}", "--step", "tree_verify", "--brief", "--check"]])
+def test_ir_shows_the_gdn_ops(paths, capsys, argv):
+    assert main([a.format(**paths) for a in argv]) == 0
+    out = capsys.readouterr().out
+    assert "gated_delta_rule" in out and "gdn_conv" in out
 
 
 @pytest.mark.parametrize("method", [None, "ar-draft"])

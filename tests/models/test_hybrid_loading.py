@@ -1,5 +1,5 @@
 """Loading hybrid checkpoints: Qwen3.5 text and multimodal (text part), Qwen3-Next dense; MoE and
-mismatched weights refused with one-line errors; compiling a hybrid target refused."""
+mismatched weights refused with one-line errors."""
 
 import json
 
@@ -9,7 +9,6 @@ from hybrid_factory import make_hybrid
 from model_factory import save
 from safetensors.torch import load_file, save_file
 
-from specc.errors import UserError
 from specc.models import CheckpointError, classify, load_model
 from specc.models.hybrid_config import hybrid_config_from_hf
 from specc.pairing import resolve_pair
@@ -73,11 +72,3 @@ def test_mismatched_weights_are_refused(text_path, tmp_path):
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match="missing 1 weights .*A_log"):
         load_model(tmp_path)
-
-
-def test_compile_refuses_hybrid_targets(text_path, tmp_path):
-    from specc.compiler import compile_artifact
-
-    with pytest.raises(UserError, match="hybrid recurrent target .* cannot compile"):
-        compile_artifact(text_path, out=tmp_path / "hy.specc")
-    assert not (tmp_path / "hy.specc").exists()

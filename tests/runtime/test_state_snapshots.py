@@ -46,3 +46,24 @@ def test_fork_copies_the_live_state():
     state = _state()
     state.fork(2, 0)
     assert _live(state) == [200.0, 100.0, 200.0]
+
+
+def test_reserve_block_refuses_blocks_past_a_compiled_capacity():
+    """A step whose snapshot capacity is fixed (a compiled step: no ``max_block``) refuses a
+    larger verify block in one line; blocks that fit, and steps without snapshots, pass."""
+    import pytest
+
+    from specc.runtime.state import StateSpec, reserve_block
+
+    class Fixed:
+        def __init__(self, specs):
+            self._specs = specs
+
+        def state_specs(self):
+            return self._specs
+
+    step = Fixed([StateSpec("rec", "recurrent", (2, 4, 4), "float32", 9), StateSpec("k", "kv", (2, 8))])
+    reserve_block(step, 8)
+    with pytest.raises(ValueError, match="blocks of 9 tokens exceed the 8 per-node state entries"):
+        reserve_block(step, 9)
+    reserve_block(Fixed([StateSpec("k", "kv", (2, 8))]), 100)

@@ -72,6 +72,8 @@ def main() -> int:
 
     from specc.codegen.kernels import attention as A
     from specc.codegen.kernels import embedding as E
+    from specc.codegen.kernels import gated_delta as D
+    from specc.codegen.kernels import gdn_elementwise as DE
     from specc.codegen.kernels import greedy as G
     from specc.codegen.kernels import kv_cache as KV
     from specc.codegen.kernels import linear as L
@@ -79,7 +81,7 @@ def main() -> int:
     from specc.codegen.kernels import rope as R
     from specc.codegen.kernels import swiglu as S
 
-    for m in (L, A, R, S, E, N, G, KV):
+    for m in (L, A, R, S, E, N, G, KV, D, DE):
         m.use_triton = lambda *t: True
     bf, lng = torch.bfloat16, torch.long
     z = lambda *shape, dtype=bf: torch.zeros(*shape, dtype=dtype)  # noqa: E731
@@ -119,6 +121,18 @@ def main() -> int:
         "greedy_accept": lambda: G.greedy_accept(z(2, 4, dtype=lng), z(2, 5, dtype=lng), z(2, dtype=lng),
                                                  z(2, 9, dtype=lng), z(2, dtype=lng)),
         "kv_compact": lambda: KV.kv_compact(cache, cache, z(2, 5, dtype=lng), z(2, 5, dtype=lng)),
+        # GDN at Qwen3.5 shapes (Hk 16, Hv 32, dk = dv = 128, kernel 4): decode, chain, tree
+        "gdn delta rule q1": lambda: D.delta_rule_step(z(1, 1, 8192), z(1, 1, 32, dtype=torch.float32), z(1, 1, 32),
+                                                       z(1, 18, 32, 128, 128, dtype=torch.float32), z(1, dtype=lng), 16),
+        "gdn delta rule q16 tree": lambda: D.delta_rule_step(
+            z(1, 16, 8192), z(1, 16, 32, dtype=torch.float32), z(1, 16, 32), z(1, 18, 32, 128, 128, dtype=torch.float32),
+            z(1, dtype=lng), 16, z(1, 16, dtype=lng)),
+        "gdn conv q16 chain": lambda: D.conv_step(z(1, 16, 8192), z(1, 18, 8192, 3), z(8192, 1, 4), z(1, dtype=lng)),
+        "gdn offset_rms_norm": lambda: DE.offset_rms_norm(z(16, 4096), z(4096), 1e-6),
+        "gdn gated_head_norm": lambda: DE.gated_head_norm(z(16, 4096), z(16, 4096), z(128), 1e-6),
+        "gdn gates": lambda: DE.gdn_gates(z(16, 32), z(16, 32), z(32), z(32)),
+        "gdn conv q16 tree": lambda: D.conv_step(z(1, 16, 8192), z(1, 18, 8192, 3), z(8192, 1, 4), z(1, dtype=lng),
+                                                 z(1, 16, dtype=lng)),
     }
     only = set(sys.argv[1:])
     failed = 0
