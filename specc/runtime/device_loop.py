@@ -105,6 +105,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     def resize(self, max_len: int, batch: int | None = None) -> None:
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
+        self._tree_graphs = None  # the tree step's graphs (commit holds the state's buffers)
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
         reserve_block(self.target, max(self.num_draft, self.tree_budget) + 1)  # hybrid targets' per-node states
@@ -359,7 +360,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if active is not None:
             accepted = accepted * active
         seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)
-        self.state.commit(accepted + 1 if active is None else (accepted + 1) * active, path)
+        tree_fns["commit"](accepted + 1 if active is None else (accepted + 1) * active, path)
         context = None
         if hidden is not None:  # DFlash: the target's hidden states of the committed path
             context = hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
@@ -373,13 +374,19 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         launches do not add to the step (outputs are static buffers, consumed within the step)."""
         fns = getattr(self, "_tree_graphs", None)
         if fns is None:
-            fns = {"plan": plan_tree, "accept": self._accept_tree}
+            fns = {"plan": plan_tree, "accept": self._accept_tree, "commit": self._commit_path}
             if self.capture_shapes:
                 from specc.runtime.graphs import GraphedStep
 
-                fns = {name: GraphedStep(fn, max_tokens=1 << 30) for name, fn in fns.items()}
+                # commit moves K/V in place (not idempotent): captured at its second call, no warm-up
+                fns = {name: GraphedStep(fn, max_tokens=1 << 30, warmup=0 if name == "commit" else 2,
+                                         eager_first=name == "commit") for name, fn in fns.items()}
             self._tree_graphs = fns
         return fns
+
+    def _commit_path(self, accepted_plus_one, path):
+        """The state's tree commit (KV compaction of every layer: one launch each), a graph on CUDA."""
+        self.state.commit(accepted_plus_one, path)
 
     def _accept_tree(self, tokens, parents, depths, mask, logits, caps, k):
         tree = DraftTree(tokens, parents, depths, None)

@@ -19,8 +19,13 @@ import torch
 
 
 class GraphedStep:
-    def __init__(self, step, max_tokens: int = 64, warmup: int = 2, pool=None):
+    def __init__(self, step, max_tokens: int = 64, warmup: int = 2, pool=None, eager_first: bool = False):
+        """``eager_first`` with ``warmup=0``: for a step that is not idempotent (an in-place state
+        update such as KV compaction): the first call of a signature runs eagerly (kernels compile
+        there), the second is captured without running it and then replayed once, so every call
+        does the work exactly once."""
         self.step, self.max_tokens, self.warmup = step, max_tokens, warmup
+        self.eager_first, self._seen = eager_first, set()
         self.graphs: dict = {}
         self.eager_reasons: dict = {}
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
@@ -65,6 +70,10 @@ class GraphedStep:
             self.eager_calls += 1
             return self.step(*args)
         entry = self.graphs.get(key)
+        if entry is None and self.eager_first and key not in self._seen:
+            self._seen.add(key)
+            self.eager_calls += 1
+            return self.step(*args)
         if entry is None:
             entry = self._capture(args, key)
             if entry is None:
