@@ -35,6 +35,7 @@ import torch
 
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
 from specc.runtime.loop import SpeculativeLoop, run_to_end
+from specc.runtime.policy import decoding_policy
 from specc.runtime.state import DecodingState
 from specc.runtime.trees import build_tree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
@@ -196,15 +197,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             start += len(branch)
         return out
 
-    def generate_batch(self, prompts, max_new_tokens: int, eos_token_ids=()) -> list[GenerationResult]:
-        """Greedy generation for several prompts at once, one row each (equal prompt lengths for
-        now); per row the same tokens as that prompt alone."""
-        gen = self._rows_loop([as_prompt_list(p) for p in prompts], max_new_tokens, eos_token_ids)
+    def generate_batch(self, prompts, max_new_tokens: int, eos_token_ids=(), sampling=None,
+                       seeds=None) -> list[GenerationResult]:
+        """Generation for several prompts at once, one row each (equal prompt lengths for now);
+        per row the same tokens as that prompt alone. ``sampling``: ``SamplingParams`` (None:
+        greedy); ``seeds``: one per row (default: ``sampling.seed`` for every row)."""
+        gen = self._rows_loop([as_prompt_list(p) for p in prompts], max_new_tokens, eos_token_ids, sampling, seeds)
         with torch.inference_mode():
             return run_to_end(gen)
 
-    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
-        gen = self._rows_loop([as_prompt_list(input_ids)], max_new_tokens, eos_token_ids)
+    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None):
+        gen = self._rows_loop([as_prompt_list(input_ids)], max_new_tokens, eos_token_ids, sampling)
         while True:
             try:
                 _, tok = next(gen)
@@ -212,22 +215,23 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 return stop.value[0]
             yield tok
 
-    def _tree_step(self, seq, n, k, caps, active, timer):
+    def _tree_step(self, seq, n, k, caps, active, timer, policy):
         """One tree step on the device (see the module doc): returns (the step's one host copy,
         rows of [accepted, committed...]; the target's hidden states along the accepted paths
         (DFlash context) or None; nodes verified)."""
         lengths = self.state.lengths
         root = seq.gather(1, lengths[:, None])[:, 0]  # the last committed token (not yet in the cache)
         draft_logits = self.drafter.propose_logits_rows(seq, n, k)  # [B, k, V], one forward
-        tree = build_tree(draft_logits.float().log_softmax(-1), root, self.tree_budget, self.tree_topk)
+        tree = build_tree(policy.tree_logprobs(draft_logits, lengths), root, self.tree_budget, self.tree_topk)
         timer.mark("verify")
         out = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask(k))
         logits, hidden = out if isinstance(out, tuple) else (out, None)
         timer.mark("accept")
         if caps is None and seq.shape[0] > 1:
             caps = torch.full_like(lengths, k)
-        res = self.tree_verifier.verify_tree(tree, logits, caps, depth=k)
+        res = policy.verify_tree(self.tree_verifier, tree, logits, caps, k, lengths)
         accepted, committed, path = res.accepted, res.committed, res.path
+        policy.observe(committed, accepted)
         if active is not None:
             accepted = accepted * active
         seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)
@@ -238,8 +242,10 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
         return host, context, tree.num_nodes
 
-    def _rows_loop(self, prompts: list[list[int]], max_new_tokens: int, eos_token_ids=()):
-        """Yields (row, token) as tokens are committed; returns one GenerationResult per row."""
+    def _rows_loop(self, prompts: list[list[int]], max_new_tokens: int, eos_token_ids=(), sampling=None, seeds=None):
+        """Yields (row, token) as tokens are committed; returns one GenerationResult per row.
+        The decoding policy (``specc.runtime.policy``: greedy, or speculative sampling with
+        ``sampling``) makes every greedy-vs-sampling choice of the steps."""
         rows = len(prompts)
         plen = len(prompts[0])
         if any(len(p) != plen for p in prompts):
@@ -258,7 +264,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.state.lengths.zero_()
         logits, context = self._target_rows(seq[:, :plen])
         self.state.lengths += plen  # the first generated token's K/V lands with the first verify step
-        first = logits[:, -1].argmax(-1)
+        policy = decoding_policy(sampling, rows, seq[:, :plen], logits.shape[-1], seeds)
+        first = policy.first(logits[:, -1], self.state.lengths)
         seq[:, plen] = first
         tokens: list[list[int]] = [[] for _ in range(rows)]
         done = [False] * rows
@@ -286,10 +293,10 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             timer.mark("draft")
             nodes = 0  # tree nodes verified this step (0: a chain step)
             if self.tree_budget and k > 0:
-                host, context, nodes = self._tree_step(seq, n, k, caps, active, timer)
+                host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, policy)
                 acc = [row[0] for row in host]
             else:
-                drafts = self.drafter.propose_rows(seq, n, k) if k > 0 else seq[:, :0]
+                drafts, q = policy.draft(self.drafter, seq, n, k, self.state.lengths) if k > 0 else (seq[:, :0], None)
                 timer.mark("verify")
                 if rows == 1:
                     last = seq[:, n[0] - 1:n[0]]
@@ -299,7 +306,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 timer.mark("accept")
                 if caps is None and rows > 1:
                     caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
-                accepted, committed = self.verifier.verify(drafts, logits, caps)
+                accepted, committed = policy.verify_chain(self.verifier, drafts, q, logits, caps, self.state.lengths)
+                policy.observe(committed, accepted)
                 if rows == 1:
                     seq[:, n[0]:n[0] + k + 1] = committed
                     self.state.commit(accepted + 1)

@@ -113,6 +113,15 @@ class Drafter:
         drafters only (``supports_tree``): a tree step builds its draft tree from them."""
         raise NotImplementedError(f"the {self.name} drafter gives no per-position distributions (chains only)")
 
+    def propose_sampled_rows(self, seq: torch.Tensor, n: list[int], k: int, pick):
+        """Speculative sampling's drafts: ``pick(logits [B, V], j) -> (token [B], q [B, V])``
+        draws the j-th draft from the drafter's logits there (``specc.runtime.policy``). Returns
+        (drafts [B, k], q [B, k, V]). A parallel drafter picks each position from its one
+        forward's logits (their marginals; each draft is drawn from exactly the q it reports)."""
+        logits = self.propose_logits_rows(seq, n, k)
+        picked = [pick(logits[:, j], j) for j in range(k)]
+        return torch.stack([t for t, _ in picked], 1), torch.stack([q for _, q in picked], 1)
+
     def accepted_rows(self, n: list[int], accepted: list[int], k: int, context: torch.Tensor | None) -> None:
         """Verification of a step that began with ``n[b]`` committed tokens per row accepted
         ``accepted[b]`` of ``k`` drafts; ``context`` holds the target's captured hidden states
@@ -184,18 +193,28 @@ class ARDraft(CausalDrafter):
     name = "ar-draft"
 
     def propose_rows(self, seq, n, k):
+        return self._propose(seq, n, k, lambda logits, j: (logits.argmax(-1), None))[0]
+
+    def propose_sampled_rows(self, seq, n, k, pick):
+        """Each draft drawn from the drafter's distribution after the drafts before it."""
+        drafts, qs = self._propose(seq, n, k, pick)
+        return drafts, torch.stack(qs, 1)
+
+    def _propose(self, seq, n, k, pick):
         dev = self.model.device
-        drafts = []
+        drafts, qs = [], []
         starts, m = self._fed(n)
         feed = _window(seq, starts, m)
-        for _ in range(k):
+        for j in range(k):
             self.forwards += 1
             first = all(s == 0 for s in starts)
             logits = _run(self.model, first, feed, *_rows(starts, feed.shape[1], dev))
-            drafts.append(logits[:, -1].argmax(-1, keepdim=True))  # fed back without leaving the GPU
+            token, q = pick(logits[:, -1], j)
+            drafts.append(token[:, None])  # fed back without leaving the GPU
+            qs.append(q)
             starts = [s + feed.shape[1] for s in starts]
             feed = drafts[-1]
-        return torch.cat(drafts, dim=1)
+        return torch.cat(drafts, dim=1), qs
 
     def accepted_rows(self, n, accepted, k, context) -> None:
         if k:

@@ -1,0 +1,150 @@
+"""How a loop picks tokens: greedy or sampling, chosen once per generation.
+
+The loops (``specc.runtime.device_loop``, ``specc.runtime.eager``) call a policy at each point
+where greedy decoding and speculative sampling differ: the prefill's token, drafting, chain
+verification, the draft tree's scores, tree verification, and after each commit. ``decoding_policy``
+returns :class:`GreedyPolicy` for temperature 0 / no params, which makes exactly the calls the
+greedy loop always made (same ops, same results); :class:`SamplingPolicy` otherwise, which holds
+the request's params, one seed per row and, with a repetition penalty, the set of tokens each
+row has seen (on the device, [B, V + 1] bool: the last column absorbs masked-out writes).
+
+Positions: ``lengths`` [B] (the decoding state's lengths) is the sequence index of each row's last
+committed token, so a step decides positions lengths + 1, ...; ``first`` gets the prefill token's
+position itself. The random numbers of a decision at position i are ``rng.uniform(seed, i, draw)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specc.runtime import rng
+from specc.runtime.sampling import SamplingParams, process_logits
+from specc.runtime.sampling_verify import SamplingChainVerifier, SamplingTreeVerifier
+
+__all__ = ["GreedyPolicy", "SamplingPolicy", "decoding_policy"]
+
+
+class GreedyPolicy:
+    """Greedy decoding: the calls the loops made before sampling existed."""
+
+    sampling = None
+
+    def first(self, logits_last: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        return logits_last.argmax(-1)
+
+    def draft(self, drafter, seq, n, k, lengths):
+        return drafter.propose_rows(seq, n, k), None
+
+    def verify_chain(self, verifier, drafts, q, logits, caps, lengths):
+        return verifier.verify(drafts, logits, caps)
+
+    def tree_logprobs(self, draft_logits: torch.Tensor, lengths) -> torch.Tensor:
+        return draft_logits.float().log_softmax(-1)
+
+    def verify_tree(self, verifier, tree, logits, caps, depth, lengths):
+        return verifier.verify_tree(tree, logits, caps, depth=depth)
+
+    def observe(self, committed, accepted) -> None:
+        pass
+
+
+class SamplingPolicy:
+    """Speculative sampling (``specc.runtime.sampling_verify``) for one generation's rows."""
+
+    def __init__(self, params: SamplingParams, seeds: torch.Tensor, prompts: torch.Tensor, vocab: int,
+                 chain_verifier: SamplingChainVerifier | None = None):
+        self.sampling, self.seeds, self.vocab = params, seeds, vocab
+        self.chain = chain_verifier or SamplingChainVerifier()
+        self.tree = SamplingTreeVerifier()
+        self.seen = None
+        if params.uses_history:
+            self.seen = torch.zeros(prompts.shape[0], vocab + 1, dtype=torch.bool, device=prompts.device)
+            self.seen.scatter_(1, prompts.clamp(max=vocab), True)
+
+    def _base(self, shape_mid: int | None = None):
+        if self.seen is None:
+            return None
+        base = self.seen[:, : self.vocab]
+        return base if shape_mid is None else base[:, None].expand(-1, shape_mid, -1)
+
+    def _with(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The seen set plus ``tokens`` [B, m] (context tokens not committed yet)."""
+        extra = torch.zeros_like(self.seen).scatter_(1, tokens, True)
+        return (self.seen | extra)[:, : self.vocab]
+
+    def probs(self, logits: torch.Tensor, seen) -> torch.Tensor:
+        """A drafter's logits may carry padding columns past the target's vocabulary: cut."""
+        return process_logits(logits[..., : self.vocab], self.sampling, seen).softmax(-1)
+
+    def first(self, logits_last, position):
+        token = rng.sample(self.probs(logits_last, self._base()), rng.uniform(self.seeds, position, rng.TARGET))
+        self.observe(token[:, None], torch.zeros_like(token))
+        return token
+
+    def draft(self, drafter, seq, n, k, lengths):
+        start = lengths + 1
+        picked: list[torch.Tensor] = []
+
+        def pick(logits: torch.Tensor, j: int):
+            seen = None
+            if self.seen is not None:
+                seen = self._with(torch.stack(picked, 1)) if picked else self._base()
+            q = self.probs(logits, seen)
+            token = rng.sample(q, rng.uniform(self.seeds, start + j, rng.DRAFT))
+            picked.append(token)
+            return token, q
+
+        return drafter.propose_sampled_rows(seq, n, k, pick)
+
+    def _chain_seen(self, drafts: torch.Tensor):
+        """[B, k + 1, V]: the context after each block input (drafts before it included)."""
+        if self.seen is None:
+            return None
+        bsz, k = drafts.shape
+        hot = torch.nn.functional.one_hot(drafts, self.vocab).cumsum(1) > 0  # [B, k, V]
+        hot = torch.cat([torch.zeros_like(hot[:, :1]) if k else hot.new_zeros(bsz, 1, self.vocab), hot], dim=1)
+        return hot | self._base(k + 1)
+
+    def verify_chain(self, verifier, drafts, q, logits, caps, lengths):
+        p = self.probs(logits, self._chain_seen(drafts))
+        res = self.chain.verify(drafts, q, p, self.seeds, lengths + 1, caps)
+        return res.accepted, res.committed
+
+    def tree_logprobs(self, draft_logits, lengths):
+        return process_logits(draft_logits[..., : self.vocab], self.sampling, self._base(draft_logits.shape[1])).log_softmax(-1)
+
+    def _tree_seen(self, tree):
+        if self.seen is None:
+            return None
+        hot = torch.nn.functional.one_hot(tree.tokens, self.vocab).float()
+        hot[:, 0] = 0  # the root is the last committed token: already seen
+        paths = torch.bmm(tree.ancestor_mask().float(), hot) > 0  # each node's path tokens
+        return paths | self._base(tree.num_nodes)
+
+    def verify_tree(self, verifier, tree, logits, caps, depth, lengths):
+        p = self.probs(logits, self._tree_seen(tree))
+        return self.tree.verify_tree(tree, p, self.seeds, lengths + 1, caps, depth)
+
+    def observe(self, committed: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Add row b's committed tokens ``committed[b, :accepted[b] + 1]`` to its seen set."""
+        if self.seen is None:
+            return
+        keep = torch.arange(committed.shape[1], device=committed.device)[None] <= accepted[:, None]
+        self.seen.scatter_(1, torch.where(keep, committed, torch.full_like(committed, self.vocab)), True)
+
+
+def decoding_policy(sampling: SamplingParams | None, rows: int, prompts: torch.Tensor, vocab: int,
+                    seeds=None, chain_verifier=None):
+    """GreedyPolicy when ``sampling`` is None or greedy, else a SamplingPolicy. ``seeds``: one
+    per row (default: every row uses ``sampling.seed``); ``prompts`` [B, P] on the device."""
+    if sampling is None or sampling.greedy:
+        return GreedyPolicy()
+    if seeds is None:
+        seeds = [sampling.seed] * rows
+    if len(seeds) != rows:
+        raise ValueError(f"seeds: {len(seeds)} given for {rows} rows")
+    for s in seeds:
+        if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < 2 ** 63:
+            raise ValueError(f"seeds must be integers in [0, 2**63), got {s!r}")
+    seeds_t = torch.tensor(list(seeds), dtype=torch.long, device=prompts.device)
+    return SamplingPolicy(sampling, seeds_t, prompts, vocab, chain_verifier)
