@@ -31,7 +31,7 @@ class SpeculativeLoop:
         return self.drafter.name if self.drafter is not None else "ar"
 
     def generate(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None) -> GenerationResult:
-        """``sampling``: a ``specc.runtime.sampling.SamplingParams`` (None or temperature 0: greedy)."""
+        """``sampling``: a ``specc.sampling.SamplingParams`` (None or temperature 0: greedy)."""
         return run_to_end(self.stream(input_ids, max_new_tokens, eos_token_ids, sampling))
 
     def stream(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None):

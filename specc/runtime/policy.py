@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from specc.runtime import rng
-from specc.runtime.sampling import SamplingParams, process_logits
+from specc.sampling import rng
+from specc.sampling.params import SamplingParams
+from specc.sampling.processors import process_logits
 from specc.runtime.sampling_verify import SamplingChainVerifier, SamplingTreeVerifier
 
 __all__ = ["GreedyPolicy", "SamplingPolicy", "decoding_policy"]

@@ -1,7 +1,7 @@
 """Speculative sampling verification: the committed tokens are distributed exactly as the target's.
 
 "Lossless" at temperature > 0 means *equal in distribution*: for every prefix, the next
-committed token is distributed as the target's processed distribution p (``specc.runtime.sampling``)
+committed token is distributed as the target's processed distribution p (``specc.sampling``)
 given that prefix, so the joint distribution of the output equals plain sampling from the
 target. It does not mean token-for-token equality with a plain sampler run with the same seed
 (the random numbers are spent differently).
@@ -25,14 +25,14 @@ draws from q, which ours are not. All nodes' draws are made at once (``uniform``
 absolute position: nodes of one depth share it, but a walk visits one node per depth), and the
 walk is the greedy ``accept_tree`` over the drawn tokens: no per-depth host sync.
 
-Random numbers come from ``specc.runtime.rng`` (seed, position, draw): no state, CUDA-graph safe.
+Random numbers come from ``specc.sampling.rng`` (seed, position, draw): no state, CUDA-graph safe.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specc.runtime import rng
+from specc.sampling import rng
 from specc.runtime.verifiers import TreeVerifier, VerifyResult
 
 __all__ = ["leviathan_accept", "SamplingChainVerifier", "SamplingTreeVerifier"]
