@@ -256,7 +256,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             self.resize(self.max_len, rows)
         dev = self.target.device
         k_max = self.num_draft if self.drafter is not None else 0
-        seq = torch.zeros(rows, plen + max_new_tokens + k_max + 2, dtype=torch.long, device=dev)
+        # a row that overshoots its budget by up to k tokens and stops still takes the writes of
+        # later steps (frozen at its length, k + 1 slots past it): room for both
+        seq = torch.zeros(rows, plen + max_new_tokens + 2 * k_max + 2, dtype=torch.long, device=dev)
         seq[:, :plen] = torch.tensor(prompts, dtype=torch.long)
         stats = [GenerationStats() for _ in range(rows)]
         timer = PartTimer(dev) if self.profile else _NoTimer()
