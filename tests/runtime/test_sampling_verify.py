@@ -199,3 +199,17 @@ def test_seeds_must_match_rows(tiny):
     loop = _loop(tiny, "ar_partial")
     with pytest.raises(ValueError, match="seeds"):
         loop.generate_batch([PROMPT] * 2, 3, (), SamplingParams(temperature=1.0), seeds=[1])
+
+
+@pytest.mark.parametrize("drafter,tree", [("ar_partial", 0), ("pard_perturbed", 0), ("pard_partial", 5)])
+def test_eager_reference_loop_draws_the_same_tokens(tiny, drafter, tree):
+    """The eager reference loop and the device loop run the same policy on the same models."""
+    loop = _loop(tiny, drafter, tree=tree)
+    eager = _eager(tiny["target"], tiny[drafter], {"ar": "ar-draft", "pard": "pard"}[drafter.split("_")[0]])
+    eager.tree_budget = tree
+    try:
+        for seed in range(4):
+            params = SamplingParams(temperature=1.0, top_k=8, repetition_penalty=1.2, seed=seed)
+            assert eager.generate(PROMPT, 10, (), params).tokens == loop.generate(PROMPT, 10, (), params).tokens
+    finally:
+        eager.tree_budget = 0
