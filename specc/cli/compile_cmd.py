@@ -6,7 +6,8 @@ import argparse
 import math
 import sys
 
-from specc.cli.common import add_prompt_args, check_budget, check_ids_in_vocab, emit_result, finite_non_negative, positive
+from specc.cli.common import (add_prompt_args, add_sampling_args, check_budget, check_ids_in_vocab, emit_result,
+                              finite_non_negative, positive, sampling_json, sampling_params)
 from specc.errors import UserError
 from specc.methods import method_names
 
@@ -43,10 +44,12 @@ def register(sub) -> None:
     p.set_defaults(handler=run_compile)
 
     r = sub.add_parser("run", help="generate with a compiled artifact",
-                       description="Greedy generation with a compiled artifact (same JSON shape as `specc generate`).",
+                       description="Generation with a compiled artifact (same JSON shape as `specc generate`): "
+                       "greedy, or speculative sampling with --temperature > 0.",
                        epilog="""examples:
   specc run tiny.specc --prompt "def fibonacci(n):"
   specc run tiny.specc --input-ids 1,2,3 --max-new-tokens 32 --json --profile
+  specc run tiny.specc --prompt "import os" --temperature 0.7 --top-p 0.9 --seed 1
 """, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("artifact", metavar="ARTIFACT")
     add_prompt_args(r)
@@ -55,6 +58,7 @@ def register(sub) -> None:
                    help="refuse the artifact unless its manifest.json has this sha256 (printed by `specc compile`)")
     r.add_argument("--stream", action="store_true", help="print tokens as they are committed")
     r.add_argument("--profile", action="store_true", help="also time prefill / draft / verify / accept")
+    add_sampling_args(r)
     r.set_defaults(handler=run_run)
 
     v = sub.add_parser("verify", help="re-run token forcing of an artifact against stock",
@@ -167,6 +171,7 @@ def run_run(args) -> int:
     from specc.cli.progress import Progress
 
     positive(args.max_new_tokens, "--max-new-tokens")
+    sampling = sampling_params(args)
     with Progress.for_args(args) as progress, _ArtifactRuns(args.artifact):  # warm-up runs the artifact's code
         progress(f"loading {args.artifact}")
         engine = _load_engine(args.artifact, args.device, expect_hash=args.expect_hash, warmup=True,
@@ -177,14 +182,14 @@ def run_run(args) -> int:
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
     if args.stream and not args.json:
         with _ArtifactRuns(args.artifact):
-            for tok in engine.stream(ids, args.max_new_tokens):
+            for tok in engine.stream(ids, args.max_new_tokens, sampling=sampling):
                 sys.stdout.write((tokenizer.decode([tok]) if tokenizer else f"{tok} "))
                 sys.stdout.flush()
         sys.stdout.write("\n")
         return 0
     with _ArtifactRuns(args.artifact):
-        result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
-    extra = {"engine": "compiled", **run_timings(engine)}
+        result = engine.generate(ids, args.max_new_tokens, profile=args.profile, sampling=sampling)
+    extra = {"engine": "compiled", "sampling": sampling_json(sampling), **run_timings(engine)}
     if args.profile:
         extra["part_seconds"] = engine.last_stats["part_seconds"]
         if not args.json:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from specc.cli.common import (add_pair_args, add_prompt_args, check_budget, check_ids_in_vocab, check_num_draft,
-                              emit_result, kv_bytes_per_token, positive, prompt_ids)
+from specc.cli.common import (add_pair_args, add_prompt_args, add_sampling_args, check_budget, check_ids_in_vocab,
+                              check_num_draft, emit_result, kv_bytes_per_token, positive, prompt_ids, sampling_json,
+                              sampling_params)
 from specc.errors import UserError
 
 
@@ -13,11 +14,14 @@ def register(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate with the stock reference system (eager, HF transformers)",
         description="Greedy generation with the reference ('stock') system: AR, chain speculation with an "
-        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate.",
+        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate. "
+        "With --temperature > 0 the stock system is plain sampling of the target (the distribution "
+        "speculative sampling must reproduce); --engine eager runs speculative sampling.",
         epilog="""examples:
   specc generate specc-tiny --drafter specc-tiny-dflash --prompt "def fibonacci(n):"
   specc generate specc-tiny --drafter specc-tiny-pard --input-ids 1,2,3 --num-draft 4 --json
   specc generate specc-tiny --engine eager --prompt "import os" --max-new-tokens 16
+  specc generate specc-tiny --drafter specc-tiny-pard --engine eager --prompt "import os" --temperature 0.7 --top-p 0.9 --seed 1
 """, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_prompt_args(p)
@@ -28,6 +32,7 @@ def register(sub) -> None:
     p.add_argument("--tree", type=int, metavar="N",
                    help="tree verification with N drafted nodes per step (the eager loop; drafters with "
                    "per-position distributions: PARD, DFlash)")
+    add_sampling_args(p)
     p.set_defaults(handler=run)
 
 
@@ -40,6 +45,7 @@ def run(args) -> int:
 
     positive(args.max_new_tokens, "--max-new-tokens")
     positive(args.num_draft, "--num-draft")
+    sampling = sampling_params(args)
     pair = resolve_pair(args.model, args.drafter, args.method)
     check_num_draft(pair, args.num_draft)
     ids, tokenizer = prompt_ids(args, pair.target.path)
@@ -66,15 +72,23 @@ def run(args) -> int:
         from specc.runtime.eager import build_eager
 
         decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device, tree_budget=tree)
-        result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
+        result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids, sampling)
         s = result.stats
         stats = {"budget": tree, "depth": decoder.num_draft, "nodes_per_step": list(s.tree_nodes),
                  "mean_nodes": sum(s.tree_nodes) / max(1, len(s.tree_nodes)), "accepted_lengths": list(s.accepted_lengths)}
-        emit_result(result, args, tokenizer, {"engine": "eager", "tree": stats})
+        emit_result(result, args, tokenizer, {"engine": "eager", "tree": stats, "sampling": sampling_json(sampling)})
         return 0
     names = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "")
     with Progress.for_args(args) as progress:
-        if args.engine == "stock":
+        if args.engine == "stock" and sampling is not None:
+            from specc.stock.runner import load_hf_causal_lm
+            from specc.stock.sampling import sample_ar
+
+            progress(f"loading {pair.target.name} (HF transformers, {args.dtype}, {args.device})")
+            target = load_hf_causal_lm(pair.target.path, dtype, args.device)
+            progress(f"sampling {args.max_new_tokens} tokens (stock: the target alone)")
+            result = sample_ar(target, ids, args.max_new_tokens, sampling, pair.eos_token_ids)
+        elif args.engine == "stock":
             from specc.stock.runner import StockSystem
 
             progress(f"loading {names} (HF transformers, {args.dtype}, {args.device})")
@@ -87,6 +101,6 @@ def run(args) -> int:
             progress(f"loading {names} (specc.models, {args.dtype}, {args.device})")
             decoder = build_eager(pair, args.num_draft, len(ids) + args.max_new_tokens, dtype, args.device)
             progress(f"generating {args.max_new_tokens} tokens ({pair.method})")
-            result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
-    emit_result(result, args, tokenizer, {"engine": args.engine})
+            result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids, sampling)
+    emit_result(result, args, tokenizer, {"engine": args.engine, "sampling": sampling_json(sampling)})
     return 0
