@@ -213,3 +213,15 @@ def test_eager_reference_loop_draws_the_same_tokens(tiny, drafter, tree):
             assert eager.generate(PROMPT, 10, (), params).tokens == loop.generate(PROMPT, 10, (), params).tokens
     finally:
         eager.tree_budget = 0
+
+
+def test_tree_covering_the_vocabulary_always_accepts(tiny):
+    """Full agreement for a tree: one drafted position (the budget caps drafting at 1) and a node
+    for every token, so the target's draw is always a child: every row accepts, and the output is
+    still the target's distribution."""
+    loop = _loop(tiny, "pard_partial", tree=VOCAB, cap=True)
+    params = SamplingParams(temperature=1.0, top_k=8)
+    results = _run(loop, params)
+    assert {tuple(r.stats.accepted_lengths) for r in results} == {(2,)}  # 1 draft accepted + the bonus
+    p, what = g_test([r.tokens for r in results], _exact(tiny["target"], params))
+    assert p > ALPHA, what
