@@ -23,6 +23,10 @@ target's token at its last node, compacts the path's K/V into place
 (``DecodingState.commit(accepted + 1, path)``) and hands DFlash the target's hidden states
 gathered along the path. Still one host copy per step, and static shapes (N per budget).
 
+At temperature > 0 the decoding policy (``specc.runtime.policy``, chosen once per generation)
+samples the drafts and verifies by speculative sampling (``specc.runtime.sampling_verify``) at the
+same points of the step; greedy generation makes the calls it always made.
+
 Same algorithm and statistics as the eager reference loop (``specc.runtime.eager``), which is a
 separate implementation of the same surface, not a base class of this one.
 """
