@@ -83,7 +83,14 @@ class SamplingPolicy:
         return token
 
     def draft(self, drafter, seq, n, k, lengths):
+        """Drafts [B, k] drawn from the drafter's processed distributions q [B, k, V]. A parallel
+        drafter without a repetition penalty draws all positions in one batch of ops (the same
+        numbers as position by position: each draw is a function of its own position)."""
         start = lengths + 1
+        if drafter.supports_tree and self.seen is None:
+            q = self.probs(drafter.propose_logits_rows(seq, n, k), None)
+            positions = start[:, None] + torch.arange(k, device=start.device)[None]
+            return rng.sample(q, rng.uniform(self.seeds, positions, rng.DRAFT)), q
         picked: list[torch.Tensor] = []
 
         def pick(logits: torch.Tensor, j: int):

@@ -225,3 +225,27 @@ def test_tree_covering_the_vocabulary_always_accepts(tiny):
     assert {tuple(r.stats.accepted_lengths) for r in results} == {(2,)}  # 1 draft accepted + the bonus
     p, what = g_test([r.tokens for r in results], _exact(tiny["target"], params))
     assert p > ALPHA, what
+
+
+def test_parallel_drafts_in_one_batch_equal_position_by_position(tiny):
+    """The batched draw of a parallel drafter's drafts equals the per-position draw."""
+    from specc.runtime.policy import SamplingPolicy
+
+    loop = _loop(tiny, "pard_perturbed")
+    drafter = loop.drafter
+    seq = torch.tensor([PROMPT + [0] * 8] * 4)
+    lengths = torch.full((4,), len(PROMPT) - 1)
+    policy = SamplingPolicy(SamplingParams(temperature=1.2, top_p=0.9), torch.arange(4), seq[:, :7], VOCAB)
+    drafter.setup(32, 4)
+    drafter.reset_rows([len(PROMPT)] * 4, None)
+    batched, q = policy.draft(drafter, seq, [len(PROMPT)] * 4, 3, lengths)
+    drafter.reset_rows([len(PROMPT)] * 4, None)
+    stepwise, q2 = drafter.propose_sampled_rows(seq, [len(PROMPT)] * 4, 3, _stepwise_pick(policy, lengths + 1))
+    assert torch.equal(batched, stepwise) and torch.equal(q, q2)
+
+
+def _stepwise_pick(policy, start):
+    def pick(logits, j):
+        q = policy.probs(logits, None)
+        return rng.sample(q, rng.uniform(policy.seeds, start + j, rng.DRAFT)), q
+    return pick
