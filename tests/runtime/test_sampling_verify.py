@@ -14,7 +14,7 @@ import pytest
 import torch
 from distribution import ALPHA, exact_joint, g_test
 from helpers import hf_model
-from model_factory import make_hf_model, perturbed, save
+from model_factory import make_dflash_checkpoint, make_hf_model, perturbed, save
 
 from specc.pairing import resolve_pair
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
@@ -37,7 +37,8 @@ def tiny(tmp_path_factory):
     with torch.no_grad():  # a peaked, unrelated distribution: its drafts are the target's rare tokens
         other.lm_head.weight.mul_(30.0)
     pard = {"pard_token": 3}
-    return {"target": save(target, tmp_path_factory, "sv-target"),
+    dflash = make_dflash_checkpoint(target, tmp_path_factory, "sv-dflash", seed=3, layer_ids=(0, 1), scale=0.3)
+    return {"dflash": dflash,"target": save(target, tmp_path_factory, "sv-target"),
             "ar_full": save(target, tmp_path_factory, "sv-ar-full"),
             "ar_partial": save(partial, tmp_path_factory, "sv-ar-partial"),
             "ar_none": save(other, tmp_path_factory, "sv-ar-none"),
@@ -52,14 +53,14 @@ def _eager(target, drafter, method):
 
 
 def _loop(tiny, drafter_key, tree=0, cap=True, verifier=None):
-    method = "ar" if drafter_key is None else {"ar": "ar-draft", "pard": "pard"}[drafter_key.split("_")[0]]
+    method = "ar" if drafter_key is None else {"ar": "ar-draft", "pard": "pard", "dflash": "dflash"}[drafter_key.split("_")[0]]
     eager = _eager(tiny["target"], tiny.get(drafter_key), method)
     loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len,
                                     cap_to_budget=cap, tree_budget=tree)
     return loop
 
 
-def _run(loop, params, rows=ROWS, first_seed=0, chain_verifier=None, tree_verifier=None):
+def _run(loop, params, rows=ROWS, first_seed=0, chain_verifier=None, tree_verifier=None, steps=STEPS):
     import specc.runtime.policy as policy
 
     orig = policy.SamplingPolicy.__init__
@@ -71,15 +72,15 @@ def _run(loop, params, rows=ROWS, first_seed=0, chain_verifier=None, tree_verifi
 
     policy.SamplingPolicy.__init__ = init
     try:
-        out = loop.generate_batch([PROMPT] * rows, STEPS, (), params, seeds=list(range(first_seed, first_seed + rows)))
+        out = loop.generate_batch([PROMPT] * rows, steps, (), params, seeds=list(range(first_seed, first_seed + rows)))
     finally:
         policy.SamplingPolicy.__init__ = orig
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def _exact(target, params):
-    return exact_joint(hf_model(target), PROMPT, STEPS, params)
+def _exact(target, params, steps=STEPS):
+    return exact_joint(hf_model(target), PROMPT, steps, params)
 
 
 def _acceptance(loop, params) -> float:
@@ -249,3 +250,15 @@ def _stepwise_pick(policy, start):
         q = policy.probs(logits, None)
         return rng.sample(q, rng.uniform(policy.seeds, start + j, rng.DRAFT)), q
     return pick
+
+
+@pytest.mark.parametrize("tree,params", [(0, SamplingParams(temperature=1.0)),
+                                         (5, SamplingParams(temperature=0.7, top_p=0.9))])
+def test_dflash_first_speculative_token_is_the_targets(tiny, tree, params):
+    """DFlash rows of one batch must accept alike (ragged DFlash contexts are not batched yet), so
+    this checks the first two tokens: the prefill's and the one the first verification decides
+    (accepted draft or residual draw), over 3000 rows."""
+    loop = _loop(tiny, "dflash", tree=tree, cap=False)
+    results = _run(loop, params, steps=2)
+    p, what = g_test([r.tokens for r in results], _exact(tiny["target"], params, 2))
+    assert p > ALPHA, what
