@@ -129,6 +129,27 @@ def compiled_tree_system(steps, section, strategy, budget: int, max_len: int, gr
 METHODS = (("pard", "specc-tiny-pard"), ("dflash", "specc-tiny-dflash"))
 
 
+def _margins(pair, prompt, chain_tokens, tree_tokens, pos, device) -> dict:
+    """The target's (model definition, eager, one prefill) choice where chain and tree outputs first
+    differ, in bf16 and fp32: top-2 logits and their margin. A margin of a few bf16 ulps is a
+    numerical tie (the two verify shapes round differently); a wide one would be a bug."""
+    out = {"chain_token": chain_tokens[pos], "tree_token": tree_tokens[pos]}
+    if pos is None:
+        return out
+    ids = torch.tensor([list(prompt) + list(chain_tokens[:pos])], device=device)
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        target = pair.impl.load(pair, dtype, device).target
+        target.setup_caches(1, ids.shape[1] + 8)
+        with torch.inference_mode():
+            res = target(ids, torch.arange(ids.shape[1], device=device)[None], torch.zeros(1, dtype=torch.long, device=device))
+        logits = (res[0] if isinstance(res, tuple) else res)[0, -1].float()
+        top = logits.topk(2)
+        out[name] = {"top2_tokens": top.indices.tolist(), "top2_logits": top.values.tolist(),
+                     "margin": float(top.values[0] - top.values[1]),
+                     "chain_logit": float(logits[chain_tokens[pos]]), "tree_logit": float(logits[tree_tokens[pos]])}
+    return out
+
+
 def e2e(prompts, new_tokens: int, budgets, dtype, device, methods=METHODS) -> list[dict]:
     from specc.pairing import resolve_pair
 
@@ -154,8 +175,20 @@ def e2e(prompts, new_tokens: int, budgets, dtype, device, methods=METHODS) -> li
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
             reference = outs if reference is None else reference
+            system.profile = True  # one more pass, timed by part (synchronising): where a step goes
+            system.generate(prompts[0], new_tokens, ())
+            system.profile = False
+            graphs = {role: step.stats() for role, step in system.steps.items() if hasattr(step, "stats")}
+            graphs.update({f"tree_{name}": fn.stats() for name, fn in (getattr(system, "_tree_graphs", None) or {}).items()
+                           if hasattr(fn, "stats")})
             row = {"method": method, "budget": budget, "tokens_per_s": new_tokens * len(prompts) / seconds,
-                   "tau": sum(lengths) / len(lengths), "lossless_vs_chain": outs == reference, "seconds": seconds}
+                   "tau": sum(lengths) / len(lengths), "lossless_vs_chain": outs == reference, "seconds": seconds,
+                   "part_seconds_one_prompt": dict(system.part_seconds), "graphs": graphs}
+            if outs != reference:  # where the first difference is (numerical ties in bf16 show up here)
+                i = next(j for j, (a, b) in enumerate(zip(outs, reference)) if a != b)
+                pos = next((j for j, (a, b) in enumerate(zip(outs[i], reference[i])) if a != b), None)
+                row["first_difference"] = {"prompt": i, "token": pos, "differing_prompts": sum(a != b for a, b in zip(outs, reference)),
+                                           **_margins(pair, prompts[i], reference[i], outs[i], pos, device)}
             rows.append(row)
             label = "chain" if budget == 0 else f"tree {budget}"
             print(f"[e2e] compiled {method:6s} {label:8s} {row['tokens_per_s']:8.1f} tok/s  tau {row['tau']:.2f}  "
@@ -247,6 +280,7 @@ def main() -> None:
     ap.add_argument("--deployment", default=None, help="cost model deployment for predictions (default h200-bs1 on "
                     "CUDA, none on CPU)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--fp32", action="store_true", help="fp32 on the GPU too (bf16 by default there)")
     ap.add_argument("--out", default="tree.json")
     args = ap.parse_args()
 
@@ -254,7 +288,7 @@ def main() -> None:
     from specc.pairing import resolve_pair
 
     cuda = args.device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = torch.float32 if args.fp32 or not cuda else torch.bfloat16
     if not cuda:
         torch.set_num_threads(args.threads)  # small matmuls: thread start-up costs more than it gains
     small = args.tiny

@@ -154,6 +154,9 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
         raise UserError(f"verify tokens must be in 1..{1 << 16} (got {max_new_tokens!r})")
     pair = resolve_pair(model, drafter, method)
+    if pair.target.kind == "hybrid":
+        raise UserError(f"{model} is a hybrid recurrent target (gated DeltaNet + attention): specc cannot compile "
+                        "it yet (no IR ops or Triton kernels for GDN layers); it runs eagerly, see docs/hybrid.md")
     check_num_draft(pair, num_draft)
     positions = pair.target.raw.get("max_position_embeddings")
     if isinstance(positions, int) and max_new_tokens + 1 > positions:

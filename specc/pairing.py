@@ -55,6 +55,11 @@ class Pair:
         return (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
 
 
+#: checkpoint kinds (``specc.models.registry.classify``) that can be targets; "hybrid" targets
+#: (Qwen3.5 / Qwen3-Next) run eagerly and cannot be compiled yet (docs/hybrid.md)
+TARGET_KINDS = ("causal_lm", "hybrid")
+
+
 def inspect_checkpoint(name: str) -> Checkpoint:
     try:
         path = resolve_checkpoint(name)
@@ -64,6 +69,10 @@ def inspect_checkpoint(name: str) -> Checkpoint:
         raise UserError(f"{name}: {exc}") from exc
     except CheckpointError as exc:
         raise UserError(str(exc)) from exc
+    if kind == "hybrid":  # a multimodal Qwen3.5 checkpoint: its language model's fields
+        from specc.models.hybrid_config import text_config_view
+
+        raw = text_config_view(raw)
     return Checkpoint(name=str(name), path=path, raw=raw, kind=kind)
 
 
@@ -72,15 +81,15 @@ def resolve_pair(model: str, drafter: str | None = None, method: str | None = No
     kind's default (``specc.methods.default_method``). One-line ``UserError`` on any misfit."""
     impl = get_method(method) if method is not None else None
     target = inspect_checkpoint(model)
-    if target.kind != "causal_lm":
+    if target.kind not in TARGET_KINDS:
         raise UserError(f"{model} is a {target.kind} drafter, not a target model")
     draft = inspect_checkpoint(drafter) if drafter is not None else None
     if impl is None:
         impl = default_method(draft.kind if draft is not None else None)
     if draft is not None and impl.uses_drafter and draft.kind not in impl.drafter_kinds:
         allowed = methods_for_kind(draft.kind)
-        raise UserError(f"--method {impl.name} does not fit {drafter} (a {draft.kind} checkpoint: use "
-                        f"{' or '.join(allowed)})")
+        hint = f"use {' or '.join(allowed)}" if allowed else "no method drafts with one"
+        raise UserError(f"--method {impl.name} does not fit {drafter} (a {draft.kind} checkpoint: {hint})")
     impl.check_pair(target, draft)
     _check_weights(target)
     if draft is not None and impl.uses_drafter:

@@ -23,7 +23,7 @@ SPECC = ROOT / "specc"
 
 # Layer order (docs/architecture.md): a module may import from its own package and from any
 # package of a lower layer, never from a higher one.
-#   cli -> compiler -> {search, methods, pairing, parallel} -> verify -> runtime -> codegen
+#   cli -> compiler -> {search, methods, pairing, parallel} -> verify -> serve -> runtime -> codegen
 #   -> passes -> ir -> stock -> models -> formats -> errors / result / the package root
 # runtime is further restricted (RUNTIME_MAY_IMPORT); stock -> models; verify may import runtime
 # and stock. The package root (specc/__init__.py) is a leaf: it holds __version__ and resolves
@@ -38,6 +38,7 @@ LAYERS = {
     "pairing": 80,  # checkpoints -> a checked (target, drafter, method) Pair: asks the methods
     "parallel": 80,  # tensor parallelism: builds steps, loads through the methods
     "verify": 60,
+    "serve": 57,  # `specc serve`: the HTTP layer over the runtime's engine (never the compiler)
     "runtime": 55,
     "codegen": 50,
     "passes": 40,
@@ -179,6 +180,14 @@ def test_runtime_never_reaches_the_compiler(graph):
     paths = [" -> ".join(nx.shortest_path(graph, "specc.runtime.engine", m)) for m in bad
              if nx.has_path(graph, "specc.runtime.engine", m)]
     assert not bad, f"the runtime reaches {bad}:\n" + "\n".join(paths)
+
+
+def test_serve_never_reaches_the_compiler(graph):
+    """`specc serve` runs an artifact: nothing it imports (transitively) is the IR, passes, search..."""
+    serve = [m for m in graph if m.startswith("specc.serve")]
+    assert "specc.serve.app" in serve and "specc.serve.worker" in serve
+    reached = set().union(*(nx.descendants(graph, m) for m in serve))
+    assert not sorted(m for m in reached if m.startswith(HEAVY))
 
 
 def test_loading_an_artifact_imports_no_compiler(checkpoints, tmp_path):

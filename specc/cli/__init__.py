@@ -26,6 +26,7 @@ SUBCOMMANDS = [
     "specc.cli.search_cmd",
     "specc.cli.tp_cmd",
     "specc.cli.bench_cmd",
+    "specc.cli.serve_cmd",
 ]
 
 

@@ -123,9 +123,14 @@ def finite_non_negative(value: float | None, flag: str) -> None:
 
 
 def kv_bytes_per_token(raw: dict, dtype_bytes: int = 4) -> int:
-    """KV-cache bytes one token takes in a model of this config.json (all layers, K and V)."""
+    """KV-cache bytes one token takes in a model of this config.json (all attention layers, K and
+    V; a hybrid target's GDN layers keep a fixed-size state instead)."""
     from specc.models.config import model_config_from_hf
+    from specc.models.hybrid_config import hybrid_config_from_hf, is_hybrid_config
 
+    if is_hybrid_config(raw):
+        hybrid = hybrid_config_from_hf(raw)
+        return (hybrid.num_layers - len(hybrid.linear_layers)) * 2 * hybrid.num_kv_heads * hybrid.head_dim * dtype_bytes
     cfg = model_config_from_hf(raw)
     return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
 

@@ -162,7 +162,9 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
                 "verify": {"B": 1, "Q": 8, "C": 1024}, "tree_verify": {"B": 1, "Q": 32, "C": 1024},
                 "draft": {"B": 1, "Q": 8, "C": 1024}}[step]
     else:
-        raise IRError(f"cannot trace {type(model).__name__}: expected a specc CausalLM or DFlashDrafter")
+        hint = " (hybrid recurrent targets have no IR yet; they run eagerly: docs/hybrid.md)" \
+            if hasattr(model, "max_block") else ""
+        raise IRError(f"cannot trace {type(model).__name__}: expected a specc CausalLM or DFlashDrafter{hint}")
     dflt = {**dflt, **(defaults or {})}
 
     tracer = _Tracer()
@@ -315,6 +317,9 @@ def meta_model(config: Any, *, dtype: str | torch.dtype | None = None, max_len: 
         kind = classify(raw)
     except ConfigError as exc:
         raise IRError(f"{path}: {exc}") from exc
+    if kind == "hybrid":
+        raise IRError(f"{path}: hybrid recurrent targets have no IR yet (gated DeltaNet layers); "
+                      "they run eagerly: docs/hybrid.md")
     dt = parse_dtype(dtype or raw.get("dtype") or raw.get("torch_dtype"), torch.bfloat16)
     with torch.device("meta"):
         if kind == "dflash":

@@ -16,9 +16,11 @@ import torch.nn.functional as F
 # Mask kinds understood by ``attention``. "causal": query i of the block sees the committed
 # cache and new keys 0..i (plain decoding, chain verification, PARD drafting). "full": every
 # query sees the committed cache and every new key (DFlash's non-causal block). "tree": the
-# committed cache and the new keys an explicit [Q, Q] visibility tensor allows (tree
-# verification: ``tree_mask`` [B, Q, Q] or [Q, Q], the ancestor mask of the draft tree; the block's
-# positions are base + depth, given by the caller). The one list of mask kinds in specc.
+# committed cache and the new keys an explicit [Q, Q] visibility tensor allows, at or before the
+# query's own slot (tree verification: ``tree_mask`` [B, Q, Q] or [Q, Q], the ancestor mask of a
+# draft tree whose nodes come in topological order, so only its lower triangle is read; kernels
+# skip the key tiles after a query block as for "causal"; the block's positions are base + depth,
+# given by the caller). The one list of mask kinds in specc.
 MASK_KINDS = ("causal", "full", "tree")
 DENSE_MASK_KINDS = ("causal", "full")  # the kinds attention_mask builds without a visibility tensor
 
@@ -75,7 +77,8 @@ def attention_mask(
     The block's ``num_new_keys`` keys occupy cache slots [cache_len, cache_len + num_new_keys);
     its queries are the last ``num_queries`` of them (DFlash writes context keys before its
     queries, so num_new_keys >= num_queries). "tree": the committed cache is visible to every
-    query, block key t to query i iff ``tree_mask[(b,) i, t]`` (num_new_keys == num_queries).
+    query, block key t to query i iff ``t <= i`` and ``tree_mask[(b,) i, t]`` (num_new_keys ==
+    num_queries; a tree's nodes are in topological order, so its upper triangle is never read).
     """
     if mask_kind not in MASK_KINDS:
         raise ValueError(f"unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
@@ -92,7 +95,8 @@ def attention_mask(
         rel = key_pos - cache_len[:, None, None]  # block slot of each key (negative: committed)
         in_block = (rel >= 0) & visible
         block_vis = tm.gather(2, rel.clamp(0, num_new_keys - 1).expand(bsz, num_queries, kv_len))
-        visible = (rel < 0) | (in_block & block_vis)
+        lower = rel <= torch.arange(num_queries, device=device)[None, :, None]
+        visible = (rel < 0) | (in_block & block_vis & lower)
     elif mask_kind == "causal":
         query_pos = (cache_len + num_new_keys - num_queries)[:, None, None] + torch.arange(
             num_queries, device=device

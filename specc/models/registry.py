@@ -18,21 +18,29 @@ import torch
 from specc.models.config import ConfigError, ModelConfig, model_config_from_hf
 from specc.models.decoder import CausalLM
 from specc.models.dflash import DFlashDraft, DFlashSpec, is_dflash_config
+from specc.models.hybrid_config import hybrid_config_from_hf, is_hybrid_config
 from specc.models.loading import CheckpointError, load_config, load_state_dict, load_tokenizer, resolve_checkpoint
 
 ARCHITECTURES = {
     # name: (role, HF architectures / marker, description)
     "llama": ("target, ar drafter", "LlamaForCausalLM", "Llama 2 / 3.x: GQA/MQA, llama3 rope scaling, tied or untied"),
     "qwen3": ("target, ar drafter", "Qwen3ForCausalLM", "Qwen3 dense: per-head q/k RMSNorm"),
+    "qwen3_5": ("target", "Qwen3_5ForCausalLM / Qwen3_5ForConditionalGeneration (text part)",
+                "Qwen3.5 hybrid: gated DeltaNet + gated attention (docs/hybrid.md)"),
+    "qwen3_next": ("target", "Qwen3NextForCausalLM (dense)", "Qwen3-Next hybrid, dense MLPs only (MoE refused)"),
     "pard": ("drafter", "llama/qwen3 + config.pard_token", "PARD parallel drafter: K-1 mask tokens, causal, one forward"),
     "dflash": ("drafter", "DFlashDraftModel + dflash_config", "DFlash block drafter: target hidden states injected as K/V"),
 }
 
-KINDS = ("causal_lm", "pard", "dflash")
+KINDS = ("causal_lm", "hybrid", "pard", "dflash")
 
 
 def classify(raw: dict[str, Any]) -> str:
-    """'dflash', 'pard' or 'causal_lm'; raises ConfigError for unsupported checkpoints."""
+    """'dflash', 'pard', 'hybrid' (a Qwen3.5 / Qwen3-Next target) or 'causal_lm'; raises
+    ConfigError for unsupported checkpoints."""
+    if is_hybrid_config(raw):
+        hybrid_config_from_hf(raw)  # validates every field (and refuses MoE)
+        return "hybrid"
     if is_dflash_config(raw):
         if raw.get("model_type") != "qwen3":
             raise ConfigError(f"DFlash drafter with model_type {raw.get('model_type')!r}: only qwen3-style is supported")
@@ -92,6 +100,34 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], path, t
             param.copy_(renamed[name])
 
 
+def build_model(raw: dict[str, Any], kind: str) -> tuple[torch.nn.Module, ModelConfig, bool]:
+    """(definition without weights, its config, whether lm_head is tied) for a classified config."""
+    if kind == "dflash":
+        model: torch.nn.Module = DFlashDraft.from_hf_config(raw)
+        return model, model.config, False
+    if kind == "hybrid":
+        from specc.models.hybrid import HybridLM
+
+        hcfg = hybrid_config_from_hf(raw)
+        return HybridLM(hcfg), hcfg, hcfg.tie_word_embeddings
+    cfg = model_config_from_hf(raw)
+    return CausalLM(cfg), cfg, cfg.tie_word_embeddings
+
+
+def checkpoint_names(state: dict, cfg: ModelConfig, kind: str) -> dict:
+    """Checkpoint tensors (or meta stand-ins) under the definition's parameter names."""
+    if kind == "hybrid":
+        from specc.models.hybrid_weights import to_specc_names
+
+        return to_specc_names(state, cfg)
+    return state
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """fp32 inverse frequencies over the rotated channels (hybrid attention rotates a fraction)."""
+    return cfg.rope.inv_freq(getattr(cfg, "rotary_dim", 0) or cfg.head_dim)
+
+
 def check_checkpoint(path: Path, raw: dict[str, Any], kind: str, bytes_per_param: int = 4, device="cpu") -> None:
     """Before loading anything: the weight files' headers are readable and match the config
     (names and shapes, built on the meta device), and the model fits in memory."""
@@ -100,18 +136,19 @@ def check_checkpoint(path: Path, raw: dict[str, Any], kind: str, bytes_per_param
     shapes = weight_shapes(Path(path))
     try:
         with torch.device("meta"):
-            if kind == "dflash":
-                model: torch.nn.Module = DFlashDraft.from_hf_config(raw)
-                tied = False
-            else:
-                cfg = model_config_from_hf(raw)
-                model, tied = CausalLM(cfg), cfg.tie_word_embeddings
+            model, cfg, tied = build_model(raw, kind)
     except ConfigError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     expected = {k: tuple(p.shape) for k, p in model.named_parameters(remove_duplicate=True)}
     if shapes is None:  # a config-only directory (cost model): nothing will be loaded
         return
     check_fits(sum(math.prod(s) for s in expected.values()) * bytes_per_param, f"{path}: the model", device)
+    if kind == "hybrid":
+        try:
+            meta = {k: torch.empty(v, device="meta") for k, v in shapes.items()}
+            shapes = {k: tuple(t.shape) for k, t in checkpoint_names(meta, cfg, kind).items()}
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path}: weights do not match the config ({' '.join(str(exc).split())})") from exc
     renamed = {k[len("model."):] if k.startswith("model.") else k: v for k, v in shapes.items()}
     if tied:
         renamed.pop("lm_head.weight", None)
@@ -137,16 +174,11 @@ def load_model(name_or_path, dtype: torch.dtype | None = torch.float32, device="
         raise CheckpointError(f"{path}: {exc}") from exc
     check_checkpoint(path, raw, kind)
     try:
-        if kind == "dflash":
-            model: torch.nn.Module = DFlashDraft.from_hf_config(raw)
-            cfg = model.config
-        else:
-            cfg = model_config_from_hf(raw)
-            model = CausalLM(cfg)
+        model, cfg, tied = build_model(raw, kind)
     except ConfigError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
-    load_weights(model, load_state_dict(path), path, tied=kind != "dflash" and cfg.tie_word_embeddings)
+    load_weights(model, checkpoint_names(load_state_dict(path), cfg, kind), path, tied=tied)
     model = model.to(device=device, dtype=dtype).eval()
-    model.inv_freq = cfg.rope.inv_freq(cfg.head_dim).to(device)  # keep fp32 whatever the dtype
+    model.inv_freq = rope_inv_freq(cfg).to(device)  # keep fp32 whatever the dtype
     tokenizer = load_tokenizer(path) if with_tokenizer else None
     return Loaded(kind=kind, model=model, config=cfg, raw_config=raw, path=path, tokenizer=tokenizer)

@@ -1,4 +1,5 @@
-"""State a model declares: what a step reads and writes besides its inputs (KV caches now).
+"""State a model declares: what a step reads and writes besides its inputs (KV caches; the
+recurrent state and conv window of hybrid targets' GDN layers).
 
 A model definition DECLARES its state as :class:`StateSpec` entries (``CausalLM.state_specs()``,
 ``DFlashDrafter.state_specs()``); nothing finds caches by attribute name. This module holds the
@@ -16,7 +17,7 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["StateSpec", "StateLayout", "KVLayout", "LAYOUTS", "layout", "allocate_buffers", "bind_buffers",
+__all__ = ["StateSpec", "StateLayout", "KVLayout", "SnapshotLayout", "LAYOUTS", "layout", "allocate_buffers", "bind_buffers",
            "get_attr", "set_attr", "state_specs_of"]
 
 
@@ -79,7 +80,20 @@ class KVLayout(StateLayout):
         return (int(buffer.shape[1]), int(buffer.shape[3]))
 
 
-LAYOUTS: dict[str, StateLayout] = {"kv": KVLayout()}
+class SnapshotLayout(StateLayout):
+    """Per-slot state with no length axis (GDN recurrent state, conv window):
+    ``[batch, 1 + extra_len, *shape]``. Entry 0 is the live state; the step writes the state
+    before it at entry 1 and the state after its block node i at entry 2 + i
+    (``extra_len`` = the largest verify block + 1), which commit selects from."""
+
+    def buffer_shape(self, spec, batch, max_len):
+        return (batch, 1 + spec.extra_len, *spec.shape)
+
+    def slot_shape(self, buffer):
+        return tuple(int(s) for s in buffer.shape[2:])
+
+
+LAYOUTS: dict[str, StateLayout] = {"kv": KVLayout(), "recurrent": SnapshotLayout(), "conv": SnapshotLayout()}
 
 
 def layout(kind: str) -> StateLayout:

@@ -40,8 +40,8 @@ import torch
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
 from specc.runtime.loop import SpeculativeLoop, run_to_end
 from specc.runtime.policy import decoding_policy
-from specc.runtime.state import DecodingState
-from specc.runtime.trees import build_tree
+from specc.runtime.state import DecodingState, reserve_block
+from specc.runtime.trees import DraftTree, plan_tree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
 
 
@@ -108,6 +108,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
+        reserve_block(self.target, max(self.num_draft, self.tree_budget) + 1)  # hybrid targets' per-node states
         state = self.target.setup_caches(self.batch, length)
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
             state = DecodingState.adopt(self.target, self.batch, length)
@@ -188,7 +189,6 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 toks.append((chunk[0] + len(toks)) % vocab_hint)
                 parents.append(0)
                 depths.append(1)
-            from specc.runtime.trees import DraftTree
 
             tree = DraftTree(torch.tensor([toks], device=dev), torch.tensor([parents], device=dev),
                              torch.tensor([depths], device=dev), torch.zeros(1, n_nodes, device=dev))
@@ -226,16 +226,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         lengths = self.state.lengths
         root = seq.gather(1, lengths[:, None])[:, 0]  # the last committed token (not yet in the cache)
         draft_logits = self.drafter.propose_logits_rows(seq, n, k)  # [B, k, V], one forward
-        tree = build_tree(policy.tree_logprobs(draft_logits, lengths), root, self.tree_budget, self.tree_topk)
+        tree_fns = self._tree_fns()
+        tokens, parents, depths, positions, mask = tree_fns["plan"](policy.tree_logits(draft_logits, lengths), root,
+                                                                    lengths, self.tree_budget, self.tree_topk)
         timer.mark("verify")
-        out = self.tree_target(tree.tokens, tree.positions(lengths), lengths, tree.ancestor_mask(k))
+        out = self.tree_target(tokens, positions, lengths, mask)
         logits, hidden = out if isinstance(out, tuple) else (out, None)
         timer.mark("accept")
         if caps is None and seq.shape[0] > 1:
             caps = torch.full_like(lengths, k)
-        res = policy.verify_tree(self.tree_verifier, tree, logits, caps, k, lengths)
-        accepted, committed, path = res.accepted, res.committed, res.path
-        policy.observe(committed, accepted)
+        accepted, committed, path = policy.accept_tree(tree_fns["accept"], tokens, parents, depths, mask, logits, caps,
+                                                       k, lengths)
         if active is not None:
             accepted = accepted * active
         seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)
@@ -244,7 +245,28 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if hidden is not None:  # DFlash: the target's hidden states of the committed path
             context = hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
         host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
-        return host, context, tree.num_nodes
+        return host, context, tokens.shape[1]
+
+    def _tree_fns(self) -> dict:
+        """The tree step's on-device work around the verify forward: ``plan`` (build the tree, its
+        positions and ancestor mask) and ``accept`` (greedy tree acceptance). Dozens of small ops
+        each; on CUDA (``capture_shapes``) each is one CUDA graph, replayed every step, so their
+        launches do not add to the step (outputs are static buffers, consumed within the step)."""
+        fns = getattr(self, "_tree_graphs", None)
+        if fns is None:
+            fns = {"plan": plan_tree, "accept": self._accept_tree}
+            if self.capture_shapes:
+                from specc.runtime.graphs import GraphedStep
+
+                fns = {name: GraphedStep(fn, max_tokens=1 << 30) for name, fn in fns.items()}
+            self._tree_graphs = fns
+        return fns
+
+    def _accept_tree(self, tokens, parents, depths, mask, logits, caps, k):
+        tree = DraftTree(tokens, parents, depths, None)
+        tree._ancestors = mask
+        res = self.tree_verifier.verify_tree(tree, logits, caps, depth=k)
+        return res.accepted, res.committed, res.path
 
     def _rows_loop(self, prompts: list[list[int]], max_new_tokens: int, eos_token_ids=(), sampling=None, seeds=None):
         """Yields (row, token) as tokens are committed; returns one GenerationResult per row.

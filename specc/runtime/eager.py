@@ -18,6 +18,7 @@ from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip
 from specc.runtime.drafters import Drafter
 from specc.runtime.loop import SpeculativeLoop
 from specc.runtime.policy import decoding_policy
+from specc.runtime.state import DecodingState, get_attr, reserve_block, state_specs_of
 from specc.runtime.trees import build_tree
 from specc.runtime.verifiers import TreeVerifier
 
@@ -42,7 +43,12 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
     def resize(self, max_len: int) -> None:
         """(Re)allocate the static caches for sequences of up to ``max_len`` tokens."""
         self.max_len = max_len
-        self.target.setup_caches(1, max_len + max(self.num_draft, self.tree_budget) + 1)
+        block = max(self.num_draft, self.tree_budget) + 1
+        reserve_block(self.target, block)
+        self.target.setup_caches(1, max_len + block)
+        # state kinds committed by selection (hybrid targets' recurrent and conv states); the
+        # K/V caches are committed plainly here (lengths from the host lists, tree paths copied)
+        self.snapshots = DecodingState.adopt(self.target, 1, max_len + block, kinds=("recurrent", "conv"))
         if self.drafter is not None:
             self.drafter.setup(max_len + self.num_draft + 1)
 
@@ -109,6 +115,7 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
                                                       q, logits, None, lengths)
             policy.observe(committed, accepted)
             a, posterior = int(accepted[0]), committed[0].tolist()
+            self.snapshots.commit(accepted + 1)
             if self.drafter is not None:
                 self.drafter.accepted(len(seq), a, k, context)
             step, stop = clip_committed(drafts[:a] + [posterior[a]], len(tokens), max_new_tokens, eos_token_ids)
@@ -134,11 +141,14 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
         policy.observe(res.committed, res.accepted)
         a = int(res.accepted[0])
         path = res.path[0, : a + 1].tolist()
-        for layer in self.target.layers:  # path slots ascend and path[p] >= p: copy in order
-            for cache in (layer.self_attn.cache_k, layer.self_attn.cache_v):
-                for p, node in enumerate(path):
-                    if node != p:
-                        cache[0, :, base + p] = cache[0, :, base + node]
+        for spec in state_specs_of(self.target):  # path slots ascend and path[p] >= p: copy in order
+            if spec.kind != "kv":
+                continue
+            cache = get_attr(self.target, spec.name)
+            for p, node in enumerate(path):
+                if node != p:
+                    cache[0, :, base + p] = cache[0, :, base + node]
+        self.snapshots.commit(res.accepted + 1, res.path)  # GDN states: the path's last node
         if self.drafter is not None:
             context = hidden[:, path] if hidden is not None else None
             self.drafter.accepted(len(seq), a, k, context)

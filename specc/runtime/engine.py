@@ -84,10 +84,11 @@ class Engine:
 
     def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, sampling: SamplingParams | None = None,
                **sampling_fields) -> Iterator[int]:
-        """Yield tokens as they are committed (one verification step at a time); sampling as in
-        ``generate`` (``temperature=``, ``top_p=``, ... or ``sampling=``)."""
+        """Yield tokens as they are committed (one verification step at a time); the generator
+        returns the ``GenerationResult`` (``StopIteration.value``), as ``generate`` does. Sampling
+        as in ``generate`` (``temperature=``, ``top_p=``, ... or ``sampling=``)."""
         params = SamplingParams.coerce(sampling, **sampling_fields)
-        yield from self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id), params)
+        return (yield from self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id), params))
 
     def forced_argmax(self, prompt, tokens):
         return self.loop.forced_argmax(prompt, tokens)

@@ -45,6 +45,15 @@ class GreedyPolicy:
     def verify_tree(self, verifier, tree, logits, caps, depth, lengths):
         return verifier.verify_tree(tree, logits, caps, depth=depth)
 
+    def tree_logits(self, draft_logits: torch.Tensor, lengths) -> torch.Tensor:
+        """What the device loop's tree planner (``trees.plan_tree``) builds the tree from."""
+        return draft_logits
+
+    def accept_tree(self, greedy_accept, tokens, parents, depths, mask, logits, caps, depth, lengths):
+        """The device loop's tree acceptance over the planned tree's tensors: ``greedy_accept``
+        (the loop's, CUDA-graphed on a GPU) -> (accepted, committed, path)."""
+        return greedy_accept(tokens, parents, depths, mask, logits, caps, depth)
+
     def observe(self, committed, accepted) -> None:
         pass
 
@@ -132,6 +141,20 @@ class SamplingPolicy:
     def verify_tree(self, verifier, tree, logits, caps, depth, lengths):
         p = self.probs(logits, self._tree_seen(tree))
         return self.tree.verify_tree(tree, p, self.seeds, lengths + 1, caps, depth)
+
+    def tree_logits(self, draft_logits, lengths):
+        """Processed logits (-inf where a token cannot be sampled): the planner's log_softmax of
+        them is ``tree_logprobs``."""
+        return process_logits(draft_logits[..., : self.vocab], self.sampling, self._base(draft_logits.shape[1]))
+
+    def accept_tree(self, greedy_accept, tokens, parents, depths, mask, logits, caps, depth, lengths):
+        from specc.runtime.trees import DraftTree
+
+        tree = DraftTree(tokens, parents, depths, None)
+        tree._ancestors = mask  # the planner's ancestor mask
+        res = self.verify_tree(None, tree, logits, caps, depth, lengths)
+        self.observe(res.committed, res.accepted)
+        return res.accepted, res.committed, res.path
 
     def observe(self, committed: torch.Tensor, accepted: torch.Tensor) -> None:
         """Add row b's committed tokens ``committed[b, :accepted[b] + 1]`` to its seen set."""

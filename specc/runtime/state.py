@@ -17,19 +17,20 @@ positions means for it. Kinds:
   (an accepted path of block slots per row): the path's entries are moved to the front of the
   block (``specc.codegen.kernels.kv_cache.kv_compact``), then the length grows.
 
-Kinds that fit the same interface later (not implemented here):
+- ``"recurrent"`` (gated DeltaNet, fp32, per-slot shape ``(Hv, dk, dv)``) and ``"conv"`` (the
+  short causal convolution's window, per-slot shape ``(channels, kernel - 1)``): no length axis,
+  so a verify step cannot be rolled back by a length. Buffer ``[batch, 2 + max_block, *shape]``
+  (``specc.models.state.SnapshotLayout``): entry 0 live, entry 1 the state before the step,
+  entry 2 + i the state after block node i (a chain's node i is its i-th token; a tree node's
+  state continues its parent's, its conv window follows its ancestor path). Commit copies, per
+  row, the entry of the last committed node into entry 0: chain ``1 + accepted[b]`` (0 tokens:
+  the state before the step), tree ``2 + path[b, accepted[b] - 1]``. Lengths are not involved.
+
+A kind that fits the same interface later (not implemented here):
 
 - ``"paged_kv"``: per-slot shape ``(heads, head_dim)``; the buffer is a page pool plus a
   ``[batch, pages]`` page table owned by the state; allocate/fork/release manage pages (fork
   shares pages copy-on-write), commit is the same length update / compaction within the pages.
-- ``"recurrent"`` (gated DeltaNet): per-slot shape ``(Hv, dk, dv)``, fp32, no length axis. A
-  verify step cannot be rolled back by a length, so the step writes one snapshot per block
-  position (a ``[batch, Q, Hv, dk, dv]`` scratch, ``extra_len`` = max Q); commit copies the
-  snapshot at each row's last accepted position (chain: ``accepted[b] - 1``; tree: the path's
-  last node) into the live state.
-- ``"conv"`` (short causal convolution): per-slot shape ``(channels, kernel - 1)``; commit keeps
-  the last ``kernel - 1`` inputs up to the accepted position (a snapshot select like
-  ``recurrent``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ import torch
 
 from specc.models.state import StateSpec, get_attr, layout, set_attr, state_specs_of
 
-__all__ = ["StateSpec", "StateKind", "KVState", "STATE_KINDS", "DecodingState", "state_specs_of"]
+__all__ = ["StateSpec", "StateKind", "KVState", "SnapshotState", "STATE_KINDS", "DecodingState", "reserve_block",
+           "state_specs_of"]
 
 
 class StateKind:
@@ -98,7 +100,32 @@ class KVState(StateKind):
         buffer[dst, :, :length] = buffer[src, :, :length]
 
 
-STATE_KINDS: dict[str, StateKind] = {"kv": KVState()}
+class SnapshotState(StateKind):
+    """Kinds whose step writes per-node snapshots (``recurrent``, ``conv``): commit selects one."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def commit(self, buffers, lengths, accepted, path):
+        if not buffers:
+            return
+        rows = accepted.shape[0]
+        acc = accepted.to(torch.long)
+        if path is None:
+            entry = 1 + acc
+        else:
+            last = path.gather(1, (acc - 1).clamp(min=0)[:, None])[:, 0]
+            entry = torch.where(acc > 0, 2 + last, torch.ones_like(acc))
+        index = torch.arange(rows, device=acc.device)
+        for buffer in buffers:
+            buffer[:rows, 0] = buffer[index, entry]
+
+    def fork(self, buffer, src, dst, length):
+        buffer[dst, 0] = buffer[src, 0]
+
+
+STATE_KINDS: dict[str, StateKind] = {"kv": KVState(), "recurrent": SnapshotState("recurrent"),
+                                     "conv": SnapshotState("conv")}
 
 
 def _kind(name: str) -> StateKind:
@@ -106,6 +133,14 @@ def _kind(name: str) -> StateKind:
         return STATE_KINDS[name]
     except KeyError:
         raise ValueError(f"unknown state kind {name!r} (known: {', '.join(STATE_KINDS)})") from None
+
+
+def reserve_block(step, block: int) -> None:
+    """Size the per-node snapshots of a step whose state keeps them (a model definition with
+    ``max_block``: hybrid targets) for verify blocks of up to ``block`` tokens; call before its
+    ``setup_caches``. Steps without snapshot kinds are left alone."""
+    if getattr(step, "max_block", None) is not None:
+        step.max_block = int(block)
 
 
 class DecodingState:
@@ -138,10 +173,12 @@ class DecodingState:
         return self
 
     @classmethod
-    def adopt(cls, module, batch: int, max_len: int) -> "DecodingState":
+    def adopt(cls, module, batch: int, max_len: int, kinds: Iterable[str] | None = None) -> "DecodingState":
         """A state over the buffers ``module`` already holds for its declared specs (a model
-        definition that allocated its own, ``setup_caches``), lengths 0."""
-        state = cls(state_specs_of(module), getattr(module, "device", None))
+        definition that allocated its own, ``setup_caches``), lengths 0; ``kinds``: only the
+        specs of these kinds (None: all)."""
+        specs = [s for s in state_specs_of(module) if kinds is None or s.kind in kinds]
+        state = cls(specs, getattr(module, "device", None))
         state.buffers = {spec.name: get_attr(module, spec.name) for spec in state.specs}
         state.lengths = torch.zeros(batch, dtype=torch.long, device=state.device)
         state.batch, state.max_len = batch, max_len
@@ -158,11 +195,11 @@ class DecodingState:
         prefix, so for KV the commit is the length update alone. Tree: ``path`` [B, P] gives
         the block slots (relative to ``lengths``) of the accepted path in order (-1 = none);
         each kind moves / selects its entries (KV: compaction with ``kv_compact``; recurrent
-        states: the snapshot at the path's last node) before the lengths grow."""
-        if path is not None:
-            for kind in dict.fromkeys(spec.kind for spec in self.specs):
-                buffers = [self.buffers[spec.name] for spec in self.specs if spec.kind == kind]
-                _kind(kind).commit(buffers, self.lengths, accepted, path)
+        and conv states: the snapshot of the last committed node, chains included) before the
+        lengths grow."""
+        for kind in dict.fromkeys(spec.kind for spec in self.specs):
+            buffers = [self.buffers[spec.name] for spec in self.specs if spec.kind == kind]
+            _kind(kind).commit(buffers, self.lengths, accepted, path)
         self.lengths += accepted.to(self.lengths.dtype)
 
     def fork(self, src_slot: int, dst_slot: int) -> None:

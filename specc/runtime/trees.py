@@ -11,7 +11,8 @@ form a tree. They can be found without a heap, depth by depth: the best prefixes
 extend one of the best ``budget`` prefixes of depth d - 1, so a beam of width ``budget`` over
 (parent, rank) pairs followed by one top-``budget`` over all depths gives exactly the heap's
 answer (ties broken by lower depth, then by the beam's order). That is ``depth`` small top-k calls
-on [B, budget * topk] scores: no host sync, capturable in a CUDA graph.
+on [B, budget * topk] scores: no host sync, capturable in a CUDA graph; on the GPU the whole beam
+is one kernel (``specc.codegen.kernels.tree_beam``: launches, not FLOPs, are its cost at batch 1).
 
 ``DraftTree`` is the batch-shaped result every tree consumer reads (attention mask, positions,
 acceptance, KV commit): node 0 is the root (the last committed token), nodes are ordered so that
@@ -23,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+
+from specc.codegen.kernels.tree_beam import tree_beam
 
 
 @dataclasses.dataclass
@@ -57,7 +60,8 @@ class DraftTree:
         b, n = self.parents.shape
         dev = self.parents.device
         eye = torch.eye(n, dtype=torch.bool, device=dev).expand(b, n, n)
-        parent = torch.nn.functional.one_hot(self.parents.clamp(min=0), n).bool() & (self.parents >= 0)[..., None]
+        # "j is i's parent" by comparison (one_hot would check its input on the host: no sync here)
+        parent = self.parents[..., None] == torch.arange(n, device=dev)
         mask = eye | parent
         depth = max_depth if max_depth is not None else (int(self.depths.max()) if n else 0)
         reach = 1
@@ -89,25 +93,35 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
     top_lp, top_tok = logprobs.float().topk(k, dim=-1)  # [B, D, k], sorted descending
     dev = logprobs.device
     width = min(budget, k)
-    # depth 1: the beam is the top ranks of position 0
-    beam_score = top_lp[:, 0, :width]  # [B, W1]
-    beam_tok = top_tok[:, 0, :width]
-    beam_parent = torch.full_like(beam_tok, -1)  # -1 = the root
-    levels = [(beam_score, beam_tok, beam_parent)]
-    for d in range(1, depth):
-        cand = beam_score[:, :, None] + top_lp[:, d, None, :]  # [B, W, k]
-        w = min(budget, cand.shape[1] * k)
-        score, flat = cand.flatten(1).topk(w, dim=-1)
-        parent_in_beam, rank = flat // k, flat % k
-        beam_tok = top_tok[:, d].gather(1, rank)
-        beam_score, beam_parent = score, parent_in_beam
-        levels.append((beam_score, beam_tok, beam_parent))
+    if k >= budget:  # every depth's beam is `budget` wide: one kernel runs them all
+        score, tok, parent = tree_beam(top_lp, top_tok, budget)  # [B, D, W] each
+        # flat candidate index = depth-major concat; a parent index at depth d >= 1 shifts by (d - 1) * W
+        shift = (torch.arange(depth, device=dev) - 1).clamp(min=0) * budget
+        all_score, cand_tok = score.flatten(1), tok.flatten(1)
+        cand_parent = (parent + shift[None, :, None]).flatten(1)  # depth 0: -1 stays -1
+        cand_depth = torch.arange(1, depth + 1, device=dev).repeat_interleave(budget)[None].expand(bsz, -1)
+    else:  # a vocabulary smaller than the budget: the beam widens with depth
+        # depth 1: the beam is the top ranks of position 0
+        beam_score = top_lp[:, 0, :width]  # [B, W1]
+        beam_tok = top_tok[:, 0, :width]
+        beam_parent = torch.full_like(beam_tok, -1)  # -1 = the root
+        levels = [(beam_score, beam_tok, beam_parent)]
+        for d in range(1, depth):
+            cand = beam_score[:, :, None] + top_lp[:, d, None, :]  # [B, W, k]
+            w = min(budget, cand.shape[1] * k)
+            beam_score, flat = cand.flatten(1).topk(w, dim=-1)
+            beam_tok = top_tok[:, d].gather(1, flat % k)
+            levels.append((beam_score, beam_tok, flat // k))
+        offsets, start = [], 0
+        for lv in levels:
+            offsets.append(start)
+            start += lv[0].shape[1]
+        all_score = torch.cat([lv[0] for lv in levels], dim=1)
+        cand_depth = torch.cat([torch.full_like(lv[1], i + 1) for i, lv in enumerate(levels)], dim=1)
+        cand_tok = torch.cat([lv[1] for lv in levels], dim=1)
+        cand_parent = torch.cat([torch.where(lv[2] < 0, lv[2], lv[2] + (offsets[i - 1] if i else 0))
+                                 for i, lv in enumerate(levels)], dim=1)  # parent as a candidate index
     # global top-`budget` over every depth; ties prefer shallower nodes (earlier in the concat)
-    all_score = torch.cat([lv[0] for lv in levels], dim=1)
-    offsets, start = [], 0
-    for lv in levels:
-        offsets.append(start)
-        start += lv[0].shape[1]
     n_cand = all_score.shape[1]
     budget = min(budget, n_cand)
     order_key = all_score - torch.arange(n_cand, device=dev, dtype=all_score.dtype) * 1e-9
@@ -116,10 +130,6 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
     # map each candidate to its tree node index (1 + position in `chosen`), -1 when not chosen
     node_of = torch.full((bsz, n_cand), -1, dtype=torch.long, device=dev)
     node_of.scatter_(1, chosen, torch.arange(1, budget + 1, device=dev).expand(bsz, budget))
-    cand_depth = torch.cat([torch.full_like(lv[1], i + 1) for i, lv in enumerate(levels)], dim=1)
-    cand_tok = torch.cat([lv[1] for lv in levels], dim=1)
-    cand_parent = torch.cat([torch.where(lv[2] < 0, lv[2], lv[2] + (offsets[i - 1] if i else 0))
-                             for i, lv in enumerate(levels)], dim=1)  # parent as a candidate index
     parent_node = torch.where(cand_parent < 0, torch.zeros_like(cand_parent),
                               node_of.gather(1, cand_parent.clamp(min=0)))
     tokens = torch.cat([root_tokens.reshape(bsz, 1).to(torch.long), cand_tok.gather(1, chosen)], dim=1)
@@ -127,6 +137,16 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
     depths = torch.cat([torch.zeros((bsz, 1), dtype=torch.long, device=dev), cand_depth.gather(1, chosen)], dim=1)
     scores = torch.cat([torch.zeros((bsz, 1), device=dev), all_score.gather(1, chosen)], dim=1)
     return DraftTree(tokens, parents, depths, scores)
+
+
+def plan_tree(draft_logits: torch.Tensor, root_tokens: torch.Tensor, base: torch.Tensor, budget: int,
+              topk: int | None = None):
+    """A tree step's inputs from the drafter's per-position logits [B, D, V]: (tokens, parents,
+    depths, positions, ancestor mask) of the ``build_tree`` tree over ``root_tokens`` [B] whose
+    root sits at position ``base`` [B]. Tensors only and no host sync, so a CUDA graph can hold it."""
+    tree = build_tree(draft_logits.float().log_softmax(-1), root_tokens, budget, topk)
+    depth = draft_logits.shape[1]
+    return tree.tokens, tree.parents, tree.depths, tree.positions(base), tree.ancestor_mask(depth)
 
 
 def accept_tree(tree: DraftTree, target_argmax: torch.Tensor,

@@ -36,12 +36,13 @@ def generate_chain(target, draft, input_ids, max_new_tokens: int, num_draft: int
                 feed = drafts[-1:]
                 n += 1
             n = len(seq)
+        before = hf.snapshot(target, t_cache)  # hybrid targets: their recurrent state cannot be cropped
         out = hf.forward(target, [seq[-1]] + drafts, t_cache, n - 1)
         stats.target_forwards += 1
         posterior = out.logits[0].argmax(-1).tolist()
         committed = hf.greedy_accept(drafts, posterior)
         accepted = len(committed) - 1
-        hf.crop(t_cache, n + accepted)
+        t_cache = hf.rollback(target, t_cache, before, [seq[-1]] + drafts, n - 1, n + accepted)
         draft_len = n + min(accepted, max(k - 1, 0))
         hf.crop(d_cache, draft_len)
         step, stop = clip_committed(committed, len(tokens), max_new_tokens, eos_token_ids)

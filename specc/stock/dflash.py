@@ -42,10 +42,11 @@ def generate_dflash(target, draft, input_ids, max_new_tokens: int, block_size: i
             stats.draft_forwards += 1
             hf.crop(d_cache, start)  # keep context K/V, drop the block's
             drafts = head(hidden[:, 1:]).argmax(-1)[0].tolist()
+        before = hf.snapshot(target, t_cache)  # hybrid targets: their recurrent state cannot be cropped
         out = hf.forward(target, [tokens[-1]] + drafts, t_cache, start, hidden=b > 1)
         stats.target_forwards += 1
         committed = hf.greedy_accept(drafts, out.logits[0].argmax(-1).tolist())
-        hf.crop(t_cache, start + len(committed))
+        t_cache = hf.rollback(target, t_cache, before, [tokens[-1]] + drafts, start, start + len(committed))
         step, stop = clip_committed(committed, len(tokens), max_new_tokens, eos_token_ids)
         tokens += step
         stats.accepted_lengths.append(len(step))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import torch
@@ -40,6 +41,58 @@ def crop(cache: DynamicCache, length: int) -> None:
     excess = cache.get_seq_length() - length
     if excess > 0:
         cache.crop(-excess)
+
+
+def is_recurrent(model) -> bool:
+    """Whether the HF model has linear-attention (recurrent) layers: a hybrid Qwen3.5 / Qwen3-Next."""
+    return "linear_attention" in (getattr(model.config, "layer_types", None) or ())
+
+
+def check_cached_blocks(model) -> None:
+    """Refuse (one line) an HF recurrent model whose modeling ignores the cache for multi-token
+    inputs (older transformers' qwen3_next ran such blocks from a zero state): a verify block
+    fed at once must match the same tokens fed one by one. Runs once per model."""
+    if getattr(model, "_specc_blocks_checked", False):
+        return
+    from specc.errors import UserError
+
+    vocab = int(model.config.vocab_size)
+    ids = [(7 * i + 3) % vocab for i in range(7)]
+    whole, steps = new_cache(model), new_cache(model)
+    forward(model, ids[:4], whole, 0)
+    forward(model, ids[:4], steps, 0)
+    block = forward(model, ids[4:], whole, 4).logits[0].float()
+    one = torch.cat([forward(model, ids[4 + j:5 + j], steps, 4 + j).logits[0].float() for j in range(3)])
+    if (block - one).norm() > 0.05 * one.norm():
+        raise UserError(f"{type(model).__name__}: this transformers version's modeling ignores the cache for "
+                        "multi-token inputs, so its verify steps are wrong; upgrade transformers (5.24 is right)")
+    model._specc_blocks_checked = True
+
+
+def snapshot(model, cache: DynamicCache) -> DynamicCache | None:
+    """Before a verify forward: a copy of a recurrent model's cache (its GDN states cannot be
+    cropped), None for attention-only models (``crop`` rolls those back)."""
+    if not is_recurrent(model):
+        return None
+    check_cached_blocks(model)
+    return copy.deepcopy(cache)
+
+
+def rollback(model, cache: DynamicCache, before: DynamicCache | None, inputs: list[int], start: int,
+             keep: int) -> DynamicCache:
+    """After a verify forward of ``inputs`` at ``start``: the cache holding exactly the first
+    ``keep`` positions. Attention-only models: a crop. Recurrent models: the cache as it is when
+    every input is kept, else the snapshot taken before the forward with the kept inputs replayed
+    through it (plain, obviously right; one extra forward per partially accepted step)."""
+    if before is None:
+        crop(cache, keep)
+        return cache
+    kept = keep - start
+    if kept == len(inputs):
+        return cache
+    if kept > 0:
+        forward(model, inputs[:kept], before, start)
+    return before
 
 
 def greedy_accept(drafts: list[int], posterior: list[int]) -> list[int]:

@@ -34,10 +34,11 @@ def generate_pard(target, draft, pard_token: int, input_ids, max_new_tokens: int
             drafts = out.logits[0, -k:].argmax(-1).tolist()
             draft_len = n
             hf.crop(d_cache, draft_len)  # drop the mask slots
+        before = hf.snapshot(target, t_cache)  # hybrid targets: their recurrent state cannot be cropped
         out = hf.forward(target, [seq[-1]] + drafts, t_cache, n - 1)
         stats.target_forwards += 1
         committed = hf.greedy_accept(drafts, out.logits[0].argmax(-1).tolist())
-        hf.crop(t_cache, n + len(committed) - 1)
+        t_cache = hf.rollback(target, t_cache, before, [seq[-1]] + drafts, n - 1, n + len(committed) - 1)
         step, stop = clip_committed(committed, len(tokens), max_new_tokens, eos_token_ids)
         tokens += step
         stats.accepted_lengths.append(len(step))

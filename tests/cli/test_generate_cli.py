@@ -104,7 +104,7 @@ def _write_config(tmp_path, content):
 
 def test_models_and_help(capsys):
     code, out, _ = _run(capsys, "models", "--json")
-    assert code == 0 and set(json.loads(out)["architectures"]) == {"llama", "qwen3", "pard", "dflash"}
+    assert code == 0 and set(json.loads(out)["architectures"]) == {"llama", "qwen3", "qwen3_5", "qwen3_next", "pard", "dflash"}
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0

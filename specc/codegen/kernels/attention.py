@@ -8,8 +8,10 @@ Mask kinds (the visibility of cache slot j for query i of row b, with
 
 * ``"causal"``: ``j <= c + i`` (decoding, chain verification, PARD drafting);
 * ``"full"``: ``j < cache_len[b] + Qk`` (DFlash's non-causal block);
-* ``"tree"``: slots ``j < c`` always, block slot ``c + t`` iff ``tree_mask[(b,) i, t]`` (a
-  ``[Q, Q]`` or ``[B, Q, Q]`` bool/int visibility of the new-token block; tree verification).
+* ``"tree"``: slots ``j < c`` always, block slot ``c + t`` iff ``t <= i`` and
+  ``tree_mask[(b,) i, t]`` (a ``[Q, Q]`` or ``[B, Q, Q]`` bool/int visibility of the new-token
+  block, read as-is without a conversion; tree verification, nodes in topological order, so the
+  key tiles after a row block's last query are skipped as for "causal").
 
 Kernel (flash-decoding). GQA is packed into the rows of the tiles: for one KV head the
 ``Q * G`` (query, head-in-group) pairs are the rows of the Q tile (row r = i * G + g), so every
@@ -56,6 +58,46 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
+               stride_ks, stride_vs, scale_log2, tree_row,
+               MASK: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+    """One key tile of the online softmax: keys n0 .. n0 + BLOCK_N (before ``end``) under mask
+    kind MASK (1: no test beyond the bounds). Returns the updated (m_i, l_i, acc)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < end
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    kt = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
+                 mask=kv_mask, other=0.0)
+    vt = tl.load(v_base + offs_n.to(tl.int64)[:, None] * stride_vs + offs_d[None, :],
+                 mask=kv_mask, other=0.0)
+    if DOT_F32:
+        s = tl.dot(qd, tl.trans(kt.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(qd, tl.trans(kt.to(qd.dtype)))
+    s = s * scale_log2
+    vis = mask_n[None, :] & mask_r[:, None]
+    if MASK == 0:
+        vis = vis & (offs_n[None, :] <= (q0 + qi)[:, None])
+    if MASK == 2:
+        t = offs_n - q0
+        in_blk = t >= 0
+        tv = tl.load(tree_row + t[None, :], mask=vis & in_blk[None, :], other=0)
+        vis = vis & ((~in_blk)[None, :] | ((tv != 0) & (offs_n[None, :] <= (q0 + qi)[:, None])))
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if DOT_F32:
+        acc = tl.dot(p, vt.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None])
+    m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _attn_split_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, tree_ptr, o_ptr, part_ptr, lse_ptr, cnt_ptr,
     QN, QK, G, HKV, scale_log2,
@@ -91,7 +133,8 @@ def _attn_split_kernel(
     split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = pid_s * split_len
     end = tl.minimum(start + split_len, kv_end)
-    if MASK == 0:
+    if MASK != 1:  # causal and tree: no key after this row block's last query (a tree's nodes
+        # are in topological order, so a node's ancestors sit at or before its own slot)
         last_q = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, QN * G - 1) // G
         end = tl.minimum(end, q0 + last_q + 1)
 
@@ -104,39 +147,21 @@ def _attn_split_kernel(
         qd = q.to(tl.float32)
     else:
         qd = q
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        kt = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_ks + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        vt = tl.load(v_base + offs_n.to(tl.int64)[:, None] * stride_vs + offs_d[None, :],
-                     mask=kv_mask, other=0.0)
-        if DOT_F32:
-            s = tl.dot(qd, tl.trans(kt.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(qd, tl.trans(kt.to(qd.dtype)))
-        s = s * scale_log2
-        vis = mask_n[None, :] & mask_r[:, None]
-        if MASK == 0:
-            vis = vis & (offs_n[None, :] <= (q0 + qi)[:, None])
-        if MASK == 2:
-            t = offs_n - q0
-            in_blk = t >= 0
-            tv = tl.load(tree_ptr + b.to(tl.int64) * stride_tb + qi[:, None] * stride_ti
-                         + t[None, :], mask=vis & in_blk[None, :], other=0)
-            vis = vis & ((~in_blk)[None, :] | (tv != 0))
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT_F32:
-            acc = tl.dot(p, vt.to(tl.float32), acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(vt.dtype), vt, acc * alpha[:, None])
-        m_i = m_new
+    # key tiles wholly before the block (the committed cache) need no causal/tree test: they
+    # run without it; the tiles from the block's first key on apply the mask kind
+    if MASK == 1:
+        mid = start
+    else:
+        mid = tl.minimum(start + (tl.maximum(q0 - start, 0) // BLOCK_N) * BLOCK_N, end)
+    tree_row = tree_ptr + b.to(tl.int64) * stride_tb + qi[:, None] * stride_ti
+    for n0 in range(start, mid, BLOCK_N):
+        m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
+                                   stride_ks, stride_vs, scale_log2, tree_row,
+                                   MASK=1, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32)
+    for n0 in range(mid, end, BLOCK_N):
+        m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
+                                   stride_ks, stride_vs, scale_log2, tree_row,
+                                   MASK=MASK, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -333,7 +358,8 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
         num_stages = plan["num_stages"]
     fused_merge = plan["fused_merge"] if fused_merge is None else bool(fused_merge)
     if tree_mask is not None:
-        tm = tree_mask.to(torch.int8)
+        # bool -> uint8 is a view (same bytes): no conversion kernel per layer
+        tm = tree_mask.view(torch.uint8) if tree_mask.dtype == torch.bool else tree_mask
         if tm.dim() == 2:
             tm = tm.unsqueeze(0).expand(bsz, -1, -1)
         stride_tb, stride_ti = tm.stride(0), tm.stride(1)
@@ -397,7 +423,7 @@ def attention_visibility(cache_len: torch.Tensor, num_queries: int, num_new_keys
         t = key_pos - q0  # [B, 1, kv]
         in_blk = (t >= 0) & (t < num_queries)
         tv = torch.gather(tm, 2, t.clamp(0, num_queries - 1).expand(-1, num_queries, -1))
-        visible = visible & (~in_blk | tv)
+        visible = visible & (~in_blk | (tv & (key_pos <= query_pos)))
     else:
         raise ValueError(f"unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
     return visible[:, None]
