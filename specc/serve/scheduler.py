@@ -42,7 +42,8 @@ class StepOutput:
 
 
 class Scheduler(Protocol):
-    def submit(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...]) -> int: ...
+    def submit(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...],
+               sampling=None) -> int: ...
 
     def step(self) -> list[StepOutput]: ...
 
@@ -61,6 +62,7 @@ class _Queued:
     prompt_ids: list[int]
     max_new_tokens: int
     eos_token_ids: tuple[int, ...]
+    sampling: object | None = None  # SamplingParams; None: greedy
     tokens: list[int] = dataclasses.field(default_factory=list)  # generated so far
 
 
@@ -78,10 +80,10 @@ class SerialScheduler:
         self._waiting: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
         self._current: tuple[int, object, _Queued] | None = None  # (rid, the engine's token generator, request)
 
-    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=()) -> int:
+    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=(), sampling=None) -> int:
         rid = self._next_rid
         self._next_rid += 1
-        self._waiting[rid] = _Queued(rid, list(prompt_ids), int(max_new_tokens), tuple(eos_token_ids))
+        self._waiting[rid] = _Queued(rid, list(prompt_ids), int(max_new_tokens), tuple(eos_token_ids), sampling)
         return rid
 
     @property
@@ -104,7 +106,8 @@ class SerialScheduler:
             if not self._waiting:
                 return []
             _, q = self._waiting.popitem(last=False)
-            self._current = (q.rid, self.engine.stream(q.prompt_ids, q.max_new_tokens, q.eos_token_ids), q)
+            self._current = (q.rid, self.engine.stream(q.prompt_ids, q.max_new_tokens, q.eos_token_ids,
+                                                       sampling=q.sampling), q)
         rid, gen, q = self._current
         try:
             token = next(gen)
