@@ -103,12 +103,7 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
                 yield from step
                 continue
             lengths = torch.tensor([len(seq) - 1], device=dev)  # the last committed token's position
-            q = None
-            if k > 0:
-                drafted, q = policy.draft(self.drafter, torch.tensor([seq], device=dev), [len(seq)], k, lengths)
-                drafts = drafted[0].tolist()
-            else:
-                drafts = []
+            drafts, q = policy.draft_list(self.drafter, seq, k, lengths) if k > 0 else ([], None)
             logits, context = self._target([seq[-1]] + drafts, len(seq) - 1)
             stats.target_forwards += 1
             accepted, committed = policy.verify_chain(self.verifier, torch.tensor([drafts], dtype=torch.long, device=dev),

@@ -36,6 +36,10 @@ class GreedyPolicy:
     def draft(self, drafter, seq, n, k, lengths):
         return drafter.propose_rows(seq, n, k), None
 
+    def draft_list(self, drafter, seq: list[int], k: int, lengths) -> tuple[list[int], torch.Tensor | None]:
+        """The eager loop's host-list form: ``drafter.propose`` (which may give fewer than k)."""
+        return drafter.propose(seq, k), None
+
     def verify_chain(self, verifier, drafts, q, logits, caps, lengths):
         return verifier.verify(drafts, logits, caps)
 
@@ -112,6 +116,10 @@ class SamplingPolicy:
             return token, q
 
         return drafter.propose_sampled_rows(seq, n, k, pick)
+
+    def draft_list(self, drafter, seq: list[int], k: int, lengths):
+        drafted, q = self.draft(drafter, torch.tensor([seq], device=lengths.device), [len(seq)], k, lengths)
+        return drafted[0].tolist(), q
 
     def _chain_seen(self, drafts: torch.Tensor):
         """[B, k + 1, V]: the context after each block input (drafts before it included)."""
