@@ -18,7 +18,7 @@ from tests.real_configs import QWEN3_8B, QWEN3_8B_DFLASH
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 ELSEWHERE = {"ir.md", "writing-passes.md"}  # tests/passes/test_docs.py (isolated pass registries)
-HERE = ["README.md", "runtime.md", "cost-model.md", "search.md", "tensor-parallel.md", "batching.md"]
+HERE = ["README.md", "runtime.md", "cost-model.md", "search.md", "tensor-parallel.md", "batching.md", "sampling.md"]
 
 
 def blocks(path: Path, lang: str) -> list[str]:

@@ -57,6 +57,38 @@ def prompt_list(args, tokenizer_path, vocab_size: int) -> tuple[list[list[int]],
     return load_prompts_file(args.prompts, tokenizer, vocab_size), tokenizer
 
 
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling", "temperature > 0 samples (speculative sampling: the output is distributed "
+                             "as sampling the target alone, docs/sampling.md); 0, the default, is greedy")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T", help="sampling temperature (default 0: greedy)")
+    g.add_argument("--top-k", type=int, default=0, metavar="K", help="keep the K most likely tokens (default 0: off)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass (default 1: off)")
+    g.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="drop tokens below P x the top token's probability (default 0: off)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                   help="penalise tokens already in the context (default 1: off)")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="random seed: the same seed gives the same tokens (default 0)")
+
+
+def sampling_params(args):
+    """The ``SamplingParams`` of --temperature ... --seed, or None for greedy (a UserError names
+    the bad flag)."""
+    from specc.sampling import SamplingParams
+
+    try:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                                repetition_penalty=args.repetition_penalty, seed=args.seed)
+    except ValueError as exc:
+        field = str(exc).split()[0]
+        raise UserError(f"--{field.replace('_', '-')}: {exc}") from None
+    return None if params.greedy else params
+
+
+def sampling_json(params) -> dict:
+    """What the JSON output says about sampling (``{"temperature": 0}`` when greedy)."""
+    return params.to_json() if params is not None else {"temperature": 0.0}
+
+
 def positive(value: int | None, flag: str) -> None:
     if value is not None and value < 1:
         raise UserError(f"{flag} must be >= 1 (got {value})")

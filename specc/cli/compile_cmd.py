@@ -6,7 +6,8 @@ import argparse
 import math
 import sys
 
-from specc.cli.common import add_prompt_args, check_budget, emit_result, finite_non_negative, positive
+from specc.cli.common import (add_prompt_args, add_sampling_args, check_budget, emit_result, finite_non_negative,
+                              positive, sampling_json, sampling_params)
 from specc.errors import UserError
 from specc.methods import method_names
 
@@ -43,11 +44,13 @@ def register(sub) -> None:
     p.set_defaults(handler=run_compile)
 
     r = sub.add_parser("run", help="generate with a compiled artifact",
-                       description="Greedy generation with a compiled artifact (same JSON shape as `specc generate`).",
+                       description="Generation with a compiled artifact (same JSON shape as `specc generate`): "
+                       "greedy, or speculative sampling with --temperature > 0.",
                        epilog="""examples:
   specc run tiny.specc --prompt "def fibonacci(n):"
   specc run tiny.specc --input-ids 1,2,3 --max-new-tokens 32 --json --profile
   specc run tiny.specc --prompts prompts.json --batch-size 8 --json
+  specc run tiny.specc --prompt "import os" --temperature 0.7 --top-p 0.9 --seed 1
 """, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("artifact", metavar="ARTIFACT")
     add_prompt_args(r)
@@ -56,6 +59,7 @@ def register(sub) -> None:
                    help="refuse the artifact unless its manifest.json has this sha256 (printed by `specc compile`)")
     r.add_argument("--stream", action="store_true", help="print tokens as they are committed")
     r.add_argument("--profile", action="store_true", help="also time prefill / draft / verify / accept")
+    add_sampling_args(r)
     r.set_defaults(handler=run_run)
 
     v = sub.add_parser("verify", help="re-run token forcing of an artifact against stock",
@@ -169,6 +173,7 @@ def run_run(args) -> int:
     from specc.cli.progress import Progress
 
     positive(args.max_new_tokens, "--max-new-tokens")
+    sampling = sampling_params(args)
     if args.prompts is not None and (args.stream or args.profile):
         raise UserError("--stream and --profile take one prompt (--prompt or --input-ids), not --prompts")
     with Progress.for_args(args) as progress, _ArtifactRuns(args.artifact):  # warm-up runs the artifact's code
@@ -177,20 +182,20 @@ def run_run(args) -> int:
                               progress=lambda msg, seconds: progress(f"{msg} ({seconds:.2f} s)"))
     prompts, tokenizer = prompt_list(args, engine.path, int(engine.manifest["model"]["vocab_size"]))
     if args.prompts is not None:
-        return _run_prompts(engine, prompts, tokenizer, args)
+        return _run_prompts(engine, prompts, tokenizer, args, sampling)
     ids = prompts[0]
     _check_engine_budget(engine, len(ids), args.max_new_tokens, "--max-new-tokens")
     engine.set_max_len(len(ids) + args.max_new_tokens + 1)
     if args.stream and not args.json:
         with _ArtifactRuns(args.artifact):
-            for tok in engine.stream(ids, args.max_new_tokens):
+            for tok in engine.stream(ids, args.max_new_tokens, sampling=sampling):
                 sys.stdout.write((tokenizer.decode([tok]) if tokenizer else f"{tok} "))
                 sys.stdout.flush()
         sys.stdout.write("\n")
         return 0
     with _ArtifactRuns(args.artifact):
-        result = engine.generate(ids, args.max_new_tokens, profile=args.profile)
-    extra = {"engine": "compiled", **run_timings(engine)}
+        result = engine.generate(ids, args.max_new_tokens, profile=args.profile, sampling=sampling)
+    extra = {"engine": "compiled", "sampling": sampling_json(sampling), **run_timings(engine)}
     if args.profile:
         extra["part_seconds"] = engine.last_stats["part_seconds"]
         if not args.json:
@@ -202,7 +207,7 @@ def run_run(args) -> int:
     return 0
 
 
-def _run_prompts(engine, prompts, tokenizer, args) -> int:
+def _run_prompts(engine, prompts, tokenizer, args, sampling=None) -> int:
     """`specc run --prompts FILE [--batch-size N]`: every prompt through ``Engine.generate_batch``
     (continuous batching, N slots); one result per prompt in order, a throughput line on stderr."""
     from specc.cli.common import emit_results
@@ -210,9 +215,9 @@ def _run_prompts(engine, prompts, tokenizer, args) -> int:
     batch = min(args.batch_size or len(prompts), len(prompts))
     _check_engine_budget(engine, max(len(p) for p in prompts), args.max_new_tokens, "--max-new-tokens", rows=batch)
     with _ArtifactRuns(args.artifact):
-        results = engine.generate_batch(prompts, args.max_new_tokens, batch_size=batch)
+        results = engine.generate_batch(prompts, args.max_new_tokens, batch_size=batch, sampling=sampling)
     s = engine.last_stats
-    emit_results(results, args, tokenizer, {"engine": "compiled", "batch_size": batch})
+    emit_results(results, args, tokenizer, {"engine": "compiled", "batch_size": batch, "sampling": sampling_json(sampling)})
     print(f"{len(prompts)} prompts, {s['tokens']} tokens in {s['seconds']:.2f} s: {s['tokens_per_s']:,.1f} tok/s "
           f"(batch size {batch})", file=sys.stderr)
     return 0

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from specc.cli.common import (add_pair_args, add_prompt_args, check_budget, check_num_draft, emit_result, emit_results,
-                              kv_bytes_per_token, positive, prompt_list)
+from specc.cli.common import (add_pair_args, add_prompt_args, add_sampling_args, check_budget, check_num_draft,
+                              emit_result, emit_results, kv_bytes_per_token, positive, prompt_list, sampling_json,
+                              sampling_params)
 from specc.errors import UserError
 
 
@@ -13,12 +14,15 @@ def register(sub) -> None:
     p = sub.add_parser(
         "generate", help="generate with the stock reference system (eager, HF transformers)",
         description="Greedy generation with the reference ('stock') system: AR, chain speculation with an "
-        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate.",
+        "AR drafter, PARD or DFlash, as their authors publish them. Output equals HF greedy generate. "
+        "With --temperature > 0 the stock system is plain sampling of the target (the distribution "
+        "speculative sampling must reproduce); --engine eager runs speculative sampling.",
         epilog="""examples:
   specc generate specc-tiny --drafter specc-tiny-dflash --prompt "def fibonacci(n):"
   specc generate specc-tiny --drafter specc-tiny-pard --input-ids 1,2,3 --num-draft 4 --json
   specc generate specc-tiny --engine eager --prompt "import os" --max-new-tokens 16
   specc generate specc-tiny --drafter specc-tiny-pard --prompts prompts.json --batch-size 4 --json
+  specc generate specc-tiny --drafter specc-tiny-pard --engine eager --prompt "import os" --temperature 0.7 --top-p 0.9 --seed 1
 """, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pair_args(p)
     add_prompt_args(p)
@@ -30,6 +34,7 @@ def register(sub) -> None:
     p.add_argument("--tree", type=int, metavar="N",
                    help="tree verification with N drafted nodes per step (the eager loop; drafters with "
                    "per-position distributions: PARD, DFlash)")
+    add_sampling_args(p)
     p.set_defaults(handler=run)
 
 
@@ -45,6 +50,7 @@ def run(args) -> int:
     pair = resolve_pair(args.model, args.drafter, args.method)
     check_num_draft(pair, args.num_draft)
     prompts, tokenizer = prompt_list(args, pair.target.path, int(pair.target.raw["vocab_size"]))
+    sampling = sampling_params(args)
     batch = args.batch_size
     if batch is not None and args.engine == "stock":
         raise UserError("--engine stock runs one prompt at a time: drop --batch-size, or use --engine eager")
@@ -76,8 +82,10 @@ def run(args) -> int:
 
         loop = build_device_loop(pair, args.num_draft, longest + args.max_new_tokens, dtype, args.device,
                                  tree_budget=tree or 0)
-        results = loop.generate_batch(prompts, args.max_new_tokens, pair.eos_token_ids, batch_size=batch)
-        emit(results, args, tokenizer, {"engine": "batched", "batch_size": min(batch, len(prompts))})
+        results = loop.generate_batch(prompts, args.max_new_tokens, pair.eos_token_ids, batch_size=batch,
+                                      sampling=sampling)
+        emit(results, args, tokenizer, {"engine": "batched", "batch_size": min(batch, len(prompts)),
+                                        "sampling": sampling_json(sampling)})
         return 0
     if tree is not None:
         from specc.runtime.eager import build_eager
@@ -85,20 +93,28 @@ def run(args) -> int:
         decoder = build_eager(pair, args.num_draft, longest + args.max_new_tokens, dtype, args.device, tree_budget=tree)
         results, extras = [], []
         for ids in prompts:
-            result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids)
+            result = decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids, sampling)
             s = result.stats
             extras.append({"budget": tree, "depth": decoder.num_draft, "nodes_per_step": list(s.tree_nodes),
                            "mean_nodes": sum(s.tree_nodes) / max(1, len(s.tree_nodes)),
                            "accepted_lengths": list(s.accepted_lengths)})
             results.append(result)
         if args.prompts is None:
-            emit_result(results[0], args, tokenizer, {"engine": "eager", "tree": extras[0]})
+            emit_result(results[0], args, tokenizer, {"engine": "eager", "tree": extras[0],
+                                                      "sampling": sampling_json(sampling)})
         else:
-            emit_results(results, args, tokenizer, {"engine": "eager", "tree": {"budget": tree}})
+            emit_results(results, args, tokenizer, {"engine": "eager", "tree": {"budget": tree},
+                                                    "sampling": sampling_json(sampling)})
         return 0
     names = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "")
     with Progress.for_args(args) as progress:
-        if engine == "stock":
+        if engine == "stock" and sampling is not None:
+            from specc.stock.runner import load_hf_causal_lm
+            from specc.stock.sampling import sample_ar
+
+            progress(f"loading {pair.target.name} (HF transformers, {args.dtype}, {args.device})")
+            target = load_hf_causal_lm(pair.target.path, dtype, args.device)
+        elif engine == "stock":
             from specc.stock.runner import StockSystem
 
             progress(f"loading {names} (HF transformers, {args.dtype}, {args.device})")
@@ -112,9 +128,11 @@ def run(args) -> int:
         for i, ids in enumerate(prompts):
             which = f" (prompt {i + 1}/{len(prompts)})" if len(prompts) > 1 else ""
             progress(f"generating {args.max_new_tokens} tokens ({pair.method}){which}")
-            if engine == "stock":
+            if engine == "stock" and sampling is not None:  # stock sampling: the target alone
+                results.append(sample_ar(target, ids, args.max_new_tokens, sampling, pair.eos_token_ids))
+            elif engine == "stock":
                 results.append(system.generate(ids, args.max_new_tokens))
             else:
-                results.append(decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids))
-    emit(results, args, tokenizer, {"engine": engine})
+                results.append(decoder.generate(ids, args.max_new_tokens, pair.eos_token_ids, sampling))
+    emit(results, args, tokenizer, {"engine": engine, "sampling": sampling_json(sampling)})
     return 0

@@ -57,6 +57,7 @@ class _Request:
     slot: int | None = None
     draft_forwards_at_join: int = 0
     acceptance: AcceptanceEstimate = dataclasses.field(default_factory=AcceptanceEstimate)
+    seed: int | None = None  # sampling seed (None: the scheduler's)
 
 
 class BatchScheduler:
@@ -65,7 +66,7 @@ class BatchScheduler:
     request submitted without its own (the engine passes the model's). ``draft_length``: a
     goodput rule (``specc.runtime.adaptive``) choosing each step's drafts, or None."""
 
-    def __init__(self, loop, capacity: int, eos_token_ids=(), draft_length=None):
+    def __init__(self, loop, capacity: int, eos_token_ids=(), draft_length=None, sampling=None):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.loop, self.capacity = loop, capacity
@@ -75,7 +76,7 @@ class BatchScheduler:
         self.draft_length = draft_length
         self.last_num_draft: int | None = None
         with torch.inference_mode():  # the loop's state lives in inference mode
-            loop.open_slots(capacity)
+            loop.open_slots(capacity, sampling)  # one SamplingParams for every request (None: greedy)
         self._ids = itertools.count()
         self._queue: collections.deque[_Request] = collections.deque()
         self._slots: list[_Request | None] = [None] * capacity
@@ -83,9 +84,10 @@ class BatchScheduler:
 
     # --- the server-facing surface -----------------------------------------------------------
 
-    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=None) -> int:
+    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=None, seed: int | None = None) -> int:
         """Queue a request; returns its id. ``eos_token_ids``: an id, ids, () for none, or None
-        for the scheduler's default. Raises ValueError for an empty prompt, a negative budget,
+        for the scheduler's default. ``seed``: the request's sampling seed (None: the scheduler's
+        ``SamplingParams.seed``; unused when greedy). Raises ValueError for an empty prompt, a negative budget,
         or a prompt + budget that does not fit the loop's ``max_len``."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
@@ -101,7 +103,9 @@ class BatchScheduler:
             eos = (eos_token_ids,)
         else:
             eos = tuple(int(e) for e in eos_token_ids)
-        request = _Request(next(self._ids), prompt, max_new_tokens, eos)
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 63):
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
+        request = _Request(next(self._ids), prompt, max_new_tokens, eos, seed=seed)
         self._queue.append(request)
         return request.rid
 
@@ -178,7 +182,7 @@ class BatchScheduler:
             slot = self._slots.index(None)
             request.slot, self._slots[slot] = slot, request
             request.draft_forwards_at_join = self._draft_forwards()
-            first = self.loop.prefill_slot(slot, request.prompt)
+            first = self.loop.prefill_slot(slot, request.prompt, request.seed)
             request.stats.target_forwards += 1
             events.append(self._commit(request, [first]))
         return events

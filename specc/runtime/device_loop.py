@@ -26,6 +26,11 @@ target's token at its last node, compacts the path's K/V into place
 (``DecodingState.commit(accepted + 1, path)``) and hands DFlash the target's hidden states
 gathered along the path. Still one host copy per step, and static shapes (N per budget).
 
+At temperature > 0 the decoding policy (``specc.runtime.policy``, chosen per scheduler: one set of
+sampling parameters, one seed per request) samples the drafts and verifies by speculative sampling
+(``specc.runtime.sampling_verify``) at the same points of the step; greedy generation makes the
+calls it always made.
+
 Same algorithm and statistics as the eager reference loop (``specc.runtime.eager``), which is a
 separate implementation of the same surface, not a base class of this one.
 """
@@ -39,6 +44,7 @@ import torch
 
 from specc.result import GenerationResult, as_prompt_list
 from specc.runtime.loop import SpeculativeLoop
+from specc.runtime.policy import GreedyPolicy, decoding_policy
 from specc.runtime.state import DecodingState, reserve_block, slot_view
 from specc.runtime.trees import DraftTree, plan_tree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
@@ -201,12 +207,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             start += len(branch)
         return out
 
-    def generate_batch(self, prompts, max_new_tokens, eos_token_ids=(), batch_size: int | None = None
-                       ) -> list[GenerationResult]:
-        """Greedy generation for several prompts (any lengths), ``batch_size`` rows at a time
-        (default: all at once) with continuous batching (``specc.runtime.batching``): per
-        prompt the same tokens as that prompt alone. ``max_new_tokens``: one budget or one per
-        prompt."""
+    def generate_batch(self, prompts, max_new_tokens, eos_token_ids=(), sampling=None, seeds=None,
+                       batch_size: int | None = None) -> list[GenerationResult]:
+        """Generation for several prompts (any lengths), ``batch_size`` rows at a time (default:
+        all at once) with continuous batching (``specc.runtime.batching``): per prompt the same
+        tokens as that prompt alone. ``max_new_tokens``: one budget or one per prompt.
+        ``sampling``: ``SamplingParams`` (None: greedy); ``seeds``: one per prompt (default:
+        ``sampling.seed`` for each)."""
         from specc.runtime.batching import BatchScheduler
 
         prompts = [as_prompt_list(p) for p in prompts]
@@ -214,13 +221,16 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if len(budgets) != len(prompts):
             raise ValueError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts")
         with torch.inference_mode():
-            scheduler = BatchScheduler(self, max(1, min(batch_size or len(prompts), len(prompts))))
-            return scheduler.run([(p, m, eos_token_ids) for p, m in zip(prompts, budgets)])
+            scheduler = BatchScheduler(self, max(1, min(batch_size or len(prompts), len(prompts))), sampling=sampling)
+            seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+            if len(seeds) != len(prompts):
+                raise ValueError(f"seeds: {len(seeds)} given for {len(prompts)} prompts")
+            return scheduler.run([(p, m, eos_token_ids, s) for p, m, s in zip(prompts, budgets, seeds)])
 
-    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
+    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None):
         from specc.runtime.batching import BatchScheduler
 
-        scheduler = BatchScheduler(self, 1)
+        scheduler = BatchScheduler(self, 1, sampling=sampling)
         rid = scheduler.submit(as_prompt_list(input_ids), max_new_tokens, eos_token_ids)
         for event in scheduler.admit():  # the prefill's token reaches the caller at once
             yield from event.tokens
@@ -231,8 +241,12 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     # --- slots: what a scheduler (``specc.runtime.batching.BatchScheduler``) drives -------------
 
-    def open_slots(self, rows: int) -> None:
-        """Start over with ``rows`` free slots (reallocating the state when the batch changes)."""
+    def open_slots(self, rows: int, sampling=None) -> None:
+        """Start over with ``rows`` free slots (reallocating the state when the batch changes).
+        ``sampling``: the ``SamplingParams`` every request of these slots decodes with (None or
+        temperature 0: greedy)."""
+        self._sampling = None if sampling is None or sampling.greedy else sampling
+        self.policy = GreedyPolicy()  # a SamplingPolicy is made at the first prefill (it needs the vocabulary)
         if rows != self.batch:
             self.resize(self.max_len, rows)
         k_max = self.num_draft if self.drafter is not None else 0
@@ -247,7 +261,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.part_seconds = {}
         self._timer = PartTimer(self.target.device) if self.profile else _NoTimer()
 
-    def prefill_slot(self, slot: int, prompt: list[int]) -> int:
+    def prefill_slot(self, slot: int, prompt: list[int], seed: int | None = None) -> int:
         """Run ``prompt`` through the target into ``slot`` alone (a batch-1 forward on views of
         the slot's state rows; the other slots are untouched), start the drafter's sequence
         there, and return the first generated token (one host sync)."""
@@ -263,7 +277,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             out = step(ids, self._arange(plen), torch.zeros(1, dtype=torch.long, device=dev))
         logits, context = out if isinstance(out, tuple) else (out, None)
         self.state.lengths[slot] = plen  # the first generated token's K/V lands with the first verify step
-        first = logits[:, -1].argmax(-1)
+        if self._sampling is None:
+            first = logits[:, -1].argmax(-1)
+        else:
+            if isinstance(self.policy, GreedyPolicy):
+                self.policy = decoding_policy(self._sampling, self.batch, self.seq[:, :1], logits.shape[-1],
+                                              [self._sampling.seed] * self.batch)
+            self.policy.start_row(slot, self._sampling.seed if seed is None else seed, self.seq[slot, :plen])
+            first = self.policy.first_row(slot, logits[:, -1], torch.tensor([plen], device=dev))
         self.seq[slot, plen] = first[0]
         self.n[slot], self.live[slot], self._live_mask = plen + 1, True, None
         if self.drafter is not None:
@@ -307,7 +328,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if self.tree_budget and k > 0:
             host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, drafting)
         else:
-            drafts = self._draft_rows(seq, n, k, drafting) if k > 0 else seq[:, :0]
+            policy = self.policy
+            q = None
+            if k == 0:
+                drafts = seq[:, :0]
+            elif isinstance(policy, GreedyPolicy):
+                drafts = self._draft_rows(seq, n, k, drafting)
+            else:
+                drafts, q = policy.draft(self.drafter, seq, n, k, self.state.lengths, drafting)
             timer.mark("verify")
             if rows == 1:
                 last = seq[:, n[0] - 1:n[0]]
@@ -317,7 +345,11 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             timer.mark("accept")
             if caps is None and rows > 1:
                 caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
-            accepted, committed = self.verifier.verify(drafts, logits, caps)
+            if isinstance(policy, GreedyPolicy):
+                accepted, committed = self.verifier.verify(drafts, logits, caps)
+            else:
+                accepted, committed = policy.verify_chain(self.verifier, drafts, q, logits, caps, self.state.lengths)
+                policy.observe(committed, accepted * active if active is not None else accepted)
             if rows == 1:
                 seq[:, n[0]:n[0] + k + 1] = committed
                 self.state.commit(accepted + 1)
@@ -348,15 +380,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         root = seq.gather(1, lengths[:, None])[:, 0]  # the last committed token (not yet in the cache)
         draft_logits = self._draft_rows(seq, n, k, drafting, logits=True)  # [B, k, V], one forward
         tree_fns = self._tree_fns()
-        tokens, parents, depths, positions, mask = tree_fns["plan"](draft_logits, root, lengths,
-                                                                    self.tree_budget, self.tree_topk)
+        policy = self.policy
+        tokens, parents, depths, positions, mask = tree_fns["plan"](policy.tree_logits(draft_logits, lengths), root,
+                                                                    lengths, self.tree_budget, self.tree_topk)
         timer.mark("verify")
         out = self.tree_target(tokens, positions, lengths, mask)
         logits, hidden = out if isinstance(out, tuple) else (out, None)
         timer.mark("accept")
         if caps is None and seq.shape[0] > 1:
             caps = torch.full_like(lengths, k)
-        accepted, committed, path = tree_fns["accept"](tokens, parents, depths, mask, logits, caps, k)
+        accepted, committed, path = policy.accept_tree(tree_fns["accept"], tokens, parents, depths, mask, logits, caps,
+                                                       k, lengths)
         if active is not None:
             accepted = accepted * active
         seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)

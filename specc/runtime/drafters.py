@@ -178,6 +178,16 @@ class Drafter:
         drafters only (``supports_tree``): a tree step builds its draft tree from them."""
         raise NotImplementedError(f"the {self.name} drafter gives no per-position distributions (chains only)")
 
+    def propose_sampled_rows(self, seq: torch.Tensor, n: list[int], k: int, pick, active=None):
+        """Speculative sampling's drafts: ``pick(logits [R, V], j, rows) -> (token [R], q [R, V])``
+        draws the j-th draft of ``rows`` (None: every row) from the drafter's logits there
+        (``specc.runtime.policy``). Returns (drafts [B, k], q [B, k, V]). A parallel drafter picks
+        each position from its one forward's logits (their marginals; each draft is drawn from
+        exactly the q it reports)."""
+        logits = self.propose_logits_rows(seq, n, k) if active is None else self.propose_logits_rows(seq, n, k, active=active)
+        picked = [pick(logits[:, j], j, None) for j in range(k)]
+        return torch.stack([t for t, _ in picked], 1), torch.stack([q for _, q in picked], 1)
+
     def accepted_rows(self, n: list[int], accepted: list[int], k: int, context: torch.Tensor | None) -> None:
         """Verification of a step that began with ``n[b]`` committed tokens per row accepted
         ``accepted[b]`` of ``k`` drafts; ``context`` holds the target's captured hidden states
@@ -276,18 +286,39 @@ class ARDraft(CausalDrafter):
     def propose_rows(self, seq, n, k, active=None):
         return self._draft(seq, n, k, active, lambda s, st, m, first, slot: self._chain(s, st, m, k, first, slot))
 
-    def _chain(self, seq, starts, m, k, first, slot):
+    def propose_sampled_rows(self, seq, n, k, pick, active=None):
+        """Each draft drawn (``pick``) from the drafter's distribution after the drafts before it.
+        Solo rows (:meth:`_draft`) pick for their own row. The batched and solo results travel
+        through the row merge as one tensor [rows, k, 1 + V] (token id as a float, exact below
+        2**24, then q) and are split after."""
+        def run(s, st, m, first, slot):
+            drafts, qs = self._chain(s, st, m, k, first, slot, pick)
+            return torch.cat([drafts.to(qs.dtype)[..., None], qs], dim=-1)
+
+        both = self._draft(seq, n, k, active, run)
+        return both[..., 0].to(torch.long), both[..., 1:]
+
+    def _chain(self, seq, starts, m, k, first, slot, pick=None):
+        """k drafts fed back one by one; ``pick`` (sampling): (drafts, q [rows, k, V]) instead of
+        the greedy drafts."""
         dev = self.model.device
-        drafts = []
+        drafts, qs = [], []
         feed = _window(seq, starts, m)
-        for _ in range(k):
+        for j in range(k):
             self.forwards += 1
             logits = self._call(slot, first, feed, *_rows(starts, feed.shape[1], dev))
-            drafts.append(logits[:, -1].argmax(-1, keepdim=True))  # fed back without leaving the GPU
+            if pick is None:
+                drafts.append(logits[:, -1].argmax(-1, keepdim=True))  # fed back without leaving the GPU
+            else:
+                token, q = pick(logits[:, -1], j, None if slot is None else [slot])
+                drafts.append(token[:, None])
+                qs.append(q)
             starts = [s + feed.shape[1] for s in starts]
             feed = drafts[-1]
             first = first and slot is not None
-        return torch.cat(drafts, dim=1)
+        if pick is None:
+            return torch.cat(drafts, dim=1)
+        return torch.cat(drafts, dim=1), torch.stack(qs, 1)
 
     def accepted_rows(self, n, accepted, k, context) -> None:
         if k:

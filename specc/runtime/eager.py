@@ -2,7 +2,8 @@
 
 This is the loop the compiled engine reproduces with generated kernels; here it runs the model
 definitions eagerly, which makes it the bridge in the lossless proof: stock (HF) == this loop ==
-compiled. Greedy; batch 1 on host lists; acceptance by the same ``ChainVerifier`` (tree mode:
+compiled. Greedy, or speculative sampling through the same decoding policy as the production
+loop (``specc.runtime.policy``); batch 1 on host lists; acceptance by the same ``ChainVerifier`` (tree mode:
 ``TreeVerifier``) as the production loop (``specc.runtime.device_loop``), which is a separate implementation of the same
 surface (``specc.runtime.loop.SpeculativeLoop``), not a subclass of this one.
 """
@@ -16,6 +17,7 @@ import torch
 from specc.result import GenerationResult, GenerationStats, as_prompt_list, clip_committed
 from specc.runtime.drafters import Drafter
 from specc.runtime.loop import SpeculativeLoop
+from specc.runtime.policy import decoding_policy
 from specc.runtime.state import DecodingState, get_attr, reserve_block, state_specs_of
 from specc.runtime.trees import build_tree
 from specc.runtime.verifiers import TreeVerifier
@@ -72,14 +74,17 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
             pos += len(chunk)
         return out[: len(tokens)]
 
-    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
+    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None):
         prompt = as_prompt_list(input_ids)
         if len(prompt) + max_new_tokens > self.max_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds max_len {self.max_len}")
         stats = GenerationStats()
         logits, context = self._target(prompt, 0)
         stats.target_forwards += 1
-        tokens, stop = clip_committed([int(logits[0, -1].argmax())], 0, max_new_tokens, eos_token_ids)
+        dev = logits.device
+        policy = decoding_policy(sampling, 1, torch.tensor([prompt], device=dev), logits.shape[-1])
+        first = policy.first(logits[:, -1], torch.tensor([len(prompt)], device=dev))
+        tokens, stop = clip_committed([int(first[0])], 0, max_new_tokens, eos_token_ids)
         yield from tokens
         if self.drafter is not None:
             self.drafter.forwards = 0
@@ -90,18 +95,20 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
             if self.drafter is not None:
                 k = min(self.num_draft, max_new_tokens - len(tokens) - 1) if self.cap_to_budget else self.num_draft
             if self.tree_budget and k > 0:
-                step, stop, nodes = self._tree_step(seq, k, tokens, max_new_tokens, eos_token_ids)
+                step, stop, nodes = self._tree_step(seq, k, tokens, max_new_tokens, eos_token_ids, policy)
                 stats.target_forwards += 1
                 tokens += step
                 stats.accepted_lengths.append(len(step))
                 stats.tree_nodes.append(nodes)
                 yield from step
                 continue
-            drafts = self.drafter.propose(seq, k) if k > 0 else []
+            lengths = torch.tensor([len(seq) - 1], device=dev)  # the last committed token's position
+            drafts, q = policy.draft_list(self.drafter, seq, k, lengths) if k > 0 else ([], None)
             logits, context = self._target([seq[-1]] + drafts, len(seq) - 1)
             stats.target_forwards += 1
-            dev = logits.device
-            accepted, committed = self.verifier.verify(torch.tensor([drafts], dtype=torch.long, device=dev), logits)
+            accepted, committed = policy.verify_chain(self.verifier, torch.tensor([drafts], dtype=torch.long, device=dev),
+                                                      q, logits, None, lengths)
+            policy.observe(committed, accepted)
             a, posterior = int(accepted[0]), committed[0].tolist()
             self.snapshots.commit(accepted + 1)
             if self.drafter is not None:
@@ -114,18 +121,19 @@ class EagerSpeculativeDecoder(SpeculativeLoop):
         return GenerationResult.finish(tokens, stats, self.method, eos_token_ids)
 
 
-    def _tree_step(self, seq: list[int], k: int, tokens: list[int], max_new_tokens: int, eos_token_ids):
+    def _tree_step(self, seq: list[int], k: int, tokens: list[int], max_new_tokens: int, eos_token_ids, policy):
         """One tree step, plainly: draft tree from the drafter's k distributions, one target
         forward over its nodes with the ancestor mask, greedy path acceptance, then the accepted
         path's K/V copied to consecutive cache slots (and DFlash's context taken along it)."""
         dev = self.target.device
         base = len(seq) - 1  # the root (last committed token) goes to this cache slot
-        logprobs = self.drafter.propose_logits(seq, k).float().log_softmax(-1)
-        tree = build_tree(logprobs, torch.tensor([seq[-1]], device=dev), self.tree_budget, self.tree_topk)
         start = torch.tensor([base], device=dev)
+        logprobs = policy.tree_logprobs(self.drafter.propose_logits(seq, k), start)
+        tree = build_tree(logprobs, torch.tensor([seq[-1]], device=dev), self.tree_budget, self.tree_topk)
         out = self.target(tree.tokens, tree.positions(start), start, tree.ancestor_mask())
         logits, hidden = out if isinstance(out, tuple) else (out, None)
-        res = TreeVerifier().verify_tree(tree, logits)
+        res = policy.verify_tree(TreeVerifier(), tree, logits, None, None, start)
+        policy.observe(res.committed, res.accepted)
         a = int(res.accepted[0])
         path = res.path[0, : a + 1].tolist()
         for spec in state_specs_of(self.target):  # path slots ascend and path[p] >= p: copy in order

@@ -2,7 +2,7 @@
 
 It imports the generated step modules, binds their weights, allocates static caches and runs
 the device-resident speculative loop (``specc.runtime.device_loop``: drafts, verification input
-and greedy acceptance stay on the device, one small host copy per step) with the compiled steps
+and acceptance, greedy or sampling, stay on the device, one small host copy per step) with the compiled steps
 in place of the model definitions (same signatures as the definitions, so the loop is checked
 against the eager reference loop and stock on the same inputs).
 """
@@ -23,6 +23,7 @@ from specc.result import GenerationResult
 from specc.runtime.compiled import import_step_class
 from specc.runtime.drafters import drafter_from_manifest
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
+from specc.sampling.params import SamplingParams
 
 
 class Engine:
@@ -47,16 +48,24 @@ class Engine:
             return self.eos_token_ids
         return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
 
-    def generate(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, profile: bool = False) -> GenerationResult:
-        """Greedy generation. ``eos_token_id``: an id, ids, or None for the model's own EOS; () for none.
-        ``profile``: also time the loop's parts (prefill / draft / verify / accept) into
-        ``last_stats["part_seconds"]`` (synchronises at each boundary)."""
+    def generate(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, profile: bool = False,
+                 sampling: SamplingParams | None = None, *, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 repetition_penalty: float | None = None, seed: int | None = None) -> GenerationResult:
+        """Generation: greedy by default, speculative sampling with ``temperature`` > 0 (and
+        ``top_k`` / ``top_p`` / ``min_p`` / ``repetition_penalty`` / ``seed``, or a whole
+        ``sampling=SamplingParams(...)`` that the keywords override); equal in distribution to
+        sampling the target alone (docs/sampling.md). ``eos_token_id``: an id, ids, or None for
+        the model's own EOS; () for none. ``profile``: also time the loop's parts (prefill / draft
+        / verify / accept) into ``last_stats["part_seconds"]`` (synchronises at each boundary)."""
+        params = SamplingParams.coerce(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                       repetition_penalty=repetition_penalty, seed=seed)
         self.loop.profile = profile
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
         first_at = None
-        gen = self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id))
+        gen = self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id), params)
         while True:
             try:
                 next(gen)
@@ -73,12 +82,15 @@ class Engine:
             self.last_stats["part_seconds"] = dict(self.loop.part_seconds)
         return result
 
-    def generate_batch(self, prompts, max_new_tokens=64, eos_token_id=None, batch_size: int | None = None
-                       ) -> list[GenerationResult]:
-        """Greedy generation for several prompts of any lengths, decoded ``batch_size`` at a
-        time (default: all together) with continuous batching; one result per prompt, in order,
-        each equal to that prompt run alone. ``max_new_tokens``: one budget or one per prompt;
-        ``eos_token_id`` as in ``generate``. ``last_stats``: seconds and tokens/s of the batch."""
+    def generate_batch(self, prompts, max_new_tokens=64, eos_token_id=None, batch_size: int | None = None,
+                       sampling: SamplingParams | None = None, seeds=None, **sampling_fields) -> list[GenerationResult]:
+        """Generation for several prompts of any lengths, decoded ``batch_size`` at a time
+        (default: all together) with continuous batching; one result per prompt, in order, each
+        equal to that prompt run alone (greedy; sampling: the same seed gives the same tokens).
+        ``max_new_tokens``: one budget or one per prompt; ``eos_token_id`` as in ``generate``;
+        sampling as in ``generate``, one seed per prompt in ``seeds`` (default: the params'
+        seed). ``last_stats``: seconds and tokens/s of the batch."""
+        params = SamplingParams.coerce(sampling, **sampling_fields)
         prompts = [list(p) for p in prompts]
         budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
         if len(budgets) != len(prompts):
@@ -89,7 +101,7 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        results = self.loop.generate_batch(prompts, budgets, self._eos(eos_token_id), batch_size)
+        results = self.loop.generate_batch(prompts, budgets, self._eos(eos_token_id), params, seeds, batch_size=batch_size)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
@@ -98,7 +110,8 @@ class Engine:
                            "prompts": len(prompts), "batch_size": self.loop.batch}
         return results
 
-    def scheduler(self, capacity: int, max_len: int | None = None, draft_length=None):
+    def scheduler(self, capacity: int, max_len: int | None = None, draft_length=None,
+                  sampling: SamplingParams | None = None):
         """A continuous-batching scheduler over this engine's loop (``specc.runtime.batching``:
         ``submit`` / ``step`` / ``cancel`` / ``take``) with ``capacity`` slots of up to
         ``max_len`` tokens each (prompt + new tokens; default: the engine's). Requests without
@@ -110,12 +123,15 @@ class Engine:
 
         if max_len is not None:
             self.set_max_len(max_len)
-        return BatchScheduler(self.loop, capacity, self.eos_token_ids, draft_length)
+        return BatchScheduler(self.loop, capacity, self.eos_token_ids, draft_length, sampling=sampling)
 
-    def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None) -> Iterator[int]:
+    def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, sampling: SamplingParams | None = None,
+               **sampling_fields) -> Iterator[int]:
         """Yield tokens as they are committed (one verification step at a time); the generator
-        returns the ``GenerationResult`` (``StopIteration.value``), as ``generate`` does."""
-        return (yield from self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id)))
+        returns the ``GenerationResult`` (``StopIteration.value``), as ``generate`` does. Sampling
+        as in ``generate`` (``temperature=``, ``top_p=``, ... or ``sampling=``)."""
+        params = SamplingParams.coerce(sampling, **sampling_fields)
+        return (yield from self.loop.stream(input_ids, max_new_tokens, self._eos(eos_token_id), params))
 
     def forced_argmax(self, prompt, tokens):
         return self.loop.forced_argmax(prompt, tokens)

@@ -30,17 +30,18 @@ class SpeculativeLoop:
         """The drafting strategy's registered name ("ar" without a drafter)."""
         return self.drafter.name if self.drafter is not None else "ar"
 
-    def generate(self, input_ids, max_new_tokens: int, eos_token_ids=()) -> GenerationResult:
-        return run_to_end(self.stream(input_ids, max_new_tokens, eos_token_ids))
+    def generate(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None) -> GenerationResult:
+        """``sampling``: a ``specc.sampling.SamplingParams`` (None or temperature 0: greedy)."""
+        return run_to_end(self.stream(input_ids, max_new_tokens, eos_token_ids, sampling))
 
-    def stream(self, input_ids, max_new_tokens: int, eos_token_ids=()):
+    def stream(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None):
         """Yield each committed token as soon as its verification step finishes."""
         import torch
 
         with torch.inference_mode():
-            return (yield from self._loop(input_ids, max_new_tokens, eos_token_ids))
+            return (yield from self._loop(input_ids, max_new_tokens, eos_token_ids, sampling))
 
-    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=()):
+    def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None):
         raise NotImplementedError
 
     def forced_argmax(self, prompt, tokens) -> list[int]:

@@ -89,7 +89,7 @@ def create_app(backend: ServeBackend, info: ModelInfo | None = None) -> FastAPI:
         _check_request(body, info)
         ids = completion_prompt_ids(body.prompt, info)
         check_length(len(ids), body.max_tokens, info)
-        gen = _Generation(backend, info, metrics, ids, body.max_tokens, _stop(body, info), "cmpl")
+        gen = _Generation(backend, info, metrics, ids, body.max_tokens, _stop(body, info), "cmpl", _sampling(body))
         echo = _prompt_text(body.prompt, ids, info) if body.echo else ""
 
         def choice(text: str, tokens: list[int], finish_reason, with_prompt: bool = True):
@@ -126,7 +126,7 @@ def create_app(backend: ServeBackend, info: ModelInfo | None = None) -> FastAPI:
                                f"({info.max_len})", code="context_length_exceeded", param="messages")
         check_length(len(ids), max_tokens, info,
                      "max_completion_tokens" if body.max_completion_tokens else "max_tokens")
-        gen = _Generation(backend, info, metrics, ids, max_tokens, _stop(body, info), "chatcmpl")
+        gen = _Generation(backend, info, metrics, ids, max_tokens, _stop(body, info), "chatcmpl", _sampling(body))
 
         if body.stream:
             started = False
@@ -161,11 +161,11 @@ class _Generation:
     and the metrics it feeds."""
 
     def __init__(self, backend, info: ModelInfo, metrics: ServeMetrics, prompt_ids: list[int], max_tokens: int,
-                 stop: tuple[str, ...], prefix: str):
+                 stop: tuple[str, ...], prefix: str, sampling=None):
         self.backend, self.metrics, self.model = backend, metrics, info.name
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.prompt_ids = prompt_ids
-        self.request = GenerationRequest(self.id, tuple(prompt_ids), int(max_tokens))
+        self.request = GenerationRequest(self.id, tuple(prompt_ids), int(max_tokens), sampling=sampling)
         self.text = IncrementalText(info.tokenizer, stop, info.eos_token_ids)
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
@@ -307,6 +307,15 @@ def _check_request(body, info: ModelInfo) -> None:
     refused = unsupported(body)
     if refused:
         raise RequestError(refused[0], param=refused[1], code="unsupported")
+
+
+def _sampling(body):
+    """The request's SamplingParams (None: greedy); a value SamplingParams refuses is a 400."""
+    try:
+        return body.sampling_params()
+    except ValueError as exc:
+        field = str(exc).split()[0]
+        raise RequestError(str(exc), param=field) from None
 
 
 def _stop(body, info: ModelInfo) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     eos_token_ids: tuple[int, ...] | None = None
+    sampling: object | None = None  # a specc.sampling.SamplingParams; None: greedy
 
 
 @dataclasses.dataclass(frozen=True)

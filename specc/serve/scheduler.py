@@ -44,7 +44,8 @@ class StepOutput:
 
 
 class Scheduler(Protocol):
-    def submit(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...]) -> int: ...
+    def submit(self, prompt_ids: list[int], max_new_tokens: int, eos_token_ids: tuple[int, ...],
+               sampling=None) -> int: ...
 
     def step(self) -> list[StepOutput]: ...
 
@@ -63,6 +64,7 @@ class _Queued:
     prompt_ids: list[int]
     max_new_tokens: int
     eos_token_ids: tuple[int, ...]
+    sampling: object | None = None  # SamplingParams; None: greedy
     tokens: list[int] = dataclasses.field(default_factory=list)  # generated so far
 
 
@@ -80,10 +82,10 @@ class SerialScheduler:
         self._waiting: collections.OrderedDict[int, _Queued] = collections.OrderedDict()
         self._current: tuple[int, object, _Queued] | None = None  # (rid, the engine's token generator, request)
 
-    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=()) -> int:
+    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=(), sampling=None) -> int:
         rid = self._next_rid
         self._next_rid += 1
-        self._waiting[rid] = _Queued(rid, list(prompt_ids), int(max_new_tokens), tuple(eos_token_ids))
+        self._waiting[rid] = _Queued(rid, list(prompt_ids), int(max_new_tokens), tuple(eos_token_ids), sampling)
         return rid
 
     @property
@@ -106,7 +108,8 @@ class SerialScheduler:
             if not self._waiting:
                 return []
             _, q = self._waiting.popitem(last=False)
-            self._current = (q.rid, self.engine.stream(q.prompt_ids, q.max_new_tokens, q.eos_token_ids), q)
+            self._current = (q.rid, self.engine.stream(q.prompt_ids, q.max_new_tokens, q.eos_token_ids,
+                                                       sampling=q.sampling), q)
         rid, gen, q = self._current
         try:
             token = next(gen)
@@ -133,7 +136,13 @@ class BatchingScheduler:
     def __init__(self, engine, capacity: int, max_len: int | None = None):
         self._inner = engine.scheduler(capacity, max_len)
 
-    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=()) -> int:
+    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=(), sampling=None) -> int:
+        """Greedy requests only for now: the batch decodes with one set of sampling parameters
+        (``BatchScheduler(sampling=)``), so a request with temperature > 0 is refused here (run
+        the server without --batch-size to sample)."""
+        if sampling is not None and not sampling.greedy:
+            raise ValueError("temperature > 0 is not supported with --batch-size yet (one sampling setting per "
+                             "batch); run `specc serve` without --batch-size to sample")
         return self._inner.submit(list(prompt_ids), int(max_new_tokens), tuple(eos_token_ids))
 
     @property

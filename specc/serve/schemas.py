@@ -3,8 +3,10 @@
 Fields are typed strictly (``"max_tokens": "16"`` is an error, not 16) and unknown fields are
 refused, so a request never silently means something other than what it says (the app drops
 fields sent as null first: null asks for the default). Fields the server accepts but cannot
-honour (sampling, several choices, log-probabilities, penalties) are checked by
-``unsupported()`` with a message saying why.
+honour (several choices, log-probabilities, presence / frequency penalties) are checked by
+``unsupported()`` with a message saying why. Sampling (``temperature`` > 0 with ``top_p``, ``seed``
+and the extensions ``top_k``, ``min_p``, ``repetition_penalty``, as in vLLM) becomes a
+``SamplingParams`` (``sampling_params()``); an absent temperature means greedy.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = Field(None, description="up to 4 stop strings")
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2 ** 63)
+    top_k: int | None = Field(None, ge=0)  # extensions (as in vLLM): top_k, min_p, repetition_penalty
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
     n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -48,6 +53,21 @@ class _Sampling(BaseModel):
 
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def sampling_params(self):
+        """(``SamplingParams`` or None for greedy, the field a ValueError is about). Without a
+        ``seed`` a sampling request gets a random one (the response is then not reproducible)."""
+        import secrets
+
+        from specc.sampling import SamplingParams
+
+        if not self.temperature:
+            return None
+        seed = self.seed if self.seed is not None else secrets.randbits(63)
+        return SamplingParams(temperature=self.temperature, top_p=1.0 if self.top_p is None else self.top_p,
+                              top_k=self.top_k or 0, min_p=self.min_p or 0.0,
+                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                              seed=seed)
 
 
 class CompletionRequest(_Sampling):
@@ -102,15 +122,12 @@ class ChatCompletionRequest(_Sampling):
 
 
 def unsupported(req: _Sampling) -> tuple[str, str] | None:
-    """(message, field) for a request asking for what greedy decoding cannot give, else None."""
-    if req.temperature:
-        return ("temperature > 0 (sampling) is not supported: this server decodes greedily; "
-                "send temperature 0 or leave it out"), "temperature"
+    """(message, field) for a request asking for what this server cannot give, else None."""
     if req.n not in (None, 1):
-        return f"n must be 1 (got {req.n}): greedy decoding gives one choice", "n"
+        return f"n must be 1 (got {req.n}): one choice per request", "n"
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(req, name):
-            return f"{name} is not supported (greedy decoding without penalties)", name
+            return f"{name} is not supported (repetition_penalty is)", name
     if req.logit_bias:
         return "logit_bias is not supported", "logit_bias"
     logprobs = getattr(req, "logprobs", None)

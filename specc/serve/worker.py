@@ -184,7 +184,7 @@ class EngineWorker:
         r = h.request
         eos = self.info.eos_token_ids if r.eos_token_ids is None else r.eos_token_ids
         try:
-            h.rid = scheduler.submit(list(r.prompt_ids), r.max_new_tokens, tuple(eos))
+            h.rid = scheduler.submit(list(r.prompt_ids), r.max_new_tokens, tuple(eos), r.sampling)
         except Exception as exc:
             self._count(failed=1)
             self._deliver(h, exc)

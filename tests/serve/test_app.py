@@ -158,7 +158,8 @@ BAD = [  # (body, status, param, words in the message)
     ({"prompt": [1] * 60, "max_tokens": 10}, 400, "max_tokens", "maximum length is 64"),
     ({"prompt": [1] * 70, "max_tokens": 1}, 400, "prompt", "maximum length is 64"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "does not exist"),
-    ({"prompt": "x", "temperature": 0.7}, 400, "temperature", "greedily"),
+    ({"prompt": "x", "temperature": 0.7, "top_p": 0}, 400, "top_p", "top_p must be in (0, 1]"),
+    ({"prompt": "x", "temperature": 0.7, "seed": -1}, 400, "seed", "greater than or equal to 0"),
     ({"prompt": "x", "temperature": 5}, 400, "temperature", "less than or equal to 2"),
     ({"prompt": "x", "n": 2}, 400, "n", "n must be 1"),
     ({"prompt": "x", "logprobs": 0}, 400, "logprobs", "not supported"),
@@ -226,7 +227,7 @@ def test_models_health_and_metrics(fake_info):
     assert client.get("/v1/models").json()["data"][0] | {"created": 0} == {
         "id": "fake", "object": "model", "created": 0, "owned_by": "specc", "max_model_len": 64}
     client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 3})
-    client.post("/v1/completions", json={"prompt": "x", "temperature": 1})
+    client.post("/v1/completions", json={"prompt": "x", "temperature": 1, "top_p": 0})
     text = client.get("/metrics").text
     for line in ('specc_http_requests_total{code="200",endpoint="/v1/completions"} 1.0',
                  'specc_http_requests_total{code="400",endpoint="/v1/completions"} 1.0',

@@ -16,7 +16,7 @@ class FakeEngine:
     def __init__(self):
         self.closed = []
 
-    def stream(self, ids, max_new_tokens, eos=()):
+    def stream(self, ids, max_new_tokens, eos=(), sampling=None):
         tokens = []
         try:
             for i in range(max_new_tokens):

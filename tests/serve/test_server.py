@@ -98,7 +98,7 @@ def test_bad_requests_do_not_kill_the_server(served, engine):
     url, proc = served
     with httpx.Client(base_url=url, timeout=60) as client:
         for kw in ({"content": b"{not json"}, {"json": {"prompt": [1] * 250, "max_tokens": 10}},
-                   {"json": {"prompt": "x", "model": "nope"}}, {"json": {"prompt": "x", "temperature": 0.9}},
+                   {"json": {"prompt": "x", "model": "nope"}}, {"json": {"prompt": "x", "temperature": 0.9, "top_k": -1}},
                    {"json": {"prompt": [1, -3]}}, {"content": b"\xff\xfe"}):
             r = client.post("/v1/completions", **kw)
             assert 400 <= r.status_code < 500 and set(r.json()["error"]) >= {"message", "type", "code"}, r.text

@@ -124,7 +124,7 @@ class _ExplodingScheduler:
     num_waiting = property(lambda self: 0)
     num_running = property(lambda self: len(self.pending))
 
-    def submit(self, prompt_ids, max_new_tokens, eos_token_ids):
+    def submit(self, prompt_ids, max_new_tokens, eos_token_ids, sampling=None):
         self.pending.append(len(self.pending))
         return self.pending[-1]
 
