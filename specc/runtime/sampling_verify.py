@@ -69,7 +69,12 @@ class SamplingChainVerifier:
         else:
             natural = torch.zeros(bsz, dtype=torch.long, device=dev)
         accepted = natural if max_drafts is None else torch.minimum(natural, max_drafts.to(natural.dtype))
-        rejected = (natural == accepted) & (accepted < k)  # draft `accepted` was tested and refused
+        # draft `accepted` was tested and refused; a draft past the row's cap counts as not drafted
+        # (the row then samples its bonus from p, as the same row with k = cap would: a seed gives
+        # the same tokens whatever the batch's k)
+        rejected = (natural == accepted) & (accepted < k)
+        if max_drafts is not None:
+            rejected = rejected & (accepted < max_drafts.to(accepted.dtype))
         p_a = p.gather(1, accepted[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0]
         dist = p_a
         if k:

@@ -262,3 +262,23 @@ def test_dflash_first_speculative_token_is_the_targets(tiny, tree, params):
     results = _run(loop, params, steps=2)
     p, what = g_test([r.tokens for r in results], _exact(tiny["target"], params, 2))
     assert p > ALPHA, what
+
+
+def test_a_capped_row_commits_what_the_same_row_with_k_equal_to_its_cap_commits():
+    """A row capped at c < k drafts (its budget in a batch whose k is larger) must draw exactly
+    the tokens it draws alone with k = c: drafts past the cap count as not drafted (bonus from p)."""
+    from specc.runtime.sampling_verify import SamplingChainVerifier
+
+    gen = torch.Generator().manual_seed(5)
+    bsz, k, vocab = 64, 6, 12
+    q = torch.rand(bsz, k, vocab, generator=gen).softmax(-1)
+    p = torch.rand(bsz, k + 1, vocab, generator=gen).mul(3).softmax(-1)
+    drafts = torch.multinomial(q.flatten(0, 1), 1, generator=gen).view(bsz, k)
+    seeds, start = torch.arange(bsz), torch.full((bsz,), 40)
+    verifier = SamplingChainVerifier()
+    for cap in range(k):
+        capped = verifier.verify(drafts, q, p, seeds, start, torch.full((bsz,), cap))
+        alone = verifier.verify(drafts[:, :cap], q[:, :cap] if cap else None, p[:, :cap + 1], seeds, start)
+        assert torch.equal(capped.accepted, alone.accepted)
+        rows = torch.arange(bsz)
+        assert torch.equal(capped.committed[rows, capped.accepted], alone.committed[rows, alone.accepted])
