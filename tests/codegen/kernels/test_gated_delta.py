@@ -44,8 +44,8 @@ def test_delta_rule_step_matches_the_model_op(dev, kind, q, cache_len):
     mixed, decay, beta, _ = _block(dev, q, 2)
     lens = torch.tensor(cache_len, device=dev)
     parents = _parents(kind, q, dev)
-    ref_state = rec.clone()
-    ref = gdn.delta_rule_step(mixed.cpu(), decay.cpu(), beta.cpu(), ref_state.cpu(), lens.cpu(), HK,
+    ref_state = rec.clone().cpu()  # the reference updates it in place (on the GPU, .cpu() would copy)
+    ref = gdn.delta_rule_step(mixed.cpu(), decay.cpu(), beta.cpu(), ref_state, lens.cpu(), HK,
                               None if parents is None else parents.cpu())
     out = K.delta_rule_step(mixed, decay, beta, rec, lens, HK, parents)
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-5)
