@@ -131,13 +131,15 @@ def tree_beam_reference(top_lp: torch.Tensor, top_tok: torch.Tensor, width: int)
     return torch.stack(scores, 1), torch.stack(toks, 1), torch.stack(parents, 1)
 
 
-def tree_beam(top_lp: torch.Tensor, top_tok: torch.Tensor, width: int):
-    """:func:`tree_beam_reference` in one launch (Triton on the GPU or under the interpreter; the
-    torch loop elsewhere). ``top_lp`` fp32, ``top_tok`` int64, both [B, D, K], K >= width."""
+def tree_beam(top_lp: torch.Tensor, top_tok: torch.Tensor, width: int, opt_in: bool = True):
+    """:func:`tree_beam_reference` in one launch (Triton on the GPU; the torch loop elsewhere).
+    ``top_lp`` fp32, ``top_tok`` int64, both [B, D, K], K >= width. Under the Triton interpreter on
+    CPU the kernel runs only with ``SPECC_KERNELS=triton`` (``opt_in``, as generated steps do: the
+    interpreter is slow) or ``opt_in=False`` (the kernel's own tests)."""
     bsz, depth, k = top_lp.shape
     if width < 1 or width > k:
         raise ValueError(f"tree_beam: need 1 <= width <= K (width {width}, K {k})")
-    if not use_triton(top_lp):
+    if not use_triton(top_lp, opt_in=opt_in):
         return tree_beam_reference(top_lp, top_tok, width)
     top_lp = top_lp.float().contiguous()
     top_tok = top_tok.to(torch.int64).contiguous()

@@ -18,7 +18,7 @@ def _ranks(bsz, depth, vocab, k, dev, seed):
 @pytest.mark.parametrize("bsz,depth,k,width", [(1, 15, 32, 32), (2, 5, 8, 8), (3, 4, 16, 7), (2, 3, 10, 3)])
 def test_tree_beam_equals_torch_loop(dev, bsz, depth, k, width):
     top_lp, top_tok = _ranks(bsz, depth, 200, k, dev, seed=depth * 100 + width)
-    got = T.tree_beam(top_lp, top_tok, width)
+    got = T.tree_beam(top_lp, top_tok, width, opt_in=False)
     want = T.tree_beam_reference(top_lp, top_tok, width)
     for g, w, name in zip(got, want, ("score", "token", "parent")):
         assert torch.equal(g, w), name
@@ -36,13 +36,16 @@ def test_candidate_pairs_cover_every_possible_winner():
 def test_tree_beam_rejects_a_width_over_the_ranks():
     top_lp, top_tok = _ranks(1, 2, 50, 4, "cpu", 0)
     with pytest.raises(ValueError, match="width"):
-        T.tree_beam(top_lp, top_tok, 5)
+        T.tree_beam(top_lp, top_tok, 5, opt_in=False)
 
 
-def test_build_tree_through_the_kernel_equals_the_widening_loop(dev):
-    """build_tree takes the kernel when the vocabulary is at least the budget; the result equals
-    the general loop's (run here on the same ranks by forcing that path)."""
+def test_build_tree_through_the_kernel_equals_the_widening_loop(dev, monkeypatch):
+    """build_tree takes the kernel when the vocabulary is at least the budget (on CPU: opted in
+    with SPECC_KERNELS=triton); the result equals the general loop's (run here on the same ranks by
+    forcing that path)."""
     from specc.runtime import trees
+
+    monkeypatch.setenv("SPECC_KERNELS", "triton")
 
     gen = torch.Generator().manual_seed(7)
     lp = (torch.randn(2, 6, 300, generator=gen) * 3).log_softmax(-1).to(dev)
