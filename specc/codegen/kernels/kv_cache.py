@@ -72,13 +72,13 @@ def _check(cache_k, cache_v, src_slots, dst_slots, count, op):
 
 
 def kv_compact(cache_k: torch.Tensor, cache_v: torch.Tensor, src_slots: torch.Tensor,
-               dst_slots: torch.Tensor, count: torch.Tensor | None = None) -> None:
+               dst_slots: torch.Tensor, count: torch.Tensor | None = None, opt_in: bool = True) -> None:
     """In place: for rows b < B and pairs p (< count[b]) copy slot src_slots[b, p] to
     dst_slots[b, p] in cache_k and cache_v ``[Bmax, Hkv, S, D]`` (all heads).
     src/dst_slots: ``[B, P]`` int; count: ``[B]`` int or None."""
     op = "kv_compact"
     _check(cache_k, cache_v, src_slots, dst_slots, count, op)
-    if not use_triton(cache_k):
+    if not use_triton(cache_k, opt_in=opt_in):  # interpreter on CPU: only when opted in (slow)
         kv_compact_reference(cache_k, cache_v, src_slots, dst_slots, count)
         return
     bsz, p = src_slots.shape

@@ -20,7 +20,7 @@ def test_kv_compact(dev, dtype):
     dst = torch.tensor([[10, 11, 12, 0], [4, 5, 6, 7], [9, 9, 1, 30]], device=dev)
     count = torch.tensor([3, 4, 4], device=dev)
     ck_r, cv_r = ck.clone(), cv.clone()
-    C.kv_compact(ck, cv, src, dst, count)
+    C.kv_compact(ck, cv, src, dst, count, opt_in=False)
     C.kv_compact_reference(ck_r, cv_r, src, dst, count)
     assert torch.equal(ck, ck_r) and torch.equal(cv, cv_r)
 
@@ -31,7 +31,7 @@ def test_kv_compact_semantics(dev):
     before_k, before_v = ck.clone(), cv.clone()
     src = torch.tensor([[2, 4, 6]], device=dev)
     dst = torch.tensor([[1, 2, 3]], device=dev)
-    C.kv_compact(ck, cv, src, dst)  # only row 0 (B = 1 < Bmax = 2)
+    C.kv_compact(ck, cv, src, dst, opt_in=False)  # only row 0 (B = 1 < Bmax = 2)
     for s, d in ((2, 1), (4, 2), (6, 3)):
         assert torch.equal(ck[0, :, d], before_k[0, :, s])
         assert torch.equal(cv[0, :, d], before_v[0, :, s])
@@ -42,10 +42,10 @@ def test_kv_compact_errors(dev):
     ck = torch.zeros(1, 1, 4, 16, device=dev)
     with pytest.raises(ValueError, match="differ"):
         C.kv_compact(ck, ck.clone(), torch.zeros(1, 2, dtype=torch.long, device=dev),
-                     torch.zeros(1, 3, dtype=torch.long, device=dev))
+                     torch.zeros(1, 3, dtype=torch.long, device=dev), opt_in=False)
     with pytest.raises(ValueError, match="rows"):
         C.kv_compact(ck, ck.clone(), torch.zeros(2, 2, dtype=torch.long, device=dev),
-                     torch.zeros(2, 2, dtype=torch.long, device=dev))
+                     torch.zeros(2, 2, dtype=torch.long, device=dev), opt_in=False)
 
 
 @pytest.mark.gpu
@@ -55,6 +55,6 @@ def test_kv_compact_bf16_gpu():
     src = torch.randint(1000, 1064, (8, 16), device="cuda").sort(dim=1).values
     dst = 1000 + torch.arange(16, device="cuda").expand(8, -1).contiguous()
     ck_r, cv_r = ck.clone(), cv.clone()
-    C.kv_compact(ck, cv, src, dst)
+    C.kv_compact(ck, cv, src, dst, opt_in=False)
     C.kv_compact_reference(ck_r, cv_r, src, dst)
     assert torch.equal(ck, ck_r) and torch.equal(cv, cv_r)
