@@ -121,7 +121,32 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class CausalLM(nn.Module):
+class StatefulLM(nn.Module):
+    """What every specc causal LM shares around its own ``state_specs()`` and ``forward``: the
+    state buffers allocated from the specs and bound on the module, the device, the embedding."""
+
+    embed_tokens: nn.Embedding
+
+    def setup_caches(self, batch: int, max_len: int, dtype: torch.dtype | None = None, device=None):
+        """Allocate the declared state (KV caches, recurrent states) for ``batch`` rows of up to
+        ``max_len`` tokens from ``state_specs()`` and bind it here (the runtime wraps it in its
+        ``DecodingState``)."""
+        from specc.models.state import allocate_buffers, bind_buffers
+
+        dtype = dtype or self.embed_tokens.weight.dtype
+        device = device or self.embed_tokens.weight.device
+        bind_buffers(self, allocate_buffers(self.state_specs(), batch, max_len, dtype, device))
+        self.max_batch, self.max_len = batch, max_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return ops.embedding(input_ids, self.embed_tokens.weight)
+
+
+class CausalLM(StatefulLM):
     """A Llama or Qwen3 causal LM. Parameter names match HF checkpoints (``model.`` prefix
     stripped on load, see ``specc.models.loading``).
 
@@ -154,23 +179,6 @@ class CausalLM(nn.Module):
         layer, its attention's K and V caches, named by attribute path from this module."""
         return [spec for i, layer in enumerate(self.layers)
                 for spec in layer.self_attn.state_specs(f"layers.{i}.self_attn.")]
-
-    def setup_caches(self, batch: int, max_len: int, dtype: torch.dtype | None = None, device=None):
-        """Allocate static KV caches for ``batch`` rows of up to ``max_len`` tokens from
-        ``state_specs()`` and bind them here (the runtime wraps them in its ``DecodingState``)."""
-        from specc.models.state import allocate_buffers, bind_buffers
-
-        dtype = dtype or self.embed_tokens.weight.dtype
-        device = device or self.embed_tokens.weight.device
-        bind_buffers(self, allocate_buffers(self.state_specs(), batch, max_len, dtype, device))
-        self.max_batch, self.max_len = batch, max_len
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return ops.embedding(input_ids, self.embed_tokens.weight)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache_len: torch.Tensor,
                 tree_mask: torch.Tensor | None = None):

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from specc.models import gdn, ops
-from specc.models.decoder import MLP, Linear
+from specc.models.decoder import MLP, Linear, StatefulLM
 from specc.models.hybrid_config import HybridConfig
 
 
@@ -180,7 +180,7 @@ class HybridLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class HybridLM(nn.Module):
+class HybridLM(StatefulLM):
     """A Qwen3.5 / Qwen3-Next causal LM (dense).
 
     forward(input_ids [B, Q], positions [B, Q], cache_len [B], tree_mask [B, Q, Q] | None)
@@ -217,21 +217,9 @@ class HybridLM(nn.Module):
                      max_block: int | None = None):
         """Allocate every state buffer from ``state_specs()``; ``max_block``: the largest block a
         verify step commits a prefix or path of (default: the last one set, 16)."""
-        from specc.models.state import allocate_buffers, bind_buffers
-
         if max_block is not None:
             self.max_block = int(max_block)
-        dtype = dtype or self.embed_tokens.weight.dtype
-        device = device or self.embed_tokens.weight.device
-        bind_buffers(self, allocate_buffers(self.state_specs(), batch, max_len, dtype, device))
-        self.max_batch, self.max_len = batch, max_len
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return ops.embedding(input_ids, self.embed_tokens.weight)
+        super().setup_caches(batch, max_len, dtype, device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache_len: torch.Tensor,
                 tree_mask: torch.Tensor | None = None):
