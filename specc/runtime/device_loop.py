@@ -423,7 +423,6 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.state.commit(accepted_plus_one, path)
 
     def _accept_tree(self, tokens, parents, depths, mask, logits, caps, k):
-        tree = DraftTree(tokens, parents, depths, None)
-        tree._ancestors = mask
+        tree = DraftTree.planned(tokens, parents, depths, mask)
         res = self.tree_verifier.verify_tree(tree, logits, caps, depth=k)
         return res.accepted, res.committed, res.path

@@ -165,8 +165,7 @@ class SamplingPolicy:
     def accept_tree(self, greedy_accept, tokens, parents, depths, mask, logits, caps, depth, lengths):
         from specc.runtime.trees import DraftTree
 
-        tree = DraftTree(tokens, parents, depths, None)
-        tree._ancestors = mask  # the planner's ancestor mask
+        tree = DraftTree.planned(tokens, parents, depths, mask)
         res = self.verify_tree(None, tree, logits, caps, depth, lengths)
         self.observe(res.committed, res.accepted)
         return res.accepted, res.committed, res.path

@@ -73,6 +73,13 @@ class DraftTree:
         self._ancestors = mask
         return mask
 
+    @classmethod
+    def planned(cls, tokens, parents, depths, mask) -> "DraftTree":
+        """The tree of a ``plan_tree`` result (no scores), keeping its ancestor ``mask``."""
+        tree = cls(tokens, parents, depths, None)
+        tree._ancestors = mask
+        return tree
+
     def positions(self, base: torch.Tensor) -> torch.Tensor:
         """[B, N] sequence positions: ``base`` [B] (the root's position) + depth."""
         return base[:, None] + self.depths
