@@ -61,6 +61,11 @@ def main() -> None:
         seq = torch.zeros(b, 200, dtype=torch.long, device=dev)
 
         class _Parallel:  # a parallel drafter whose forward is already done
+            supports_tree = True  # per-position logits from one forward (DFlash-like)
+
+            def propose_logits_rows(self, seq, n, kk):
+                return draft_logits[:, :kk]
+
             def propose_sampled_rows(self, seq, n, kk, pick):
                 picked = [pick(draft_logits[:, j], j) for j in range(kk)]
                 return torch.stack([t for t, _ in picked], 1), torch.stack([q for _, q in picked], 1)

@@ -80,9 +80,10 @@ def main() -> int:
     from specc.codegen.kernels import rmsnorm as N
     from specc.codegen.kernels import rope as R
     from specc.codegen.kernels import swiglu as S
+    from specc.codegen.kernels import tree_beam as TB
 
-    for m in (L, A, R, S, E, N, G, KV, D, DE):
-        m.use_triton = lambda *t: True
+    for m in (L, A, R, S, E, N, G, KV, D, DE, TB):
+        m.use_triton = lambda *t, **kw: True
     bf, lng = torch.bfloat16, torch.long
     z = lambda *shape, dtype=bf: torch.zeros(*shape, dtype=dtype)  # noqa: E731
     cache = z(2, 8, 256, 128)
@@ -122,6 +123,7 @@ def main() -> int:
                                                  z(2, 9, dtype=lng), z(2, dtype=lng)),
         "kv_compact": lambda: KV.kv_compact(cache, cache, z(2, 5, dtype=lng), z(2, 5, dtype=lng)),
         # GDN at Qwen3.5 shapes (Hk 16, Hv 32, dk = dv = 128, kernel 4): decode, chain, tree
+        "tree_beam width 4": lambda: TB.tree_beam(z(2, 7, 8, dtype=torch.float32), z(2, 7, 8, dtype=lng), 4),
         "gdn delta rule q1": lambda: D.delta_rule_step(z(1, 1, 8192), z(1, 1, 32, dtype=torch.float32), z(1, 1, 32),
                                                        z(1, 18, 32, 128, 128, dtype=torch.float32), z(1, dtype=lng), 16),
         "gdn delta rule q16 tree": lambda: D.delta_rule_step(
