@@ -148,3 +148,47 @@ def attention(
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.matmul(probs, values)  # [B, Hq, Q, D]
     return out.transpose(1, 2).reshape(bsz, num_q, num_heads * head_dim)
+
+
+@torch.fx.wrap
+def ragged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache_k: torch.Tensor,
+    cache_v: torch.Tensor,
+    cache_len: torch.Tensor,
+    row_slots: torch.Tensor,
+    row_starts: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention for a packed (ragged) block: rows with different numbers of new tokens
+    (and different cache lengths) in one token axis, no padding, each row in any cache slot.
+
+    Why: a batched verify step where each request verifies its own number of drafts (per-request
+    draft length, or the second level of two-level verification, where only some requests take
+    part) computes exactly the tokens it needs; the linears see T tokens, and attention walks
+    each row's cache once.
+
+    q: [1, T, Hq, D]; k, v: [1, T, Hkv, D]; cache_k/v: [S, Hkv, L, D] over S slots;
+    row_slots: [R] int64, the (distinct) cache slot of row r; row_starts: [R + 1] int64,
+    cumulative offsets: row r's tokens are t in [row_starts[r], row_starts[r + 1]) (possibly
+    none); cache_len: [R] int64, committed tokens in row r's slot. Token t = row_starts[r] + j
+    writes its K/V at ``cache[row_slots[r], :, cache_len[r] + j]`` and attends to
+    ``cache[row_slots[r], :, : cache_len[r] + j + 1]``. Slots not named are untouched; nothing
+    is committed (the caller advances lengths). Returns [1, T, Hq * D].
+    """
+    total, num_heads, head_dim = q.shape[1], q.shape[2], q.shape[3]
+    out = q.new_zeros(total, num_heads, head_dim)
+    starts = row_starts.tolist()
+    for r, slot in enumerate(row_slots.tolist()):
+        lo, hi = starts[r], starts[r + 1]
+        if hi <= lo:
+            continue
+        base = int(cache_len[r])
+        cache_k[slot, :, base:base + hi - lo] = k[0, lo:hi].transpose(0, 1).to(cache_k.dtype)
+        cache_v[slot, :, base:base + hi - lo] = v[0, lo:hi].transpose(0, 1).to(cache_v.dtype)
+        row = attention(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], cache_k[slot:slot + 1], cache_v[slot:slot + 1],
+                        cache_len[r:r + 1], "causal", scale)
+        out[lo:hi] = row[0].view(hi - lo, num_heads, head_dim)
+    return out.reshape(1, total, num_heads * head_dim)
