@@ -14,6 +14,7 @@ DFlash's context injection (``fc`` + ``hidden_norm``) is tagged with group ``dfl
 from __future__ import annotations
 
 import builtins
+import inspect
 import json
 import math
 import operator
@@ -169,9 +170,14 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
     dflt = {**dflt, **(defaults or {})}
 
     tracer = _Tracer()
-    if model_kind == "causal_lm" and step != "tree_verify":
-        # chain steps: tree_mask is None, so the graph has no trace of it (no input, no mask load)
-        graph = tracer.trace(model, concrete_args={"tree_mask": None})
+    if model_kind == "causal_lm":
+        # chain steps: tree_mask is None, so the graph has no trace of it (no input, no mask load);
+        # dense steps: no ragged row descriptor (CausalLM's row_slots / row_starts)
+        params = inspect.signature(type(model).forward).parameters
+        concrete = {name: None for name in ("row_slots", "row_starts") if name in params}
+        if step != "tree_verify":
+            concrete["tree_mask"] = None
+        graph = tracer.trace(model, concrete_args=concrete)
         _drop_specialized_inputs(graph)
     else:
         graph = tracer.trace(model)

@@ -95,12 +95,16 @@ class Attention(nn.Module):
             q = self.q_norm(q)
         return ops.rope(q, cos, sin)
 
-    def forward(self, x, cos, sin, cache_len, mask_kind: str, tree_mask=None):
+    def forward(self, x, cos, sin, cache_len, mask_kind: str, tree_mask=None, ragged=None):
         if self.cache_k is None:
             raise RuntimeError("KV cache not allocated: call model.setup_caches(batch, max_len) first")
         q = self.project_q(x, cos, sin)
         k, v = self.project_kv(x, cos, sin)
-        if tree_mask is None:  # chain steps: the op call (and so the traced node) has no mask argument
+        if ragged is not None:  # a packed block: (row_slots, row_starts), see CausalLM.forward
+            row_slots, row_starts = ragged
+            out = ops.ragged_attention(q, k, v, self.cache_k, self.cache_v, cache_len, row_slots, row_starts,
+                                       self.scale)
+        elif tree_mask is None:  # chain steps: the op call (and so the traced node) has no mask argument
             out = ops.attention(q, k, v, self.cache_k, self.cache_v, cache_len, mask_kind, self.scale)
         else:
             out = ops.attention(q, k, v, self.cache_k, self.cache_v, cache_len, "tree", self.scale, tree_mask)
@@ -115,8 +119,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache_len, mask_kind: str, tree_mask=None):
-        extra = () if tree_mask is None else (tree_mask,)  # chain steps call attention as before
+    def forward(self, x, cos, sin, cache_len, mask_kind: str, tree_mask=None, ragged=None):
+        # chain steps call attention as before (the traced node has no extra arguments)
+        extra = () if tree_mask is None and ragged is None else (tree_mask,) if ragged is None else (None, ragged)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache_len, mask_kind, *extra)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -155,6 +160,11 @@ class CausalLM(StatefulLM):
     Tree verification passes ``tree_mask`` [B, Q, Q] (bool, the draft tree's ancestor mask,
     ``specc.runtime.trees.DraftTree.ancestor_mask``) with positions = base + depth: every block
     token sees the committed cache and its own root path only.
+    A ragged (packed) verify passes ``row_slots`` [R] and ``row_starts`` [R + 1] with
+    input_ids / positions [1, T]: row r's tokens are ``row_starts[r]:row_starts[r + 1]`` of the
+    token axis, written into cache slot ``row_slots[r]`` at ``cache_len[r]`` ([R]) onward, causal
+    within the row (``ops.ragged_attention``): rows verify different numbers of tokens without
+    padding, and slots not named are untouched.
     With ``capture_layers`` set (DFlash targets) it returns ``(logits, hidden)`` where hidden is
     the concatenation of the listed layers' outputs [B, Q, n * H] (HF's hidden_states[i + 1]).
     """
@@ -181,13 +191,18 @@ class CausalLM(StatefulLM):
                 for spec in layer.self_attn.state_specs(f"layers.{i}.self_attn.")]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache_len: torch.Tensor,
-                tree_mask: torch.Tensor | None = None):
+                tree_mask: torch.Tensor | None = None, row_slots: torch.Tensor | None = None,
+                row_starts: torch.Tensor | None = None):
+        if (row_slots is None) != (row_starts is None) or (row_slots is not None and tree_mask is not None):
+            raise ValueError("a ragged step takes row_slots and row_starts together, and no tree_mask")
+        ragged = None if row_slots is None else (row_slots, row_starts)
+        extra = () if ragged is None else (ragged,)
         x = self.embed(input_ids)
         cos, sin = ops.rope_tables(positions, self.inv_freq, x)
         captured = {}
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache_len, self.mask_kind, tree_mask)
+            x = layer(x, cos, sin, cache_len, self.mask_kind, tree_mask, *extra)
             if i in self.capture_layers:
                 captured[i] = x
         normed = self.norm(x)
