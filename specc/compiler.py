@@ -55,21 +55,33 @@ def _reserve_block(target, block: int) -> None:
     target.setup_caches(1, 16)
 
 
-def _add_tree_step(built, target, pipeline) -> None:
-    """Build the target's tree verify step (role ``target_tree``) into ``built``."""
-    from specc.codegen.build import build_step
+def _add_target_step(built, target, pipeline, role: str) -> None:
+    """Build another step of the target (role ``target_tree``: tree verify; ``target_ragged``:
+    the packed verify of rows with their own draft counts) into ``built``. Weights equal to the
+    target step's (the fused q/k/v and gate/up concatenations each build makes again) are the
+    target's tensors, so the artifact stores them once."""
+    from specc.codegen.build import build_step, share_equal_weights
     from specc.passes.base import PassError
     from specc.passes.registry import PipelineError
 
     target.setup_caches(1, 16)
     try:
-        step = build_step(target, "target_tree", pipeline)
+        step = build_step(target, role, pipeline)
     except (PipelineError, PassError) as exc:
         raise UserError(str(exc).splitlines()[0]) from exc
-    built.irs["target_tree"], built.emitted["target_tree"] = step.ir, step.emitted
-    built.lowering["target_tree"] = step.lowering
-    built.pass_records["target_tree"] = [] if step.report is None else [
+    share_equal_weights(step.emitted, built.emitted["target"])
+    built.irs[role], built.emitted[role] = step.ir, step.emitted
+    built.lowering[role] = step.lowering
+    built.pass_records[role] = [] if step.report is None else [
         {"name": r.name, "changed": r.changed, "stats": r.stats} for r in step.report.records]
+
+
+def _wants_ragged_step(target, k: int) -> bool:
+    """Whether the artifact gets a ragged verify step (role ``target_ragged``): the method drafts
+    chains (k > 0) and the target is a dense CausalLM (hybrid targets have no ragged forward)."""
+    from specc.models.decoder import CausalLM
+
+    return bool(k) and isinstance(target, CausalLM)
 
 
 def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
@@ -215,9 +227,14 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         built = build_steps(target, draft_module, pipeline, spec)
     if budget:
         say(f"tracing the tree verify step ({budget} nodes)")
-        _add_tree_step(built, target, pipeline)
+        _add_target_step(built, target, pipeline, "target_tree")
+    if _wants_ragged_step(target, k):
+        say("tracing the ragged verify step")
+        _add_target_step(built, target, pipeline, "target_ragged")
     pass_records, lowering, steps = built.pass_records, built.lowering, built.emitted
-    values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1}
+    # the ragged step at the same work: B rows of k + 1 tokens packed
+    values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1, "T": dep.batch_size * (k + 1),
+              "R": dep.batch_size}
     costs = {role: _step_costs(ir, values) for role, ir in built.irs.items()}
 
     manifest = {

@@ -22,9 +22,14 @@ from specc.passes.pipelines import DEFAULT_PIPELINE
 from specc.passes.base import PassError
 from specc.passes.registry import PipelineError
 
-# the traced step of each role; "target_tree": the target's tree verify step (tree artifacts)
-ROLE_STEP = {"target": "verify", "drafter": "draft", "target_tree": "tree_verify"}
-ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep", "target_tree": "TreeTargetStep"}  # emitted classes
+# the traced step of each role; "target_tree": the target's tree verify step (tree artifacts);
+# "target_ragged": the target's packed verify of rows with their own draft counts (ragged verify)
+ROLE_STEP = {"target": "verify", "drafter": "draft", "target_tree": "tree_verify", "target_ragged": "ragged_verify"}
+ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep", "target_tree": "TreeTargetStep",
+              "target_ragged": "RaggedTargetStep"}  # emitted classes
+# class attributes of a role's emitted class: a step takes the ragged row descriptor iff
+# ``getattr(step, "ragged_rows", False)`` (as the model definition CausalLM says of itself)
+ROLE_ATTRS = {"target_ragged": {"ragged_rows": True}}
 
 
 @dataclasses.dataclass
@@ -46,6 +51,24 @@ class BuiltStep:
     emitted: Any
 
 
+def share_equal_weights(step, base) -> int:
+    """Point ``step``'s weights at ``base``'s tensors where they have the same name and equal
+    contents (EmittedSteps of one target: each build concatenates its fused weights anew, and
+    the artifact stores a tensor once per storage). Returns how many were shared."""
+    import torch
+
+    shared = 0
+    for name, tensor in step.weights.items():
+        other = base.weights.get(name)
+        if other is None or other is tensor or other.shape != tensor.shape or other.dtype != tensor.dtype \
+                or other.device != tensor.device or tensor.device.type == "meta":
+            continue
+        if torch.equal(other, tensor):
+            step.weights[name] = other
+            shared += 1
+    return shared
+
+
 def trace_step(module, role: str = "target"):
     """The IR of ``role``'s step of ``module`` (target: verify, which also serves prefill and AR;
     drafter: draft). Caches must be set up on the module first."""
@@ -65,7 +88,7 @@ def run_passes(ir, pipeline: str | Iterable[str], *, options: dict | None = None
 def emit_ir(ir, role: str = "target", cache_extra_len: int = 0):
     """Lower ``ir`` to the kernel ABI and emit it: (EmittedStep, lowering summary)."""
     gm, low = lower(ir.gm)
-    emitted = emit_step(gm, ROLE_CLASS[role], cache_extra_len=cache_extra_len)
+    emitted = emit_step(gm, ROLE_CLASS[role], cache_extra_len=cache_extra_len, class_attrs=ROLE_ATTRS.get(role))
     return emitted, {"lowered": low.lowered, "eager": low.eager}
 
 
