@@ -169,7 +169,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     from specc.pairing import check_num_draft, resolve_pair
     from specc.runtime.engine import load
     from specc.search.deployments import get_deployment
-    from specc.verify import DEFAULT_TOLERANCE, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
+    from specc.verify import (DEFAULT_TOLERANCE, calibration_prompts, force_ragged, load_prompts_file, run_stock_reference,
+                              verify_system)
 
     say = progress or (lambda msg: None)
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
@@ -259,6 +260,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     }
     say("emitting the compiled module")
     tmp = stage_artifact(out, steps, manifest, pair.target.path if tokenizer is not None else None)
+    ragged_summary = None
     try:
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
         engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1, warmup=False)
@@ -268,6 +270,13 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         manifest = dict(engine.manifest, verification=report.to_json())
         if not report.passed:
             raise VerificationFailed(report.summary())
+        if "target_ragged" in engine.steps:  # the packed verify step, forced on its own (rows of 0..k+1)
+            say("token forcing through the ragged verify step")
+            ragged = force_ragged(engine.steps["target"], engine.steps["target_ragged"], runs, tolerance, k + 1)
+            manifest["verification"]["ragged"] = ragged.to_json()
+            if not ragged.passed:
+                raise VerificationFailed("ragged verify step: " + ragged.summary())
+            ragged_summary = "ragged verify step: " + ragged.summary()
         if k and any(r.accepted_lengths for r in runs):
             from specc.search.acceptance import AcceptanceModel
 
@@ -297,6 +306,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         "bytes per step at B={B}, Q={Q}, C={C}: ".format(**manifest["step_costs_at"]) + "; ".join(
             f"{role} {c['bytes_read'] / 1e6:.2f} MB read ({c['weight_bytes'] / 1e6:.2f} MB weights)" for role, c in costs.items()),
         report.summary(),
+        *([ragged_summary] if ragged_summary else []),
         f"manifest sha256 {digest} (pin it: specc run {out} --expect-hash {digest})",
     ]
     if tree_section:
