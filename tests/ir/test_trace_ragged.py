@@ -44,3 +44,17 @@ def test_ragged_cost_grows_with_rows_and_context(checkpoints):
     assert at(ragged.cache_read, T=8, R=2, C=100) == at(dense.cache_read, B=2, Q=4, C=100)
     assert at(ragged.cache_written, T=8, R=2, C=100) == at(dense.cache_written, B=2, Q=4, C=100)
     assert at(ragged.weight_bytes, T=8, R=2, C=0) == at(dense.weight_bytes, B=2, Q=4, C=0)
+
+
+def test_specc_ir_prints_the_ragged_step(checkpoints, capsys):
+    import json
+
+    from specc.cli import main
+
+    assert main(["ir", checkpoints["target"], "--step", "ragged_verify", "--json", "-T", "12", "-R", "3",
+                 "--after", "fuse_qkv"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["step"] == "ragged_verify" and d["values"]["T"] == 12 and d["values"]["R"] == 3
+    assert "ragged_attention" in {n["kind"] for n in d["nodes"]}
+    assert main(["ir", checkpoints["target"], "--step", "verify", "-T", "12"]) == 2
+    assert "--packed-tokens and --rows size the ragged_verify step only" in capsys.readouterr().err
