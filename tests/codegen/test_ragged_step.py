@@ -1,6 +1,7 @@
 """The compiled ragged verify step (role ``target_ragged``): the same logits and the same cache
 contents as the model definition's ragged forward (fp32, CPU), for qwen3 and llama targets; the
-emitted class says ``ragged_rows``; an artifact keeps the role through save and load."""
+emitted class says ``ragged_rows``; under the Triton interpreter the generated step drives the
+ragged kernels. (The artifact round trip: tests/test_compile_ragged.py.)"""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_compiled_ragged_step_equals_definition(checkpoints, mix):
     model = _target(checkpoints["target"])
     built = build_step(model, "target_ragged", DEFAULT_PIPELINE)
     assert built.ir.step == "ragged_verify" and built.lowering["lowered"]["ragged_attention"] == model.config.num_layers
-    assert "class RaggedTargetStep(CompiledStep):\n    ragged_rows = True" in built.emitted.source
+    assert f"class {ROLE_CLASS['target_ragged']}(CompiledStep):\n    ragged_rows = True" in built.emitted.source
     assert "row_slots" in built.emitted.inputs and "row_starts" in built.emitted.inputs
     applied = {r.name for r in built.report.records if r.changed}
     assert {"fuse_qkv", "fuse_gate_up", "fuse_norm_linear"} <= applied  # the linears fuse as in verify
