@@ -122,10 +122,11 @@ class CostModel:
         self.linear_choice = self.calibration.choice_table() if self.calibration is not None else None
         self._eval_cache: dict[tuple, float] = {}
 
-    def measured_linear(self, meta, rows: float | None):
+    def measured_linear(self, meta, rows: float | None, nbytes: float, flops: float):
         """For a linear node whose shape the linear choice measured: (bandwidth efficiency,
-        flops efficiency, launches, extra seconds) from the chosen implementation's time at
-        ``rows``; None otherwise (the per-M / per-kind efficiencies apply)."""
+        flops efficiency, launches, extra seconds) such that the node's ``nbytes`` and ``flops``
+        take exactly the chosen implementation's measured time at ``rows`` (less the launch the
+        timing included); None otherwise (the per-M / per-kind efficiencies apply)."""
         table = self.linear_choice
         if table is None or rows is None or meta.kind not in CHOICE_KINDS:
             return None
@@ -139,14 +140,13 @@ class CostModel:
             return None
         dep = self.deployment
         net = max(t - table.overhead_s, 1e-12)
-        item = table.itemsize
-        bw_eff = item * (n * k + rows * (n + k)) / net / dep.hbm_bandwidth
-        fl_eff = 2.0 * rows * n * k / net / dep.bf16_flops
+        bw_eff = max(nbytes, 1.0) / net / dep.hbm_bandwidth
+        fl_eff = max(flops, 1.0) / net / dep.bf16_flops
         if shape.impl_at(int(math.ceil(rows))) != "cublas":
             return bw_eff, fl_eff, self.launches(meta, rows), 0.0
         extra = 0.0
         if meta.kind == "linear_add":  # residual + product as a second op: read 2, write 1
-            extra = 3 * rows * n * item / (dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise"))
+            extra = 3 * rows * n * table.itemsize / (dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise"))
         launches = CUBLAS_LAUNCHES.get(dep.device, {}).get(meta.kind, 1)
         return bw_eff, fl_eff, int(launches), extra
 
@@ -228,7 +228,7 @@ class CostModel:
         rows = None
         if eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim >= 1:
             rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values) if meta.out.ndim > 1 else 1.0
-        measured = self.measured_linear(meta, rows)
+        measured = self.measured_linear(meta, rows, nbytes, flops)
         if measured is not None:
             bw_eff, fl_eff, n_launch, extra = measured
             bw, peak = dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff
@@ -293,7 +293,8 @@ class CostModel:
             rows = None
             if values is not None and eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim > 1:
                 rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values)
-            measured = self.measured_linear(meta, rows)
+            measured = None if rows is None else self.measured_linear(
+                meta, rows, self._num(meta.bytes_read + meta.bytes_written, values), self._num(meta.flops, values))
             if measured is not None:
                 bw_eff, fl_eff, n_launch, extra = measured
                 bw, peak = dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff
