@@ -198,6 +198,15 @@ class LinearChoice:
             table[(int(n), int(k))] = ShapeChoice(int(n), int(k), tuple(points))
         return cls(table, source=source)
 
+    def with_impl(self, impl: str) -> "LinearChoice":
+        """The same measurements with ``impl`` chosen everywhere (what the other choice would
+        cost: benchmarks price the Triton-only step with it)."""
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(IMPLS)} (got {impl!r})")
+        shapes = {key: dataclasses.replace(s, points=tuple(dataclasses.replace(p, impl=impl) for p in s.points))
+                  for key, s in self.shapes.items()}
+        return dataclasses.replace(self, shapes=shapes, source=f"{self.source} ({impl} everywhere)".strip())
+
     # ------------------------------------------------------------ JSON
 
     def to_json(self) -> dict[str, Any]:
