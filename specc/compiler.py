@@ -102,10 +102,20 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
 
 
 def _linear_choice(dep, given):
-    """The LinearChoice the lowering uses: ``given``, else the deployment's calibrated table
-    (``specc calibrate``), else None (Triton linears everywhere); False: None."""
+    """The LinearChoice the lowering uses: ``given`` (a LinearChoice, or the path of its JSON),
+    else the deployment's calibrated table (``specc calibrate``), else None (Triton linears
+    everywhere); False: None."""
     if given is False:
         return None
+    if isinstance(given, (str, Path)):
+        import json
+
+        from specc.codegen.linear_choice import LinearChoice
+
+        try:
+            return LinearChoice.from_json(json.loads(Path(given).read_text()))
+        except (OSError, ValueError) as exc:  # ValueError: JSON, UTF-8 and table errors
+            raise UserError(f"{given}: unreadable linear choice table ({exc})") from exc
     if given is not None:
         return given
     from specc.search.calibrate import calibration_for
@@ -170,7 +180,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     The manifest's ``tree`` section records the budget, depth and acceptance source.
 
     ``linear_choice``: which linears run cuBLAS instead of the Triton kernel, per shape and row
-    range (a ``codegen.linear_choice.LinearChoice``); None (default): the table in the
+    range (a ``codegen.linear_choice.LinearChoice`` or its JSON file); None (default): the table in the
     deployment's calibration record (``specc calibrate`` measures both), if any; False: Triton
     everywhere. The manifest's ``linear_choice`` section and each role's ``lowering.linear_impl``
     record the choice and the measured times behind it."""
@@ -195,6 +205,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     dep = get_deployment(deployment)
     if dep.device == "cuda" and not torch.cuda.is_available():
         raise UserError(f"deployment {dep.name} needs a CUDA GPU; none is available (use --deployment cpu)")
+    choice_table = _linear_choice(dep, linear_choice)
     dtype, device = _dtype(dep.dtype), torch.device(dep.device)
     tolerance = DEFAULT_TOLERANCE[dep.dtype] if tolerance is None else tolerance
     out = Path(out)
@@ -227,7 +238,6 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     if isinstance(positions, int) and longest + max_new_tokens > positions:
         raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
                         f"the model's {positions} positions")
-    choice_table = _linear_choice(dep, linear_choice)
     say(f"tracing and running passes: {pipeline or '(none)'}")
     snapshots = pair.target.kind == "hybrid"  # GDN states keep one entry per verify-block node
     if snapshots:

@@ -96,6 +96,13 @@ def test_compile_bad_inputs(checkpoints, tmp_path, capsys):
     assert "unknown deployment" in capsys.readouterr().err
     assert main(["compile", checkpoints["target"], "-o", str(tmp_path / "x"), "--passes", "no_such_pass"]) == 2
     assert "no_such_pass" in capsys.readouterr().err
+    bad = tmp_path / "choice.json"
+    bad.write_text(json.dumps({"shapes": [{"N": 8, "K": 8, "points": [{"M": 1, "impl": "cutlass"}]}]}))
+    for table, message in ((bad, "impl must be one of"), (tmp_path / "missing.json", "unreadable linear choice")):
+        assert main(["compile", checkpoints["target"], "-o", str(tmp_path / "x"), "--linears", str(table)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
 
 
 def _linear_shapes(checkpoint: str) -> list[tuple[int, int]]:
@@ -144,9 +151,17 @@ def test_calibrated_cublas_choice_is_lowered_forced_and_recorded(checkpoints, tm
                                                                                    ([2, None], "cublas")]
     assert "cublas_rows = ((2, None),)" in (out / "target.py").read_text()
     assert any("linears with cuBLAS row ranges" in line for line in result.summary_lines)
-    # the same artifact without the table: no cuBLAS calls, no records
+    # the same deployment with `--linears triton`: no cuBLAS calls, no records
     calls = len(rows_seen)
-    plain = compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=tmp_path / "plain.specc",
-                             deployment=str(dep_file), max_new_tokens=4, tree="off", linear_choice=False)
-    assert plain.manifest["linear_choice"] is None and "linear_impl" not in plain.manifest["lowering"]["target"]
+    plain = tmp_path / "plain.specc"
+    assert main(["compile", checkpoints["target"], "--drafter", checkpoints["pard_same"], "-o", str(plain),
+                 "--deployment", str(dep_file), "--verify-tokens", "4", "--tree", "off", "--linears", "triton"]) == 0
+    manifest = json.loads((plain / "manifest.json").read_text())
+    assert manifest["linear_choice"] is None and "linear_impl" not in manifest["lowering"]["target"]
     assert len(rows_seen) == calls
+    # a table file is read as given
+    from specc.compiler import _linear_choice
+
+    path = tmp_path / "choice.json"
+    path.write_text(json.dumps(table.to_json()))
+    assert _linear_choice(BUILTIN["cpu"], str(path)) == table and _linear_choice(BUILTIN["cpu"], None) is None
