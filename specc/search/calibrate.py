@@ -31,8 +31,8 @@ Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
   ``bytes / t_net / hbm_bandwidth`` and of ``flops / t_net / bf16_flops``. At one M the weight-
   dominated shapes share an arithmetic intensity (~M flops per weight byte), so the roofline
   ``max(bytes / bw(M), flops / peak(M))`` reproduces the measurements whichever side binds.
-  Each time is that of the implementation compiled steps run at that shape and M: the faster of
-  the two where the linear choice picks cuBLAS;
+  These describe the Triton linear, which compiled steps run at every shape the linear choice
+  did not measure;
 - ``linear_choice`` (CUDA, both linears timed): per shape and M, Triton or cuBLAS, whichever was
   faster by more than ``LINEAR_CHOICE_MARGIN`` (``specc.codegen.linear_choice``), with both times:
   the table lowering uses to pick each linear's implementation, and the cost model to price it.
@@ -389,11 +389,6 @@ def fit(dep, m: dict[str, Any], device: str):
     copy_eff = m["copy"]["bandwidth"] / dep.hbm_bandwidth
 
     lin = [r for r in m["linear"] if r["impl"] == m.get("linear_impl", "torch")] or m["linear"]
-    choice = linear_choice_of(m, overhead)
-    if choice is not None:  # what compiled steps run: cuBLAS where the choice picked it
-        torch_rows = {(r["N"], r["K"], r["M"]): r for r in m["linear"] if r["impl"] == "torch"}
-        lin = [torch_rows.get((r["N"], r["K"], r["M"]), r) if choice.impl_at(r["M"], r["N"], r["K"]) == "cublas"
-               else r for r in lin]
     for r in lin:
         r["net_s"] = max(r["seconds"] - overhead, 1e-12)
         r["bw_eff"] = r["bytes"] / r["net_s"] / dep.hbm_bandwidth

@@ -100,7 +100,7 @@ def test_cost_model_uses_linear_bandwidth_by_m_and_attention_latency(tmp_path):
 
 def test_linear_choice_from_both_implementations():
     """Both linears timed (as on CUDA): the record's table picks cuBLAS where it was faster by more
-    than the margin, and the per-M fits use the time of what compiled steps will run."""
+    than the margin; the per-M fits stay Triton's (what runs at shapes the table does not cover)."""
     from specc.search.calibrate import LINEAR_CHOICE_MARGIN, linear_choice_of
 
     dep = BUILTIN["h200-bs1"]
@@ -125,8 +125,7 @@ def test_linear_choice_from_both_implementations():
     assert [p.impl for p in table.shape(n, k).points] == ["triton", "triton", "cublas"]
     assert table.overhead_s == node and table.cublas_rows(n, k) == ((17, None),)
     _, _, by_m, _ = fit(dep, meas, "cuda")
-    assert by_m[512] == pytest.approx(2.0 * 512 * k * n / (100e-6 - node) / dep.bf16_flops)  # cuBLAS's time
-    assert by_m[16] == pytest.approx(2.0 * 16 * k * n / (30e-6 - node) / dep.bf16_flops)  # Triton's
+    assert by_m[512] == pytest.approx(2.0 * 512 * k * n / (200e-6 - node) / dep.bf16_flops)  # Triton's time
     assert linear_choice_of(dict(meas, linear_impl="torch"), node) is None  # one implementation timed
 
 
