@@ -150,6 +150,17 @@ class CostModel:
         launches = CUBLAS_LAUNCHES.get(dep.device, {}).get(meta.kind, 1)
         return bw_eff, fl_eff, int(launches), extra
 
+    def _prices(self, meta, eclass: str, rows: float | None, nbytes: float, flops: float):
+        """(bandwidth, peak, launches, extra seconds) of a node: from the linear choice's
+        measured time when it covers the node, else from the calibrated efficiencies."""
+        measured = self.measured_linear(meta, rows, nbytes, flops)
+        dep = self.deployment
+        if measured is not None:
+            bw_eff, fl_eff, n_launch, extra = measured
+            return dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff, n_launch, extra
+        return (dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows),
+                dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind), self.launches(meta, rows), 0.0)
+
     # ------------------------------------------------------------ efficiencies
 
     def bandwidth_efficiency(self, eclass: str, kind: str | None = None, rows: float | None = None) -> float:
@@ -228,14 +239,7 @@ class CostModel:
         rows = None
         if eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim >= 1:
             rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values) if meta.out.ndim > 1 else 1.0
-        measured = self.measured_linear(meta, rows, nbytes, flops)
-        if measured is not None:
-            bw_eff, fl_eff, n_launch, extra = measured
-            bw, peak = dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff
-        else:
-            bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows)
-            peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
-            n_launch, extra = self.launches(meta, rows), 0.0
+        bw, peak, n_launch, extra = self._prices(meta, eclass, rows, nbytes, flops)
         if meta.kind == "all_reduce" and dep.link_bandwidth > 0:
             # A ring all-reduce is bound by the GPU-to-GPU link, not HBM (specc.ir.collectives).
             from specc.ir.collectives import all_reduce_time
@@ -283,7 +287,6 @@ class CostModel:
         """sum over nodes of Max(bytes / bw_eff, flops / peak_eff) + launches * overhead, symbolic in
         the step's sizes; identical node formulas are merged (36 layers -> 36 * Max(...)).
         Per-M linear efficiencies are taken at ``values`` (they are a measured table, not a formula)."""
-        dep = self.deployment
         terms: dict[tuple, int] = defaultdict(int)
         for node in ir.graph.nodes:
             meta = ir.meta(node)
@@ -293,15 +296,10 @@ class CostModel:
             rows = None
             if values is not None and eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim > 1:
                 rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values)
-            measured = None if rows is None else self.measured_linear(
-                meta, rows, self._num(meta.bytes_read + meta.bytes_written, values), self._num(meta.flops, values))
-            if measured is not None:
-                bw_eff, fl_eff, n_launch, extra = measured
-                bw, peak = dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff
-            else:
-                bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows)
-                peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
-                n_launch, extra = self.launches(meta, rows), 0.0
+            measured = rows is not None and self.linear_choice is not None
+            bw, peak, n_launch, extra = self._prices(
+                meta, eclass, rows, self._num(meta.bytes_read + meta.bytes_written, values) if measured else 0.0,
+                self._num(meta.flops, values) if measured else 0.0)
             key = (sympy.expand(meta.bytes_read + meta.bytes_written), sympy.expand(meta.flops), bw, peak,
                    n_launch, self.latency(eclass, meta.kind) + extra)
             if key[0] == 0 and key[1] == 0:
