@@ -61,3 +61,39 @@ def test_interpreted_triton_outside_the_ranges(monkeypatch):
     want = fused.linear_add(x, w, b, r)
     assert torch.equal(abi.linear_add(x, w, b, r, cublas_rows=((4, 4),)), want)
     torch.testing.assert_close(abi.linear_add(x, w, b, r, cublas_rows=((5, None),)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64, 512])
+def test_cublas_path_bf16_in_a_cuda_graph(rows):
+    """bf16 on the GPU: the cuBLAS path of every fused variant, captured in a CUDA graph as the
+    runtime does, replays what it computes eagerly and stays within bf16 rounding of the Triton
+    linear (fp32 accumulation in both; only the summation order differs)."""
+    torch.manual_seed(rows)
+    n, k = 3072, 1024
+    x = torch.randn(1, rows, k, device="cuda").bfloat16()
+    w = (torch.randn(n, k, device="cuda") * 0.05).bfloat16()
+    b = torch.randn(n, device="cuda").bfloat16()
+    nw = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16()
+    r = torch.randn(1, rows, n, device="cuda").bfloat16()
+    on = ((1, None),)
+    calls = {
+        "linear": lambda cr: abi.linear(x, w, b, cublas_rows=cr),
+        "norm_linear": lambda cr: abi.norm_linear(x, nw, 1e-6, w, b, cublas_rows=cr),
+        "linear_add": lambda cr: abi.linear_add(x, w, b, r, cublas_rows=cr),
+    }
+    for name, call in calls.items():
+        eager = call(on)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call(on)  # warm-up off the capture stream
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = call(on)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager), name
+        triton_out = call(())
+        torch.testing.assert_close(eager.float(), triton_out.float(), rtol=2e-2, atol=2e-2, msg=name)
