@@ -190,6 +190,8 @@ class LinearChoice:
         """cuBLAS for ``rows = (lo, hi)`` (hi None: and above) at the given (N, K), Triton
         elsewhere, with no times: a hand-made choice (tests, experiments)."""
         lo, hi = rows
+        if lo < 1 or (hi is not None and hi < lo):
+            raise ValueError(f"rows must be (lo >= 1, hi >= lo or None), got {rows!r}")
         table = {}
         for n, k in shapes:
             points = ([ChoicePoint(lo - 1, "triton")] if lo > 1 else []) + [ChoicePoint(hi or lo, "cublas")]

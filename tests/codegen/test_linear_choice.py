@@ -56,6 +56,13 @@ def test_forced_rows():
     assert LinearChoice.forced([(8, 8)], rows=(1, None)).cublas_rows(8, 8) == ((1, None),)
     assert LinearChoice.forced([(8, 8)], rows=(1, 3)).cublas_rows(8, 8) == ((1, 3),)
     assert table.uses_cublas and not LinearChoice({}).uses_cublas
+    for bad in ((0, 4), (5, 4)):
+        with pytest.raises(ValueError, match="rows must be"):
+            LinearChoice.forced([(8, 8)], rows=bad)
+    # with_impl: the same times, one implementation everywhere
+    measured = LinearChoice.from_measurements(_rows(64, 32, {1: (1.0, 2.0), 8: (3.0, 1.0)}))
+    assert measured.with_impl("triton").cublas_rows(64, 32) == ()
+    assert measured.with_impl("cublas").shape(64, 32).seconds_at(1) == 2.0
 
 
 def test_json_round_trip():
