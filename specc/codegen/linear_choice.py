@@ -109,16 +109,23 @@ class ShapeChoice:
 
     def seconds_at(self, rows: float) -> float | None:
         """Measured time of the implementation chosen at ``rows``: log-log interpolated between
-        the measured M around it (time ~ M^a piecewise), proportional to M beyond the largest
-        measured M (compute-bound there); None when the chosen implementation was not timed."""
+        the measured M around it (time ~ M^a piecewise); beyond the largest measured M, along the
+        line through the last two (t = a + b M: flat while the weights dominate, proportional
+        once compute does), never below the last time; None when the chosen implementation was
+        not timed."""
         p = self.point_at(int(math.ceil(rows)))
         t = p.seconds()
         if t is None:
             return None
-        if rows >= p.m:
-            return t * rows / p.m if rows > p.m else t
         i = self.points.index(p)
         prev = self.points[i - 1].seconds(p.impl) if i else None
+        if rows >= p.m:
+            if rows == p.m:
+                return t
+            if prev is None:
+                return t * rows / p.m
+            slope = (t - prev) / (p.m - self.points[i - 1].m)
+            return t + max(slope, 0.0) * (rows - p.m)
         if prev is None or rows <= self.points[i - 1].m:
             return t
         m0 = self.points[i - 1].m

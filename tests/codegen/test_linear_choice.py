@@ -40,12 +40,17 @@ def test_choice_from_measurements_with_margin():
 
 
 def test_seconds_interpolate_the_chosen_implementation():
-    table = LinearChoice.from_measurements(_rows(64, 32, {1: (1.0, 4.0), 4: (2.0, 4.0), 16: (8.0, 4.0)}))
+    table = LinearChoice.from_measurements(_rows(64, 32, {1: (1.0, 4.0), 4: (2.0, 4.0), 16: (8.0, 4.0),
+                                                          32: (16.0, 8.0)}))
     shape = table.shape(64, 32)
     assert shape.seconds_at(1) == 1.0 and shape.seconds_at(4) == 2.0 and shape.seconds_at(16) == 4.0
     assert shape.seconds_at(2) == pytest.approx(math.sqrt(2.0))  # log-log between M = 1 and 4 (Triton)
     assert shape.seconds_at(8) == pytest.approx(4.0)  # cuBLAS at M = 5..16: 4.0 at both ends
-    assert shape.seconds_at(64) == pytest.approx(16.0)  # proportional beyond the largest M
+    assert shape.seconds_at(64) == pytest.approx(16.0)  # beyond: the line through M = 16 and 32
+    flat = LinearChoice.from_measurements(_rows(64, 32, {16: (8.0, 4.0), 32: (8.0, 4.0)})).shape(64, 32)
+    assert flat.seconds_at(1024) == pytest.approx(4.0)  # weight-bound at the last two: stays flat
+    single = LinearChoice.from_measurements(_rows(64, 32, {8: (1.0, 2.0)})).shape(64, 32)
+    assert single.seconds_at(16) == pytest.approx(2.0)  # one point: proportional
     forced = LinearChoice.forced([(64, 32)], rows=(2, None))
     assert forced.shape(64, 32).seconds_at(8) is None  # a forced choice has no times
 
