@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 
 from specc.compiler import compile_artifact
+from specc.runtime.device_loop import DeviceSpeculativeDecoder
 from specc.runtime.engine import load
 from specc.verify import StockRun, force_ragged
 
@@ -29,6 +31,8 @@ def test_compile_adds_a_forced_ragged_step_that_round_trips(checkpoints, tmp_pat
     engine = load(out)
     ragged_step = engine.steps["target_ragged"]
     assert ragged_step.ragged_rows is True and not getattr(engine.steps["target"], "ragged_rows", False)
+    if "ragged_target" in inspect.signature(DeviceSpeculativeDecoder).parameters:  # a loop that packs verifies
+        assert engine.loop.ragged_target is ragged_step
     # after the round trip the loaded ragged step still forces stock's tokens (rows of 0..k+1)
     runs = []
     for prompt, n in (([5, 17, 33, 2], 8), ([9, 1], 5)):
