@@ -1,7 +1,9 @@
 """Fused decode + GEMV/GEMM on lossless 12-bit weights: ``y = x @ W^T (+ bias)``.
 
 W is a :class:`specc.formats.bf12.Packed12` of an ``[N, K]`` bf16 weight (``nn.Linear`` layout);
-its module docstring describes the layout this kernel was designed around. One Triton kernel,
+its module docstring describes the layout this kernel was designed around (layout version 1).
+:func:`linear_bf12` is the entry point for both layouts: it checks the inputs and hands
+version-2 weights to :mod:`specc.codegen.kernels.linear_bf12_v2`. One Triton kernel,
 two inner loops chosen by the config:
 
 * ``kind="fma"`` (M = 1 .. 4: a decode-bound GEMV on CUDA cores). Each program owns
@@ -582,6 +584,12 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
         y = out.view(m, n)
     if m == 0:
         return y.reshape(*lead, n)
+    if packed.version != 1:  # the layout-2 kernel (inputs checked above; its own configs)
+        from specc.codegen.kernels.linear_bf12_v2 import linear_bf12_v2
+
+        return linear_bf12_v2(x2, packed, bias, config, out=y).reshape(*lead, n)
+    if config is not None and not isinstance(config, (Bf12Config, Mapping)):
+        raise TypeError(f"a version-1 bf12 weight takes a Bf12Config, got {type(config).__name__}")
     cfg = _as_config(config) if config is not None else get_config(m, n, k)
     if interpret and x.dtype == torch.bfloat16 and cfg.kind == "dot":
         # (the fma path is integer decode + fp32 FMAs, which the interpreter can run)
