@@ -109,7 +109,7 @@ def _bf12v2_linear_kernel(
     x_ptr, sm_ptr, ex_ptr, base_ptr, y_ptr, bias_ptr,
     rowptr_ptr, erow_ptr, ecol_ptr, etrue_ptr, efake_ptr,
     ws_ptr, cnt_ptr,
-    M, N, K, KP, G_PER_SPLIT,
+    M, N, K, KP, KP2, G_PER_SPLIT,
     stride_xm, stride_ym, stride_base,
     USE_DOT: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -125,11 +125,12 @@ def _bf12v2_linear_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    k_start = pid_k * G_PER_SPLIT * 32
+    kh_start = pid_k * G_PER_SPLIT * 16  # in code bytes (half a weight each): divisible by 16
+    k_start = 2 * kh_start
     k_stop = tl.minimum(k_start + G_PER_SPLIT * 32, KP)  # a multiple of 32 (a group boundary)
     rows64 = offs_n.to(tl.int64)
     sm_rows = sm_ptr + rows64[:, None] * KP
-    ex_rows = ex_ptr + rows64[:, None] * (KP // 2)
+    ex_rows = ex_ptr + rows64[:, None] * KP2  # KP2 = KP // 2, passed so Triton sees it % 16 == 0
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1]
     # tile position i (0 .. KH) -> K offset of the low-half weight: group i // 16, lane i % 16
     i = tl.arange(0, KH)
@@ -146,13 +147,14 @@ def _bf12v2_linear_kernel(
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N, KH), dtype=tl.float32)
 
-    for k0 in range(k_start, k_stop, BLOCK_K):
+    for kh0 in range(kh_start, k_stop // 2, KH):
+        k0 = 2 * kh0
         k_lo = k0 + off_lo  # [KH]
         k_hi = k_lo + 16
         wmask = mask_n[:, None] & (k_lo < k_stop)[None, :]  # constant over each 16-byte run
         s_lo = tl.load(sm_rows + k_lo[None, :], mask=wmask, other=0)
         s_hi = tl.load(sm_rows + k_hi[None, :], mask=wmask, other=0)
-        e = tl.load(ex_rows + (k0 // 2 + off_ex)[None, :], mask=wmask, other=0)
+        e = tl.load(ex_rows + (kh0 + off_ex)[None, :], mask=wmask, other=0)
         w_lo = _decode(s_lo, e, False, USE_ASM, DEC_BF16)
         w_hi = _decode(s_hi, e, True, USE_ASM, DEC_BF16)
         if USE_DOT:
@@ -178,6 +180,8 @@ def _bf12v2_linear_kernel(
                     acc = tl.dot(x_lo, tl.trans(w_lo), acc, input_precision="ieee")
                     acc = tl.dot(x_hi, tl.trans(w_hi), acc, input_precision="ieee")
         elif BLOCK_M == 1:
+            # x as [KH] vectors broadcast along the rows. (Loaded as [1, KH], the x load's
+            # layout would win and the decoded weight tiles would be converted to it.)
             x0 = x_ptr + (pid_m * BLOCK_M).to(tl.int64) * stride_xm
             x_lo = tl.load(x0 + k_lo, mask=k_lo < K, other=0.0).to(tl.float32)
             x_hi = tl.load(x0 + k_hi, mask=k_hi < K, other=0.0).to(tl.float32)
@@ -302,8 +306,7 @@ def _heuristic(mb: int, n: int, k: int) -> Bf12v2Config:
     # split-K where N alone gives fewer than ~2 programs per SM of an H100/H200.
     if mb <= 4:
         split = 2 if n <= 4096 and k >= 4096 else 1
-        return Bf12v2Config("fma", block_m=mb, block_n=16, block_k=256 if mb == 1 else 128,
-                            split_k=split, num_stages=1)
+        return Bf12v2Config("fma", block_m=mb, block_n=16, block_k=256, split_k=split, num_stages=1)
     bm = max(16, mb)
     return Bf12v2Config("dot", block_m=bm, block_n=64 if bm <= 32 else 32, block_k=64, num_stages=3)
 
@@ -369,7 +372,7 @@ def linear_bf12_v2(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None 
         x2, packed.sm, packed.ex, meta["base"], y, bias if bias is not None else dummy,
         meta["rowptr"], meta["erow"], meta["ecol"], meta["etrue"], meta["efake"],
         ws, cnt,
-        m, n, k, kp, g_per,
+        m, n, k, kp, kp // 2, g_per,
         x2.stride(0), y.stride(0), meta["stride_base"],
         USE_DOT=cfg.kind == "dot", SWAP_AB=cfg.swap_ab,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
