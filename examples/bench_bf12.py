@@ -424,7 +424,8 @@ def main():
         for r in rows:
             if r.get("v2_params"):
                 kw = ", ".join(f"{k}={v!r}" for k, v in r["v2_params"].items() if k != "esc_block")
-                table.append(f"    ({r['M']}, {r['N']}, {r['K']}): Bf12v2Config({kw}),  # {r['v2_speedup']:.2f}x cuBLAS")
+                table.append(f"    ({r['M']}, {r['N']}, {r['K']}): Bf12v2Config({kw}),"
+                             f"  # {r['v2_speedup']:.2f}x cuBLAS")
         table.append("}")
         print("\n".join(table), flush=True)
     else:

@@ -23,13 +23,57 @@ they need anyway to get the true values. ``base`` is chosen in [1, 239] so that 
 contains exponent 0 or 255; it is the 16-wide window that holds the most weights of the row
 (tensor), the first such on ties.
 
-The layout (why it looks like this)
-===================================
+Two layouts share all of the above (the per-weight bytes and codes, the bases, the escape
+table) and differ only in where the bytes sit: **version 2** (the default of
+:func:`pack_bf16_12bit`) and **version 1** (still read and written on request). The version is
+in :meth:`Packed12.metadata`, in the ``meta`` tensor of :meth:`Packed12.to_state_dict` and, for
+compiled steps, in each ``packed_linear`` call and the ``pack_weights_12bit`` pass statistics of
+the manifest.
+
+Layout version 2 (wide loads)
+=============================
+Row-major ``[N, K]`` (``nn.Linear.weight``; other ranks as ``[prod(shape[:-1]), shape[-1]]``),
+K padded to ``Kp = 32 * ceil(K / 32)``:
+
+* ``sm[n, k]``: the sign|mantissa byte of weight k, in natural K order (uint8 ``[N, Kp]``);
+* ``ex[n, 16 g + i]``: 32-weight group g's code byte i holds weight ``32 g + i`` in its low
+  nibble and weight ``32 g + 16 + i`` in its high nibble (uint8 ``[N, Kp / 2]``).
+
+Why: a kernel tile of ``BLOCK_K`` weights per row is three tiles of ``BLOCK_K / 2`` bytes -- the
+groups' first-half sm bytes, second-half sm bytes and code bytes -- each made of aligned
+16-byte runs (rows start at multiples of 32 / 16 bytes), so a thread reads 32 weights with three
+128-bit loads, and the three tiles have one shape and one register layout. The low and high
+nibbles of the code tile belong to the first- and second-half sm tiles element by element, so
+decoding is element-wise (no shuffles between lanes), and each decoded half tile is a plain
+operand (a 2-D tile of bf16) for FMAs or ``tl.dot``. For a byte permute decoder, four weights'
+sm bytes and four code bytes are one 32-bit register each, and ``prmt`` + shift + ``lop3`` give
+two bf16x2 words (see :mod:`specc.codegen.kernels.linear_bf12_v2`).
+
+Bytes per weight, Qwen3-8B shapes (random N(0, 0.02) bf16 weights in the real shapes stand in
+for the checkpoint here; per-row bases; escapes cost 6 bytes: int32 index + int16 value)::
+
+    shape     N x K            planes  bases    escapes  total B/weight  escape rate
+    qkv       6144 x 4096      1.5     0.00024  0.00047  1.50071         7.8e-5
+    o         4096 x 4096      1.5     0.00024  0.00043  1.50067         7.2e-5
+    gate_up   24576 x 4096     1.5     0.00024  0.00045  1.50069         7.5e-5
+    down      4096 x 12288     1.5     0.00008  0.00045  1.50054         7.6e-5
+    lm_head   151936 x 4096    1.5     0.00024  0.00047  1.50071         7.8e-5 (8192 rows)
+
+i.e. 0.7503 - 0.7504 of the bf16 bytes, so the byte floor of a packed step is ~0.75x (K is a
+multiple of 32 in all of them: no padding). Escapes never enter a kernel's inner loop: the planes
+hold ``sm = 0, c = 0`` there (the finite stand-in ``2**(base - 127)``), and the kernels apply the
+sorted table as a sparse exact fix-up after their main loop.
+
+Layout version 1 (16-weight words)
+==================================
 Everything is row-major ``[N, K]`` like ``nn.Linear.weight`` (N = output features, rows;
 K = input features); a tensor of another rank is packed as ``[prod(shape[:-1]), shape[-1]]``.
 The consumer that matters is the fused decode + GEMV/GEMM kernel
 (``specc.codegen.kernels.linear_bf12``), which streams every byte exactly once and must decode
 with a handful of integer instructions. Three choices serve it:
+
+The first layout, kept so that version-1 artifacts keep loading and for
+:mod:`specc.codegen.kernels.linear_bf12`:
 
 1. **16-weight words.** K is padded to ``Kp = 16 * K16`` (``K16 = ceil(K / 16)``); word ``j``
    of a row holds the 16 consecutive weights ``k = 16 j + q`` (q = 0..15): 16 sm bytes and 16

@@ -37,7 +37,7 @@ are exact in fp32 for bf16 x, so the result is the bf16 matmul with fp32 accumul
 exact weights (up to summation order, as with cuBLAS), and inf/NaN weights propagate. Split-K
 partials go to a per-device fp32 workspace; the last program of a tile (a ticket counter) adds
 them up, stores and cleans the workspace (no memset, no epilogue launch), as in
-:mod:`specc.codegen.kernels.linear_bf12`, whose workspace and escape metadata this module shares.
+:mod:`specc.codegen.kernels.linear_bf12` (the two share :mod:`specc.codegen.kernels.bf12_launch`).
 
 CPU: the Triton interpreter runs the integer decode and fp32 math (it has no bf16 arithmetic):
 use fp32/fp16 activations there; the outputs equal ``F.linear`` on the unpacked weights in fp32.
@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import GROUP, HALF, Packed12
 
 __all__ = ["Bf12v2Config", "linear_bf12_v2", "get_config", "set_config", "clear_configs",
@@ -334,8 +335,6 @@ def linear_bf12_v2(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None 
     """``x @ W^T + bias`` with W a layout-2 Packed12 of an ``[N, K]`` bf16 weight (checked
     inputs: :func:`specc.codegen.kernels.linear_bf12.linear_bf12` validates and dispatches
     here). Returns ``[..., N]`` in x's dtype, fp32 accumulation."""
-    from specc.codegen.kernels.linear_bf12 import _kernel_meta, _workspace
-
     if packed.version != 2:
         raise ValueError(f"linear_bf12_v2 needs a version-2 bf12 weight, got version {packed.version}")
     n, k = packed.shape
@@ -356,7 +355,7 @@ def linear_bf12_v2(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None 
     if INTERPRETED and x.dtype == torch.bfloat16:
         raise TypeError("linear_bf12 under the Triton interpreter cannot do bf16 arithmetic; pass fp32 "
                         "(or fp16) activations")
-    meta = _kernel_meta(packed)
+    meta = escape_meta(packed)
     kp = packed.padded_cols
     groups = kp // GROUP
     gk = cfg.block_k // GROUP  # groups per iteration
@@ -364,7 +363,7 @@ def linear_bf12_v2(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None 
     split = triton.cdiv(groups, g_per)
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
     if split > 1:
-        ws, cnt = _workspace(x.device, m * n, grid[0] * grid[2])
+        ws, cnt = split_k_workspace(x.device, m * n, grid[0] * grid[2])
     else:
         ws, cnt = y, meta["rowptr"]  # unused
     dummy = meta["rowptr"]
