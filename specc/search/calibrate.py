@@ -31,6 +31,10 @@ Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
   ``bytes / t_net / hbm_bandwidth`` and of ``flops / t_net / bf16_flops``. At one M the weight-
   dominated shapes share an arithmetic intensity (~M flops per weight byte), so the roofline
   ``max(bytes / bw(M), flops / peak(M))`` reproduces the measurements whichever side binds.
+- ``packed_linear_bandwidth_by_m``: per M, the median over shapes of the bf12 linear's
+  ``packed bytes / t_net / hbm_bandwidth`` (the bf12 kernels lose efficiency with M much faster
+  than bf16 ones: with it the cost model packs the M = 1 steps where packing wins and not the
+  verify steps where it loses).
 
 Output: the deployment file (every field of the base deployment kept, the fitted ones replaced,
 ``calibrated = true``), loadable with ``get_deployment(FILE)``, and beside it the calibration
@@ -63,6 +67,7 @@ class Calibration:
     kind_efficiency: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     linear_flops_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
     linear_bandwidth_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
+    packed_linear_bandwidth_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
     fitted: dict[str, float] = dataclasses.field(default_factory=dict)
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
     date: str = ""
@@ -78,9 +83,15 @@ class Calibration:
         """Bandwidth efficiency of a linear with ``rows`` = M, log-linear between measured M."""
         return _interpolate_log(self.linear_bandwidth_by_m, rows, "bandwidth")
 
+    def packed_linear_bandwidth_at(self, rows: float) -> float:
+        """Bandwidth efficiency (on packed bytes) of a bf12 linear with ``rows`` = M: the packed
+        kernels' efficiency falls with M much faster than bf16's, so one figure cannot say where
+        packing wins."""
+        return _interpolate_log(self.packed_linear_bandwidth_by_m, rows, "packed bandwidth")
+
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for key in ("linear_flops_by_m", "linear_bandwidth_by_m"):
+        for key in ("linear_flops_by_m", "linear_bandwidth_by_m", "packed_linear_bandwidth_by_m"):
             out[key] = {str(k): v for k, v in getattr(self, key).items()}
         out["format"] = "specc-calibration/1"
         return out
@@ -102,7 +113,7 @@ class Calibration:
         for key in ("deployment", "device"):
             if not isinstance(kwargs.get(key), str):
                 raise ValueError(f"{key} must be a string")
-        for key in ("linear_flops_by_m", "linear_bandwidth_by_m"):
+        for key in ("linear_flops_by_m", "linear_bandwidth_by_m", "packed_linear_bandwidth_by_m"):
             table = data.get(key) or {}
             if not isinstance(table, dict):
                 raise ValueError(f"{key} must be an object of rows -> efficiency")
@@ -424,6 +435,17 @@ def fit(dep, m: dict[str, Any], device: str):
     return fields, kinds, linear_by_m, linear_bw_by_m
 
 
+def fit_packed_by_m(dep, m: dict, device: str) -> dict[int, float]:
+    """Per M, the median over shapes of the bf12 linear's bandwidth efficiency on packed bytes
+    (launch overhead removed as in :func:`fit`); empty when bf12 was not measured."""
+    launch = m["launch"]
+    overhead = launch["graph_node_overhead_s"] if device == "cuda" else launch["launch_overhead_s"]
+    by_m: dict[int, list[float]] = {}
+    for r in m.get("linear_bf12") or []:
+        by_m.setdefault(r["M"], []).append(r["bytes"] / max(r["seconds"] - overhead, 1e-12) / dep.hbm_bandwidth)
+    return {mm: min(1.0, statistics.median(v)) for mm, v in sorted(by_m.items())}
+
+
 def attn_launch(device: str) -> int:
     """Kernels the attention microbenchmark launches per call (its launch cost is removed)."""
     return LAUNCHES.get(device, {}).get("attention", 1) if device == "cpu" else 2
@@ -498,7 +520,8 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
     record = Calibration(
         deployment=dep.name, device=device,
         device_name=torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        kind_efficiency=kinds, linear_flops_by_m=by_m, linear_bandwidth_by_m=bw_by_m, fitted=fields, measurements=m,
+        kind_efficiency=kinds, linear_flops_by_m=by_m, linear_bandwidth_by_m=bw_by_m,
+        packed_linear_bandwidth_by_m=fit_packed_by_m(dep, m, device), fitted=fields, measurements=m,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         specc_version=__version__, torch_version=torch.__version__, quick=quick)
     return new, record
