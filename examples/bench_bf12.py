@@ -18,7 +18,8 @@
    context 1024) with the default pipeline and with ``pack_weights_12bit`` (layout 2), at Q = 1
    (the AR step) and Q = 16 (the verify step), CUDA-graph medians in the same run, the greedy
    tokens of both compared, and the cost model's prediction for both (the choice it would
-   make) beside the measured winner: ``"kind": "step"`` JSON lines.
+   make) beside the measured winner -- with the deployment's calibration, and with the packed
+   linears priced by this run's layout-2 efficiency per M: ``"kind": "step"`` JSON lines.
 
 Random N(0, 0.02) weights: a realistic exponent spread (escape rate ~7.5e-5); timings do not
 depend on the values. Kernels are compiled first in parallel worker processes.
@@ -27,6 +28,7 @@ depend on the values. Kernels are compiled first in parallel worker processes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing as mp
@@ -293,8 +295,10 @@ def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke) ->
     return rows
 
 
-def step_rows(args, dev, dtype, smoke) -> list[dict]:
-    """Compiled Qwen3-8B target step, default pipeline vs + pack_weights_12bit (layout 2)."""
+def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[dict]:
+    """Compiled Qwen3-8B target step, default pipeline vs + pack_weights_12bit (layout 2), with
+    the cost model's predictions: the deployment's own, and the same with this run's layout-2
+    efficiencies by M (``packed_by_m``, packed bytes / time / HBM) for the packed linears."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_steps import time_graph  # the step timer of examples/bench_steps.py
 
@@ -302,6 +306,7 @@ def step_rows(args, dev, dtype, smoke) -> list[dict]:
     from specc.codegen.build import build_steps
     from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
+    from specc.search.calibrate import Calibration
     from specc.search.cost_model import CostModel
 
     cfg = tiny(QWEN3_8B) if smoke else QWEN3_8B
@@ -310,6 +315,9 @@ def step_rows(args, dev, dtype, smoke) -> list[dict]:
     target.setup_caches(1, 16)
     pipelines = {"unpacked": DEFAULT_PIPELINE, "packed_v2": DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")}
     model = CostModel(args.deployment)
+    base = model.calibration or Calibration(deployment=model.deployment.name, device="cuda")
+    measured = CostModel(model.deployment, calibration=dataclasses.replace(
+        base, packed_linear_bandwidth_by_m=packed_by_m)) if packed_by_m else None
     gen = torch.Generator(device=dev).manual_seed(5)
     ids = {q: torch.randint(0, cfg["vocab_size"], (1, q), device=dev, generator=gen) for q in (1, 16)}
     res, tokens = {}, {}
@@ -325,8 +333,11 @@ def step_rows(args, dev, dtype, smoke) -> list[dict]:
             with torch.inference_mode():
                 logits = step(ids[q], pos, cl)
                 tokens[label, q] = logits.float().argmax(-1).cpu()
+            vals = {"B": 1, "Q": q, "C": context}
             res[label][q] = {"ms": time_graph(step, (ids[q], pos, cl)),
-                             "predicted_ms": model.step(built.irs["target"], {"B": 1, "Q": q, "C": context}).time * 1e3}
+                             "predicted_ms": model.step(built.irs["target"], vals).time * 1e3,
+                             "predicted_measured_eff_ms": None if measured is None else
+                             measured.step(built.irs["target"], vals).time * 1e3}
         del step, built
         if not smoke:
             torch.cuda.empty_cache()
@@ -341,6 +352,11 @@ def step_rows(args, dev, dtype, smoke) -> list[dict]:
                "cost_model_packs": p["predicted_ms"] < u["predicted_ms"], "packing_wins": p["ms"] < u["ms"],
                "pack_stats": res["packed_v2"]["pack_stats"]}
         rec["cost_model_right"] = rec["cost_model_packs"] == rec["packing_wins"]
+        if measured is not None:  # the same cost model told this run's layout-2 kernel speeds by M
+            rec.update(packed_bandwidth_by_m=packed_by_m,
+                       predicted_packed_ms_measured_eff=p["predicted_measured_eff_ms"],
+                       cost_model_packs_measured_eff=p["predicted_measured_eff_ms"] < u["predicted_measured_eff_ms"])
+            rec["cost_model_right_measured_eff"] = rec["cost_model_packs_measured_eff"] == rec["packing_wins"]
         out.append(rec)
         emit(rec)
     return out
@@ -432,7 +448,10 @@ def main():
         table = []
     steps = []
     if args.steps:
-        steps = step_rows(args, dev, torch.bfloat16, smoke)  # bf16 weights: what bf12 packs
+        packed_by_m = {m: statistics.median(r["v2_hbm_frac"] for r in rows if r["M"] == m and "v2_hbm_frac" in r)
+                       for m in ms if any(r["M"] == m and "v2_hbm_frac" in r for r in rows)}
+        packed_by_m = {m: min(1.0, v) for m, v in packed_by_m.items()}
+        steps = step_rows(args, dev, torch.bfloat16, smoke, packed_by_m)  # bf16 weights: what bf12 packs
     out = {"info": info, "linear": rows, "layer_sums": sums, "steps": steps, "v2_default_configs_py": "\n".join(table),
            "wall_s": time.time() - t_start}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
