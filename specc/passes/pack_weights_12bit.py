@@ -9,8 +9,10 @@ decode + GEMV/GEMM kernel (``specc.codegen.kernels.linear_bf12``) reads 25% fewe
 Options (``PassContext.option``): ``pack_include`` / ``pack_exclude``: substrings of weight
 names selecting the linears (default: all), so the cost model can pack a subset (e.g. only the
 MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
-``pack_version``: the bf12 layout, 2 (default: the wide-load layout of
-``specc.codegen.kernels.linear_bf12_v2``) or 1. The layout version is a keyword of each
+``pack_version``: the bf12 layout, 1 (default: the layout whose kernels have run on
+a GPU) or 2 (the wide-load layout of ``specc.codegen.kernels.linear_bf12_v2``: exact on CPU
+and compiled for sm_90, not yet run on a GPU; it becomes the default once it has been
+measured there). The layout version is a keyword of each
 ``packed_linear`` call (the emitted step's source shows it) and ``format_version`` in the
 pass's stats (the manifest's record of applied passes).
 """
@@ -20,12 +22,16 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from specc.formats.bf12 import FORMAT_VERSION, FORMAT_VERSIONS, pack_bf16_12bit
+from specc.formats.bf12 import FORMAT_VERSIONS, pack_bf16_12bit
 from specc.ir import IR, SCOPE_KEY, Cost, OpCall, linear_cost, register_op
 from specc.ir.meta import TensorMeta
 from specc.models.fused_ops import packed_linear  # the eager body
 from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.registry import register_pass
+
+# the layout compiled artifacts get; 2 once its kernels are measured on a GPU (docs/kernels.md)
+DEFAULT_PACK_VERSION = 1
+
 
 @register_op(packed_linear, "packed_linear")
 def _packed_linear_rule(op: OpCall) -> Cost:
@@ -80,7 +86,7 @@ class PackWeights12bit(Pass):
         self._ctx = ctx  # ensures() checks the same selection
         graph = ir.graph
         base_mode = (ctx.option("pack_base") if ctx else None) or "row"
-        version = int((ctx.option("pack_version") if ctx else None) or FORMAT_VERSION)
+        version = int((ctx.option("pack_version") if ctx else None) or DEFAULT_PACK_VERSION)
         if version not in FORMAT_VERSIONS:
             raise ValueError(f"pack_version must be one of {FORMAT_VERSIONS}, got {version}")
         packed_count, weights, escapes = 0, 0, 0
