@@ -26,6 +26,23 @@ target's token at its last node, compacts the path's K/V into place
 (``DecodingState.commit(accepted + 1, path)``) and hands DFlash the target's hidden states
 gathered along the path. Still one host copy per step, and static shapes (N per budget).
 
+Ragged verify (``ragged_target``: a step with ``ragged_rows``, by default the target itself when it
+has them, e.g. ``CausalLM``): when rows verify different numbers of tokens (per-request draft
+lengths ``speculate(budgets, [k_b, ...])``, rows capped near their budget, free slots), the live
+rows' blocks [last, d_1 .. d_k_b] are packed into one [1, T] forward with no padding
+(``specc.runtime.ragged.PackedRows``) and its outputs unpacked into the padded [B, k + 1, ...]
+layout the verifiers and drafters take, so acceptance is decided exactly as before. Drafting
+still drafts the largest k_b for every row in one batched forward; only verification is per row.
+
+Two-level verification (``two_level_k1`` = k1, chain steps, greedy and sampling; needs a ragged
+step): level 1 verifies [last, d_1 .. d_k1] of every live row; the rows that accepted all k1
+drafts (and drafted more) go on to level 2, a packed verify of their d_k1+1 .. d_k_b written right
+after level 1's entries. The two levels' logits are put side by side per row and the step's one
+verifier decides on them exactly as a one-level verify would (sampling: the same per-position
+random numbers, so the same tokens). Level 2's rows are known only after level 1 (a second small
+device -> host copy per step). Without a ragged step (e.g. a hybrid target, whose recurrent state
+cannot continue from level 1's) the loop verifies in one level.
+
 At temperature > 0 the decoding policy (``specc.runtime.policy``, chosen per scheduler: one set of
 sampling parameters, one seed per request) samples the drafts and verifies by speculative sampling
 (``specc.runtime.sampling_verify``) at the same points of the step; greedy generation makes the
@@ -45,6 +62,7 @@ import torch
 from specc.result import GenerationResult, as_prompt_list
 from specc.runtime.loop import SpeculativeLoop
 from specc.runtime.policy import GreedyPolicy, decoding_policy
+from specc.runtime.ragged import PackedRows, ragged_capable
 from specc.runtime.state import DecodingState, reserve_block, slot_view
 from specc.runtime.trees import DraftTree, plan_tree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
@@ -85,7 +103,10 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     input shape it can see (``Drafter.capture_shapes``) so graphed steps are all captured up
     front. Set on CUDA, where the engine also drafts the full k at the end of the budget
     (``cap_to_budget=False``: the surplus is clipped) so that verification has one shape.
-    ``batch``: rows the state is allocated for (``generate_batch`` reallocates for another B)."""
+    ``batch``: rows the state is allocated for (``generate_batch`` reallocates for another B).
+    ``ragged_target``: the step for packed (ragged) verifies; None: the target itself when it has
+    ``ragged_rows``, else none (every verify is dense). ``two_level_k1``: drafts verified at the
+    first level of two-level verification (None: one level; may be set after construction)."""
 
     profile = False  # set True to time the loop's parts (``self.part_seconds`` after a run)
     capture_shapes = False
@@ -93,8 +114,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
                  cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,
-                 tree_budget: int = 0, tree_target=None, tree_topk: int | None = None):
+                 tree_budget: int = 0, tree_target=None, tree_topk: int | None = None, ragged_target=None,
+                 two_level_k1: int | None = None):
         self.target, self.drafter, self.num_draft = target, drafter, num_draft
+        if ragged_target is None and ragged_capable(target):
+            ragged_target = target
+        self.ragged_target = ragged_target if ragged_capable(ragged_target) else None
+        self.two_level_k1 = two_level_k1
+        self.last_level2_rows: list[int] = []  # slots whose drafts went on to level 2 in the last step
         self.cap_to_budget = cap_to_budget
         self.verifier = verifier or ChainVerifier()
         # tree verification: N drafted nodes per step (0: chains); tree_target: the target's tree
@@ -104,6 +131,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.tree_topk = tree_topk  # candidate tokens per position (None: the budget; 1: a chain-shaped tree)
         self.tree_verifier = TreeVerifier()
         if drafter is not None and drafter.needs_target_hidden:
+            if self.ragged_target is not target and hasattr(self.ragged_target, "capture_layers"):
+                self.ragged_target.capture_layers = tuple(drafter.spec.target_layer_ids)
             target.capture_layers = tuple(drafter.spec.target_layer_ids)
         self.part_seconds: dict = {}
         self._steps_k1: dict = {}
@@ -119,13 +148,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
             state = DecodingState.adopt(self.target, self.batch, length)
         self.state = state
-        if self.tree_target is not self.target:  # a separate tree step shares the target's state
-            from specc.runtime.graphs import GraphedStep
+        for step in dict.fromkeys((self.tree_target, self.ragged_target)):
+            if step is not None and step is not self.target:  # a separate step shares the target's state
+                from specc.runtime.graphs import GraphedStep
 
-            graphed = isinstance(self.tree_target, GraphedStep)
-            state.bind(self.tree_target.step if graphed else self.tree_target)
-            if graphed:
-                self.tree_target.graphs.clear()  # captured graphs point at the old buffers
+                graphed = isinstance(step, GraphedStep)
+                state.bind(step.step if graphed else step)
+                if graphed:
+                    step.graphs.clear()  # captured graphs point at the old buffers
         if self.drafter is not None:
             self.drafter.setup(max_len + self.num_draft + 1, self.batch)
         self._shapes_captured = False  # graphed steps drop their graphs with the old caches
@@ -299,15 +329,19 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if self.drafter is not None:
             self.drafter.release_slot(slot)
 
-    def speculate(self, budgets: list[int], num_draft: int | None = None) -> tuple[list[list[int]], int]:
+    def speculate(self, budgets: list[int], num_draft: int | list[int] | None = None) -> tuple[list[list[int]], int]:
         """One speculative step over every slot. ``budgets[b]``: tokens live slot b may still
         commit (>= 1); ``num_draft``: drafts per row this step (at most the loop's; None: the
-        loop's, e.g. a goodput rule's choice, ``specc.runtime.adaptive``). Returns (per slot [accepted, committed tokens...] from the step's one
-        device -> host copy: slot b committed ``row[1:row[0] + 2]``, free slots commit nothing;
-        tree nodes verified, 0 for a chain step). Clipping at EOS / budgets is the caller's."""
+        loop's, e.g. a goodput rule's choice, ``specc.runtime.adaptive``), or one per slot (per-request
+        draft lengths: verified ragged when the loop has a ragged step, ``verifies_ragged``;
+        otherwise every row drafts and verifies the largest). Returns (per slot [accepted, committed
+        tokens...] from the step's device -> host copy: slot b committed ``row[1:row[0] + 2]``, free
+        slots commit nothing; tree nodes verified, 0 for a chain step). Clipping at EOS / budgets is
+        the caller's."""
         seq, n, rows, dev, timer = self.seq, self.n, self.batch, self.target.device, self._timer
         live = [b for b in range(rows) if self.live[b]]
         k, caps, active = 0, None, None
+        row_caps = [0] * rows  # drafts each slot may accept this step (free slots: 0)
         if rows > 1:
             if self._live_mask is None:
                 self._live_mask = torch.tensor([int(x) for x in self.live], dtype=torch.long, device=dev)
@@ -316,15 +350,23 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
                 self.drafter.capture_shapes(seq, self.num_draft)
                 self._shapes_captured = True
-            k = self.num_draft if num_draft is None else max(0, min(int(num_draft), self.num_draft))
+            per_row = isinstance(num_draft, (list, tuple))
+            if per_row and len(num_draft) != rows:
+                raise ValueError(f"num_draft: {len(num_draft)} drafts given for {rows} slots")
+            wanted = ([max(0, min(int(x), self.num_draft)) for x in num_draft] if per_row else
+                      [self.num_draft if num_draft is None else max(0, min(int(num_draft), self.num_draft))] * rows)
+            ragged = self.verifies_ragged and not self.tree_budget
+            k = max(wanted[b] for b in live)
             k = min(k, max(budgets[b] - 1 for b in live)) if self.cap_to_budget else k
+            for b in live:  # a ragged verify takes only the tokens a row can use, whatever the shape
+                cap = wanted[b] if ragged else k
+                row_caps[b] = max(0, min(cap, k, budgets[b] - 1) if self.cap_to_budget or ragged else min(cap, k))
             if rows > 1:
-                row_caps = [0 if not self.live[b] else min(k, budgets[b] - 1) if self.cap_to_budget else k
-                            for b in range(rows)]
                 caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
         drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
+        self.last_level2_rows = []
         if self.tree_budget and k > 0:
             host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, drafting)
         else:
@@ -339,12 +381,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             timer.mark("verify")
             if rows == 1:
                 last = seq[:, n[0] - 1:n[0]]
+                row_caps = [k]
             else:
                 last = seq.gather(1, self.state.lengths[:, None])
-            logits, context = self._target_rows(torch.cat([last, drafts], dim=1))
-            timer.mark("accept")
             if caps is None and rows > 1:
                 caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
+            logits, context = self._chain_logits(torch.cat([last, drafts], dim=1), drafts, q, row_caps, caps)
+            timer.mark("accept")
             if isinstance(policy, GreedyPolicy):
                 accepted, committed = self.verifier.verify(drafts, logits, caps)
             else:
@@ -365,6 +408,65 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         timer.mark(None)
         self.part_seconds = dict(timer.parts)
         return host, nodes
+
+    @property
+    def verifies_ragged(self) -> bool:
+        """Whether chain verifies can be packed per row (a ragged step): per-request draft lengths
+        then cost only the tokens each row verifies, and two-level verification is possible."""
+        return self.ragged_target is not None
+
+    def _chain_logits(self, block, drafts, q, row_caps: list[int], caps):
+        """The target's logits (and captured hidden states, else None) for the chain block
+        ``block`` = [last, drafts] [B, k + 1], row b verifying its first ``row_caps[b] + 1``
+        tokens (free slots: none). One level, or two (``two_level_k1``, module doc): level 1 over
+        the first k1 drafts, level 2 only for the rows that accepted all of them. Positions a row
+        did not verify hold zeros; its cap keeps every verifier from reading them."""
+        k, rows = drafts.shape[1], block.shape[0]
+        counts = [c + 1 if rows == 1 or self.live[b] else 0 for b, c in enumerate(row_caps)]
+        k1 = self.two_level_k1
+        if not k1 or self.ragged_target is None or k <= k1 or max(row_caps) <= k1:
+            return self._verify_rows(block, counts)
+        k1 = int(k1)
+        caps1 = [min(c, k1) for c in row_caps]
+        logits1, hidden1 = self._verify_rows(block[:, :k1 + 1], [min(c, k1 + 1) for c in counts])
+        caps1_t = torch.tensor(caps1, dtype=torch.long, device=block.device)
+        if isinstance(self.policy, GreedyPolicy):
+            accepted1, _ = self.verifier.verify(drafts[:, :k1], logits1, caps1_t)
+        else:
+            accepted1, _ = self.policy.verify_chain(self.verifier, drafts[:, :k1], q[:, :k1], logits1, caps1_t,
+                                                    self.state.lengths)
+        accepted1 = accepted1.tolist()  # level 1's host copy: which rows go on
+        go = [b for b in range(rows) if counts[b] and row_caps[b] > k1 and accepted1[b] == k1]
+        self.last_level2_rows = go
+        if go:
+            counts2 = [row_caps[b] - k1 if b in go else 0 for b in range(rows)]
+            logits2, hidden2 = self._verify_rows(block[:, k1 + 1:], counts2, offset=k1 + 1)
+        else:  # no row goes on: the step ends at level 1
+            logits2 = logits1.new_zeros(rows, k - k1, logits1.shape[-1])
+            hidden2 = None if hidden1 is None else hidden1.new_zeros(rows, k - k1, hidden1.shape[-1])
+        logits = torch.cat([logits1, logits2], dim=1)
+        hidden = None if hidden1 is None else torch.cat([hidden1, hidden2], dim=1)
+        return logits, hidden
+
+    def _verify_rows(self, block: torch.Tensor, counts: list[int], offset: int = 0):
+        """The target over ``block`` [B, W], row b's first ``counts[b]`` tokens written at
+        ``state.lengths[b] + offset`` onward: (logits [B, W, V], hidden [B, W, n*H] or None).
+        Dense (``_target_rows``) when every row takes all W tokens at offset 0, or when there is
+        no ragged step (rows then compute their whole block, as before per-row caps existed);
+        otherwise one packed forward of the ragged step, unpacked (zeros where no token)."""
+        width = block.shape[1]
+        if offset == 0 and (self.ragged_target is None or all(c == width for c in counts)):
+            return self._target_rows(block)
+        if self.ragged_target is None:
+            raise RuntimeError("a verify past the rows' lengths needs a ragged step")
+        packed = PackedRows.of(counts, width, block.device)
+        if packed.num_tokens == 0:
+            raise RuntimeError("a packed verify with no tokens")
+        lengths = self.state.lengths
+        out = self.ragged_target(packed.tokens(block), packed.positions(lengths, offset),
+                                 packed.cache_len(lengths, offset), None, packed.row_slots, packed.row_starts)
+        logits, hidden = out if isinstance(out, tuple) else (out, None)
+        return packed.unpack(logits), None if hidden is None else packed.unpack(hidden)
 
     def _draft_rows(self, seq, n, k, drafting, logits: bool = False):
         """The drafter's ``propose_rows`` (``propose_logits_rows``), told which rows are live only
