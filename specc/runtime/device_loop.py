@@ -27,12 +27,14 @@ target's token at its last node, compacts the path's K/V into place
 gathered along the path. Still one host copy per step, and static shapes (N per budget).
 
 Ragged verify (``ragged_target``: a step with ``ragged_rows``, by default the target itself when it
-has them, e.g. ``CausalLM``): when rows verify different numbers of tokens (per-request draft
-lengths ``speculate(budgets, [k_b, ...])``, rows capped near their budget, free slots), the live
-rows' blocks [last, d_1 .. d_k_b] are packed into one [1, T] forward with no padding
-(``specc.runtime.ragged.PackedRows``) and its outputs unpacked into the padded [B, k + 1, ...]
-layout the verifiers and drafters take, so acceptance is decided exactly as before. Drafting
-still drafts the largest k_b for every row in one batched forward; only verification is per row.
+has them, e.g. ``CausalLM``): with per-request draft lengths (``speculate(budgets, [k_b, ...])``)
+or two-level verification, when rows verify different numbers of tokens (their own k_b, a cap at
+their budget, none for a free slot), the live rows' blocks [last, d_1 .. d_k_b] are packed into
+one [1, T] forward with no padding (``specc.runtime.ragged.PackedRows``) and its outputs
+unpacked into the padded [B, k + 1, ...] layout the verifiers and drafters take, so acceptance is
+decided exactly as before. Drafting still drafts the largest k_b for every row in one batched
+forward; only verification is per row. A step with one k for the batch and one level verifies
+dense as before (free slots ride along).
 
 Two-level verification (``two_level_k1`` = k1, chain steps, greedy and sampling; needs a ragged
 step): level 1 verifies [last, d_1 .. d_k1] of every live row; the rows that accepted all k1
@@ -340,7 +342,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         the caller's."""
         seq, n, rows, dev, timer = self.seq, self.n, self.batch, self.target.device, self._timer
         live = [b for b in range(rows) if self.live[b]]
-        k, caps, active = 0, None, None
+        k, caps, active, per_row = 0, None, None, False
         row_caps = [0] * rows  # drafts each slot may accept this step (free slots: 0)
         if rows > 1:
             if self._live_mask is None:
@@ -350,17 +352,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
                 self.drafter.capture_shapes(seq, self.num_draft)
                 self._shapes_captured = True
-            per_row = isinstance(num_draft, (list, tuple))
+            per_row = isinstance(num_draft, (list, tuple))  # then: verified per row when the loop can
             if per_row and len(num_draft) != rows:
                 raise ValueError(f"num_draft: {len(num_draft)} drafts given for {rows} slots")
             wanted = ([max(0, min(int(x), self.num_draft)) for x in num_draft] if per_row else
                       [self.num_draft if num_draft is None else max(0, min(int(num_draft), self.num_draft))] * rows)
-            ragged = self.verifies_ragged and not self.tree_budget
             k = max(wanted[b] for b in live)
             k = min(k, max(budgets[b] - 1 for b in live)) if self.cap_to_budget else k
-            for b in live:  # a ragged verify takes only the tokens a row can use, whatever the shape
-                cap = wanted[b] if ragged else k
-                row_caps[b] = max(0, min(cap, k, budgets[b] - 1) if self.cap_to_budget or ragged else min(cap, k))
+            per_row = per_row and self.verifies_ragged and not self.tree_budget
+            for b in live:
+                cap = wanted[b] if per_row else k
+                row_caps[b] = max(0, min(cap, k, budgets[b] - 1) if self.cap_to_budget else min(cap, k))
             if rows > 1:
                 caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
         drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
@@ -386,6 +388,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 last = seq.gather(1, self.state.lengths[:, None])
             if caps is None and rows > 1:
                 caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
+            self._packing = per_row or bool(self.two_level_k1)  # a packed verify where rows differ
             logits, context = self._chain_logits(torch.cat([last, drafts], dim=1), drafts, q, row_caps, caps)
             timer.mark("accept")
             if isinstance(policy, GreedyPolicy):
@@ -451,11 +454,12 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     def _verify_rows(self, block: torch.Tensor, counts: list[int], offset: int = 0):
         """The target over ``block`` [B, W], row b's first ``counts[b]`` tokens written at
         ``state.lengths[b] + offset`` onward: (logits [B, W, V], hidden [B, W, n*H] or None).
-        Dense (``_target_rows``) when every row takes all W tokens at offset 0, or when there is
-        no ragged step (rows then compute their whole block, as before per-row caps existed);
-        otherwise one packed forward of the ragged step, unpacked (zeros where no token)."""
+        Dense (``_target_rows``) at offset 0 when every row takes all W tokens, when there is no
+        ragged step, or in a step with one k for the batch and one level (rows then compute their
+        whole block: free slots ride along, caps stop rows); otherwise one packed forward of the
+        ragged step, unpacked (zeros where no token)."""
         width = block.shape[1]
-        if offset == 0 and (self.ragged_target is None or all(c == width for c in counts)):
+        if offset == 0 and (self.ragged_target is None or not self._packing or all(c == width for c in counts)):
             return self._target_rows(block)
         if self.ragged_target is None:
             raise RuntimeError("a verify past the rows' lengths needs a ragged step")
