@@ -160,3 +160,21 @@ def test_speculate_takes_one_draft_length_per_slot(checkpoints):
         assert got == reference(checkpoints["target"], len(got), prompt=prompt)
     with pytest.raises(ValueError, match="3 slots"):
         loop.speculate([10, 10, 2], [3, 0])
+
+
+def test_goodput_rule_chooses_per_request_with_a_ragged_curve(checkpoints):
+    """``GoodputDraftLength(..., ragged_seconds=)`` through the scheduler: each request gets its
+    own k from its own measured acceptance (different k in one step), tokens stay HF greedy's."""
+    from specc.runtime.adaptive import GoodputDraftLength
+
+    target = checkpoints["target"]
+    loop = make_loop(checkpoints, "ar-draft", "target", "ar_perturbed", 4)
+    rule = GoodputDraftLength(lambda rows, k: 1.0 + 0.2 * k, loop.num_draft,
+                              ragged_seconds=lambda rows, tokens: 1.0 + 0.08 * tokens)
+    chosen = []
+    choose_rows = rule.choose_rows
+    rule.choose_rows = lambda *args: chosen.append(choose_rows(*args)) or chosen[-1]
+    results, _ = run_requests(loop, rule)
+    for prompt, budget, result in zip(PROMPTS, BUDGETS, results):
+        assert result.tokens == reference(target, budget, prompt=prompt)
+    assert any(len(set(ks)) > 1 for ks in chosen)  # requests of one step drafted different numbers
