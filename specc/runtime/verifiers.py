@@ -17,10 +17,9 @@ to the host once per step.
   the result's ``path`` gives the accepted nodes' block slots, which
   ``DecodingState.commit(accepted + 1, path)`` compacts into place.
 
-Later verifiers plug in behind the same ``verify`` (their input carries what they need):
-
-- two-level: a cheap first-level verifier prunes rows / positions before the full one; per-row
-  ``query_lens`` let rows verify different numbers of tokens in one ragged batch.
+Ragged (packed) verifies and two-level verification are the device loop's
+(``specc.runtime.device_loop``): it unpacks their logits into the padded ``[B, k + 1, V]`` layout
+and calls the same verifiers, with per-row caps, so the decision rule has one implementation.
 """
 
 from __future__ import annotations
