@@ -123,3 +123,13 @@ def test_hybrid_target_verifies_in_one_level(tmp_path_factory):
     assert [r.tokens for r in results] == plain
     assert set(rule.asked) == {"choose"} and all(r.stats.level2_steps == 0 for r in results)
     assert {1, 2, 5} <= {n for r in results for n in r.stats.accepted_lengths}
+
+
+def test_two_level_at_batch_one(checkpoints):
+    """One request alone: level 1 dense, level 2 a packed block of one row; HF greedy's tokens."""
+    loop = make_loop(checkpoints, "ar-draft", "target", "ar_perturbed", 4)
+    loop.two_level_k1 = 2
+    result = loop.generate(PROMPTS[2], 14)
+    assert result.tokens == reference(checkpoints["target"], 14, prompt=PROMPTS[2])
+    assert result.stats.level2_steps > 0 and loop.ragged_target.calls
+    assert all(slots == [0] and cache_len[0] >= len(PROMPTS[2]) + 3 for slots, _, cache_len in loop.ragged_target.calls)
