@@ -113,6 +113,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     profile = False  # set True to time the loop's parts (``self.part_seconds`` after a run)
     capture_shapes = False
     _shapes_captured = False
+    _packing = False  # this step packs rows that verify fewer tokens (per-request k or two levels)
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
                  cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,
