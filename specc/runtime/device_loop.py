@@ -414,6 +414,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         return host, nodes
 
     @property
+    def two_level_k1(self) -> int | None:
+        """Drafts checked at level 1 of two-level verification (None: one level)."""
+        return self._two_level_k1
+
+    @two_level_k1.setter
+    def two_level_k1(self, k1: int | None) -> None:
+        if k1 is not None and (not isinstance(k1, int) or isinstance(k1, bool) or k1 < 1):
+            raise ValueError(f"two_level_k1 must be an integer >= 1 or None, got {k1!r}")
+        self._two_level_k1 = k1
+
+    @property
     def verifies_ragged(self) -> bool:
         """Whether chain verifies can be packed per row (a ragged step): per-request draft lengths
         then cost only the tokens each row verifies, and two-level verification is possible."""
@@ -424,13 +435,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         ``block`` = [last, drafts] [B, k + 1], row b verifying its first ``row_caps[b] + 1``
         tokens (free slots: none). One level, or two (``two_level_k1``, module doc): level 1 over
         the first k1 drafts, level 2 only for the rows that accepted all of them. Positions a row
-        did not verify hold zeros; its cap keeps every verifier from reading them."""
+        did not verify hold zeros; its cap keeps every verifier from reading them. The verifier runs
+        on level 1's logits and again on the joined ones: it must be a function of its inputs
+        (greedy and counter-based sampling are; ``ReplayVerifier``'s draws are not)."""
         k, rows = drafts.shape[1], block.shape[0]
         counts = [c + 1 if rows == 1 or self.live[b] else 0 for b, c in enumerate(row_caps)]
         k1 = self.two_level_k1
         if not k1 or self.ragged_target is None or k <= k1 or max(row_caps) <= k1:
             return self._verify_rows(block, counts)
-        k1 = int(k1)
         caps1 = [min(c, k1) for c in row_caps]
         logits1, hidden1 = self._verify_rows(block[:, :k1 + 1], [min(c, k1 + 1) for c in counts])
         caps1_t = torch.tensor(caps1, dtype=torch.long, device=block.device)

@@ -134,3 +134,12 @@ def test_two_level_at_batch_one(checkpoints):
     assert result.tokens == reference(checkpoints["target"], 14, prompt=PROMPTS[2])
     assert result.stats.level2_steps > 0 and loop.ragged_target.calls
     assert all(slots == [0] and cache_len[0] >= len(PROMPTS[2]) + 3 for slots, _, cache_len in loop.ragged_target.calls)
+
+
+def test_two_level_k1_must_be_a_positive_integer(checkpoints):
+    loop = make_loop(checkpoints, "pard", "target", "pard_same", 4)
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="two_level_k1"):
+            loop.two_level_k1 = bad
+    loop.two_level_k1 = None
+    assert loop.two_level_k1 is None
