@@ -178,3 +178,31 @@ def test_goodput_rule_chooses_per_request_with_a_ragged_curve(checkpoints):
     for prompt, budget, result in zip(PROMPTS, BUDGETS, results):
         assert result.tokens == reference(target, budget, prompt=prompt)
     assert any(len(set(ks)) > 1 for ks in chosen)  # requests of one step drafted different numbers
+
+
+@pytest.mark.parametrize("method,drafter_key", [("pard", "pard_same"), ("ar-draft", "ar_perturbed")])
+def test_sampling_with_per_request_drafts_equals_each_request_alone_at_its_k(checkpoints, method, drafter_key):
+    """At temperature > 0 each random number is a function of (seed, position), and drafts past a
+    row's cap count as not drafted: a request verified ragged with its own k in a batch draws
+    exactly the tokens it draws alone in a loop whose k is its own."""
+    from specc.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_k=20, seed=1)
+    own_k = [3, 0, 1, 2]
+    seeds = [5, 6, 7, 8]
+    loop = make_loop(checkpoints, method, "target", drafter_key, 3)
+
+    class OwnK:
+        def choose_rows(self, alphas, caps, rows):
+            return [own_k[rid] for rid in scheduler.running]
+
+    scheduler = BatchScheduler(loop, 3, draft_length=OwnK(), sampling=params)
+    rids = [scheduler.submit(p, m, seed=s) for p, m, s in zip(PROMPTS, BUDGETS, seeds)]
+    while not scheduler.idle:
+        scheduler.step()
+    batched = [scheduler.take(rid).tokens for rid in rids]
+    for prompt, budget, seed, k, got in zip(PROMPTS, BUDGETS, seeds, own_k, batched):
+        alone = make_loop(checkpoints, method, "target", drafter_key, k) if k else make_loop(
+            checkpoints, "ar", "target", None, 0)
+        assert got == alone.generate_batch([prompt], budget, (), params, seeds=[seed])[0].tokens
+    assert any(len({c for c in counts}) > 1 for _, counts, _ in loop.ragged_target.calls)
