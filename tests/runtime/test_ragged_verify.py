@@ -4,17 +4,10 @@ budget, free slots none) in one packed forward, and every request's tokens equal
 alone and HF greedy, for qwen3 and llama targets with AR, PARD and DFlash drafters."""
 
 import pytest
-import torch
 from lossless import reference
+from ragged_helpers import BUDGETS, PROMPTS, RowPattern, make_loop, run_requests
 
-from specc.pairing import resolve_pair
 from specc.runtime.batching import BatchScheduler
-from specc.runtime.device_loop import DeviceSpeculativeDecoder
-from specc.runtime.eager import build_eager
-from specc.runtime.ragged import PackedRows, ragged_capable
-
-PROMPTS = [[5, 17, 33, 2, 8, 9, 41], [7, 3], [11, 4, 60, 2, 8, 31, 17, 5, 70, 44, 12, 3], [40, 41, 6, 1, 23]]
-BUDGETS = [12, 4, 22, 8]  # the third outlives the others: free slots at the end
 
 SCENARIOS = [  # (method, target key, drafter key, drafts per step)
     ("ar-draft", "target", "ar_perturbed", 3),
@@ -22,82 +15,6 @@ SCENARIOS = [  # (method, target key, drafter key, drafts per step)
     ("dflash", "target", "dflash", 3),
     ("dflash", "const_target", "const_dflash", 3),
 ]
-
-
-class StepSpy:
-    """Wraps a ragged step and records each packed call's per-row token counts and cache lengths."""
-
-    def __init__(self, step):
-        self.step, self.calls = step, []
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["step"], name)
-
-    def __call__(self, ids, positions, cache_len, tree_mask, row_slots, row_starts):
-        counts = (row_starts[1:] - row_starts[:-1]).tolist()
-        self.calls.append((row_slots.tolist(), counts, cache_len.tolist()))
-        assert ids.shape == (1, sum(counts)) and positions.shape == ids.shape
-        return self.step(ids, positions, cache_len, tree_mask, row_slots, row_starts)
-
-
-class RowPattern:
-    """A draft-length rule that cycles through fixed per-request choices (0 included), so a
-    step's rows ask for different numbers of drafts whatever their acceptance."""
-
-    def __init__(self, patterns):
-        self.patterns, self.step, self.asked = patterns, 0, []
-
-    def choose_rows(self, alphas, caps, rows):
-        pattern = self.patterns[self.step % len(self.patterns)]
-        self.step += 1
-        chosen = [pattern[i % len(pattern)] for i in range(len(alphas))]
-        self.asked.append(chosen)
-        return chosen
-
-    def choose(self, alphas, caps, rows):
-        self.asked.append("choose")
-        return max(self.patterns[0])
-
-
-def make_loop(checkpoints, method, target_key, drafter_key, num_draft, cap=True):
-    pair = resolve_pair(checkpoints[target_key], checkpoints.get(drafter_key), method)
-    eager = build_eager(pair, num_draft, max_len=40)
-    loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len, cap_to_budget=cap)
-    loop.ragged_target = StepSpy(loop.ragged_target)
-    return loop
-
-
-def run_requests(loop, rule, capacity=3, prompts=PROMPTS, budgets=BUDGETS):
-    scheduler = BatchScheduler(loop, capacity, draft_length=rule)
-    rids = [scheduler.submit(p, m) for p, m in zip(prompts, budgets)]
-    rows = []
-    while not scheduler.idle:
-        scheduler.step()
-        rows.append(scheduler.last_row_drafts)
-    return [scheduler.take(rid) for rid in rids], rows
-
-
-def test_packed_rows_gather_and_scatter_in_slot_order():
-    packed = PackedRows.of([2, 0, 3, 1], 4, "cpu")
-    assert packed.row_slots.tolist() == [0, 2, 3] and packed.row_starts.tolist() == [0, 2, 5, 6]
-    block = torch.arange(16).view(4, 4)
-    assert packed.tokens(block).tolist() == [[0, 1, 8, 9, 10, 12]]
-    lengths = torch.tensor([10, 20, 30, 40])
-    assert packed.positions(lengths, 2).tolist() == [[12, 13, 32, 33, 34, 42]]
-    assert packed.cache_len(lengths, 2).tolist() == [12, 32, 42]
-    out = packed.unpack(packed.tokens(block)[..., None].float())
-    want = torch.where(torch.arange(4)[None] < torch.tensor([2, 0, 3, 1])[:, None], block, 0)
-    assert out.shape == (4, 4, 1) and torch.equal(out[..., 0], want.float())
-    with pytest.raises(ValueError, match="0..4"):
-        PackedRows.of([5], 4, "cpu")
-
-
-def test_ragged_capability_is_declared_by_the_step():
-    from specc.models.decoder import CausalLM
-    from specc.models.hybrid import HybridLM
-
-    assert CausalLM.ragged_rows and ragged_capable(CausalLM) and not ragged_capable(HybridLM)
-    assert not ragged_capable(None)
 
 
 @pytest.mark.parametrize("method,target_key,drafter_key,num_draft", SCENARIOS)

@@ -7,7 +7,7 @@ rejected early; a hybrid target (no ragged step) verifies in one level with the 
 
 import pytest
 from lossless import reference
-from test_ragged_verify import PROMPTS, RowPattern, StepSpy, make_loop, run_requests
+from ragged_helpers import PROMPTS, RowPattern, StepSpy, make_loop, run_requests
 
 from specc.sampling import SamplingParams
 
