@@ -39,9 +39,10 @@ dense as before (free slots ride along).
 Two-level verification (``two_level_k1`` = k1, chain steps, greedy and sampling; needs a ragged
 step): level 1 verifies [last, d_1 .. d_k1] of every live row; the rows that accepted all k1
 drafts (and drafted more) go on to level 2, a packed verify of their d_k1+1 .. d_k_b written right
-after level 1's entries. The two levels' logits are put side by side per row and the step's one
-verifier decides on them exactly as a one-level verify would (sampling: the same per-position
-random numbers, so the same tokens). Level 2's rows are known only after level 1 (a second small
+after level 1's entries. Level 1's decision stands for the rows that stopped there; greedy, the
+verifier decides the rest of the others' drafts on level 2's logits (``start`` = k1, ``rows``);
+sampling, the policy verifies the two levels' logits joined per row. Either way the decision is
+exactly a one-level verify's (sampling: the same per-position random numbers, the same tokens). Level 2's rows are known only after level 1 (a second small
 device -> host copy per step). Without a ragged step (e.g. a hybrid target, whose recurrent state
 cannot continue from level 1's) the loop verifies in one level.
 
@@ -390,9 +391,11 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if caps is None and rows > 1:
                 caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
             self._packing = per_row or bool(self.two_level_k1)  # a packed verify where rows differ
-            logits, context = self._chain_logits(torch.cat([last, drafts], dim=1), drafts, q, row_caps, caps)
+            logits, context, level1 = self._chain_logits(torch.cat([last, drafts], dim=1), drafts, q, row_caps, caps)
             timer.mark("accept")
-            if isinstance(policy, GreedyPolicy):
+            if isinstance(policy, GreedyPolicy) and level1 is not None:
+                accepted, committed = self._accept_level2(drafts, logits, row_caps, level1)
+            elif isinstance(policy, GreedyPolicy):
                 accepted, committed = self.verifier.verify(drafts, logits, caps)
             else:
                 accepted, committed = policy.verify_chain(self.verifier, drafts, q, logits, caps, self.state.lengths)
@@ -433,26 +436,28 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     def _chain_logits(self, block, drafts, q, row_caps: list[int], caps):
         """The target's logits (and captured hidden states, else None) for the chain block
         ``block`` = [last, drafts] [B, k + 1], row b verifying its first ``row_caps[b] + 1``
-        tokens (free slots: none). One level, or two (``two_level_k1``, module doc): level 1 over
-        the first k1 drafts, level 2 only for the rows that accepted all of them. Positions a row
-        did not verify hold zeros; its cap keeps every verifier from reading them. The verifier runs
-        on level 1's logits and again on the joined ones: it must be a function of its inputs
-        (greedy and counter-based sampling are; ``ReplayVerifier``'s draws are not)."""
+        tokens (free slots: none), and level 1's decision (None for one level). One level, or two
+        (``two_level_k1``, module doc): level 1 over the first k1 drafts, level 2 only for the rows
+        that accepted all of them. Positions a row did not verify hold zeros; its cap keeps every
+        verifier from reading them. Greedy: level 1's decision stands for the rows that stopped
+        there and the verifier decides the others' remaining drafts (``_accept_level2``). Sampling:
+        the policy verifies the joined logits once more (its random numbers are functions of the
+        position, so it decides level 1's positions as level 1 did)."""
         k, rows = drafts.shape[1], block.shape[0]
         counts = [c + 1 if rows == 1 or self.live[b] else 0 for b, c in enumerate(row_caps)]
         k1 = self.two_level_k1
         if not k1 or self.ragged_target is None or k <= k1 or max(row_caps) <= k1:
-            return self._verify_rows(block, counts)
+            return (*self._verify_rows(block, counts), None)
         caps1 = [min(c, k1) for c in row_caps]
         logits1, hidden1 = self._verify_rows(block[:, :k1 + 1], [min(c, k1 + 1) for c in counts])
         caps1_t = torch.tensor(caps1, dtype=torch.long, device=block.device)
         if isinstance(self.policy, GreedyPolicy):
-            accepted1, _ = self.verifier.verify(drafts[:, :k1], logits1, caps1_t)
+            accepted1, committed1 = self.verifier.verify(drafts[:, :k1], logits1, caps1_t)
         else:
-            accepted1, _ = self.policy.verify_chain(self.verifier, drafts[:, :k1], q[:, :k1], logits1, caps1_t,
-                                                    self.state.lengths)
-        accepted1 = accepted1.tolist()  # level 1's host copy: which rows go on
-        go = [b for b in range(rows) if counts[b] and row_caps[b] > k1 and accepted1[b] == k1]
+            accepted1, committed1 = self.policy.verify_chain(self.verifier, drafts[:, :k1], q[:, :k1], logits1,
+                                                             caps1_t, self.state.lengths)
+        level1 = accepted1.tolist()  # level 1's host copy: which rows go on
+        go = [b for b in range(rows) if counts[b] and row_caps[b] > k1 and level1[b] == k1]
         self.last_level2_rows = go
         if go:
             counts2 = [row_caps[b] - k1 if b in go else 0 for b in range(rows)]
@@ -462,7 +467,25 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             hidden2 = None if hidden1 is None else hidden1.new_zeros(rows, k - k1, hidden1.shape[-1])
         logits = torch.cat([logits1, logits2], dim=1)
         hidden = None if hidden1 is None else torch.cat([hidden1, hidden2], dim=1)
-        return logits, hidden
+        return logits, hidden, (accepted1, committed1, go)
+
+    def _accept_level2(self, drafts, logits, row_caps: list[int], level1):
+        """Greedy two-level decision: level 1's (accepted, committed) for every row, then the
+        verifier over the remaining drafts of the rows that went on (``start`` = k1: their
+        block position; ``rows``: their indices, for verifiers that draw per row and position,
+        ``ReplayVerifier``), joined: a row that went on accepts k1 + its level-2 count."""
+        accepted1, committed1, go = level1
+        k, k1, rows = drafts.shape[1], self.two_level_k1, drafts.shape[0]
+        committed = torch.cat([committed1, committed1.new_zeros(rows, k - k1)], dim=1)
+        if not go:
+            return accepted1, committed
+        dev = drafts.device
+        go_t = torch.tensor(go, dtype=torch.long, device=dev)
+        caps2 = torch.tensor([row_caps[b] - k1 for b in go], dtype=torch.long, device=dev)
+        accepted2, committed2 = self.verifier.verify(drafts[go_t, k1:], logits[go_t, k1:], caps2, start=k1, rows=go_t)
+        accepted = accepted1.index_put((go_t,), (k1 + accepted2).to(accepted1.dtype))
+        committed = committed.index_put((go_t,), torch.cat([committed[go_t, :k1], committed2.to(committed.dtype)], 1))
+        return accepted, committed
 
     def _verify_rows(self, block: torch.Tensor, counts: list[int], offset: int = 0):
         """The target over ``block`` [B, W], row b's first ``counts[b]`` tokens written at

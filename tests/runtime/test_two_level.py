@@ -9,6 +9,7 @@ import pytest
 from lossless import reference
 from ragged_helpers import PROMPTS, RowPattern, StepSpy, make_loop, run_requests
 
+from specc.runtime.batching import BatchScheduler
 from specc.sampling import SamplingParams
 
 BUDGETS = [12, 5, 16, 8]
@@ -143,3 +144,34 @@ def test_two_level_k1_must_be_a_positive_integer(checkpoints):
             loop.two_level_k1 = bad
     loop.two_level_k1 = None
     assert loop.two_level_k1 is None
+
+
+def test_level_two_asks_the_verifier_for_the_rows_that_went_on(checkpoints):
+    """Greedy: level 1's decision stands for rows that stopped there; the verifier sees only the
+    remaining drafts of the rows that went on, with their block position (start = k1) and their
+    indices (what a verifier drawing per row and position, ``ReplayVerifier``, needs)."""
+    from specc.runtime.verifiers import ChainVerifier
+
+    class Recording(ChainVerifier):
+        calls = []
+
+        def verify(self, drafts, target_logits, max_drafts=None, *, start=0, rows=None):
+            self.calls.append((drafts.shape[1], start, None if rows is None else rows.tolist()))
+            return super().verify(drafts, target_logits, max_drafts)
+
+    target = checkpoints["target"]
+    loop = make_loop(checkpoints, "ar-draft", "target", "ar_perturbed", 4)
+    loop.verifier = Recording()
+    loop.two_level_k1 = 1
+    level2 = []
+    scheduler = BatchScheduler(loop, 3)
+    rids = [scheduler.submit(p, m) for p, m in zip(PROMPTS, BUDGETS)]
+    while not scheduler.idle:
+        scheduler.step()
+        level2.append(list(loop.last_level2_rows))
+    for rid, prompt, budget in zip(rids, PROMPTS, BUDGETS):
+        assert scheduler.take(rid).tokens == reference(target, budget, prompt=prompt)
+    second = [(width, rows) for width, start, rows in Recording.calls if start == 1]
+    assert second and [rows for _, rows in second] == [rows for rows in level2 if rows]
+    assert all(1 <= width <= 3 for width, _ in second)  # k - k1 remaining drafts (k shrinks near the budgets)
+    assert all(start in (0, 1) for _, start, _ in Recording.calls)
