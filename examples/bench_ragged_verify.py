@@ -82,8 +82,8 @@ def main(argv=None) -> dict:
         def packed(counts, offset=0):
             rows = PackedRows.of(counts, block.shape[1] - offset, dev)
             part = block[:, offset:]
-            return model(rows.tokens(part), rows.positions(lengths, offset), rows.cache_len(lengths, offset), None,
-                         rows.row_slots, rows.row_starts)
+            return model(rows.tokens(part), rows.positions(lengths, offset), rows.cache_len(lengths, offset),
+                         row_slots=rows.row_slots, row_starts=rows.row_starts)
 
         with torch.inference_mode():
             dense_s = {w: timed(lambda w=w: dense(w), dev, opts.reps) for w in sorted({1, opts.k1 + 1, opts.k + 1})}

@@ -19,11 +19,11 @@ class StepSpy:
     def __getattr__(self, name):
         return getattr(self.__dict__["step"], name)
 
-    def __call__(self, ids, positions, cache_len, tree_mask, row_slots, row_starts):
+    def __call__(self, ids, positions, cache_len, *, row_slots, row_starts):
         counts = (row_starts[1:] - row_starts[:-1]).tolist()
         self.calls.append((row_slots.tolist(), counts, cache_len.tolist()))
         assert ids.shape == (1, sum(counts)) and positions.shape == ids.shape
-        return self.step(ids, positions, cache_len, tree_mask, row_slots, row_starts)
+        return self.step(ids, positions, cache_len, row_slots=row_slots, row_starts=row_starts)
 
 
 class RowPattern:

@@ -107,8 +107,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     front. Set on CUDA, where the engine also drafts the full k at the end of the budget
     (``cap_to_budget=False``: the surplus is clipped) so that verification has one shape.
     ``batch``: rows the state is allocated for (``generate_batch`` reallocates for another B).
-    ``ragged_target``: the step for packed (ragged) verifies; None: the target itself when it has
-    ``ragged_rows``, else none (every verify is dense). ``two_level_k1``: drafts verified at the
+    ``ragged_target``: the step for packed (ragged) verifies, called as ``step(ids [1, T],
+    positions [1, T], cache_len [R], row_slots=[R], row_starts=[R + 1])`` and sharing the target's
+    state; None: the target itself when it has ``ragged_rows``, else none (every verify is dense). ``two_level_k1``: drafts verified at the
     first level of two-level verification (None: one level; may be set after construction)."""
 
     profile = False  # set True to time the loop's parts (``self.part_seconds`` after a run)
@@ -503,8 +504,10 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if packed.num_tokens == 0:
             raise RuntimeError("a packed verify with no tokens")
         lengths = self.state.lengths
+        # by keyword: a model definition's forward has tree_mask before them, a compiled ragged step does not
         out = self.ragged_target(packed.tokens(block), packed.positions(lengths, offset),
-                                 packed.cache_len(lengths, offset), None, packed.row_slots, packed.row_starts)
+                                 packed.cache_len(lengths, offset), row_slots=packed.row_slots,
+                                 row_starts=packed.row_starts)
         logits, hidden = out if isinstance(out, tuple) else (out, None)
         return packed.unpack(logits), None if hidden is None else packed.unpack(hidden)
 
