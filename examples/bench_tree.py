@@ -451,8 +451,8 @@ def main() -> None:
         budgets = [int(x) for x in (args.budgets or "16,32,64").split(",")]
         result = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.startswith("cuda")
                   else "cpu", "torch": torch.__version__, "python": sys.version.split()[0]}
-        result.update(e2e_8b(args.acceptance, budgets, args.prompts or (1 if small else 3),
-                             args.prompt_len or (16 if small else 128), args.new_tokens or (12 if small else 128),
+        result.update(e2e_8b(args.acceptance, budgets, args.prompts or (1 if small else 8),
+                             args.prompt_len or (16 if small else 128), args.new_tokens or (12 if small else 256),
                              device, small, args.deployment or ("cpu" if small else "h200-bs1")))
         out = pathlib.Path(args.out_dir) / "tree-e2e-8b.json"
         out.parent.mkdir(parents=True, exist_ok=True)

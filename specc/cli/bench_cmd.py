@@ -11,13 +11,16 @@ examples:
   specc bench model.specc --tokens 128                              # an artifact vs the AR baselines
   specc bench --shapes qwen3-8b --drafter-shapes dflash-b16 --acceptance tau:6.5 --device cuda -o bench/
   specc bench --shapes llama-3.1-8b --drafter-shapes pard --acceptance alpha:0.8 --device cuda --json bench.json
+  specc bench tree.specc --systems specc --acceptance dflash-qwen3-8b:gsm8k+ranks:ranks.json   # chain vs tree
 systems: hf-eager (HF generate), hf-compiled (HF static cache + torch.compile; CUDA only), stock (the
 drafter's published loop; real checkpoints), specc-ar (compiled AR), specc (compiled speculative).
 acceptance (--acceptance): measured (default with real checkpoints: the target decides), tau:T[@K],
 alpha:A, alphas:a1,a2,..., dflash-qwen3-8b:{gsm8k,math500,humaneval,mt-bench} (published), or a JSON
 file; anything but 'measured' REPLAYS it: drafter and target do their full work, the accepted count
-is drawn from the model, and the tokens are not the model's output. docs/benchmarks/README.md explains
-the table.
+is drawn from the model, and the tokens are not the model's output. An artifact with a tree budget
+gives a chain row and a tree row; the tree replays a per-rank model: ranks:FILE (tree acceptance
+JSON), SPEC+ranks:FILE (rank 0 from SPEC, the rest split as in FILE) or SPEC alone (rank 0 only)
+(docs/trees.md). docs/benchmarks/README.md explains the table.
 """
 
 

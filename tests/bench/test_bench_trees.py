@@ -54,6 +54,18 @@ def test_tree_artifact_bench_table(tree_artifact, capsys):
     assert "ranks > 0 never measured" in out and "vs its chain" in out
 
 
+def test_tree_artifact_bench_real_acceptance_is_lossless(tree_artifact, capsys):
+    """Without --acceptance the target decides both rows: chain and tree give HF's tokens."""
+    assert main(["bench", str(tree_artifact), "--systems", "hf-eager,specc", "--tokens", "12", "--prompts", "2",
+                 "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["system"]: r for r in report["rows"]}
+    assert report["acceptance"]["mode"] == "real" and "tree" not in report["acceptance"]
+    for name in ("specc-dflash", "specc-dflash-tree12"):
+        assert rows[name]["same_tokens_as_hf_eager"] is True and not rows[name]["replay"]
+    assert rows["specc-dflash-tree12"]["tree_vs_chain"]["measured"] > 0
+
+
 def test_tree_acceptance_specs(tmp_path):
     ranks = tmp_path / "r.json"
     ranks.write_text(json.dumps({"rank_counts": [[60, 20, 10, 10], [80, 10, 0, 10]], "source": "measured here"}))
