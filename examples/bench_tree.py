@@ -24,10 +24,11 @@ Three parts, each printed as a table and written to one JSON file:
 random bf16 weights (``specc.bench.shapes``), compiled (chain and tree verify steps) and run under
 the engine's loop with CUDA graphs: compiled AR, the chain and trees of ``--budgets`` (default
 16,32,64) drafted nodes, acceptance replayed from ``--acceptance`` (chain: ``ReplayVerifier`` on
-rank 0; trees: ``TreeReplayVerifier`` on every rank; default: DFlash's published GSM8K tau for
-rank 0 with the rest split as specc-tiny's DFlash ranks split it). Per row: tokens/s, tokens per
-step, step time, and the cost model's prediction (``specc.search.tree_cost``) beside it;
-speedups over the chain and over AR, measured and predicted. Writes ``--out-dir``/tree-e2e-8b.json.
+rank 0; trees: ``TreeReplayVerifier`` on every rank; ``--acceptance`` repeatable, default: DFlash's
+published GSM8K and MT-Bench tau for rank 0, each with the rest split as specc-tiny's DFlash
+ranks split it; one build serves them all). Per row: tokens/s, tokens per step, step time, and the
+cost model's prediction (``specc.search.tree_cost``) beside it; speedups over the chain and over
+AR, measured and predicted. Writes ``--out-dir``/tree-e2e-8b.json.
 ``--tiny-check`` runs the same path at tiny shapes on the CPU (a minute): the GPU run's smoke test.
 
     PYTHONPATH=. python3 examples/bench_tree.py --device cuda --out $OUT/tree.json     # on the H200
@@ -283,7 +284,9 @@ def steps(sizes, dtype, device, context: int, small: bool, deployment: str | Non
 
 
 RANKS_FILE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "tiny-dflash-ranks.json"
-DEFAULT_8B_ACCEPTANCE = f"dflash-qwen3-8b:gsm8k+ranks:{RANKS_FILE}"
+# DFlash's published tau on Qwen3-8B for rank 0 (GSM8K: high acceptance; MT-Bench: the lowest
+# published), ranks >= 1 split as specc-tiny's DFlash drafter splits them
+DEFAULT_8B_ACCEPTANCE = [f"dflash-qwen3-8b:{bench}+ranks:{RANKS_FILE}" for bench in ("gsm8k", "mt-bench")]
 
 
 def ranks(prompts, new_tokens: int, dtype, device, out: str | None) -> dict:
@@ -319,10 +322,11 @@ def _timed(system, prompts, new_tokens, cuda) -> dict:
             "tokens_per_step": sum(lengths) / len(lengths), "step_ms": 1e3 * seconds / len(lengths)}
 
 
-def e2e_8b(spec: str, budgets, n_prompts: int, prompt_len: int, new_tokens: int, device: str, small: bool,
+def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, device: str, small: bool,
            deployment: str, seed: int = 0) -> dict:
-    """Compiled AR, chain and trees at Qwen3-8B + DFlash-b16 shapes (random weights), acceptance
-    replayed from ``spec`` (see the module doc); each row with the cost model's prediction."""
+    """Compiled AR, then per acceptance spec of ``specs`` the chain and trees, at Qwen3-8B +
+    DFlash-b16 shapes (random weights), acceptance replayed (see the module doc); each row with
+    the cost model's prediction. One build serves every spec."""
     import types
 
     from specc.bench.acceptance import parse_tree_acceptance
@@ -348,9 +352,7 @@ def e2e_8b(spec: str, budgets, n_prompts: int, prompt_len: int, new_tokens: int,
     _, dcfg = drafter_config(shapes, "dflash-b16")
     impl = get_method("dflash")
     k = impl.num_draft(None, dcfg)
-    tree_model = parse_tree_acceptance(spec, k)
-    chain_model = AcceptanceModel([tree_model.prob(d, 0) for d in range(1, k + 1)],
-                                  source=f"rank 0 of {tree_model.source}", measured_k=k)
+    models = [parse_tree_acceptance(spec, k) for spec in specs]  # bad specs fail before the build
     target = build_causal(tcfg, dtype, dev, seed=1)
     draft = build_dflash(dcfg, dtype, dev, seed=3)
     loaded = impl.bind(target, draft)
@@ -369,54 +371,59 @@ def e2e_8b(spec: str, budgets, n_prompts: int, prompt_len: int, new_tokens: int,
     context = int(prompt_len + new_tokens / 2)
     cost = CostModel(get_deployment(deployment))
     t_ir, d_ir = built.irs["target"], built.irs["drafter"]
-    chain_pred = cost.predict(t_ir, d_ir, method="dflash", num_draft=k, acceptance=chain_model, context=context,
-                              batch_size=1)
-    rows = []
 
-    ar = build_loop({"target": steps["target"]}, None, 0, max_len)  # the same compiled target step, no drafter
-    row = {"system": "ar", "budget": None, **_timed(ar, prompts, new_tokens, cuda),
-           "predicted": {"tokens_per_s": chain_pred.ar_tokens_per_s, "step_ms": chain_pred.ar.time * 1e3,
-                         "tokens_per_step": 1.0}}
-    rows.append(row)
-    print(f"[e2e-8b] AR        {row['tokens_per_s']:8.1f} tok/s (predicted {row['predicted']['tokens_per_s']:.1f})",
+    ar_loop = build_loop({"target": steps["target"]}, None, 0, max_len)  # the same compiled target step, no drafter
+    ar_pred = cost.predict(t_ir, None, method="ar", context=context, batch_size=1)
+    ar = {"system": "ar", **_timed(ar_loop, prompts, new_tokens, cuda),
+          "predicted": {"tokens_per_s": ar_pred.tokens_per_s, "step_ms": ar_pred.step_time * 1e3, "tokens_per_step": 1.0}}
+    print(f"[e2e-8b] AR        {ar['tokens_per_s']:8.1f} tok/s (predicted {ar['predicted']['tokens_per_s']:.1f})",
           flush=True)
-    del ar
-    for budget in (0, *budgets):
-        use = {role: step for role, step in steps.items() if budget or role != "target_tree"}
-        system = build_loop(use, impl.strategy, k, max_len, drafter_section=section, tree_budget=budget)
-        system.use_verifiers(chain=ReplayVerifier(chain_model.alphas, seed=seed),
-                             tree=TreeReplayVerifier.from_model(tree_model, seed=seed))
-        measured = _timed(system, prompts, new_tokens, cuda)
-        if budget:
-            pred = predict_tree(cost, t_ir, d_ir, impl, tree_model, k, budget, context=context, batch_size=1)
-            predicted = {"tokens_per_s": pred.tokens_per_s, "step_ms": pred.step_time * 1e3,
-                         "tokens_per_step": pred.system.expected_tokens, "tree_work_ms": pred.build_s * 1e3}
-        else:
-            predicted = {"tokens_per_s": chain_pred.tokens_per_s, "step_ms": chain_pred.step_time * 1e3,
-                         "tokens_per_step": chain_pred.expected_tokens}
-        row = {"system": f"tree {budget}" if budget else "chain", "budget": budget, **measured, "predicted": predicted}
-        rows.append(row)
-        print(f"[e2e-8b] {row['system']:9s} {row['tokens_per_s']:8.1f} tok/s, {row['tokens_per_step']:.2f} tokens/step, "
-              f"{row['step_ms']:.2f} ms/step (predicted {predicted['tokens_per_s']:.1f} tok/s, "
-              f"{predicted['tokens_per_step']:.2f} tokens/step, {predicted['step_ms']:.2f} ms/step)", flush=True)
-        del system
-        if cuda:
-            torch.cuda.empty_cache()
-    ar_row, chain_row = rows[0], rows[1]
-    for row in rows:
-        row["speedup_vs_ar"] = {"measured": row["tokens_per_s"] / ar_row["tokens_per_s"],
-                                "predicted": row["predicted"]["tokens_per_s"] / ar_row["predicted"]["tokens_per_s"]}
-        row["speedup_vs_chain"] = {"measured": row["tokens_per_s"] / chain_row["tokens_per_s"],
-                                   "predicted": row["predicted"]["tokens_per_s"] / chain_row["predicted"]["tokens_per_s"]}
-    print("[e2e-8b] speedup vs chain (measured / predicted): " + ", ".join(
-        f"{r['system']} {r['speedup_vs_chain']['measured']:.3f} / {r['speedup_vs_chain']['predicted']:.3f}"
-        for r in rows[2:]), flush=True)
+    del ar_loop
+    runs = []
+    for spec, tree_model in zip(specs, models):
+        chain_model = AcceptanceModel([tree_model.prob(d, 0) for d in range(1, k + 1)],
+                                      source=f"rank 0 of {tree_model.source}", measured_k=k)
+        chain_pred = cost.predict(t_ir, d_ir, method="dflash", num_draft=k, acceptance=chain_model, context=context,
+                                  batch_size=1)
+        print(f"[e2e-8b] acceptance {spec}: {tree_model.describe()}", flush=True)
+        rows = []
+        for budget in (0, *budgets):
+            use = {role: step for role, step in steps.items() if budget or role != "target_tree"}
+            system = build_loop(use, impl.strategy, k, max_len, drafter_section=section, tree_budget=budget)
+            system.use_verifiers(chain=ReplayVerifier(chain_model.alphas, seed=seed),
+                                 tree=TreeReplayVerifier.from_model(tree_model, seed=seed))
+            measured = _timed(system, prompts, new_tokens, cuda)
+            if budget:
+                pred = predict_tree(cost, t_ir, d_ir, impl, tree_model, k, budget, context=context, batch_size=1)
+                predicted = {"tokens_per_s": pred.tokens_per_s, "step_ms": pred.step_time * 1e3,
+                             "tokens_per_step": pred.system.expected_tokens, "tree_work_ms": pred.build_s * 1e3}
+            else:
+                predicted = {"tokens_per_s": chain_pred.tokens_per_s, "step_ms": chain_pred.step_time * 1e3,
+                             "tokens_per_step": chain_pred.expected_tokens}
+            row = {"system": f"tree {budget}" if budget else "chain", "budget": budget, **measured,
+                   "predicted": predicted}
+            rows.append(row)
+            print(f"[e2e-8b] {row['system']:9s} {row['tokens_per_s']:8.1f} tok/s, {row['tokens_per_step']:.2f} "
+                  f"tokens/step, {row['step_ms']:.2f} ms/step (predicted {predicted['tokens_per_s']:.1f} tok/s, "
+                  f"{predicted['tokens_per_step']:.2f} tokens/step, {predicted['step_ms']:.2f} ms/step)", flush=True)
+            del system
+            if cuda:
+                torch.cuda.empty_cache()
+        chain_row = rows[0]
+        for row in rows:
+            for base, key in ((ar, "speedup_vs_ar"), (chain_row, "speedup_vs_chain")):
+                row[key] = {"measured": row["tokens_per_s"] / base["tokens_per_s"],
+                            "predicted": row["predicted"]["tokens_per_s"] / base["predicted"]["tokens_per_s"]}
+        print("[e2e-8b] speedup vs chain (measured / predicted): " + ", ".join(
+            f"{r['system']} {r['speedup_vs_chain']['measured']:.3f} / {r['speedup_vs_chain']['predicted']:.3f}"
+            for r in rows[1:]), flush=True)
+        runs.append({"spec": spec, "tree": tree_model.to_json(), "tree_source": tree_model.source,
+                     "chain": chain_model.to_json(), "rows": rows})
     return {"shapes": f"{shapes} + dflash-b16, random weights", "num_draft": k, "prompts": n_prompts,
-            "prompt_len": prompt_len, "new_tokens": new_tokens, "deployment": deployment, "context_for_prediction": context,
-            "pipeline": pipeline, "build_s": build_s, "total_s": time.perf_counter() - t_start,
-            "acceptance": {"spec": spec, "tree": tree_model.to_json(), "tree_source": tree_model.source,
-                           "chain": chain_model.to_json(), "notice": REPLAY_NOTICE, "tree_notice": TREE_REPLAY_NOTICE},
-            "rows": rows}
+            "prompt_len": prompt_len, "new_tokens": new_tokens, "deployment": deployment,
+            "context_for_prediction": context, "pipeline": pipeline, "build_s": build_s,
+            "total_s": time.perf_counter() - t_start, "notice": REPLAY_NOTICE, "tree_notice": TREE_REPLAY_NOTICE,
+            "ar": ar, "runs": runs}
 
 
 def main() -> None:
@@ -438,8 +445,9 @@ def main() -> None:
     ap.add_argument("--e2e-8b", action="store_true", help="chain vs trees end to end at Qwen3-8B + DFlash-b16 shapes "
                     "(random weights, replayed acceptance); writes --out-dir/tree-e2e-8b.json")
     ap.add_argument("--tiny-check", action="store_true", help="with --e2e-8b: tiny shapes on the CPU (smoke test)")
-    ap.add_argument("--acceptance", default=DEFAULT_8B_ACCEPTANCE, help="with --e2e-8b: the acceptance to replay "
-                    "(specc bench --acceptance forms; default: DFlash's published GSM8K tau + specc-tiny's rank split)")
+    ap.add_argument("--acceptance", action="append", help="with --e2e-8b, repeatable: an acceptance to replay "
+                    "(specc bench --acceptance forms; default: DFlash's published GSM8K and MT-Bench tau, each with "
+                    "specc-tiny's rank split)")
     ap.add_argument("--prompt-len", type=int, default=None, help="with --e2e-8b: prompt tokens (default 128; check 16)")
     ap.add_argument("--out-dir", default=".", help="with --e2e-8b: directory of the JSON (default .)")
     args = ap.parse_args()
@@ -451,7 +459,7 @@ def main() -> None:
         budgets = [int(x) for x in (args.budgets or "16,32,64").split(",")]
         result = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.startswith("cuda")
                   else "cpu", "torch": torch.__version__, "python": sys.version.split()[0]}
-        result.update(e2e_8b(args.acceptance, budgets, args.prompts or (1 if small else 8),
+        result.update(e2e_8b(args.acceptance or DEFAULT_8B_ACCEPTANCE, budgets, args.prompts or (1 if small else 8),
                              args.prompt_len or (16 if small else 128), args.new_tokens or (12 if small else 256),
                              device, small, args.deployment or ("cpu" if small else "h200-bs1")))
         out = pathlib.Path(args.out_dir) / "tree-e2e-8b.json"

@@ -54,7 +54,9 @@ from specc.sampling import rng
 
 __all__ = ["TreeReplayVerifier", "sibling_ranks", "draw_ranks"]
 
-_POSITION_STRIDE = 1 << 12  # draw positions per step: counter * stride + depth (depths < 4096)
+# draw position = step counter * stride + depth (depths < 4096); rng.uniform reads 32 bits of it,
+# so the draws repeat after 2**20 steps (a benchmark makes thousands)
+_POSITION_STRIDE = 1 << 12
 
 
 def sibling_ranks(parents: torch.Tensor) -> torch.Tensor:
@@ -111,21 +113,29 @@ class TreeReplayVerifier(TreeVerifier):
     def _rows(self, depth: int) -> list[list[float]]:
         return [self.p[min(d, len(self.p) - 1)] for d in range(depth)]
 
-    def _table(self, depth: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(cdf [D, R], log p [D, R], log of the remaining mass per depth [D]) for ``depth``
-        drafted positions; R = the longest row (shorter rows padded with probability 0)."""
-        key = (depth, str(device))
+    def _table(self, depth: int, device, vocab: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cdf [D, R], planning logits of the named ranks [D, R], of every other token [D]) for
+        ``depth`` drafted positions and a vocabulary of ``vocab``; R = the longest row (shorter
+        rows padded with probability 0). Planning logits: log p[d][r] for a named rank, an equal
+        share of the remaining mass for the unnamed tokens, kept below every named rank of
+        positive probability so that the i-th child of a node is always the rank-i candidate;
+        ranks of probability 0 come last."""
+        key = (depth, vocab, str(device))
         table = self._tables.get(key)
         if table is None:
             rows = self._rows(depth)
             width = max(len(r) for r in rows)
             probs = torch.tensor([r + [0.0] * (width - len(r)) for r in rows], dtype=torch.float64)
             cdf = probs.cumsum(-1).clamp(max=1.0)
-            rest = (1.0 - probs.sum(-1)).clamp(min=1e-30).log()
-            # a rank of probability 0 ranks below every candidate the model leaves unnamed
-            logp = torch.where(probs > 0, probs.clamp(min=1e-300).log(), rest[:, None] - 1.0)
-            table = (cdf.to(torch.float32).to(device), logp.to(torch.float32).to(device),
-                     rest.to(torch.float32).to(device))
+            positive = probs > 0
+            named = probs.clamp(min=1e-300).log()
+            lowest = torch.where(positive, named, torch.full_like(named, math.inf)).amin(-1)  # [D]
+            unnamed = max(vocab - width, 1)
+            share = ((1.0 - probs.sum(-1)).clamp(min=1e-30) / unnamed).log()
+            share = torch.minimum(share, lowest - 1.0)
+            logits = torch.where(positive, named, share[:, None] - 30.0)  # far below: no mass to speak of
+            table = (cdf.to(torch.float32).to(device), logits.to(torch.float32).to(device),
+                     share.to(torch.float32).to(device))
             self._tables[key] = table
         return table
 
@@ -151,12 +161,11 @@ class TreeReplayVerifier(TreeVerifier):
         """[B, D, V] logits whose best-first tree is the model's: the drafter's rank-r token at
         position d gets log p[d][r], every other token an equal share of the remaining mass."""
         bsz, depth, vocab = draft_logits.shape
-        _, logp, rest = self._table(depth, draft_logits.device)
-        width = min(logp.shape[1], vocab)
-        top = draft_logits.topk(width, dim=-1).indices  # [B, D, R]
-        share = rest - math.log(max(vocab - width, 1))  # [D]
+        _, named, share = self._table(depth, draft_logits.device, vocab)
+        width = min(named.shape[1], vocab)
+        top = draft_logits.topk(width, dim=-1).indices  # [B, D, R]: the drafter's candidates by rank
         out = share[None, :, None].expand(bsz, depth, vocab).clone()
-        return out.scatter_(-1, top, logp[None, :, :width].expand(bsz, -1, -1))
+        return out.scatter_(-1, top, named[None, :, :width].expand(bsz, -1, -1))
 
     def plan(self, draft_logits, root_tokens, base, budget, topk=None):
         return plan_tree(self.plan_logits(draft_logits), root_tokens, base, budget, topk)

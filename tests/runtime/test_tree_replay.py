@@ -60,6 +60,17 @@ def test_picked_rank_frequencies_tell_models_apart():
     assert freqs["rank0"] == pytest.approx([0.9, 0.0, 0.0], abs=0.03)
 
 
+def test_planning_logits_keep_the_drafters_rank_order():
+    """The named ranks outrank every other token, even when the unnamed mass per token is larger
+    than a named rank's probability, so a node's i-th child is the drafter's rank-i candidate."""
+    v = TreeReplayVerifier([[0.1, 0.001, 0.0], [0.5, 0.2]])
+    logits = torch.randn(3, 4, VOCAB, generator=torch.Generator().manual_seed(4))
+    planned = v.plan_logits(logits)
+    assert torch.equal(planned.topk(2, dim=-1).indices, logits.topk(2, dim=-1).indices)
+    probs = planned.softmax(-1)
+    assert probs[:, 1].amax(-1).tolist() == pytest.approx([0.5] * 3, abs=1e-4)  # depth 2: rank 0 keeps its 0.5
+
+
 def test_paths_caps_and_committed_tokens():
     v = TreeReplayVerifier([[0.6, 0.3], [0.8, 0.15]], seed=7)
     tree = _planned(v, 12, rows=500)
