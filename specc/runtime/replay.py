@@ -35,7 +35,7 @@ __all__ = ["ReplayVerifier", "REPLAY_NOTICE", "TREE_REPLAY_NOTICE"]
 
 REPLAY_NOTICE = ("acceptance replayed from a stated model: accepted counts are drawn, not decided by the target; "
                  "the committed tokens are NOT the model's real output (timing only)")
-TREE_REPLAY_NOTICE = ("trees: per depth the rank the target picks is drawn from the per-rank model (ranks independent "
+TREE_REPLAY_NOTICE = ("per depth the rank the target picks is drawn from the per-rank model (ranks independent "
                       "across depths, as the model assumes) and the tree is the model's best tree over the drafter's "
                       "own top candidates; the draft, tree verify forward, KV compaction and drafter context are real")
 
