@@ -51,6 +51,7 @@ class BenchOptions:
     seed: int = 0
     warmup: int = 1
     batch: int = 1
+    tree: int | None = None  # tree budget of the speculative system (checkpoints and --shapes; artifacts: the manifest's)
 
 
 def default_deployment(device: torch.device, batch: int = 1) -> str:
@@ -237,6 +238,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     unknown = set(opts.systems) - set(ALL_SYSTEMS)
     if unknown:
         raise UserError(f"unknown system {sorted(unknown)[0]!r}; systems: {', '.join(ALL_SYSTEMS)}")
+    if opts.tree and opts.model and (Path(opts.model) / "manifest.json").is_file():
+        raise UserError("--tree: an artifact verifies with the tree budget it was compiled with (specc compile --tree)")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     torch.manual_seed(opts.seed)
     if opts.shapes:
@@ -253,7 +256,12 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     else:
         raise UserError("give MODEL (a checkpoint or an artifact) or --shapes NAME")
     stated = parse_acceptance(opts.acceptance, s.k) if s.k else None
-    tree_budget = int(getattr(s.engine.loop, "tree_budget", 0)) if s.engine is not None and s.k else 0
+    if opts.tree and not (s.impl.supports_tree and s.k):
+        raise UserError(f"--tree: method {s.impl.name} has no per-position draft distributions (no tree verification)")
+    if s.engine is not None:
+        tree_budget = int(getattr(s.engine.loop, "tree_budget", 0)) if s.k else 0
+    else:
+        tree_budget = int(opts.tree or 0)
     stated_tree = parse_tree_acceptance(opts.acceptance, s.k) if tree_budget else None
     if opts.shapes and s.k and stated is None:
         raise UserError("random weights accept nothing: state the acceptance to replay, e.g. --acceptance tau:6.5 "
@@ -324,13 +332,14 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             if draft is not None:
                 draft.setup_caches(1, 16)
             spec = s.loaded.draft_spec if draft is not None else None
-            built = build_steps(target, draft, pipeline, spec)
+            built = build_steps(target, draft, pipeline, spec, tree=bool(tree_budget and draft is not None))
         finally:
             target.capture_layers = saved
         steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}
         strategy = s.impl.strategy if draft is not None else None
         loop = build_loop(steps, strategy, s.k if draft is not None else 0, max_len,
-                          drafter_section=s.section if draft is not None else None)
+                          drafter_section=s.section if draft is not None else None,
+                          tree_budget=tree_budget if draft is not None else 0)
         irs = (built.irs["target"], built.irs.get("drafter"))
         return loop, irs, time.perf_counter() - t0
 

@@ -1,6 +1,7 @@
-"""The tree row of `specc bench` on an artifact compiled with a tree budget.
+"""The tree row of `specc bench`: an artifact compiled with a tree budget, or ``--tree N`` on a
+checkpoint or named shapes.
 
-One artifact holds both verify steps (chain and tree), so the bench times its chain (the
+One system holds both verify steps (chain and tree), so the bench times its chain (the
 ``specc-<method>`` row, the tree switched off) and its tree (``specc-<method>-tree<N>``) with the
 same drafter, weights and prompts. With ``--acceptance`` both are replayed from one stated
 model: the chain from its rank-0 column (``ReplayVerifier``), the tree from all its ranks
@@ -43,7 +44,7 @@ def record_tree_row(record, loop, device, chain_name: str, setup, irs, cost, con
         row = record(name, LoopSystem(loop, device, name), "specc", extra)
     finally:
         loop.use_verifiers(tree=TreeVerifier())
-    model = stated if replay else manifest_tree_model(setup.engine.manifest)
+    model = stated if replay else (manifest_tree_model(setup.engine.manifest) if setup.engine is not None else None)
     if model is not None:
         pred = predict_tree(cost, irs[0], irs[1], setup.impl, model, k, budget, context=context, batch_size=1)
         row["prediction"] = {"tokens_per_s": pred.tokens_per_s, "step_s": pred.step_time,

@@ -66,6 +66,32 @@ def test_tree_artifact_bench_real_acceptance_is_lossless(tree_artifact, capsys):
     assert rows["specc-dflash-tree12"]["tree_vs_chain"]["measured"] > 0
 
 
+def test_shapes_with_tree_budget(tmp_path, capsys):
+    """--tree N at named shapes (random weights): the 8B command's path at tiny shapes."""
+    ranks = tmp_path / "ranks.json"
+    ranks.write_text(json.dumps({"p": [[0.6, 0.25, 0.1], [0.7, 0.2]]}))
+    assert main(["bench", "--shapes", "tiny-qwen3", "--drafter-shapes", "dflash-b16", "--tree", "16",
+                 "--acceptance", f"alpha:0.5+ranks:{ranks}", "--tokens", "24", "--prompts", "1", "--prompt-len", "8",
+                 "--systems", "specc", "--json", "-"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {r["system"]: r for r in report["rows"]}
+    assert set(rows) == {"specc-dflash", "specc-dflash-tree16"} and report["tree_budget"] == 16
+    tree = rows["specc-dflash-tree16"]
+    model = parse_tree_acceptance(f"alpha:0.5+ranks:{ranks}", report["num_draft"])
+    assert model.p[0] == pytest.approx([0.5, 0.5 * 0.25 / 0.4, 0.5 * 0.1 / 0.4])
+    assert tree["expected_tokens_per_step"] == pytest.approx(model.expected_tokens(16, report["num_draft"]))
+    assert rows["specc-dflash"]["expected_tokens_per_step"] == pytest.approx(model.chain_expected_tokens(report["num_draft"]))
+    assert tree["tau"] >= 1 and tree["prediction"]["tokens_per_s"] > 0
+
+
+def test_tree_option_errors(tree_artifact, capsys):
+    assert main(["bench", str(tree_artifact), "--tree", "8", "--systems", "specc"]) == 2
+    assert "compiled with" in capsys.readouterr().err
+    assert main(["bench", "--shapes", "tiny-qwen3", "--drafter-shapes", "none", "--tree", "8",
+                 "--acceptance", "alpha:0.5", "--systems", "specc-ar"]) == 2
+    assert main(["bench", "--shapes", "tiny-qwen3", "--tree", "0", "--acceptance", "alpha:0.5"]) == 2
+
+
 def test_tree_acceptance_specs(tmp_path):
     ranks = tmp_path / "r.json"
     ranks.write_text(json.dumps({"rank_counts": [[60, 20, 10, 10], [80, 10, 0, 10]], "source": "measured here"}))
