@@ -138,3 +138,26 @@ def test_tree_replay_in_the_device_loop(checkpoints):
     for seed in range(3):
         lengths += loop.generate(PROMPT[:4 + seed], 30, ()).stats.accepted_lengths[:-1]  # the last step is capped
     assert max(lengths) > 1 and sum(lengths) / len(lengths) == pytest.approx(model.expected_tokens(6, 3), abs=0.6)
+
+
+def test_plan_and_decision_have_no_host_sync():
+    """What the graphed plan and accept functions run traces as one graph (no host sync, no
+    data-dependent Python), and the step counter still advances inside it."""
+    v = TreeReplayVerifier([[0.5, 0.3], [0.6, 0.2]], seed=1)
+    logits, root, base = torch.randn(2, 4, VOCAB), torch.zeros(2, dtype=torch.long), torch.full((2,), 5)
+    targets, caps = torch.randint(0, VOCAB, (2, 9)), torch.tensor([4, 2])
+
+    def step(logits, root, base, targets, caps):
+        tokens, parents, depths, _, mask = v.plan(logits, root, base, 8)
+        res = v.verify_tree_tokens(DraftTree.planned(tokens, parents, depths, mask), targets, caps, 4)
+        return res.accepted, res.committed, res.path
+
+    step(logits, root, base, targets, caps)  # the model's tables are built on the host first (a graph's warm-up)
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    v.reset()
+    eager = [step(logits, root, base, targets, caps) for _ in range(3)]
+    v.reset()
+    traced = [compiled(logits, root, base, targets, caps) for _ in range(3)]
+    for e, t in zip(eager, traced):
+        assert all(torch.equal(x, y) for x, y in zip(e, t))
+    assert int(v._counters["cpu"]) == 3
