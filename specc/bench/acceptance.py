@@ -90,6 +90,8 @@ def _rank_file(path: str) -> TreeAcceptanceModel:
         raise UserError(f"--acceptance ranks:{path}: no such file (a tree acceptance JSON: {{'p': ...}} or "
                         "{'rank_counts': ...})")
     model = TreeAcceptanceModel.from_file(path)  # source: the path
+    if not model.p or any(not row for row in model.p):
+        raise UserError(f"--acceptance ranks:{path}: no rank probabilities at some depth (nothing was measured)")
     stated = json.loads(Path(path).read_text()).get("source")
     if isinstance(stated, str) and stated:
         model.source = f"{path} ({stated})"

@@ -106,6 +106,8 @@ def test_tree_acceptance_specs(tmp_path):
     chain_only = parse_tree_acceptance("tau:4@7", 7)
     assert chain_only.expected_tokens(64, 7) == pytest.approx(AcceptanceModel.from_tau(4, 7).expected_tokens(7))
     assert parse_tree_acceptance("measured", 7) is None
-    for bad in (f"alpha:0.9+{ranks}", "ranks:/nonexistent.json", f"measured+ranks:{ranks}"):
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"p": []}))
+    for bad in (f"alpha:0.9+{ranks}", "ranks:/nonexistent.json", f"measured+ranks:{ranks}", f"ranks:{empty}"):
         with pytest.raises(UserError):
             parse_tree_acceptance(bad, 4)
