@@ -360,7 +360,9 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
     loaded.target.setup_caches(1, 16)
     loaded.draft.setup_caches(1, 16)
     pipeline = "" if small else DEFAULT_PIPELINE
-    built = build_steps(loaded.target, loaded.draft, pipeline, loaded.draft_spec, tree=True)
+    cost = CostModel(get_deployment(deployment))
+    built = build_steps(loaded.target, loaded.draft, pipeline, loaded.draft_spec, tree=True,
+                        linear_choice=cost.linear_choice)  # the linears the cost model prices, as compile does
     steps = {role: instantiate(e, loaded.draft_spec if role == "drafter" else None) for role, e in built.emitted.items()}
     build_s = time.perf_counter() - t_start
     print(f"[e2e-8b] {shapes} + dflash-b16 built and compiled in {build_s:.1f} s (k = {k})", flush=True)
@@ -369,7 +371,6 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
     prompts = [torch.randint(10, tcfg["vocab_size"] - 10, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
     max_len = prompt_len + new_tokens + 2
     context = int(prompt_len + new_tokens / 2)
-    cost = CostModel(get_deployment(deployment))
     t_ir, d_ir = built.irs["target"], built.irs["drafter"]
 
     ar_loop = build_loop({"target": steps["target"]}, None, 0, max_len)  # the same compiled target step, no drafter

@@ -40,6 +40,10 @@ def register(sub) -> None:
                    help="tree verification: auto (default; where the method drafts per-position distributions, "
                    "measure rank acceptance on the calibration prompts and let the cost model pick a node budget "
                    "or the chain), off, or N drafted nodes per step")
+    p.add_argument("--linears", default="auto", metavar="auto|triton|FILE",
+                   help="linear implementations: auto (default; cuBLAS for the shapes and row counts where the "
+                   "calibrated deployment measured it faster than the Triton kernel, `specc calibrate`), triton "
+                   "(Triton everywhere), or a linear choice table (JSON, docs/kernels.md)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(handler=run_compile)
 
@@ -101,7 +105,8 @@ def run_compile(args) -> int:
                                       out=args.out, passes=args.passes, prompts_file=args.prompts,
                                       num_draft=args.num_draft, max_new_tokens=args.verify_tokens,
                                       progress=progress, memory=args.memory,
-                                      tree=args.tree)
+                                      tree=args.tree,
+                                      linear_choice={"auto": None, "triton": False}.get(args.linears, args.linears))
     except VerificationFailed as exc:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)
         return 1
