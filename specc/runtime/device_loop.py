@@ -67,7 +67,7 @@ from specc.runtime.loop import SpeculativeLoop
 from specc.runtime.policy import GreedyPolicy, decoding_policy
 from specc.runtime.ragged import PackedRows, ragged_capable
 from specc.runtime.state import DecodingState, reserve_block, slot_view
-from specc.runtime.trees import DraftTree, plan_tree
+from specc.runtime.trees import DraftTree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
 
 
@@ -142,6 +142,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.part_seconds: dict = {}
         self._steps_k1: dict = {}
         self.resize(max_len, batch)
+
+    def use_verifiers(self, chain: Verifier | None = None, tree: TreeVerifier | None = None) -> None:
+        """Swap the chain and/or tree verifier (e.g. an acceptance replay,
+        ``specc.runtime.replay``); the tree step's graphs hold the old one, so they are dropped."""
+        if chain is not None:
+            self.verifier = chain
+        if tree is not None:
+            self.tree_verifier, self._tree_graphs = tree, None
 
     def resize(self, max_len: int, batch: int | None = None) -> None:
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
@@ -553,7 +561,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         launches do not add to the step (outputs are static buffers, consumed within the step)."""
         fns = getattr(self, "_tree_graphs", None)
         if fns is None:
-            fns = {"plan": plan_tree, "accept": self._accept_tree, "commit": self._commit_path}
+            fns = {"plan": self.tree_verifier.plan, "accept": self._accept_tree, "commit": self._commit_path}
             if self.capture_shapes:
                 from specc.runtime.graphs import GraphedStep
 

@@ -109,6 +109,15 @@ class TreeVerifier(Verifier):
 
     name = "tree"
 
+    def plan(self, draft_logits: torch.Tensor, root_tokens: torch.Tensor, base: torch.Tensor, budget: int,
+             topk: int | None = None):
+        """The tree a step verifies, from the drafter's per-position logits [B, D, V]
+        (``specc.runtime.trees.plan_tree``: tokens, parents, depths, positions, ancestor mask).
+        A verifier owns it so that an acceptance replay can state the tree's shape too."""
+        from specc.runtime.trees import plan_tree
+
+        return plan_tree(draft_logits, root_tokens, base, budget, topk)
+
     def verify_tree(self, tree, target_logits: torch.Tensor, max_drafts: torch.Tensor | None = None,
                     depth: int | None = None) -> VerifyResult:
         return self.verify_tree_tokens(tree, target_logits.argmax(-1), max_drafts, depth)
