@@ -55,8 +55,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 EOS, MASK = "<|endoftext|>", "<|mask|>"
 NAMES = {"target": "specc-tiny", "pard": "specc-tiny-pard", "dflash": "specc-tiny-dflash"}
-STAGES = ("corpus", "tokenizer", "target", "pard", "dflash", "eval")
-MAX_ZOO_BYTES = 30_000_000
+STAGES = ("corpus", "tokenizer", "restore", "target", "distill", "pard", "dflash", "eval", "export")
+MAX_ZOO_BYTES = 30_000_000  # above this the models are saved in bf16 instead of fp32
+MAX_PACKED_ZOO_BYTES = 60_000_000  # the shipped family in bf12 (1.5 bytes a weight) must fit this
+EXPORT_PART_BYTES = 15 * 2**20  # export archives are split into parts of this size
 
 
 @dataclasses.dataclass
@@ -132,10 +134,26 @@ class Config:
     eval_workers: int = -1  # -1: one per CPU core (up to 15) on a multi-core machine, else 0
     ppl_tokens: int = 262144
     log_every: int = 50
+    # export / restore (moving a workdir's results between machines)
+    save_bf16: bool = False  # save in bf16 even when fp32 fits (what the bf12 zoo format stores losslessly)
+    export_distill: bool = True  # include the distillation sequences (the next call's drafters need them)
 
 
 PRESETS = {
     "full": {},
+    # v2: a ~26M-parameter target (the largest of this architecture whose family, with a 2-layer
+    # DFlash at the target's width, stays under 60 MB in bf12) trained in two 10-minute GPU calls:
+    # call 1 corpus,tokenizer,target,distill; call 2 corpus,tokenizer,restore,pard,dflash,eval
+    # (examples/train_tiny_v2.sh). Budgets: docs/benchmarks/tiny.md "specc-tiny v2".
+    "v2": dict(
+        hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1280,
+        target_lr=1.5e-3, target_warmup=200, target_steps=100000, target_seconds=380.0,
+        distill_batch=1024, distill_max_seqs=16384, distill_seconds=45.0,
+        pard_hidden=256, pard_layers=4, pard_heads=4, pard_kv_heads=2, pard_intermediate=768,
+        pard_steps=100000, pard_seconds=150.0,
+        dflash_layers=2, dflash_intermediate=1280, dflash_steps=100000, dflash_seconds=210.0,
+        eval_blocks=[16],
+    ),
     "toy": dict(
         max_corpus_mb=2.0, tokenizer_mb=1.0, vocab_size=300, heldout_permille=200,
         hidden=32, layers=3, heads=2, kv_heads=1, head_dim=16, intermediate=64, context=128,
@@ -213,11 +231,11 @@ def param_count(kind: str, cfg: Config) -> int:
 
 
 def save_dtype(cfg: Config):
-    """fp32 when the three models fit the zoo budget in fp32, else bf16."""
+    """fp32 when the three models fit the zoo budget in fp32 (and bf16 is not asked for), else bf16."""
     import torch
 
     total = sum(param_count(k, cfg) for k in NAMES)
-    return torch.float32 if 4 * total <= MAX_ZOO_BYTES - 2_000_000 else torch.bfloat16
+    return torch.float32 if 4 * total <= MAX_ZOO_BYTES - 2_000_000 and not cfg.save_bf16 else torch.bfloat16
 
 
 def layer_ids(cfg: Config) -> list[int]:
@@ -308,14 +326,15 @@ def _heads(x, head_dim):
 
 
 def _attend(q, k, v, mask=None, causal=False):
+    """SDPA with grouped kv heads. ``enable_gqa`` lets SDPA share each kv head across its query
+    heads instead of materialising repeated k/v: during cached decoding the repeat copied the
+    whole cache every step (a quarter of the distillation generator's CPU time)."""
     import torch.nn.functional as F
 
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    gqa = q.shape[1] != k.shape[1]
     if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
 
 def lm_hidden(model, ids, positions, mask=None, capture=(), cache=None, start=0):
@@ -705,17 +724,23 @@ def ensure_distill(cfg: Config, work: Path) -> np.ndarray:
     rng = seeded(cfg, "distill")
     target = load_target(work, dev)
     tokens = load_train_tokens(work)
-    chunks, n, t0 = [], 0, time.time()
-    while n < cfg.distill_max_seqs and (time.time() - t0 < cfg.distill_seconds or n == 0):
+    chunks, n, t0, per_batch = [], 0, time.time(), 0.0
+    # another batch only while it is expected to end inside the budget (always at least one)
+    while n < cfg.distill_max_seqs and (n == 0 or time.time() - t0 + per_batch < cfg.distill_seconds):
         plen = int(rng.integers(cfg.distill_prompt_min, cfg.distill_prompt_max + 1))
         bsz = min(cfg.distill_batch, cfg.distill_max_seqs - n)
         prompts = torch.from_numpy(windows(tokens, bsz, plen, rng)).to(dev)
+        tb = time.time()
         chunks.append(generate_batch(target, prompts, cfg.distill_len, dev).cpu().numpy().astype(np.uint16))
+        per_batch = time.time() - tb
         n += bsz
+        log(f"distill: {n} sequences, {per_batch:.1f}s for a batch of {bsz} "
+            f"({1e3 * per_batch / max(1, cfg.distill_len - plen):.1f} ms a decode step)")
     data = np.concatenate(chunks)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, data)
     info = {"sequences": int(data.shape[0]), "length": int(data.shape[1]), "seconds": round(time.time() - t0, 1),
+            "batch": cfg.distill_batch, "seconds_last_batch": round(per_batch, 2),
             "prompt_len_range": [cfg.distill_prompt_min, cfg.distill_prompt_max]}
     write_json(work / "distill" / "info.json", info)
     log(f"distill: {data.shape[0]} greedy target continuations of {data.shape[1]} tokens in {time.time() - t0:.1f}s")
@@ -1219,6 +1244,141 @@ def plot_acceptance(metrics: dict, path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# stages: distill, export, restore (moving results between machines)
+
+
+def stage_distill(cfg: Config, work: Path) -> dict:
+    """The target's greedy continuations on their own (else the PARD / DFlash stage makes them)."""
+    data = ensure_distill(cfg, work)
+    return {"sequences": int(data.shape[0])}
+
+
+def packed_zoo_bytes(cfg: Config) -> int:
+    """Approximate size of the family stored in bf12 (1.5 bytes a weight, escapes ignored)."""
+    return int(1.5 * sum(param_count(k, cfg) for k in NAMES))
+
+
+EXPORT_FILES = ("config.json", "commands.json", "timings.json", "corpus/manifest.json", "tokens/info.json",
+                "distill/info.json", "metrics/target.json", "metrics/pard.json", "metrics/dflash.json",
+                "eval/metrics.json", "eval/tiny_acceptance.png")
+
+
+def stage_export(cfg: Config, work: Path, dest: Path | None = None) -> dict:
+    """One archive of the workdir's results, the models in bf12, split into parts of at most
+    EXPORT_PART_BYTES (``DEST/tiny-export.tar.part-NN``): few files of bounded size, which is
+    what a remote machine's output folder can hand back. ``cat parts > x.tar`` restores it;
+    ``--stage restore --restore-dir DIR`` reads the parts (or the extracted tree) directly."""
+    import tarfile
+
+    from specc.models.packed_checkpoint import pack_checkpoint
+
+    if dest is None:
+        raise SystemExit("export: give --export-dir")
+    dest.mkdir(parents=True, exist_ok=True)
+    staging = work / "export"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    packed = {}
+    for name in NAMES.values():
+        src = work / "models" / name
+        if (src / "config.json").is_file():
+            packed[name] = pack_checkpoint(src, staging / "models" / name)
+    if (work / "models" / "MANIFEST.json").is_file():
+        shutil.copy2(work / "models" / "MANIFEST.json", staging / "models" / "MANIFEST.json")
+    for rel in EXPORT_FILES + (("distill/generated.npy",) if cfg.export_distill else ()):
+        if (work / rel).is_file():
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(work / rel, staging / rel)
+    archive = work / "tiny-export.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(staging, arcname="tiny-export")
+    for old in dest.glob("tiny-export.tar.part-*"):
+        old.unlink()
+    parts = []
+    with open(archive, "rb") as fh:
+        while chunk := fh.read(EXPORT_PART_BYTES):
+            part = dest / f"tiny-export.tar.part-{len(parts):02d}"
+            part.write_bytes(chunk)
+            parts.append(part.name)
+    info = {"parts": parts, "bytes": archive.stat().st_size,
+            "models": {k: sum(f.stat().st_size for f in (staging / "models" / k).iterdir()) for k in packed}}
+    archive.unlink()
+    log(f"export: {info['bytes'] / 1e6:.1f} MB in {len(parts)} parts to {dest}; models {info['models']}")
+    return info
+
+
+def _export_tree(src: Path, scratch: Path) -> Path:
+    """The extracted ``tiny-export`` folder of an export: ``src`` holds it, or holds the parts."""
+    import tarfile
+
+    for cand in (src / "tiny-export", src):
+        if (cand / "models").is_dir():
+            return cand
+    parts = sorted(src.glob("tiny-export.tar.part-*"))
+    if not parts:
+        raise SystemExit(f"restore: {src} holds no tiny-export folder or tiny-export.tar.part-* files")
+    archive = scratch / "restore.tar"
+    with open(archive, "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    shutil.rmtree(scratch / "tiny-export", ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(scratch, filter="data")
+    archive.unlink()
+    return scratch / "tiny-export"
+
+
+def stage_restore(cfg: Config, work: Path, src: Path | None = None) -> dict:
+    """Put an earlier call's exported models (and distillation data) into this workdir, after
+    this call rebuilt the corpus and tokenizer: the target must use the very same tokenizer and
+    the configuration this workdir was set up with."""
+    from specc.models.packed_checkpoint import is_packed, read_packed_state
+
+    if src is None:
+        raise SystemExit("restore: give --restore-dir")
+    tree = _export_tree(src.resolve(), work)
+    mine = read_json(work / "tokenizer" / "tokenizer.json")
+    restored = []
+    for name in NAMES.values():
+        packed = tree / "models" / name
+        if not (packed / "config.json").is_file():
+            continue
+        theirs = read_json(packed / "tokenizer.json") if (packed / "tokenizer.json").is_file() else None
+        if theirs is not None and theirs["model"] != mine["model"]:
+            raise SystemExit(f"restore: {name}'s tokenizer differs from the one rebuilt here (other corpus?)")
+        dst = work / "models" / name
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir(parents=True)
+        for f in packed.iterdir():
+            if f.is_file() and not f.name.endswith(".safetensors") and f.name != "bf12.json":
+                shutil.copy2(f, dst / f.name)
+        from safetensors.torch import save_file
+
+        state = read_packed_state(packed) if is_packed(packed) else None
+        if state is None:
+            shutil.copy2(packed / "model.safetensors", dst / "model.safetensors")
+        else:
+            save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+        restored.append(name)
+    target_conf = work / "models" / NAMES["target"] / "config.json"
+    if target_conf.is_file():
+        raw = read_json(target_conf)
+        want = {"hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers, "intermediate_size": cfg.intermediate,
+                "vocab_size": cfg.vocab_size}
+        got = {k: raw.get(k) for k in want}
+        if got != want:
+            raise SystemExit(f"restore: the target is {got}, this workdir's configuration says {want}")
+    for rel in EXPORT_FILES[3:] + ("distill/generated.npy",):
+        if rel.startswith(("corpus/", "tokens/")) or not (tree / rel).is_file():
+            continue
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tree / rel, work / rel)
+    old = read_json(tree / "timings.json") if (tree / "timings.json").is_file() else {}
+    log(f"restore: {restored} from {src}; earlier timings {old}")
+    return {"restored": restored}
+
+
+# ----------------------------------------------------------------------------------------------
 # driver
 
 
@@ -1282,9 +1442,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--source-dir", action="append", help="directories to take .py files from (repeatable)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a Config field (JSON value)")
+    ap.add_argument("--export-dir", type=Path, help="where the export stage writes its archive parts")
+    ap.add_argument("--restore-dir", type=Path, help="an export (its parts or extracted folder) for the restore stage")
     args = ap.parse_args(argv)
     if args.stage == "all":
-        stages = STAGES
+        stages = tuple(s for s in STAGES if s not in ("restore", "export"))
     elif args.stage == "manifest":
         stages = ()
     else:
@@ -1312,14 +1474,18 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = True
     log(f"train_tiny: {versions()}; workdir {work}; seed {cfg.seed}; save dtype {save_dtype(cfg)}; "
         f"params target {param_count('target', cfg) / 1e6:.2f}M pard {param_count('pard', cfg) / 1e6:.2f}M "
-        f"dflash {param_count('dflash', cfg) / 1e6:.2f}M")
+        f"dflash {param_count('dflash', cfg) / 1e6:.2f}M; ~{packed_zoo_bytes(cfg) / 1e6:.1f} MB in bf12")
     timings_path = work / "timings.json"
     timings = read_json(timings_path) if timings_path.is_file() else {}
-    fns = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "pard": stage_pard,
-           "dflash": stage_dflash, "eval": stage_eval}
+    fns = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "distill": stage_distill,
+           "pard": stage_pard, "dflash": stage_dflash, "eval": stage_eval,
+           "restore": lambda c, w: stage_restore(c, w, args.restore_dir),
+           "export": lambda c, w: stage_export(c, w, args.export_dir)}
     for name in stages:
         t0 = time.time()
         log(f"=== stage {name}")
+        if name == "export" and (work / "models").is_dir():
+            write_manifest(cfg, work, argv)  # the archive carries the up-to-date manifest
         fns[name](cfg, work)
         timings[name] = round(time.time() - t0, 1)
         write_json(timings_path, timings)
