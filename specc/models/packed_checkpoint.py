@@ -44,10 +44,13 @@ def pack_checkpoint(src: Path, dst: Path, max_shard_bytes: int = DEFAULT_SHARD_B
     """Write ``src`` (a plain checkpoint directory) to ``dst`` in bf12, split into shards of at
     most ``max_shard_bytes`` (a single tensor larger than that gets a shard of its own). Returns
     the marker's content. Raises ValueError if a bf16 tensor does not round-trip bit for bit."""
-    from specc.models.loading import load_state_dict
-
     src, dst = Path(src), Path(dst)
-    state = load_state_dict(src)
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{src}: no *.safetensors weights to pack")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
