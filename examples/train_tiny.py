@@ -133,6 +133,8 @@ class Config:
     eval_blocks: list = dataclasses.field(default_factory=lambda: [8, 16])
     eval_workers: int = -1  # -1: one per CPU core (up to 15) on a multi-core machine, else 0
     ppl_tokens: int = 262144
+    sample_tokens: int = 64  # greedy samples of the eval stage (eval/samples.json)
+    sample_heldout: int = 4
     log_every: int = 50
     # export / restore (moving a workdir's results between machines)
     save_bf16: bool = False  # save in bf16 even when fp32 fits (what the bf12 zoo format stores losslessly)
@@ -165,7 +167,7 @@ PRESETS = {
         dflash_layers=1, dflash_intermediate=64, dflash_block=8, dflash_seq=40, dflash_anchors=4,
         dflash_batch=4, dflash_steps=3, dflash_warmup=1,
         eval_prompts=2, eval_prompt_min=8, eval_prompt_max=12, eval_new_tokens=12, eval_blocks=[4, 8],
-        eval_workers=0, ppl_tokens=2048, log_every=1,
+        eval_workers=0, ppl_tokens=2048, sample_tokens=8, sample_heldout=1, log_every=1,
     ),
 }
 
@@ -1158,14 +1160,47 @@ def acceptance_curve(runs: list[dict], block: int, max_new: int) -> dict:
     return {"conditional": curve, "reached": reached[1:].astype(int).tolist(), "accepted": accepted[1:].astype(int).tolist()}
 
 
+def distinct_ngrams(tokens: list[int], n: int = 4) -> float:
+    """Share of distinct n-grams among a continuation's n-grams: near 1 for ordinary text, low
+    for a continuation that loops (``return (n - 1) * (n - 1) * ...``)."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def greedy_samples(cfg: Config, work: Path, target, prompts: list[list[int]], dev) -> list[dict]:
+    """The target's greedy continuations (``sample_tokens`` new tokens, no EOS stop) of the
+    built-in prompts (specc.verify.CALIBRATION_TEXTS, the README's among them) and of the first
+    held-out eval prompts, decoded, with their distinct-4-gram share."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    from specc.verify.prompts import CALIBRATION_TEXTS
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(work / "tokenizer"))
+    cases = [("builtin", text, tok(text)["input_ids"]) for text in CALIBRATION_TEXTS]
+    cases += [("heldout", tok.decode(p), p) for p in prompts[:cfg.sample_heldout]]
+    out = []
+    for kind, text, ids in cases:
+        ids = ids[-(cfg.context - cfg.sample_tokens):]
+        seq = generate_batch(target, torch.tensor([ids], device=dev), len(ids) + cfg.sample_tokens, dev)
+        new = seq[0, len(ids):].tolist()
+        out.append({"kind": kind, "prompt": text, "completion": tok.decode(new),
+                    "distinct_4grams": round(distinct_ngrams(new), 3)})
+    return out
+
+
 def stage_eval(cfg: Config, work: Path) -> dict:
     dev = device()
     models = work / "models"
     target = load_target(work, dev)
     nll, n = heldout_loss(target, load_heldout(work), cfg.target_seq, cfg.ppl_tokens, dev)
-    del target
     log(f"eval: held-out perplexity {math.exp(nll):.3f} over {n} tokens")
     prompts = eval_prompts(cfg, work)
+    samples = greedy_samples(cfg, work, target, prompts, dev)
+    write_json(work / "eval" / "samples.json", samples)
+    for sample in samples[:2]:
+        log(f"eval: sample {sample['prompt']!r} -> {sample['completion']!r}")
+    del target
     methods = ("ar-draft", "pard", "dflash")
     # longest tasks first so the pool stays busy
     tasks = [(m, b, i, p, cfg.eval_new_tokens) for b in sorted(cfg.eval_blocks, reverse=True)
@@ -1204,7 +1239,7 @@ def stage_eval(cfg: Config, work: Path) -> dict:
         "new_tokens": cfg.eval_new_tokens, "eos_stops": False, "dtype": "float32", "device": "cpu",
         "loops": "specc.stock generate_chain (ar-draft: PARD model as plain AR drafter), generate_pard, generate_dflash",
         "lossless_all_methods_equal": lossless, "eval_seconds": round(seconds, 1), "workers": workers,
-        "results": table,
+        "samples_distinct_4grams_min": min(x["distinct_4grams"] for x in samples), "results": table,
     }
     out = work / "eval"
     write_json(out / "metrics.json", metrics)
@@ -1260,7 +1295,7 @@ def packed_zoo_bytes(cfg: Config) -> int:
 
 EXPORT_FILES = ("config.json", "commands.json", "timings.json", "corpus/manifest.json", "tokens/info.json",
                 "distill/info.json", "metrics/target.json", "metrics/pard.json", "metrics/dflash.json",
-                "eval/metrics.json", "eval/tiny_acceptance.png")
+                "eval/metrics.json", "eval/samples.json", "eval/tiny_acceptance.png")
 
 
 def stage_export(cfg: Config, work: Path, dest: Path | None = None) -> dict:

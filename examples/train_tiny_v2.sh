@@ -39,6 +39,8 @@ case "$call" in
   *) echo "train_tiny_v2.sh: call must be 1 or 2, not $call" >&2; exit 2 ;;
 esac
 status=$?
-train --stage export --export-dir "$out" "$@"
+# call 2's export is the whole family; it leaves out the distillation data (no later call needs it)
+keep_distill=true; [ "$call" = 2 ] && keep_distill=false
+train --stage export --export-dir "$out" --set export_distill=$keep_distill "$@"
 echo "train_tiny_v2.sh: call $call training exit status $status, $(( $(date +%s) - start ))s in all" | tee -a "$logf"
 exit $status

@@ -148,6 +148,12 @@ def test_dflash_training_blocks_match_reference(tt):
                 torch.testing.assert_close(out[r, j, :length], ref[0], atol=1e-4, rtol=1e-4)
 
 
+def test_distinct_ngrams(tt):
+    assert tt.distinct_ngrams([1, 2, 3, 4, 5, 6]) == 1.0
+    assert tt.distinct_ngrams([7, 8] * 10) == 2 / 17  # a loop of two tokens: two distinct 4-grams
+    assert tt.distinct_ngrams([1, 2]) == 1.0
+
+
 def test_acceptance_curve(tt):
     runs = [{"accepted_lengths": [3, 1, 4, 2]}]  # block 4 -> up to 3 drafts, max_new 12
     curve = tt.acceptance_curve(runs, 4, 12)
@@ -233,6 +239,11 @@ def test_two_calls_end_to_end_toy(tmp_path):
     assert metrics["lossless_all_methods_equal"]
     assert set(metrics["results"]) == {f"{m}@{b}" for m in ("ar-draft", "pard", "dflash") for b in (4, 8)}
     assert (exported / "eval" / "tiny_acceptance.png").stat().st_size > 0
+    assert not (exported / "distill" / "generated.npy").exists()  # call 2 exports the family only
+    samples = json.loads((exported / "eval" / "samples.json").read_text())
+    assert [x["prompt"] for x in samples if x["kind"] == "builtin"][0] == "def fibonacci(n):"
+    assert sum(x["kind"] == "heldout" for x in samples) == 1
+    assert all(x["completion"] and 0 < x["distinct_4grams"] <= 1 for x in samples)
     manifest = json.loads((models / "MANIFEST.json").read_text())
     assert manifest["seed"] == 0 and manifest["training"]["target"]["steps"] == 4
     assert manifest["save_dtype"] == "bfloat16" and manifest["eval"]["lossless_all_methods_equal"]
