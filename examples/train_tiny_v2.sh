@@ -9,6 +9,7 @@
 # training was stopped by the time limit (stages that finished are kept and exported).
 # Call 2 reuses the workdir if call 1 ran on this same machine; otherwise it restores call 1's
 # export from $TINY_RESTORE (default .tiny2: the parts, carried there by the caller).
+# TINY_STAGES (call 2's stages, default pard,dflash,eval; "eval" re-evaluates a restored family),
 # TINY_PRESET / TINY_WORKDIR / TINY_LIMIT and extra arguments (passed to every train_tiny.py
 # run, e.g. --source-dir DIR) let the tests run the same two calls at toy scale on a CPU.
 set -u -o pipefail
@@ -34,7 +35,7 @@ case "$call" in
       train --preset "$preset" --stage corpus,tokenizer,restore --restore-dir "$restore" "$@" || exit 1
     fi
     left=$(( limit - ($(date +%s) - start) ))
-    timeout "$left" python3 examples/train_tiny.py --workdir "$work" --stage pard,dflash,eval "$@" 2>&1 | tee -a "$logf"
+    timeout "$left" python3 examples/train_tiny.py --workdir "$work" --stage "${TINY_STAGES:-pard,dflash,eval}" "$@" 2>&1 | tee -a "$logf"
     ;;
   *) echo "train_tiny_v2.sh: call must be 1 or 2, not $call" >&2; exit 2 ;;
 esac
