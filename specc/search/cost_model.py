@@ -62,7 +62,7 @@ def component_of(meta, name: str) -> str:
         return "context injection (fc + norm)"
     if name == "lm_head" or meta.scope.startswith("lm_head"):
         return "LM head"
-    if kind in ("attention", "rope_attention"):
+    if kind in ("attention", "rope_attention", "ragged_attention"):
         return "attention KV read"
     if kind == "all_reduce":
         return "all-reduce (GPU link)"
@@ -81,7 +81,7 @@ def component_of(meta, name: str) -> str:
 
 def efficiency_class(meta) -> str:
     """Which calibrated efficiency applies: "linear", "attention" or "elementwise"."""
-    if meta.kind in ("attention", "rope_attention"):
+    if meta.kind in ("attention", "rope_attention", "ragged_attention"):
         return "attention"
     if LINEAR_LIKE_ATTR in meta.attrs or "linear" in meta.kind:
         return "linear"
@@ -168,6 +168,8 @@ class CostModel:
         class, else the deployment's."""
         cal = self.calibration
         if cal is not None:
+            if kind == "packed_linear" and rows is not None and getattr(cal, "packed_linear_bandwidth_by_m", None):
+                return cal.packed_linear_bandwidth_at(rows)
             eff = cal.kind_efficiency.get(kind, {}).get("bandwidth") if kind and kind != eclass else None
             if eff:
                 return float(eff)
