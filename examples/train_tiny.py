@@ -171,6 +171,11 @@ PRESETS = {
     ),
 }
 
+# v2's model shapes (and block 16) on toy data and step counts: the v2 code paths on a CPU in a minute
+PRESETS["v2-smoke"] = {**PRESETS["toy"], **{k: v for k, v in PRESETS["v2"].items() if not k.endswith(
+    ("_steps", "_seconds", "_warmup", "_lr")) and not k.startswith("distill_")},
+    "head_dim": 64, "eval_new_tokens": 24, "dflash_block": 16, "pard_k": 16, "pard_seq": 32, "dflash_seq": 48, "eval_blocks": [16], "save_bf16": True}
+
 
 # ----------------------------------------------------------------------------------------------
 # small utilities

@@ -7,6 +7,7 @@ wrong task; these tests check that on random tiny models, then run every stage a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -284,6 +285,11 @@ def test_v2_preset_fits_the_zoo_and_the_calls(tt):
     # Budget.over() stops a stage at 1.15x its budget. Fixed costs (v1's H200 timings): call 1
     # imports, corpus 7 s, tokenizer 20 s, saving + quick held-out loss; call 2 the same rebuild,
     # the restore, and eval (v1: 48 s at blocks 8 and 16; v2 evaluates block 16 only).
+    smoke = {**dataclasses.asdict(tt.Config()), **tt.PRESETS["v2-smoke"]}
+    for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "pard_hidden", "pard_layers",
+                "pard_heads", "pard_kv_heads", "pard_intermediate", "pard_k", "dflash_layers", "dflash_intermediate",
+                "dflash_block"):
+        assert smoke[key] == getattr(cfg, key), key  # the CPU smoke run has v2's model shapes
     over = 1.15
     assert over * (cfg.target_seconds + cfg.distill_seconds) < 530 - 50
     assert over * (cfg.pard_seconds + cfg.dflash_seconds) < 530 - 150
