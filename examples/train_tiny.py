@@ -15,14 +15,22 @@ library and installed site-packages), reproducibly from one seed:
   dflash     a DFlash drafter (z-lab checkpoint format) conditioned on target hidden states,
              trained on the target's greedy predictions (distillation)
   eval       held-out perplexity; acceptance length tau and per-position acceptance of
-             AR-draft / PARD / DFlash at blocks 8 and 16 through specc's stock loops (fp32)
+             AR-draft / PARD / DFlash at blocks 8 and 16 through specc's stock loops (fp32);
+             greedy samples of the built-in and held-out prompts (eval/samples.json)
+
+and, to split a run over machines (examples/train_tiny_v2.sh runs --preset v2 in two GPU calls):
+
+  distill    the target's greedy continuations on their own (else PARD / DFlash make them)
+  export     the results, models in bf12, as tiny-export.tar.part-NN files in --export-dir
+  restore    an export's models and distillation data into this workdir (after corpus and
+             tokenizer rebuilt it; the tokenizer must come out the same)
 
 Usage:
   PYTHONPATH=. python examples/train_tiny.py --workdir /tmp/tiny --stage all
   PYTHONPATH=. python examples/train_tiny.py --workdir /tmp/toy --stage all --preset toy \\
       --source-dir some/dir/with/py/files
 
---stage takes one stage, a comma-separated list, or all. Each stage reads the previous stages'
+--stage takes one stage, a comma-separated list, or all (every stage but restore and export). Each stage reads the previous stages'
 outputs from --workdir and writes its own there; the models land in
 WORKDIR/models/{specc-tiny,specc-tiny-pard,specc-tiny-dflash} with WORKDIR/models/MANIFEST.json
 (ship them by copying those into specc/zoo/); eval writes WORKDIR/eval/metrics.json and

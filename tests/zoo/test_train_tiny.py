@@ -185,7 +185,7 @@ def _call(n: int, out: Path, work: Path, src: Path, restore: Path | None = None)
     return proc.stdout
 
 
-def test_two_calls_end_to_end_toy(tmp_path):
+def test_two_calls_end_to_end_toy(tt, tmp_path, monkeypatch):
     """The v2 two-call flow at toy scale on CPU: call 1 (corpus, tokenizer, target, distillation
     data) exports to its output folder; call 2 runs on a fresh workdir (another machine), rebuilds
     the corpus and tokenizer, restores call 1's target and data, trains both drafters and
@@ -208,9 +208,9 @@ def test_two_calls_end_to_end_toy(tmp_path):
     held = {json.loads(line)["sha256"] for line in open(work / "corpus" / "heldout.jsonl")}
     train = {json.loads(line)["sha256"] for line in open(work / "corpus" / "train.jsonl")}
     assert held and train and not held & train
-    first = tmp_path / "work1" / "models" / "specc-tiny" / "model.safetensors"
-    assert first.read_bytes() == (work / "models" / "specc-tiny" / "model.safetensors").read_bytes() or \
-        _same_tensors(first, work / "models" / "specc-tiny" / "model.safetensors")
+    # the restored target is call 1's, bit for bit (through bf12)
+    assert _same_tensors(tmp_path / "work1" / "models" / "specc-tiny" / "model.safetensors",
+                         work / "models" / "specc-tiny" / "model.safetensors")
     assert np.array_equal(np.load(tmp_path / "work1" / "distill" / "generated.npy"),
                           np.load(work / "distill" / "generated.npy"))
 
@@ -221,10 +221,9 @@ def test_two_calls_end_to_end_toy(tmp_path):
     from specc.models.registry import load_model
     from specc.pairing import resolve_pair
 
-    tt_module = _load_script()
-    exported = tt_module._export_tree(out2, tmp_path)  # call 2's parts, extracted
+    exported = tt._export_tree(out2, tmp_path)  # call 2's parts, extracted
     models = exported / "models"
-    os.environ.setdefault("SPECC_UNPACK_CACHE", str(tmp_path / "unpacked"))
+    monkeypatch.setenv("SPECC_UNPACK_CACHE", str(tmp_path / "unpacked"))
     tok = AutoTokenizer.from_pretrained(str(resolve_checkpoint(models / "specc-tiny")))
     assert tok.eos_token_id == 0 and tok.convert_tokens_to_ids("<|mask|>") == 1
     assert tok.decode(tok("def f(x):\n    return x\n")["input_ids"]) == "def f(x):\n    return x\n"
@@ -248,18 +247,6 @@ def test_two_calls_end_to_end_toy(tmp_path):
     manifest = json.loads((models / "MANIFEST.json").read_text())
     assert manifest["seed"] == 0 and manifest["training"]["target"]["steps"] == 4
     assert manifest["save_dtype"] == "bfloat16" and manifest["eval"]["lossless_all_methods_equal"]
-
-
-def _load_script():
-    return sys.modules.get("train_tiny") or _import_script()
-
-
-def _import_script():
-    spec = importlib.util.spec_from_file_location("train_tiny", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_tiny"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _same_tensors(a: Path, b: Path) -> bool:
