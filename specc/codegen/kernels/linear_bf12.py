@@ -63,6 +63,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels.bf12_epilogue import scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
 
@@ -324,9 +325,7 @@ def _bf12_linear_kernel(
             s13 = tl.join(tl.sum(acc1, axis=1), tl.sum(acc3, axis=1))
             out = tl.trans(tl.reshape(tl.join(s02, s13), (BLOCK_N, 4)))
     # undo the constant-exponent decode: * 2**(base - 112), exact
-    bse = tl.load(base_ptr + offs_n * stride_base, mask=mask_n, other=1).to(tl.int32)
-    scale = ((bse + 15) << 23).to(tl.float32, bitcast=True)
-    out = out * scale[None, :]
+    out = scale_by_base(out, base_ptr, offs_n, mask_n, stride_base)
 
     if HAS_ESC:
         n_lo = pid_n * BLOCK_N
@@ -355,26 +354,8 @@ def _bf12_linear_kernel(
             hit = (e_row[:, None] == offs_n[None, :]) & m_e[:, None]  # [ESC_BLOCK, BLOCK_N]
             out += tl.sum(tl.where(hit[None, :, :], contrib[:, :, None], 0.0), axis=1)
 
-    y_offs = offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
-    y_mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + y_offs, out.to(y_ptr.dtype.element_ty), mask=y_mask)
-    else:
-        ws_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.atomic_add(ws_ptr + ws_offs, out, mask=y_mask, sem="relaxed")
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if ticket == SPLIT_K - 1:
-            zero = tl.zeros_like(out)
-            tot = tl.atomic_add(ws_ptr + ws_offs, zero, mask=y_mask, sem="relaxed")  # coherent read
-            tl.store(ws_ptr + ws_offs, zero, mask=y_mask)  # every partial of the tile is in
-            if HAS_BIAS:
-                tot += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=y_mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
+    store_tile(out, y_ptr, bias_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym, N, pid_m, pid_n,
+               HAS_BIAS, SPLIT_K)
 
 
 _kernel = _bf12_linear_kernel
@@ -500,6 +481,11 @@ _workspace = split_k_workspace
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def launchable(device: torch.device) -> bool:
+    """Whether a launch on ``device`` can run: CUDA, or anything under the interpreter."""
+    return device.type == "cuda" or INTERPRETED
+
+
 def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
                 config: Bf12Config | Mapping | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
@@ -531,7 +517,7 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
             raise ValueError(f"linear_bf12: bias is on {bias.device}, x on {x.device}")
         bias = bias.contiguous()
     interpret = INTERPRETED
-    if x.device.type != "cuda" and not interpret:
+    if not launchable(x.device):
         raise RuntimeError("linear_bf12 on a CPU tensor needs the Triton interpreter: set "
                            "TRITON_INTERPRET=1 before triton is first imported")
     lead = x.shape[:-1]

@@ -37,7 +37,7 @@ are exact in fp32 for bf16 x, so the result is the bf16 matmul with fp32 accumul
 exact weights (up to summation order, as with cuBLAS), and inf/NaN weights propagate. Split-K
 partials go to a per-device fp32 workspace; the last program of a tile (a ticket counter) adds
 them up, stores and cleans the workspace (no memset, no epilogue launch), as in
-:mod:`specc.codegen.kernels.linear_bf12` (the two share :mod:`specc.codegen.kernels.bf12_launch`).
+:mod:`specc.codegen.kernels.linear_bf12` (the two share :mod:`specc.codegen.kernels.bf12_launch` and the epilogue in :mod:`specc.codegen.kernels.bf12_epilogue`).
 
 CPU: the Triton interpreter runs the integer decode and fp32 math (it has no bf16 arithmetic):
 use fp32/fp16 activations there; the outputs equal ``F.linear`` on the unpacked weights in fp32.
@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels.bf12_epilogue import scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import GROUP, HALF, Packed12
 
@@ -205,9 +206,7 @@ def _bf12v2_linear_kernel(
     else:
         out = tl.sum(acc, axis=2)
     # undo the constant-exponent decode: * 2**(base - 112), exact
-    bse = tl.load(base_ptr + offs_n * stride_base, mask=mask_n, other=1).to(tl.int32)
-    scale = ((bse + 15) << 23).to(tl.float32, bitcast=True)
-    out = out * scale[None, :]
+    out = scale_by_base(out, base_ptr, offs_n, mask_n, stride_base)
 
     if HAS_ESC:  # exact sparse fix-up of the escaped weights of this program's rows and K range
         n_lo = pid_n * BLOCK_N
@@ -229,26 +228,8 @@ def _bf12v2_linear_kernel(
             hit = (e_row[:, None] == offs_n[None, :]) & m_e[:, None]  # [ESC_BLOCK, BLOCK_N]
             out += tl.sum(tl.where(hit[None, :, :], contrib[:, :, None], 0.0), axis=1)
 
-    y_offs = offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
-    y_mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + y_offs, out.to(y_ptr.dtype.element_ty), mask=y_mask)
-    else:
-        ws_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.atomic_add(ws_ptr + ws_offs, out, mask=y_mask, sem="relaxed")
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if ticket == SPLIT_K - 1:
-            zero = tl.zeros_like(out)
-            tot = tl.atomic_add(ws_ptr + ws_offs, zero, mask=y_mask, sem="relaxed")  # coherent read
-            tl.store(ws_ptr + ws_offs, zero, mask=y_mask)  # every partial of the tile is in
-            if HAS_BIAS:
-                tot += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=y_mask)
-            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
+    store_tile(out, y_ptr, bias_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym, N, pid_m, pid_n,
+               HAS_BIAS, SPLIT_K)
 
 
 _kernel = _bf12v2_linear_kernel

@@ -77,6 +77,7 @@ def main() -> int:
     from specc.codegen.kernels import greedy as G
     from specc.codegen.kernels import kv_cache as KV
     from specc.codegen.kernels import linear as L
+    from specc.codegen.kernels import linear_bf12 as B1
     from specc.codegen.kernels import linear_bf12_v2 as B2
     from specc.codegen.kernels import ragged_attention as RA
     from specc.codegen.kernels import rmsnorm as N
@@ -86,16 +87,21 @@ def main() -> int:
 
     for m in (L, A, R, S, E, N, G, KV, D, DE, TB, RA):
         m.use_triton = lambda *t, **kw: True
-    B2.launchable = lambda device: True
+    B1.launchable = B2.launchable = lambda device: True
     bf, lng = torch.bfloat16, torch.long
     z = lambda *shape, dtype=bf: torch.zeros(*shape, dtype=dtype)  # noqa: E731
 
-    def bf12v2(n, k):  # a layout-2 weight with a few escapes (zeros)
+    def bf12(n, k, version=1):  # a bf12 weight with a few escapes (zeros)
         from specc.formats import pack_bf16_12bit
 
         w = torch.full((n, k), 0.01, dtype=bf)
         w[::97, ::89] = 0
-        return pack_bf16_12bit(w, version=2)
+        return pack_bf16_12bit(w, version=version)
+
+    def bf12v2(n, k):
+        return bf12(n, k, version=2)
+
+    C1 = B1.Bf12Config
 
     C2 = B2.Bf12v2Config
     cache = z(2, 8, 256, 128)
@@ -116,6 +122,10 @@ def main() -> int:
         "linear dot tma m4 split": lambda: L.linear(z(4, 12288), z(4096, 12288), config=L.LinearConfig(
             "dot", block_m=16, block_n=64, block_k=256, split_k=2, tma=True)),
         "linear dot m256 noswap": lambda: L.linear(z(256, 512), z(1024, 512)),
+        "bf12v1 fma m1 asm split +bias": lambda: B1.linear_bf12(z(1, 4096), bf12(4096, 4096), z(4096), config=C1(
+            kind="fma", block_m=1, block_n=16, block_j=32, split_k=4)),
+        "bf12v1 dot m16 swap": lambda: B1.linear_bf12(z(16, 4096), bf12(1024, 4096), config=C1(
+            kind="dot", block_m=16, block_n=64, block_j=4, swap_ab=True)),
         "bf12v2 fma m1 asm": lambda: B2.linear_bf12_v2(z(1, 4096), bf12v2(4096, 4096), config=C2(
             "fma", block_m=1, block_n=16, block_k=256)),
         "bf12v2 fma m1 noasm split +bias": lambda: B2.linear_bf12_v2(z(1, 4096), bf12v2(4096, 4096), z(4096),
