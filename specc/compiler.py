@@ -101,6 +101,20 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
     return section
 
 
+def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree_budget: int) -> dict:
+    """The manifest's batching section (``search.batching_choice``): two-level verification or
+    per-request k for a batch > 1 deployment, priced on the built IRs with the measured acceptance."""
+    from specc.search.batching_choice import batching_section
+    from specc.search.batching_cost import BatchingPricer
+    from specc.search.cost_model import CostModel
+
+    pricer = None
+    if k and pair.impl.uses_drafter:
+        pricer = BatchingPricer(CostModel(dep), irs[0], irs[1], pair.impl, k)
+    return batching_section(pricer, dep.batch_size, acceptance, two_level=two_level, tree_budget=tree_budget,
+                            ragged=bool(getattr(target, "ragged_rows", False)), num_draft=k)
+
+
 def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
     """Record stock's measured acceptance in the search memory, so that `specc cost` predicts
     this pair with the same acceptance compile did (one source of acceptance)."""
@@ -136,7 +150,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
                       out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
                       prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
                       tolerance: float | None = None, progress: Callable[[str], None] | None = None,
-                      memory=None, tree: str | int | None = "auto") -> CompileResult:
+                      memory=None, tree: str | int | None = "auto", two_level: str | int | None = "auto") -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step
@@ -148,7 +162,13 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     distributions (``Method.supports_tree``), measure per-rank acceptance on the calibration
     prompts (``search.measure_tree``) and let the cost model pick a node budget or the chain
     (``search.tree_cost``); "off" / None / 0: chains; an int N: a tree of N drafted nodes.
-    The manifest's ``tree`` section records the budget, depth and acceptance source."""
+    The manifest's ``tree`` section records the budget, depth and acceptance source.
+
+    ``two_level``: two-level verification. "auto" (default): for a batch > 1 deployment the cost
+    model prices one level, two-level at each k1 and per-request k with the acceptance stock
+    measured on the calibration prompts and the manifest's ``batching`` section records the
+    choice (``search.batching_choice``); "off": two-level is not considered; an int K1 in
+    1..k-1: two-level with K1 drafts in level 1."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
     from specc.codegen.artifact_trust import manifest_hash
     from specc.codegen.build import build_steps
@@ -178,6 +198,9 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     method_impl = pair.impl
     drafter_raw = pair.drafter.raw if pair.drafter else None
     k = method_impl.num_draft(num_draft, drafter_raw)
+    from specc.search.batching_choice import parse_two_level
+
+    two_level = parse_two_level(two_level, k if method_impl.uses_drafter else 0)
     loaded = method_impl.load(pair, dtype, device)
     target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
     tokenizer = load_tokenizer(pair.target.path)
@@ -251,6 +274,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         manifest = dict(engine.manifest, verification=report.to_json())
         if not report.passed:
             raise VerificationFailed(report.summary())
+        acc = None
         if k and any(r.accepted_lengths for r in runs):
             from specc.search.acceptance import AcceptanceModel
 
@@ -264,6 +288,10 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
             measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc).prediction
             measured["acceptance_source"] = acc.source or "measured"
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}
+        if k and dep.batch_size > 1:
+            say("pricing two-level verification and per-request k")
+        manifest["batching"] = _choose_batching(pair, dep, (built.irs["target"], built.irs.get("drafter")), k, acc,
+                                                two_level, target, budget)
         write_manifest(tmp, manifest)
         publish(tmp, out)
         digest = manifest_hash(out)
@@ -285,6 +313,10 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     if tree_section:
         lines.insert(3, f"tree: {tree_section['budget']} nodes, depth {tree_section['depth']}" if budget else
                      "tree: off (the chain is predicted at least as fast)" if tree_section.get("candidates") else "tree: off")
+    batching = manifest["batching"]
+    lines.insert(3, "batching: " + ("two-level verification, k1 = {}".format(batching["two_level_k1"])
+                                    if batching["two_level_k1"] else "per-request k" if batching["per_request_k"]
+                                    else "one level") + f" ({batching['source']})")
     if choice is not None:
         p = manifest["prediction"]
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "
