@@ -198,11 +198,12 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     method_impl = pair.impl
     drafter_raw = pair.drafter.raw if pair.drafter else None
     k = method_impl.num_draft(num_draft, drafter_raw)
-    from specc.search.batching_choice import parse_two_level
+    from specc.search.batching_choice import check_given, parse_two_level
 
     two_level = parse_two_level(two_level, k if method_impl.uses_drafter else 0)
     loaded = method_impl.load(pair, dtype, device)
     target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
+    check_given(two_level, dep.batch_size, bool(getattr(target, "ragged_rows", False)))
     tokenizer = load_tokenizer(pair.target.path)
     target.setup_caches(1, 16)
     if draft_module is not None:

@@ -46,6 +46,18 @@ def parse_two_level(value, k: int):
     return k1
 
 
+def check_given(two_level, batch_size: int, ragged: bool) -> None:
+    """Refuse a given K1 the deployment or the target cannot use (before any compile work)."""
+    if not isinstance(two_level, int):
+        return
+    if batch_size <= 1:
+        raise UserError(f"--two-level {two_level}: batch size 1 has one row, so level 2 would be a second forward "
+                        "of the same row (use a deployment with batch size > 1)")
+    if not ragged:
+        raise UserError(f"--two-level {two_level}: the target has no ragged verify step (packed rows), which "
+                        "level 2 needs")
+
+
 def off_section(source: str, batch_size: int, num_draft: int) -> dict[str, Any]:
     return {"two_level_k1": None, "per_request_k": False, "source": source, "batch_size": int(batch_size),
             "num_draft": int(num_draft)}
@@ -66,10 +78,11 @@ def curve_table(pricer: BatchingPricer, max_rows: int) -> dict[str, Any]:
 
 def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance: AcceptanceModel | None, *,
                      two_level="auto", ragged: bool = True, tree_budget: int = 0, num_draft: int = 0,
-                     curve: bool = True) -> dict[str, Any]:
+                     per_request: bool = True, curve: bool = True) -> dict[str, Any]:
     """The choice for ``batch_size`` rows. ``pricer``: None when there are no drafts (AR);
     ``two_level``: "auto", "off" or a given k1 (:func:`parse_two_level`); ``ragged``: the target
-    verifies packed rows; ``tree_budget``: the tree section's budget (> 0: trees chosen)."""
+    verifies packed rows; ``tree_budget``: the tree section's budget (> 0: trees chosen);
+    ``per_request``: consider per-request k."""
     k = pricer.k if pricer is not None else int(num_draft)
     b = int(batch_size)
     if pricer is None or k < 1 or acceptance is None:
@@ -77,20 +90,15 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
     if tree_budget:
         return off_section(f"tree verification ({tree_budget} nodes) chosen: two-level and per-request k are "
                            "priced for chains", b, k)
+    check_given(two_level, b, ragged)
     if b <= 1:
-        if isinstance(two_level, int):
-            raise UserError(f"--two-level {two_level}: batch size 1 has one row, so level 2 would be a second "
-                            "forward of the same row (use a deployment with batch size > 1)")
         return off_section("batch size 1: one row per step, so nothing to pack (per-request k is the step's k) "
                            "and a second level would be a second forward of the same row; one level", b, k)
     if not ragged:
-        if isinstance(two_level, int):
-            raise UserError(f"--two-level {two_level}: the target has no ragged verify step (packed rows), which "
-                            "level 2 needs")
         return off_section("the target has no ragged verify step (packed rows of their own lengths), which both "
                            "two-level verification and per-request k need; one level", b, k)
     k1s = [two_level] if isinstance(two_level, int) else None
-    options = pricer.options(b, acceptance, two_level=two_level != "off", k1s=k1s)
+    options = pricer.options(b, acceptance, two_level=two_level != "off", per_request=per_request, k1s=k1s)
     one = options[0]
     best = one
     for opt in options[1:]:
