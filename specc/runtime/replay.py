@@ -11,8 +11,19 @@ is told what was accepted) and replaces only the *decision*: row b accepts
 drafts (capped by ``max_drafts``), with ``alpha_i`` the per-position conditional acceptance
 probabilities of the acceptance model (``specc.search.acceptance.AcceptanceModel.alphas``,
 positions past the list reuse the last one). It commits ``drafts[b, :a_b]`` followed by the
-target's own token at position ``a_b``. The draws come from a seeded ``torch.Generator`` on the
-device, so a run is reproducible and there is no host sync.
+target's own token at position ``a_b``.
+
+The uniforms are counter-based (``specc.sampling.rng.uniform``): u_{b,i} is a function of the
+verifier's seed, the step's index (one per call that starts a step), the row b and the drafted
+position i only, computed with tensor ops on the device (no generator state, no host sync), so a
+run is reproducible and the decision of a step does not depend on how it is split:
+
+**Two-level verification.** Level 1 calls ``verify`` with the first k1 drafts of every row (a new
+step, ``start=0``); level 2 calls it for the rows that accepted all k1 with their remaining
+drafts, ``start=k1`` (the same step: positions k1 + 1.., each with its own alpha) and ``rows=``
+their indices in the level-1 batch. Each row then accepts exactly what one call with all k
+drafts would have drawn: level 1's decision is the prefix of the full one, and two-level and
+one-level runs with one seed replay the same acceptance.
 
 **The committed tokens are not the model's output**: accepted drafts are committed whether or
 not the target agrees. Replay is for timing only; every report that uses it says so.
@@ -25,6 +36,7 @@ from typing import Sequence
 import torch
 
 from specc.runtime.verifiers import Verifier
+from specc.sampling.rng import ACCEPT, uniform
 
 __all__ = ["ReplayVerifier", "REPLAY_NOTICE"]
 
@@ -34,8 +46,8 @@ REPLAY_NOTICE = ("acceptance replayed from a stated model: accepted counts are d
 
 class ReplayVerifier(Verifier):
     """``alphas``: per-position conditional acceptance probabilities (alpha_1, alpha_2, ...);
-    ``seed``: the generator's seed (re-seeded by :meth:`reset`). ``history`` keeps every row's
-    accepted count per step as device tensors when ``record`` is set (for histograms)."""
+    ``seed``: the draws' seed (:meth:`reset` starts the steps over). ``history`` keeps every
+    row's accepted count per call as device tensors when ``record`` is set (for histograms)."""
 
     name = "replay"
 
@@ -44,7 +56,7 @@ class ReplayVerifier(Verifier):
         if any(not 0.0 <= a <= 1.0 for a in alphas):
             raise ValueError("acceptance probabilities must lie in [0, 1]")
         self.alphas, self.seed, self.source, self.record = alphas, int(seed), source, record
-        self._gen: dict = {}
+        self.step = 0  # the current step's index: calls with start=0 begin the next one
         self._alpha_cache: dict = {}
         self.history: list[torch.Tensor] = []
 
@@ -52,44 +64,49 @@ class ReplayVerifier(Verifier):
         """Restart the draws (same sequence again unless a new ``seed`` is given)."""
         if seed is not None:
             self.seed = int(seed)
-        self._gen.clear()
+        self.step = 0
         self.history.clear()
 
-    def _generator(self, device: torch.device) -> torch.Generator:
-        key = str(device)
-        gen = self._gen.get(key)
-        if gen is None:
-            gen = torch.Generator(device=device).manual_seed(self.seed)
-            self._gen[key] = gen
-        return gen
-
-    def _alpha(self, k: int, device) -> torch.Tensor:
-        key = (k, str(device))
+    def _alpha(self, start: int, k: int, device) -> torch.Tensor:
+        key = (start, k, str(device))
         t = self._alpha_cache.get(key)
         if t is None:
             last = self.alphas[-1] if self.alphas else 0.0
-            vals = [self.alphas[i] if i < len(self.alphas) else last for i in range(k)]
+            vals = [self.alphas[i] if i < len(self.alphas) else last for i in range(start, start + k)]
             t = torch.tensor(vals, dtype=torch.float32, device=device)
             self._alpha_cache[key] = t
         return t
 
-    def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None) -> torch.Tensor:
-        """Accepted drafts per row [rows] (long, on ``device``)."""
+    def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None, *, start: int = 0,
+             row_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Accepted drafts per row [rows] (long, on ``device``) among drafted positions
+        start + 1 .. start + k; ``start`` 0 begins a new step, > 0 continues the current one (level
+        2 of a two-level step); ``row_ids`` [rows]: the rows' indices in the step (default 0..rows-1)."""
+        if start == 0:
+            self.step += 1
         if k == 0:
             return torch.zeros(rows, dtype=torch.long, device=device)
-        u = torch.rand(rows, k, generator=self._generator(torch.device(device)), device=device)
-        ok = (u < self._alpha(k, device)).to(torch.long)
+        device = torch.device(device)
+        ids = torch.arange(rows, device=device) if row_ids is None else row_ids.to(device=device, dtype=torch.long)
+        # seed words: (verifier seed, step); position word: (row, drafted position), 4096 positions per row
+        seeds = torch.full((rows,), (self.seed & 0x7FFFFFFF) << 32 | (self.step & 0xFFFFFFFF), dtype=torch.long,
+                           device=device)
+        positions = (ids[:, None] << 12) + start + torch.arange(k, device=device, dtype=torch.long)[None]
+        u = uniform(seeds, positions, ACCEPT)
+        ok = (u < self._alpha(start, k, device)).to(torch.long)
         accepted = ok.cumprod(dim=1).sum(dim=1)
         if max_drafts is not None:
             accepted = torch.minimum(accepted, max_drafts.to(accepted.device))
         return accepted
 
-    def verify(self, drafts, target_logits, max_drafts=None):
-        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts)
+    def verify(self, drafts, target_logits, max_drafts=None, *, start: int = 0, rows: torch.Tensor | None = None):
+        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts, start=start, rows=rows)
 
-    def verify_tokens(self, drafts, target_tokens, max_drafts=None):
-        rows, k = drafts.shape
-        accepted = self.draw(rows, k, drafts.device, max_drafts)
+    def verify_tokens(self, drafts, target_tokens, max_drafts=None, *, start: int = 0,
+                      rows: torch.Tensor | None = None):
+        """``start`` / ``rows``: level 2 of a two-level step (see the module docstring)."""
+        n, k = drafts.shape
+        accepted = self.draw(n, k, drafts.device, max_drafts, start=start, row_ids=rows)
         committed = target_tokens.clone()
         if k:
             take = torch.arange(k, device=drafts.device)[None] < accepted[:, None]
