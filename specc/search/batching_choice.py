@@ -85,8 +85,10 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
     ``per_request``: consider per-request k."""
     k = pricer.k if pricer is not None else int(num_draft)
     b = int(batch_size)
-    if pricer is None or k < 1 or acceptance is None:
+    if pricer is None or k < 1:
         return off_section("no drafts: AR decoding has one token per row to verify", b, k)
+    if acceptance is None:
+        return off_section("no measured acceptance to price the options with; one level", b, k)
     if tree_budget:
         return off_section(f"tree verification ({tree_budget} nodes) chosen: two-level and per-request k are "
                            "priced for chains", b, k)

@@ -45,6 +45,8 @@ def test_one_level_where_no_mechanism_applies(pricer):
         assert reason in section["source"] and "candidates" not in section
     ar = batching_section(None, 16, None)
     assert ar["two_level_k1"] is None and not ar["per_request_k"] and "AR" in ar["source"]
+    unmeasured = batching_section(pricer, 16, None)
+    assert unmeasured["two_level_k1"] is None and "no measured acceptance" in unmeasured["source"]
 
 
 def test_the_choice_is_the_best_predicted_option(pricer):

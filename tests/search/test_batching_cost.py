@@ -49,6 +49,16 @@ def test_ragged_seconds_agrees_with_the_dense_step_curve(irs):
     assert ragged(32, 32 * 5) < ragged(32, 32 * 9) < ragged(32, 32 * 16)
 
 
+def test_one_level_is_the_cost_models_system_prediction(pricer, irs):
+    acc = AcceptanceModel.from_tau(6.55, K)
+    for b in (1, 16):
+        system = pricer.cost.predict(*irs, method="dflash", num_draft=K, acceptance=acc, batch_size=b)
+        one = pricer.one_level(b, acc)
+        assert one.step_s == pytest.approx(system.step_time, rel=1e-12)
+        assert one.tokens_per_s == pytest.approx(system.tokens_per_s, rel=1e-12)
+        assert one.speedup == pytest.approx(system.speedup, rel=1e-12)
+
+
 def test_row_grid_and_binomial():
     assert row_grid(5) == [1, 2, 3, 4, 5]
     assert row_grid(64)[:8] == list(range(1, 9)) and row_grid(64)[-1] == 64 and 32 in row_grid(64)
