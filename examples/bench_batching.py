@@ -137,7 +137,9 @@ def shaped_pairs(opts, dev) -> list[Pair]:
         if acceptance is None:
             raise SystemExit("random weights accept nothing: give --acceptance (e.g. dflash-qwen3-8b:humaneval)")
         loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec, section, k, max_len)
-        loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source)
+        # draws by absolute position: a function of the verify's inputs, as two-level verification needs
+        loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source,
+                                       lengths=lambda loop=loop: loop.state.lengths)
         pairs.append(Pair(f"{opts.shapes}+{shapes}", loop, impl, k, acceptance,
                           pricer_for(tcfg, dcfg, impl, k, opts, dev), prompts, ar))
     return pairs

@@ -13,17 +13,21 @@ probabilities of the acceptance model (``specc.search.acceptance.AcceptanceModel
 positions past the list reuse the last one). It commits ``drafts[b, :a_b]`` followed by the
 target's own token at position ``a_b``.
 
-The uniforms are counter-based (``specc.sampling.rng.uniform``): u_{b,i} is a function of the
-verifier's seed, the step's index (one per call that starts a step), the row b and the drafted
-position i only, computed with tensor ops on the device (no generator state, no host sync), so a
-run is reproducible and the decision of a step does not depend on how it is split:
+The uniforms are counter-based (``specc.sampling.rng.uniform``): computed with integer tensor
+ops on the device from a few words, with no generator state and no host sync, so a run is
+reproducible. Which words, two modes:
 
-**Two-level verification.** Level 1 calls ``verify`` with the first k1 drafts of every row (a new
-step, ``start=0``); level 2 calls it for the rows that accepted all k1 with their remaining
-drafts, ``start=k1`` (the same step: positions k1 + 1.., each with its own alpha) and ``rows=``
-their indices in the level-1 batch. Each row then accepts exactly what one call with all k
-drafts would have drawn: level 1's decision is the prefix of the full one, and two-level and
-one-level runs with one seed replay the same acceptance.
+- ``lengths`` given (a callable returning the rows' committed lengths [B], e.g.
+  ``lambda: loop.state.lengths``): u_{b,i} is a function of the seed, the row b and the absolute
+  position ``lengths[b] + i`` of the draft it tests, like counter-based sampling. A verify is
+  then a function of its inputs, which **two-level verification** needs: the device loop runs
+  the verifier on level 1's logits (the first k1 drafts) and again on both levels' logits, and
+  both calls draw the same u at the same positions, so level 1's decision is the prefix of the
+  full one, and a two-level run replays exactly the acceptance of a one-level run. Each position
+  is tested in one step only up to its first rejection, and the next step tests the positions
+  after the rejected one, so no draw that decided anything is used twice.
+- without: u_{b,i} is a function of the seed, a step counter (one per call), b and i; each call
+  is a new step, so two calls within one step (two levels) draw twice.
 
 **The committed tokens are not the model's output**: accepted drafts are committed whether or
 not the target agrees. Replay is for timing only; every report that uses it says so.
@@ -31,7 +35,7 @@ not the target agrees. Replay is for timing only; every report that uses it says
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -46,17 +50,20 @@ REPLAY_NOTICE = ("acceptance replayed from a stated model: accepted counts are d
 
 class ReplayVerifier(Verifier):
     """``alphas``: per-position conditional acceptance probabilities (alpha_1, alpha_2, ...);
-    ``seed``: the draws' seed (:meth:`reset` starts the steps over). ``history`` keeps every
-    row's accepted count per call as device tensors when ``record`` is set (for histograms)."""
+    ``seed``: the draws' seed (:meth:`reset` starts the steps over); ``lengths``: the rows'
+    committed lengths (see the module docstring; needed for two-level verification). ``history``
+    keeps every row's accepted count per call as device tensors when ``record`` is set."""
 
     name = "replay"
 
-    def __init__(self, alphas: Sequence[float], seed: int = 0, source: str = "", record: bool = False):
+    def __init__(self, alphas: Sequence[float], seed: int = 0, source: str = "", record: bool = False,
+                 lengths: Callable[[], torch.Tensor] | None = None):
         alphas = [float(a) for a in alphas]
         if any(not 0.0 <= a <= 1.0 for a in alphas):
             raise ValueError("acceptance probabilities must lie in [0, 1]")
         self.alphas, self.seed, self.source, self.record = alphas, int(seed), source, record
-        self.step = 0  # the current step's index: calls with start=0 begin the next one
+        self.lengths = lengths
+        self.step = 0  # calls so far (the draws' counter when no ``lengths`` is given)
         self._alpha_cache: dict = {}
         self.history: list[torch.Tensor] = []
 
@@ -67,46 +74,46 @@ class ReplayVerifier(Verifier):
         self.step = 0
         self.history.clear()
 
-    def _alpha(self, start: int, k: int, device) -> torch.Tensor:
-        key = (start, k, str(device))
+    def _alpha(self, k: int, device) -> torch.Tensor:
+        key = (k, str(device))
         t = self._alpha_cache.get(key)
         if t is None:
             last = self.alphas[-1] if self.alphas else 0.0
-            vals = [self.alphas[i] if i < len(self.alphas) else last for i in range(start, start + k)]
+            vals = [self.alphas[i] if i < len(self.alphas) else last for i in range(k)]
             t = torch.tensor(vals, dtype=torch.float32, device=device)
             self._alpha_cache[key] = t
         return t
 
-    def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None, *, start: int = 0,
-             row_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Accepted drafts per row [rows] (long, on ``device``) among drafted positions
-        start + 1 .. start + k; ``start`` 0 begins a new step, > 0 continues the current one (level
-        2 of a two-level step); ``row_ids`` [rows]: the rows' indices in the step (default 0..rows-1)."""
-        if start == 0:
-            self.step += 1
+    def _uniforms(self, rows: int, k: int, device: torch.device) -> torch.Tensor:
+        offsets = torch.arange(1, k + 1, device=device, dtype=torch.long)[None]
+        ids = torch.arange(rows, device=device, dtype=torch.long)
+        seed = self.seed & 0x7FFFFFFF
+        if self.lengths is not None:
+            lengths = self.lengths().to(device=device, dtype=torch.long)
+            if lengths.shape != (rows,):
+                raise ValueError(f"ReplayVerifier: {rows} rows but lengths of shape {tuple(lengths.shape)}")
+            return uniform(seed << 32 | ids, lengths[:, None] + offsets, ACCEPT)  # (seed, row), position
+        seeds = torch.full((rows,), seed << 32 | (self.step & 0xFFFFFFFF), dtype=torch.long, device=device)
+        return uniform(seeds, (ids[:, None] << 12) + offsets, ACCEPT)  # (seed, step), (row, draft)
+
+    def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """Accepted drafts per row [rows] (long, on ``device``)."""
+        self.step += 1
         if k == 0:
             return torch.zeros(rows, dtype=torch.long, device=device)
         device = torch.device(device)
-        ids = torch.arange(rows, device=device) if row_ids is None else row_ids.to(device=device, dtype=torch.long)
-        # seed words: (verifier seed, step); position word: (row, drafted position), 4096 positions per row
-        seeds = torch.full((rows,), (self.seed & 0x7FFFFFFF) << 32 | (self.step & 0xFFFFFFFF), dtype=torch.long,
-                           device=device)
-        positions = (ids[:, None] << 12) + start + torch.arange(k, device=device, dtype=torch.long)[None]
-        u = uniform(seeds, positions, ACCEPT)
-        ok = (u < self._alpha(start, k, device)).to(torch.long)
+        ok = (self._uniforms(rows, k, device) < self._alpha(k, device)).to(torch.long)
         accepted = ok.cumprod(dim=1).sum(dim=1)
         if max_drafts is not None:
             accepted = torch.minimum(accepted, max_drafts.to(accepted.device))
         return accepted
 
-    def verify(self, drafts, target_logits, max_drafts=None, *, start: int = 0, rows: torch.Tensor | None = None):
-        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts, start=start, rows=rows)
+    def verify(self, drafts, target_logits, max_drafts=None):
+        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts)
 
-    def verify_tokens(self, drafts, target_tokens, max_drafts=None, *, start: int = 0,
-                      rows: torch.Tensor | None = None):
-        """``start`` / ``rows``: level 2 of a two-level step (see the module docstring)."""
-        n, k = drafts.shape
-        accepted = self.draw(n, k, drafts.device, max_drafts, start=start, row_ids=rows)
+    def verify_tokens(self, drafts, target_tokens, max_drafts=None):
+        rows, k = drafts.shape
+        accepted = self.draw(rows, k, drafts.device, max_drafts)
         committed = target_tokens.clone()
         if k:
             take = torch.arange(k, device=drafts.device)[None] < accepted[:, None]

@@ -61,30 +61,42 @@ def test_replay_in_the_device_loop(checkpoints):
     assert res.stats.accepted_lengths == [1] * 5 and res.stats.draft_forwards >= 4
 
 
-def test_two_levels_replay_the_one_level_decision():
-    """Level 1 (the first k1 drafts of every row, a new step) then level 2 (the rows that accepted
-    all k1, start=k1, their row indices) accept exactly what one call with all k drafts draws."""
+def test_with_lengths_a_verify_is_a_function_of_its_inputs_so_two_levels_compose():
+    """The device loop's two-level verification runs the verifier on level 1 (the first k1
+    drafts) and again on both levels: with the rows' lengths the draws depend on the absolute
+    positions only, so the second call repeats level 1's decision as its prefix and equals what a
+    one-level run draws."""
     alphas, k, k1, rows = [0.9, 0.8, 0.7, 0.95, 0.6, 0.85], 6, 2, 400
     drafts = torch.arange(rows * k).reshape(rows, k) % 30
     target = (drafts + 1) % 30  # disagrees everywhere: only the draws decide
     target = torch.cat([target, target[:, :1]], 1)
     caps = torch.randint(0, k + 1, (rows,), generator=torch.Generator().manual_seed(0))
-    one, two = ReplayVerifier(alphas, seed=7), ReplayVerifier(alphas, seed=7)
-    for _ in range(3):  # several steps: both stay in step
+    lengths = torch.randint(5, 50, (rows,), generator=torch.Generator().manual_seed(1))
+    one = ReplayVerifier(alphas, seed=7, lengths=lambda: lengths)
+    two = ReplayVerifier(alphas, seed=7, lengths=lambda: lengths)
+    for _ in range(3):  # several steps, the lengths advancing by what each row committed
         full, _ = one.verify(drafts, _logits(target), caps)
         first, _ = two.verify(drafts[:, :k1], _logits(target[:, :k1 + 1]), torch.clamp(caps, max=k1))
         assert torch.equal(first, torch.clamp(full, max=k1))  # level 1's decision is the prefix of the full one
-        go = torch.nonzero((first == k1) & (caps > k1)).flatten()
-        second, committed = two.verify(drafts[go, k1:], _logits(target[go, k1:]), caps[go] - k1, start=k1, rows=go)
-        accepted = first.clone()
-        accepted[go] += second
-        assert torch.equal(accepted, full)
-        assert committed.shape == (len(go), k - k1 + 1)
-    # the two-level draws follow the model: P(accept >= 3 | cap k) = alpha_1 alpha_2 alpha_3
-    v = ReplayVerifier(alphas, seed=1)
-    n = 20000
-    first = v.draw(n, k1, "cpu")
-    go = torch.nonzero(first == k1).flatten()
-    second = v.draw(len(go), k - k1, "cpu", start=k1, row_ids=go)
-    frac = float((second >= 1).sum()) / n
-    assert abs(frac - 0.9 * 0.8 * 0.7) < 0.015
+        again, _ = two.verify(drafts, _logits(target), caps)
+        assert torch.equal(again, full)
+        lengths = lengths + full + 1
+    with pytest.raises(ValueError, match="rows but lengths"):
+        one.verify(drafts[:3], _logits(target[:3]))
+
+
+def test_replay_by_position_follows_the_model_over_steps():
+    """A position is tested up to its first rejection and the next step starts after it, so the
+    draws by position stay unbiased step after step."""
+    alphas = [0.9, 0.7, 0.8, 0.5]
+    model = AcceptanceModel(alphas)
+    lengths = torch.zeros(2000, dtype=torch.long)
+    v = ReplayVerifier(alphas, seed=3, lengths=lambda: lengths)
+    counts = []
+    for _ in range(10):
+        accepted = v.draw(2000, 4, "cpu")
+        counts.append(accepted)
+        lengths = lengths + accepted + 1
+    accepted = torch.cat(counts).float()
+    assert abs(float(accepted.mean()) + 1 - model.expected_tokens(4)) < 0.03
+    assert abs(float((accepted >= 2).float().mean()) - 0.63) < 0.015
