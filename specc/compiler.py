@@ -101,6 +101,16 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
     return section
 
 
+def _verifies_ragged(target) -> bool:
+    """Whether the artifact can verify packed rows of their own lengths, which two-level
+    verification and per-request k need: the target definition takes the ragged row descriptor
+    (``ragged_rows``) and codegen builds a ``target_ragged`` step for the artifact (none does yet:
+    until then the batching section records one level, with the mechanisms' predictions)."""
+    from specc.codegen.build import ROLE_STEP
+
+    return bool(getattr(target, "ragged_rows", False)) and "target_ragged" in ROLE_STEP
+
+
 def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree_budget: int) -> dict:
     """The manifest's batching section (``search.batching_choice``): two-level verification or
     per-request k for a batch > 1 deployment, priced on the built IRs with the measured acceptance."""
@@ -112,7 +122,7 @@ def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree
     if k and pair.impl.uses_drafter:
         pricer = BatchingPricer(CostModel(dep), irs[0], irs[1], pair.impl, k)
     return batching_section(pricer, dep.batch_size, acceptance, two_level=two_level, tree_budget=tree_budget,
-                            ragged=bool(getattr(target, "ragged_rows", False)), num_draft=k)
+                            ragged=_verifies_ragged(target), num_draft=k)
 
 
 def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
@@ -203,7 +213,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     two_level = parse_two_level(two_level, k if method_impl.uses_drafter else 0)
     loaded = method_impl.load(pair, dtype, device)
     target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
-    check_given(two_level, dep.batch_size, bool(getattr(target, "ragged_rows", False)))
+    check_given(two_level, dep.batch_size, _verifies_ragged(target))
     tokenizer = load_tokenizer(pair.target.path)
     target.setup_caches(1, 16)
     if draft_module is not None:

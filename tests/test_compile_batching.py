@@ -8,8 +8,8 @@ import pytest
 
 from specc.cli import main
 from specc.codegen.artifact import ArtifactError
+from specc import compiler
 from specc.compiler import compile_artifact
-from specc.models.decoder import CausalLM
 from specc.runtime.engine import Engine, _batching, load
 from specc.runtime.step_curve import StepCurve
 
@@ -25,12 +25,12 @@ def bs4(tmp_path):
 
 @QWEN3
 def test_the_manifest_records_the_choice_and_the_engine_reads_it(checkpoints, tmp_path, bs4, monkeypatch):
-    monkeypatch.setattr(CausalLM, "ragged_rows", True, raising=False)  # a target that verifies packed rows
+    monkeypatch.setattr(compiler, "_verifies_ragged", lambda target: True)  # an artifact that verifies packed rows
     out = tmp_path / "b.specc"
     result = compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, deployment=bs4,
                               max_new_tokens=8, num_draft=3)
     section = json.loads((out / "manifest.json").read_text())["batching"]
-    assert section["batch_size"] == 4 and section["num_draft"] == 3
+    assert section["batch_size"] == 4 and section["num_draft"] == 3 and "curve" in section
     assert section["acceptance_source"].startswith("measured by stock")
     options = [row["option"] for row in section["candidates"]]
     assert options == ["one level", "two-level k1=1", "two-level k1=2", "per-request k"]
@@ -50,6 +50,16 @@ def test_the_manifest_records_the_choice_and_the_engine_reads_it(checkpoints, tm
 
 
 @QWEN3
+def test_without_a_ragged_step_one_level_is_recorded_with_the_predictions(checkpoints, tmp_path, bs4, monkeypatch):
+    monkeypatch.setattr(compiler, "_verifies_ragged", lambda target: False)
+    result = compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=tmp_path / "u.specc",
+                              deployment=bs4, max_new_tokens=6, num_draft=3)
+    section = result.manifest["batching"]
+    assert section["two_level_k1"] is None and not section["per_request_k"] and "no ragged verify" in section["source"]
+    assert len(section["candidates"]) == 4
+
+
+@QWEN3
 def test_batch_one_records_one_level_and_why(checkpoints, tmp_path):
     result = compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=tmp_path / "one.specc",
                               max_new_tokens=6, num_draft=3)
@@ -60,7 +70,8 @@ def test_batch_one_records_one_level_and_why(checkpoints, tmp_path):
 
 
 @QWEN3
-def test_two_level_flag_errors(checkpoints, tmp_path, bs4, capsys):
+def test_two_level_flag_errors(checkpoints, tmp_path, bs4, capsys, monkeypatch):
+    monkeypatch.setattr(compiler, "_verifies_ragged", lambda target: False)
     base = ["compile", checkpoints["target"], "--drafter", checkpoints["pard_same"], "-o", str(tmp_path / "x"),
             "--num-draft", "3"]
     cases = [(["--two-level", "0"], "K1 >= 1"), (["--two-level", "many"], "auto, off or"),
@@ -68,8 +79,6 @@ def test_two_level_flag_errors(checkpoints, tmp_path, bs4, capsys):
              (["--two-level", "1"], "batch size 1"),
              (["--two-level", "1", "--deployment", bs4], "no ragged verify")]
     for extra, message in cases:
-        if extra[-1] == bs4 and getattr(CausalLM, "ragged_rows", False):
-            continue  # the target verifies packed rows: K1 = 1 is fine there
         assert main(base + extra) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1

@@ -182,7 +182,7 @@ def run(args) -> int:
             print(f"  {label:>9}: E {row['expected_tokens']:.2f}, verify rows {row['verify_rows']}, step "
                   f"{fmt_seconds(row['step_s'])}, {row['tokens_per_s']:,.1f} tok/s, {row['speedup']:.2f}x")
     if batching is not None:
-        _print_batching(batching, k, batching[0]["context"], acc, getattr(pair.target_model, "ragged_rows", False))
+        _print_batching(batching, k, batching[0]["context"], acc)
     return 0
 
 
@@ -234,14 +234,12 @@ def _batching_table(args, model, t_ir, d_ir, impl, acc, k) -> list[dict]:
     return out
 
 
-def _print_batching(table: list[dict], k: int, context: int, acc, ragged: bool) -> None:
+def _print_batching(table: list[dict], k: int, context: int, acc) -> None:
     from specc.search.cost_model import fmt_seconds
 
     print()
     print(f"batching options, k={k}, C={context} (acceptance: {acc.source or 'stated'}):")
-    if not ragged:
-        print("  (priced for a target with a ragged verify step; this target definition has none yet, so "
-              "`specc compile` records one level)")
+    print("  (priced for a ragged verify step: `specc compile` records a mechanism only for an artifact that has one)")
     print(f"  {'B':>4}  {'option':<18} {'step':>11} {'level 2':>11} {'l2 rows':>8} {'tok/s':>11} {'speedup':>8}")
     for entry in table:
         chosen = entry["choice"].get("chosen", "one level")

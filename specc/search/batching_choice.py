@@ -54,8 +54,8 @@ def check_given(two_level, batch_size: int, ragged: bool) -> None:
         raise UserError(f"--two-level {two_level}: batch size 1 has one row, so level 2 would be a second forward "
                         "of the same row (use a deployment with batch size > 1)")
     if not ragged:
-        raise UserError(f"--two-level {two_level}: the target has no ragged verify step (packed rows), which "
-                        "level 2 needs")
+        raise UserError(f"--two-level {two_level}: no ragged verify step (packed rows of their own lengths) for "
+                        "this target, which level 2 needs")
 
 
 def off_section(source: str, batch_size: int, num_draft: int) -> dict[str, Any]:
@@ -96,9 +96,6 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
     if b <= 1:
         return off_section("batch size 1: one row per step, so nothing to pack (per-request k is the step's k) "
                            "and a second level would be a second forward of the same row; one level", b, k)
-    if not ragged:
-        return off_section("the target has no ragged verify step (packed rows of their own lengths), which both "
-                           "two-level verification and per-request k need; one level", b, k)
     k1s = [two_level] if isinstance(two_level, int) else None
     options = pricer.options(b, acceptance, two_level=two_level != "off", per_request=per_request, k1s=k1s)
     one = options[0]
@@ -107,6 +104,14 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
         if opt.tokens_per_s > best.tokens_per_s * _BETTER:
             best = opt
     acc_src = acceptance.source or "stated"
+    if not ragged:  # priced all the same: what the mechanisms would give with a ragged step
+        section = off_section("no ragged verify step (packed rows of their own lengths), which both two-level "
+                              "verification and per-request k need; one level (predicted best with one: "
+                              f"{best.option}, {best.tokens_per_s:,.0f} tok/s vs one level {one.tokens_per_s:,.0f})",
+                              b, k)
+        section.update(context=pricer.context, acceptance_source=acc_src, chosen=one.option,
+                       candidates=[o.to_json() for o in options])
+        return section
     if isinstance(two_level, int):
         chosen = next(o for o in options if o.two_level_k1 == two_level)
         source = (f"given (--two-level {two_level}): predicted {chosen.tokens_per_s:,.0f} tok/s vs one level "

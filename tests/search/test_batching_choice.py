@@ -42,7 +42,12 @@ def test_one_level_where_no_mechanism_applies(pricer):
     for reason, kwargs in cases.items():
         section = batching_section(pricer, acceptance=acc, **kwargs)
         assert section["two_level_k1"] is None and section["per_request_k"] is False
-        assert reason in section["source"] and "candidates" not in section
+        assert reason in section["source"]
+        # without a ragged step the options are still priced: the section says what they would give
+        assert ("candidates" in section) == (reason == "no ragged verify")
+    unpacked = batching_section(pricer, 64, acc, ragged=False, curve=False)
+    best = max(unpacked["candidates"], key=lambda r: r["tokens_per_s"])
+    assert unpacked["chosen"] == "one level" and best["option"] in unpacked["source"] and "curve" not in unpacked
     ar = batching_section(None, 16, None)
     assert ar["two_level_k1"] is None and not ar["per_request_k"] and "AR" in ar["source"]
     unmeasured = batching_section(pricer, 16, None)
