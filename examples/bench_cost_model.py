@@ -104,12 +104,13 @@ def main(argv: list[str] | None = None) -> dict:
     result["deployment"] = dep.to_json()
     model = CostModel(dep, graphs=dev.type == "cuda")
     result["graphs"] = model.graphs
+    result["linear_choice"] = None if model.linear_choice is None else model.linear_choice.summary()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cfg = TINY if args.tiny else QWEN3_8B
     target = build_target(cfg, dtype, dev)
     target.setup_caches(1, 16)
     pipeline = DEFAULT_PIPELINE if args.passes is None else args.passes
-    built = build_steps(target, None, pipeline)
+    built = build_steps(target, None, pipeline, linear_choice=model.linear_choice)  # what compile would lower
     ir = built.irs["target"]
     step = instantiate(built.emitted["target"])
     timer = Timer(args.device, reps=args.reps)

@@ -38,8 +38,10 @@ from specc.bench.shapes import (  # noqa: E402
 )
 
 
-def compiled_system(target, draft_module, method: str, k: int, spec, max_len: int, graphs: bool):
-    """The compiled steps under the engine's loop (``specc.runtime.engine.build_loop``)."""
+def compiled_system(target, draft_module, method: str, k: int, spec, max_len: int, graphs: bool,
+                    linear_choice=None):
+    """The compiled steps under the engine's loop (``specc.runtime.engine.build_loop``);
+    ``linear_choice``: a ``codegen.linear_choice.LinearChoice`` for the lowering (None: Triton)."""
     from specc.codegen.build import build_steps
     from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
@@ -47,14 +49,14 @@ def compiled_system(target, draft_module, method: str, k: int, spec, max_len: in
 
     target.setup_caches(1, 16)
     draft_module.setup_caches(1, 16)
-    built = build_steps(target, draft_module, DEFAULT_PIPELINE, spec)
+    built = build_steps(target, draft_module, DEFAULT_PIPELINE, spec, linear_choice=linear_choice)
     steps = {"target": instantiate(built.emitted["target"]), "drafter": instantiate(built.emitted["drafter"], spec)}
     pard_token = draft_module.config.raw["pard_token"] if method == "pard" else None
     system = build_loop(steps, method, k, max_len, pard_token, graphs=graphs)
     return system, built
 
 
-def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol, graphs, small):
+def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol, graphs, small, linear_choice=None):
     from specc.models.dflash import DFlashDrafter
     from specc.stock import DFlashReference, generate_dflash, generate_pard
     from specc.verify import Fp32Referee, StockRun, stock_margins, verify_system
@@ -77,7 +79,7 @@ def forcing_case(name, tcfg, pcfg, method, dtype, dev, prompts, new_tokens, tol,
         target.capture_layers = tuple(spec.target_layer_ids)
         module = DFlashDrafter(draft, target.embed_tokens, target.lm_head)
     max_len = max(len(p) for p in prompts) + new_tokens + 2
-    system, built = compiled_system(target, module, method, k, spec, max_len, graphs)
+    system, built = compiled_system(target, module, method, k, spec, max_len, graphs, linear_choice)
     runs = []
     t0 = time.time()
     for p in prompts:

@@ -55,7 +55,7 @@ def _reserve_block(target, block: int) -> None:
     target.setup_caches(1, 16)
 
 
-def _add_tree_step(built, target, pipeline) -> None:
+def _add_tree_step(built, target, pipeline, linear_choice=None) -> None:
     """Build the target's tree verify step (role ``target_tree``) into ``built``."""
     from specc.codegen.build import build_step
     from specc.passes.base import PassError
@@ -63,7 +63,7 @@ def _add_tree_step(built, target, pipeline) -> None:
 
     target.setup_caches(1, 16)
     try:
-        step = build_step(target, "target_tree", pipeline)
+        step = build_step(target, "target_tree", pipeline, linear_choice=linear_choice)
     except (PipelineError, PassError) as exc:
         raise UserError(str(exc).splitlines()[0]) from exc
     built.irs["target_tree"], built.emitted["target_tree"] = step.ir, step.emitted
@@ -125,6 +125,29 @@ def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree
                             ragged=_verifies_ragged(target), num_draft=k)
 
 
+def _linear_choice(dep, given):
+    """The LinearChoice the lowering uses: ``given`` (a LinearChoice, or the path of its JSON),
+    else the deployment's calibrated table (``specc calibrate``), else None (Triton linears
+    everywhere); False: None."""
+    if given is False:
+        return None
+    if isinstance(given, (str, Path)):
+        import json
+
+        from specc.codegen.linear_choice import LinearChoice
+
+        try:
+            return LinearChoice.from_json(json.loads(Path(given).read_text()))
+        except (OSError, ValueError) as exc:  # ValueError: JSON, UTF-8 and table errors
+            raise UserError(f"{given}: unreadable linear choice table ({exc})") from exc
+    if given is not None:
+        return given
+    from specc.search.calibrate import calibration_for
+
+    record = calibration_for(dep)
+    return None if record is None else record.choice_table()
+
+
 def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
     """Record stock's measured acceptance in the search memory, so that `specc cost` predicts
     this pair with the same acceptance compile did (one source of acceptance)."""
@@ -138,6 +161,12 @@ def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
         mem.save()
     except (OSError, UserError):  # a read-only cache: the prediction still uses it, the memory does not keep it
         pass
+
+
+def _cublas_nodes(summary: dict) -> int:
+    """Linear nodes a role's lowering gave cuBLAS row ranges."""
+    return sum(len(r["nodes"]) for r in summary.get("linear_impl") or []
+               if any(x["impl"] == "cublas" for x in r["ranges"]))
 
 
 def compile_artifact(model: str, drafter: str | None = None, *, out: str | Path,
@@ -160,7 +189,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
                       out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
                       prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
                       tolerance: float | None = None, progress: Callable[[str], None] | None = None,
-                      memory=None, tree: str | int | None = "auto", two_level: str | int | None = "auto") -> CompileResult:
+                      memory=None, tree: str | int | None = "auto", two_level: str | int | None = "auto",
+                      linear_choice=None) -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step
@@ -178,7 +208,13 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     model prices one level, two-level at each k1 and per-request k with the acceptance stock
     measured on the calibration prompts and the manifest's ``batching`` section records the
     choice (``search.batching_choice``); "off": two-level is not considered; an int K1 in
-    1..k-1: two-level with K1 drafts in level 1."""
+    1..k-1: two-level with K1 drafts in level 1.
+
+    ``linear_choice``: which linears run cuBLAS instead of the Triton kernel, per shape and row
+    range (a ``codegen.linear_choice.LinearChoice`` or its JSON file); None (default): the table in the
+    deployment's calibration record (``specc calibrate`` measures both), if any; False: Triton
+    everywhere. The manifest's ``linear_choice`` section and each role's ``lowering.linear_impl``
+    record the choice and the measured times behind it."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
     from specc.codegen.artifact_trust import manifest_hash
     from specc.codegen.build import build_steps
@@ -200,6 +236,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     dep = get_deployment(deployment)
     if dep.device == "cuda" and not torch.cuda.is_available():
         raise UserError(f"deployment {dep.name} needs a CUDA GPU; none is available (use --deployment cpu)")
+    choice_table = _linear_choice(dep, linear_choice)
     dtype, device = _dtype(dep.dtype), torch.device(dep.device)
     tolerance = DEFAULT_TOLERANCE[dep.dtype] if tolerance is None else tolerance
     out = Path(out)
@@ -240,16 +277,16 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     snapshots = pair.target.kind == "hybrid"  # GDN states keep one entry per verify-block node
     if snapshots:
         _reserve_block(target, k + 1)
-    built = build_steps(target, draft_module, pipeline, spec)
+    built = build_steps(target, draft_module, pipeline, spec, linear_choice=choice_table)
     tree_section = _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
                                 (built.irs["target"], built.irs.get("drafter")))
     budget = tree_section["budget"] if tree_section else 0
     if snapshots and budget > k:  # the tree verify block is larger: every step keeps its entries
         _reserve_block(target, budget + 1)
-        built = build_steps(target, draft_module, pipeline, spec)
+        built = build_steps(target, draft_module, pipeline, spec, linear_choice=choice_table)
     if budget:
         say(f"tracing the tree verify step ({budget} nodes)")
-        _add_tree_step(built, target, pipeline)
+        _add_tree_step(built, target, pipeline, choice_table)
     pass_records, lowering, steps = built.pass_records, built.lowering, built.emitted
     values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1}
     costs = {role: _step_costs(ir, values) for role, ir in built.irs.items()}
@@ -270,6 +307,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},
         "plugins": plugin_records(pipeline),
         "tree": tree_section,
+        "linear_choice": None if choice_table is None else {
+            "source": choice_table.source, "margin": choice_table.margin, "summary": choice_table.summary()},
         "prediction": None if choice is None else {
             key: choice.prediction.get(key) for key in ("tokens_per_s", "speedup", "step_s", "ar_step_s",
                                                          "expected_tokens_per_step", "acceptance_source", "source")},
@@ -315,7 +354,9 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         "passes: " + "; ".join(f"{role}: " + (", ".join(f"{r['name']}{'' if r['changed'] else ' (no change)'}"
                                                            for r in recs) or "none") for role, recs in pass_records.items()),
         "lowering: " + "; ".join(f"{role}: {sum(v['lowered'].values())} kernel calls"
-                                 + (f", {sum(v['eager'].values())} eager" if v["eager"] else "") for role, v in lowering.items()),
+                                 + (f", {sum(v['eager'].values())} eager" if v["eager"] else "")
+                                 + (f", {_cublas_nodes(v)} linears with cuBLAS row ranges" if _cublas_nodes(v) else "")
+                                 for role, v in lowering.items()),
         "bytes per step at B={B}, Q={Q}, C={C}: ".format(**manifest["step_costs_at"]) + "; ".join(
             f"{role} {c['bytes_read'] / 1e6:.2f} MB read ({c['weight_bytes'] / 1e6:.2f} MB weights)" for role, c in costs.items()),
         report.summary(),

@@ -132,3 +132,17 @@ def constant(model, strength: float):
         emb = model.get_input_embeddings().weight
         emb += strength * torch.randn(1, emb.shape[1], generator=torch.Generator().manual_seed(9))
     return model
+
+
+def random_hybrid_lm(std: float = 0.15, seed: int = 0):
+    """specc's own HybridLM from ``hybrid_config()`` with N(0, std) weights (no HF model, no
+    checkpoint): for IR and codegen tests that need large enough activations to be telling."""
+    from specc.models.hybrid import HybridLM
+    from specc.models.hybrid_config import hybrid_config_from_hf
+
+    torch.manual_seed(seed)
+    model = HybridLM(hybrid_config_from_hf(hybrid_config().to_dict())).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, std)
+    return model

@@ -82,3 +82,17 @@ class ThreadServer:
         self.server.should_exit = True
         self.thread.join(10)
         self.sock.close()
+
+
+async def collect(worker, request, stop_after=None):
+    """Drain ``worker.submit(request)``: (tokens, the last chunk's finish reason); with
+    ``stop_after``, close the stream once that many tokens arrived (a client going away)."""
+    tokens, reason = [], None
+    stream = worker.submit(request)
+    async for chunk in stream:
+        tokens += chunk.tokens
+        reason = chunk.finish_reason
+        if stop_after is not None and len(tokens) >= stop_after:
+            await stream.aclose()
+            break
+    return tokens, reason

@@ -96,3 +96,72 @@ def test_compile_bad_inputs(checkpoints, tmp_path, capsys):
     assert "unknown deployment" in capsys.readouterr().err
     assert main(["compile", checkpoints["target"], "-o", str(tmp_path / "x"), "--passes", "no_such_pass"]) == 2
     assert "no_such_pass" in capsys.readouterr().err
+    bad = tmp_path / "choice.json"
+    bad.write_text(json.dumps({"shapes": [{"N": 8, "K": 8, "points": [{"M": 1, "impl": "cutlass"}]}]}))
+    for table, message in ((bad, "impl must be one of"), (tmp_path / "missing.json", "unreadable linear choice")):
+        assert main(["compile", checkpoints["target"], "-o", str(tmp_path / "x"), "--linears", str(table)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+
+
+def _linear_shapes(checkpoint: str) -> list[tuple[int, int]]:
+    """(N, K) of the target's linears after the default fusions (qkv, o, gate_up, down, lm_head)."""
+    from pathlib import Path
+
+    c = json.loads((Path(checkpoint) / "config.json").read_text())
+    h, inter = c["hidden_size"], c["intermediate_size"]
+    d = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    return [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter), (c["vocab_size"], h)]
+
+
+def test_calibrated_cublas_choice_is_lowered_forced_and_recorded(checkpoints, tmp_path, monkeypatch):
+    """A calibrated deployment whose record picks cuBLAS from 2 rows up: the compiled steps call it
+    for every multi-row linear (verify blocks, prefill), token forcing still passes (fp32 CPU),
+    and the manifest records which linears, which rows, which implementation."""
+    import dataclasses
+
+    from specc.codegen.kernels import linear_cublas
+    from specc.codegen.linear_choice import LinearChoice
+    from specc.search.calibrate import Calibration, write_calibration
+    from specc.search.deployments import BUILTIN
+
+    shapes = _linear_shapes(checkpoints["target"])
+    table = LinearChoice.forced(shapes, rows=(2, None), source="forced for a test")
+    dep_file = tmp_path / "cpu-cublas.json"
+    write_calibration(dep_file, dataclasses.replace(BUILTIN["cpu"], calibrated=True),
+                      Calibration(deployment="cpu", device="cpu", linear_choice=table.to_json()))
+    rows_seen: list[int] = []
+    real = linear_cublas.linear_cublas
+    monkeypatch.setattr(linear_cublas, "linear_cublas",
+                        lambda x, *a, **k: rows_seen.append(x.numel() // x.shape[-1]) or real(x, *a, **k))
+    out = tmp_path / "cublas.specc"
+    result = compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, deployment=str(dep_file),
+                              max_new_tokens=8, tree="off")
+    manifest = result.manifest
+    assert manifest["verification"]["passed"]
+    assert rows_seen and min(rows_seen) >= 2  # the forced range only
+    assert manifest["linear_choice"] == {"source": "forced for a test", "margin": 0.0, "summary": table.summary()}
+    for role in ("target", "drafter"):  # PARD's drafter has the target's shapes
+        records = {(r["N"], r["K"]): r for r in manifest["lowering"][role]["linear_impl"]}
+        assert set(records) == set(shapes), role
+        for r in records.values():
+            assert r["nodes"] and [(x["rows"], x["impl"]) for x in r["ranges"]] == [([1, 1], "triton"),
+                                                                                   ([2, None], "cublas")]
+    assert "cublas_rows = ((2, None),)" in (out / "target.py").read_text()
+    assert any("linears with cuBLAS row ranges" in line for line in result.summary_lines)
+    # the same deployment with `--linears triton`: no cuBLAS calls, no records
+    calls = len(rows_seen)
+    plain = tmp_path / "plain.specc"
+    assert main(["compile", checkpoints["target"], "--drafter", checkpoints["pard_same"], "-o", str(plain),
+                 "--deployment", str(dep_file), "--verify-tokens", "4", "--tree", "off", "--linears", "triton"]) == 0
+    manifest = json.loads((plain / "manifest.json").read_text())
+    assert manifest["linear_choice"] is None and "linear_impl" not in manifest["lowering"]["target"]
+    assert len(rows_seen) == calls
+    # a table file is read as given
+    from specc.compiler import _linear_choice
+
+    path = tmp_path / "choice.json"
+    path.write_text(json.dumps(table.to_json()))
+    assert _linear_choice(BUILTIN["cpu"], str(path)) == table and _linear_choice(BUILTIN["cpu"], None) is None

@@ -66,3 +66,20 @@ def test_attention_sweep_candidates(num_q, bms):
     cands = list(sweep_attention.candidates(num_q))
     assert {c["block_m"] for c in cands} == bms
     assert not any(c["fused_merge"] and c["num_splits"] == 1 for c in cands)
+
+
+def test_bench_linears_cpu_smoke(tmp_path):
+    """examples/bench_linears.py on CPU: calibration lines, both step variants with predictions,
+    the goal ratios, and the "on" lowering recorded (a forced choice: CPU times no Triton linear)."""
+    from examples import bench_linears
+
+    out = tmp_path / "l.json"
+    res = bench_linears.main(["--device", "cpu", "--tiny", "--batches", "1", "--qs", "1,4", "--reps", "2",
+                              "--out", str(out)])
+    assert json.loads(out.read_text())["goals"] == res["goals"]
+    assert res["linears"] and all(r["cublas_ms"] > 0 and "triton_ms" not in r for r in res["linears"])
+    assert {(r["linear_choice"], r["Q"]) for r in res["steps"]} == {(v, q) for v in ("off", "on") for q in (1, 4)}
+    assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in res["steps"])
+    assert set(res["goals"]) == {"off: verify B=1 Q=4 / AR B=1", "on: verify B=1 Q=4 / AR B=1"}
+    assert res["lowering_on"] and all([x["impl"] for x in r["ranges"]] == ["triton", "cublas"]
+                                      for r in res["lowering_on"])

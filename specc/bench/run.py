@@ -322,7 +322,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             if draft is not None:
                 draft.setup_caches(1, 16)
             spec = s.loaded.draft_spec if draft is not None else None
-            built = build_steps(target, draft, pipeline, spec)
+            built = build_steps(target, draft, pipeline, spec, linear_choice=cost.linear_choice)  # as compile does
         finally:
             target.capture_layers = saved
         steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}

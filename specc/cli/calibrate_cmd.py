@@ -20,7 +20,9 @@ def register(sub) -> None:
         description="Run microbenchmarks (copy bandwidth; linear by M and shape with torch and specc's Triton linear "
                     "on CUDA; attention by Q and C; kernel launch and CUDA-graph replay overhead; a square matmul) "
                     "and write the base deployment with fitted efficiency factors (calibrated = true) to FILE, plus "
-                    "the measurements and per-kind efficiencies to FILE-stem.calibration.json beside it.",
+                    "the measurements, per-kind efficiencies and (on CUDA) the per-shape choice of Triton or cuBLAS "
+                    "for each linear to FILE-stem.calibration.json beside it; `specc compile --deployment FILE` "
+                    "lowers each linear to the faster one.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--deployment", required=True, metavar="NAME", help="base deployment (`specc deployments`) or file")
     p.add_argument("-o", "--out", required=True, metavar="FILE", help="calibrated deployment file to write (.json)")
@@ -65,5 +67,11 @@ def run(args) -> int:
         table.add_row(f"linear flops efficiency at M={m}", "-", f"{eff:.4g}")
     console = Console()
     console.print(table)
+    choice = record.choice_table()
+    if choice is not None:
+        console.print(f"linear implementations (cuBLAS where it measured > {choice.margin:.0%} faster than Triton):",
+                      highlight=False)
+        for line in choice.summary():
+            console.print(f"  {line}", highlight=False)
     console.print(f"wrote {path} and {rec}", highlight=False)
     return 0

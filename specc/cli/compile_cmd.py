@@ -44,6 +44,10 @@ def register(sub) -> None:
                    help="two-level verification: auto (default; for a batch > 1 deployment the cost model prices "
                    "one level, two-level at each K1 and per-request k with the measured acceptance and the artifact "
                    "records the choice), off, or K1 drafts (1..k-1) verified in level 1")
+    p.add_argument("--linears", default="auto", metavar="auto|triton|FILE",
+                   help="linear implementations: auto (default; cuBLAS for the shapes and row counts where the "
+                   "calibrated deployment measured it faster than the Triton kernel, `specc calibrate`), triton "
+                   "(Triton everywhere), or a linear choice table (JSON, docs/kernels.md)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.set_defaults(handler=run_compile)
 
@@ -113,7 +117,8 @@ def run_compile(args) -> int:
                                       out=args.out, passes=args.passes, prompts_file=args.prompts,
                                       num_draft=args.num_draft, max_new_tokens=args.verify_tokens,
                                       progress=progress, memory=args.memory,
-                                      tree=args.tree, two_level=two_level)
+                                      tree=args.tree, two_level=two_level,
+                                      linear_choice={"auto": None, "triton": False}.get(args.linears, args.linears))
     except VerificationFailed as exc:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)
         return 1

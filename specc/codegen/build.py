@@ -62,24 +62,29 @@ def run_passes(ir, pipeline: str | Iterable[str], *, options: dict | None = None
     return report
 
 
-def emit_ir(ir, role: str = "target", cache_extra_len: int = 0):
-    """Lower ``ir`` to the kernel ABI and emit it: (EmittedStep, lowering summary)."""
-    gm, low = lower(ir.gm)
+def emit_ir(ir, role: str = "target", cache_extra_len: int = 0, linear_choice=None):
+    """Lower ``ir`` to the kernel ABI and emit it: (EmittedStep, lowering summary).
+    ``linear_choice``: a measured ``LinearChoice`` (cuBLAS where it was faster; the summary's
+    ``linear_impl`` records it), None for the Triton linears everywhere."""
+    gm, low = lower(ir.gm, linear_choice)
     emitted = emit_step(gm, ROLE_CLASS[role], cache_extra_len=cache_extra_len)
-    return emitted, {"lowered": low.lowered, "eager": low.eager}
+    summary = {"lowered": low.lowered, "eager": low.eager}
+    if low.linear_impl is not None:
+        summary["linear_impl"] = low.linear_impl
+    return emitted, summary
 
 
 def build_step(module, role: str, pipeline: str | Iterable[str], *, options: dict | None = None, check: bool = True,
-               lint: bool = False, cache_extra_len: int = 0) -> BuiltStep:
+               lint: bool = False, cache_extra_len: int = 0, linear_choice=None) -> BuiltStep:
     """trace -> passes -> lower -> emit for one role."""
     ir = trace_step(module, role)
     report = run_passes(ir, pipeline, options=options, check=check, lint=lint)
-    emitted, lowering = emit_ir(ir, role, cache_extra_len)
+    emitted, lowering = emit_ir(ir, role, cache_extra_len, linear_choice)
     return BuiltStep(ir, report, lowering, emitted)
 
 
 def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None,
-                tp: tuple[int, int] | None = None, tree: bool = False) -> BuiltSteps:
+                tp: tuple[int, int] | None = None, tree: bool = False, linear_choice=None) -> BuiltSteps:
     """Trace the target's verify step (it also serves prefill and AR: same graph, other Q) and
     the drafter's draft step, run the pass pipeline on each, lower and emit them.
 
@@ -88,7 +93,9 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
     the drafter stays whole (replicated on every rank).
 
     ``tree``: also the target's tree verify step (role ``target_tree``: the same weights and
-    state, plus the tree mask input), for tree verification."""
+    state, plus the tree mask input), for tree verification.
+
+    ``linear_choice``: a measured ``codegen.linear_choice.LinearChoice`` for every role's linears."""
     modules = {"target": target}
     if draft_module is not None:
         modules["drafter"] = draft_module
@@ -109,5 +116,5 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
             raise UserError(str(exc).splitlines()[0]) from exc
         records[role] = [] if report is None else [
             {"name": r.name, "changed": r.changed, "stats": r.stats} for r in report.records]
-        emitted[role], lowering[role] = emit_ir(ir, role, extra)
+        emitted[role], lowering[role] = emit_ir(ir, role, extra, linear_choice)
     return BuiltSteps(irs, emitted, records, lowering)

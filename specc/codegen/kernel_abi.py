@@ -2,7 +2,8 @@
 
 Each function has exactly the signature of the IR leaf op it replaces (``specc.models.ops`` and
 ``specc.ir.fused``), so lowering is a 1:1 swap of call targets and the generated source reads
-like the model definition. Dispatch: CUDA tensors go to the Triton kernels of
+like the model definition; the linears add one keyword, ``cublas_rows``, where lowering chose
+cuBLAS for some row counts (``codegen/linear_choice.py``). Dispatch: CUDA tensors go to the Triton kernels of
 ``specc.codegen.kernels``; CPU tensors run the reference bodies (the leaf ops themselves), or the
 same Triton kernels under the interpreter when ``SPECC_KERNELS=triton`` and ``TRITON_INTERPRET=1``
 (slow; used by tests to prove generated code drives the kernels).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from specc.codegen.kernels.dispatch import use_triton
+from specc.codegen.linear_choice import in_rows
 from specc.models import fused_ops as fused
 from specc.models import gdn, ops
 
@@ -25,7 +27,20 @@ def embedding(ids, weight):
     return ops.embedding(ids, weight)
 
 
-def linear(x, weight, bias=None):
+# Linears take ``cublas_rows``: the row ranges (inclusive; hi None = no bound) in which lowering
+# chose cuBLAS for this weight shape from measurements (codegen/linear_choice.py); other rows run
+# the Triton kernel (on CPU: the reference, or the interpreted kernel when opted in).
+
+
+def _cublas(x, cublas_rows) -> bool:
+    return bool(cublas_rows) and in_rows(x.numel() // max(x.shape[-1], 1), cublas_rows)
+
+
+def linear(x, weight, bias=None, cublas_rows=()):
+    if _cublas(x, cublas_rows):
+        from specc.codegen.kernels.linear_cublas import linear_cublas
+
+        return linear_cublas(x, weight, bias)
     if use_triton(x, opt_in=True):
         from specc.codegen.kernels import linear as k
 
@@ -33,7 +48,11 @@ def linear(x, weight, bias=None):
     return ops.linear(x, weight, bias)
 
 
-def linear_add(x, weight, bias, residual):
+def linear_add(x, weight, bias, residual, cublas_rows=()):
+    if _cublas(x, cublas_rows):
+        from specc.codegen.kernels.linear_cublas import linear_cublas
+
+        return linear_cublas(x, weight, bias, residual=residual)
     if use_triton(x, opt_in=True):
         from specc.codegen.kernels import linear as k
 
@@ -41,7 +60,11 @@ def linear_add(x, weight, bias, residual):
     return fused.linear_add(x, weight, bias, residual)
 
 
-def norm_linear(x, norm_weight, eps, weight, bias=None):
+def norm_linear(x, norm_weight, eps, weight, bias=None, cublas_rows=()):
+    if _cublas(x, cublas_rows):
+        from specc.codegen.kernels.linear_cublas import linear_cublas
+
+        return linear_cublas(rms_norm(x, norm_weight, eps), weight, bias)
     if use_triton(x, opt_in=True):
         from specc.codegen.kernels import linear as k
 

@@ -39,3 +39,12 @@ def register_launches(kind: str, launches, device: str | None = None) -> None:
     of the node's NodeMeta), on one device type or all."""
     for dev in ([device] if device else list(LAUNCHES)):
         LAUNCHES.setdefault(dev, {})[kind] = launches if callable(launches) else int(launches)
+
+
+# A linear lowered to cuBLAS (codegen/linear_choice.py, kernels/linear_cublas.py) runs its fusions
+# as separate ops: the GEMM (bias in its epilogue), the rms_norm kernel before it (norm_linear),
+# the residual add after it (linear_add). On CPU the norm is its reference body (8 ops).
+CUBLAS_LAUNCHES: dict[str, dict[str, int]] = {
+    "cuda": {"linear": 1, "norm_linear": 2, "linear_add": 2},
+    "cpu": {"linear": 1, "norm_linear": 9, "linear_add": 2},
+}

@@ -4,6 +4,11 @@ The result is a copy of the step's GraphModule whose call targets are
 ``specc.codegen.kernel_abi`` functions; everything else (views, splits, adds: free or glue) stays
 as torch code. Ops with no kernel (a user's new fused op, say) keep their eager body and are
 reported, never silently dropped.
+
+With a measured :class:`~specc.codegen.linear_choice.LinearChoice`, each linear node (plain, with
+a norm prologue, with a residual epilogue) whose weight shape the table covers gets the row ranges
+in which cuBLAS measured faster (``cublas_rows=...`` in the generated call), and the report
+records, per shape, which nodes, which row ranges, which implementation and the measured times.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import dataclasses
 import torch.fx
 
 from specc.codegen import kernel_abi as abi
+from specc.codegen.linear_choice import LinearChoice
 from specc.models import fused_ops as fused
 from specc.models import gdn, ops
 from specc.models.fused_ops import packed_linear, rope_attention
@@ -40,10 +46,17 @@ LOWERING = {
 }
 
 
+# the linear ops a LinearChoice applies to, and the position of their weight argument
+CHOICE_WEIGHT_ARG = {ops.linear: 1, fused.norm_linear: 3, fused.linear_add: 1}
+
+
 @dataclasses.dataclass
 class LoweringReport:
     lowered: dict[str, int]
     eager: dict[str, int]  # leaf ops without a kernel, run through their Python body
+    # with a LinearChoice: per measured weight shape, {"N", "K", "nodes", "ranges"} (ranges as
+    # ShapeChoice.ranges(): rows, impl and the measured points behind it)
+    linear_impl: list[dict] | None = None
 
     def summary(self) -> str:
         text = f"lowered {sum(self.lowered.values())} ops to kernels"
@@ -57,20 +70,48 @@ def _is_leaf_op(target) -> bool:
     return callable(target) and not module.startswith(("torch", "_operator", "builtins")) and module != "operator"
 
 
-def lower(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, LoweringReport]:
-    """A lowered copy of ``gm`` (parameters shared, graph copied) and what was lowered."""
+def _weight_shape(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[int, int] | None:
+    """(N, K) of a linear node's weight when it is a module tensor (else None: not choosable)."""
+    pos = CHOICE_WEIGHT_ARG[node.target]
+    w = node.args[pos] if len(node.args) > pos else node.kwargs.get("weight")
+    if not isinstance(w, torch.fx.Node) or w.op != "get_attr":
+        return None
+    obj = gm
+    for part in w.target.split("."):
+        obj = getattr(obj, part, None)
+    if not torch.is_tensor(obj) or obj.dim() != 2:
+        return None
+    return int(obj.shape[0]), int(obj.shape[1])
+
+
+def lower(gm: torch.fx.GraphModule, linear_choice: LinearChoice | None = None
+          ) -> tuple[torch.fx.GraphModule, LoweringReport]:
+    """A lowered copy of ``gm`` (parameters shared, graph copied) and what was lowered.
+    ``linear_choice``: measured per-shape implementations of the linears (None: Triton for all)."""
     out = copy.copy(gm)  # shallow: shares submodules and tensors
     graph = copy.deepcopy(gm.graph)
     lowered: collections.Counter = collections.Counter()
     eager: collections.Counter = collections.Counter()
+    chosen: dict[tuple[int, int], list[str]] = {}
     for node in graph.nodes:
         if node.op != "call_function":
             continue
         target = LOWERING.get(node.target)
         if target is not None:
+            if linear_choice is not None and node.target in CHOICE_WEIGHT_ARG:
+                shape = _weight_shape(gm, node)
+                if shape is not None and linear_choice.shape(*shape) is not None:
+                    chosen.setdefault(shape, []).append(node.name)
+                    rows = linear_choice.cublas_rows(*shape)
+                    if rows:
+                        node.kwargs = {**node.kwargs, "cublas_rows": rows}
             node.target = target
             lowered[target.__name__] += 1
         elif _is_leaf_op(node.target):
             eager[getattr(node.target, "__name__", str(node.target))] += 1
     out = torch.fx.GraphModule(gm, graph, class_name=gm.__class__.__name__)
-    return out, LoweringReport(dict(lowered), dict(eager))
+    records = None
+    if linear_choice is not None:
+        records = [{"N": n, "K": k, "nodes": names, "ranges": linear_choice.shape(n, k).ranges()}
+                   for (n, k), names in sorted(chosen.items())]
+    return out, LoweringReport(dict(lowered), dict(eager), records)

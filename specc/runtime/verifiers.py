@@ -90,7 +90,7 @@ class ChainVerifier(Verifier):
         return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts)
 
     def verify_tokens(self, drafts, target_tokens, max_drafts=None):
-        accepted, _ = greedy_accept(drafts, target_tokens, max_drafts)
+        accepted, _ = greedy_accept(drafts, target_tokens, max_drafts, opt_in=True)
         return accepted, target_tokens
 
 

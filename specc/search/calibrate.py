@@ -31,6 +31,11 @@ Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
   ``bytes / t_net / hbm_bandwidth`` and of ``flops / t_net / bf16_flops``. At one M the weight-
   dominated shapes share an arithmetic intensity (~M flops per weight byte), so the roofline
   ``max(bytes / bw(M), flops / peak(M))`` reproduces the measurements whichever side binds.
+  These describe the Triton linear, which compiled steps run at every shape the linear choice
+  did not measure;
+- ``linear_choice`` (CUDA, both linears timed): per shape and M, Triton or cuBLAS, whichever was
+  faster by more than ``LINEAR_CHOICE_MARGIN`` (``specc.codegen.linear_choice``), with both times:
+  the table lowering uses to pick each linear's implementation, and the cost model to price it.
 
 Output: the deployment file (every field of the base deployment kept, the fitted ones replaced,
 ``calibrated = true``), loadable with ``get_deployment(FILE)``, and beside it the calibration
@@ -50,7 +55,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specc.codegen.launches import LAUNCHES
+from specc.codegen.linear_choice import LinearChoice
 from specc.errors import UserError
+
+# cuBLAS replaces the Triton linear at a shape and M only when faster by more than this fraction
+# of the Triton time (whole-step timings vary ~1% between identical configs: docs/kernels.md)
+LINEAR_CHOICE_MARGIN = 0.02
 
 
 @dataclasses.dataclass
@@ -65,6 +75,7 @@ class Calibration:
     linear_bandwidth_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
     fitted: dict[str, float] = dataclasses.field(default_factory=dict)
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
+    linear_choice: dict[str, Any] | None = None  # LinearChoice.to_json(): per-shape Triton vs cuBLAS
     date: str = ""
     specc_version: str = ""
     torch_version: str = ""
@@ -77,6 +88,10 @@ class Calibration:
     def linear_bandwidth_at(self, rows: float) -> float:
         """Bandwidth efficiency of a linear with ``rows`` = M, log-linear between measured M."""
         return _interpolate_log(self.linear_bandwidth_by_m, rows, "bandwidth")
+
+    def choice_table(self) -> LinearChoice | None:
+        """The measured per-shape linear implementations (None: not measured, Triton everywhere)."""
+        return None if self.linear_choice is None else LinearChoice.from_json(self.linear_choice)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -130,6 +145,11 @@ class Calibration:
                 raise ValueError(f"{key} must be a string")
         if not isinstance(kwargs.get("quick", False), bool):
             raise ValueError("quick must be true or false")
+        if kwargs.get("linear_choice") is not None:
+            try:
+                LinearChoice.from_json(kwargs["linear_choice"])
+            except ValueError as exc:
+                raise ValueError(f"linear_choice: {exc}") from None
         return cls(**kwargs)
 
 
@@ -424,6 +444,15 @@ def fit(dep, m: dict[str, Any], device: str):
     return fields, kinds, linear_by_m, linear_bw_by_m
 
 
+def linear_choice_of(m: dict[str, Any], overhead_s: float) -> LinearChoice | None:
+    """The per-shape Triton / cuBLAS table of a run's linear measurements: only where both
+    specc's Triton linear and torch's (cuBLAS) were timed, i.e. on CUDA."""
+    if m.get("linear_impl") != "specc":
+        return None
+    return LinearChoice.from_measurements(m["linear"], margin=LINEAR_CHOICE_MARGIN, overhead_s=overhead_s,
+                                          dtype="bfloat16", source="specc calibrate")
+
+
 def attn_launch(device: str) -> int:
     """Kernels the attention microbenchmark launches per call (its launch cost is removed)."""
     return LAUNCHES.get(device, {}).get("attention", 1) if device == "cpu" else 2
@@ -495,7 +524,11 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
                                                                      sizes["attn_c"], dtype, timer)]
     fields, kinds, by_m, bw_by_m = fit(dep, m, device)
     new = dataclasses.replace(dep, calibrated=True, **fields)
+    choice = linear_choice_of(m, fields["graph_node_overhead_s"] if device == "cuda" else fields["launch_overhead_s"])
+    if choice is not None:
+        choice = dataclasses.replace(choice, source=f"specc calibrate on {torch.cuda.get_device_name()}")
     record = Calibration(
+        linear_choice=None if choice is None else choice.to_json(),
         deployment=dep.name, device=device,
         device_name=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         kind_efficiency=kinds, linear_flops_by_m=by_m, linear_bandwidth_by_m=bw_by_m, fitted=fields, measurements=m,

@@ -12,6 +12,12 @@ Every number is a formula over node metadata (docs/ir.md) and deployment fields
 - ``eff_bw`` / ``eff_flops``: the deployment's ``bandwidth_efficiency`` / ``flops_efficiency``,
   unless a calibration record (specc.search.calibrate) gives a per-kind value ("linear",
   "attention", "elementwise") or, for linears, efficiencies by the GEMM's M (rows);
+- linears whose weight shape the calibration's linear choice measured (``Calibration.choice_table``:
+  Triton and cuBLAS timed at that (N, K) for M = 1 ... 2048) take their efficiencies from the
+  chosen implementation's own time at that M (log-log interpolated between measured M), so the
+  roofline reproduces the measurement; a cuBLAS-lowered node launches its separate norm /
+  residual-add ops too (:data:`specc.codegen.launches.CUBLAS_LAUNCHES`), and the residual add's
+  bytes are priced at the elementwise bandwidth, added like a latency;
 - ``latency``: a calibrated fixed time per call (attention's fitted intercept), else 0;
 - ``overhead``: ``graph_node_overhead_s`` when the step is CUDA-graphed (the default on CUDA
   deployments), ``launch_overhead_s`` otherwise; ``launches(kind)`` is how many kernels the kind
@@ -32,12 +38,14 @@ KV read, target launch overhead, drafter step, ...) by the gap between predicted
 from __future__ import annotations
 
 import inspect
+import math
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 import sympy
 
-from specc.codegen.launches import LAUNCHES, register_launches  # noqa: F401  (published by codegen)
+from specc.codegen.launches import CUBLAS_LAUNCHES, LAUNCHES, register_launches  # noqa: F401  (published by codegen)
+from specc.codegen.linear_choice import KINDS as CHOICE_KINDS
 from specc.ir import STRUCTURAL_KINDS, evaluate
 from specc.ir.meta import TensorMeta, tensors_in
 
@@ -111,7 +119,47 @@ class CostModel:
         self.graphs = dep.device == "cuda" if graphs is None else bool(graphs)
         self.calibration = calibration if calibration is not None else calibration_for(dep)
         self.overhead = dep.graph_node_overhead_s if self.graphs else dep.launch_overhead_s
+        self.linear_choice = self.calibration.choice_table() if self.calibration is not None else None
         self._eval_cache: dict[tuple, float] = {}
+
+    def measured_linear(self, meta, rows: float | None, nbytes: float, flops: float):
+        """For a linear node whose shape the linear choice measured: (bandwidth efficiency,
+        flops efficiency, launches, extra seconds) such that the node's ``nbytes`` and ``flops``
+        take exactly the chosen implementation's measured time at ``rows`` (less the launch the
+        timing included); None otherwise (the per-M / per-kind efficiencies apply)."""
+        table = self.linear_choice
+        if table is None or rows is None or meta.kind not in CHOICE_KINDS:
+            return None
+        try:
+            n, k = int(meta.attrs["out_features"]), int(meta.attrs["in_features"])
+        except (KeyError, TypeError):
+            return None
+        shape = table.shape(n, k)
+        t = None if shape is None else shape.seconds_at(rows)
+        if t is None:
+            return None
+        dep = self.deployment
+        net = max(t - table.overhead_s, 1e-12)
+        bw_eff = max(nbytes, 1.0) / net / dep.hbm_bandwidth
+        fl_eff = max(flops, 1.0) / net / dep.bf16_flops
+        if shape.impl_at(int(math.ceil(rows))) != "cublas":
+            return bw_eff, fl_eff, self.launches(meta, rows), 0.0
+        extra = 0.0
+        if meta.kind == "linear_add":  # residual + product as a second op: read 2, write 1
+            extra = 3 * rows * n * table.itemsize / (dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise"))
+        launches = CUBLAS_LAUNCHES.get(dep.device, {}).get(meta.kind, 1)
+        return bw_eff, fl_eff, int(launches), extra
+
+    def _prices(self, meta, eclass: str, rows: float | None, nbytes: float, flops: float):
+        """(bandwidth, peak, launches, extra seconds) of a node: from the linear choice's
+        measured time when it covers the node, else from the calibrated efficiencies."""
+        measured = self.measured_linear(meta, rows, nbytes, flops)
+        dep = self.deployment
+        if measured is not None:
+            bw_eff, fl_eff, n_launch, extra = measured
+            return dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff, n_launch, extra
+        return (dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows),
+                dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind), self.launches(meta, rows), 0.0)
 
     # ------------------------------------------------------------ efficiencies
 
@@ -191,9 +239,7 @@ class CostModel:
         rows = None
         if eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim >= 1:
             rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values) if meta.out.ndim > 1 else 1.0
-        bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows)
-        peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
-        n_launch = self.launches(meta, rows)
+        bw, peak, n_launch, extra = self._prices(meta, eclass, rows, nbytes, flops)
         if meta.kind == "all_reduce" and dep.link_bandwidth > 0:
             # A ring all-reduce is bound by the GPU-to-GPU link, not HBM (specc.ir.collectives).
             from specc.ir.collectives import all_reduce_time
@@ -211,7 +257,7 @@ class CostModel:
             weight_bytes=self._num(meta.weight_bytes, values),
             cache_bytes=self._num(meta.cache_read + meta.cache_written, values), launches=n_launch,
             t_memory=nbytes / bw, t_compute=flops / peak,
-            t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind),
+            t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind) + extra,
             floor=max(nbytes / dep.hbm_bandwidth, flops / dep.bf16_flops), bandwidth=bw, peak=peak,
             bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
 
@@ -241,7 +287,6 @@ class CostModel:
         """sum over nodes of Max(bytes / bw_eff, flops / peak_eff) + launches * overhead, symbolic in
         the step's sizes; identical node formulas are merged (36 layers -> 36 * Max(...)).
         Per-M linear efficiencies are taken at ``values`` (they are a measured table, not a formula)."""
-        dep = self.deployment
         terms: dict[tuple, int] = defaultdict(int)
         for node in ir.graph.nodes:
             meta = ir.meta(node)
@@ -251,10 +296,12 @@ class CostModel:
             rows = None
             if values is not None and eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim > 1:
                 rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values)
-            bw = dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows)
-            peak = dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind)
+            measured = rows is not None and self.linear_choice is not None
+            bw, peak, n_launch, extra = self._prices(
+                meta, eclass, rows, self._num(meta.bytes_read + meta.bytes_written, values) if measured else 0.0,
+                self._num(meta.flops, values) if measured else 0.0)
             key = (sympy.expand(meta.bytes_read + meta.bytes_written), sympy.expand(meta.flops), bw, peak,
-                   self.launches(meta, rows), self.latency(eclass, meta.kind))
+                   n_launch, self.latency(eclass, meta.kind) + extra)
             if key[0] == 0 and key[1] == 0:
                 continue
             terms[key] += 1

@@ -236,7 +236,8 @@ class Search:
         module = self._load_models()[role]
         extra = self.spec.block_size if role == "drafter" and self.spec is not None else 0
         # per-pass ``ensures`` are not evaluated (see _run_passes); the result must lint
-        built = build_step(module, role, pipeline, options=options, check=False, lint=True, cache_extra_len=extra)
+        built = build_step(module, role, pipeline, options=options, check=False, lint=True, cache_extra_len=extra,
+                           linear_choice=self.cost.linear_choice)  # as compile lowers: built and priced alike
         entry = (built.ir, built.emitted, built.lowering)
         self._real[key] = entry
         while len(self._real) > (2 * len(self.roles) if self.device == "cuda" else 8):

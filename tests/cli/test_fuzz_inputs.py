@@ -193,7 +193,7 @@ DEPLOYMENT_FIELDS = ["name", "gpu", "device", "dtype", "batch_size", "hbm_bandwi
        base=st.sampled_from([None, "h200", "nope"]), suffix=st.sampled_from([".json", ".toml"]),
        raw=st.sampled_from([None, "", "[1, 2]", "{", "\xff\xfe", "x = [", "null"]),
        calibration=st.none() | JSONISH | st.dictionaries(
-           st.sampled_from(["deployment", "device", "kind_efficiency", "linear_flops_by_m", "quick"]),
+           st.sampled_from(["deployment", "device", "kind_efficiency", "linear_flops_by_m", "quick", "linear_choice"]),
            NUMBERS | JSONISH, max_size=3))
 def test_fuzz_deployment_and_calibration_files(ckpts, edits, base, suffix, raw, calibration):
     from specc.search.deployments import BUILTIN

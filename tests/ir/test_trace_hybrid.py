@@ -7,24 +7,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hybrid_factory import hybrid_config
+from hybrid_factory import random_hybrid_lm
 
 from specc.codegen.build import run_passes
 from specc.ir import evaluate, meta_model, trace
-from specc.models.hybrid import HybridLM
-from specc.models.hybrid_config import hybrid_config_from_hf
 from specc.passes.pipelines import DEFAULT_PIPELINE
 
 GDN_KINDS = ("gdn_conv", "gdn_gates", "gated_delta_rule", "gated_rms_norm", "offset_rms_norm")
 
 
 def _model(max_block=8, batch=2):
-    cfg = hybrid_config_from_hf(hybrid_config().to_dict())
-    torch.manual_seed(0)
-    model = HybridLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.15)
+    model = random_hybrid_lm()
     model.setup_caches(batch, 64, max_block=max_block)
     return model
 

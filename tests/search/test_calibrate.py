@@ -37,6 +37,8 @@ def test_specc_calibrate_cpu_quick(tmp_path, capsys):
     assert model.calibration is not None
     assert model.bandwidth_efficiency("attention") == pytest.approx(cal.kind_efficiency["attention"]["bandwidth"])
     assert model.overhead == dep.launch_overhead_s  # CPU: no CUDA graphs
+    # on CPU only torch's linear is timed (the Triton kernels are what CUDA runs): no choice table
+    assert record["linear_choice"] is None and cal.choice_table() is None and model.linear_choice is None
 
 
 def test_fit_from_synthetic_measurements():
@@ -94,3 +96,42 @@ def test_cost_model_uses_linear_bandwidth_by_m_and_attention_latency(tmp_path):
     write_calibration(path, dep, cal)
     again = Calibration.from_json(json.loads(record_path(path).read_text()))
     assert again.linear_bandwidth_by_m == {1: 0.9, 64: 0.45}
+
+
+def test_linear_choice_from_both_implementations():
+    """Both linears timed (as on CUDA): the record's table picks cuBLAS where it was faster by more
+    than the margin; the per-M fits stay Triton's (what runs at shapes the table does not cover)."""
+    from specc.search.calibrate import LINEAR_CHOICE_MARGIN, linear_choice_of
+
+    dep = BUILTIN["h200-bs1"]
+    node = 1e-6
+    k, n = 4096, 12288
+
+    def row(impl, m, seconds):
+        return {"impl": impl, "K": k, "N": n, "M": m, "bytes": 2 * k * n + 2 * m * (k + n), "flops": 2.0 * m * k * n,
+                "seconds": seconds}
+
+    # Triton faster at M = 1, within the margin at M = 16 (Triton kept), cuBLAS 2x faster at M = 512
+    times = {1: (20e-6, 30e-6), 16: (30e-6, 30e-6 * (1 - LINEAR_CHOICE_MARGIN / 2)), 512: (200e-6, 100e-6)}
+    meas = {
+        "launch": {"launch_overhead_s": 5e-6, "graph_node_overhead_s": node},
+        "square": {"flops": 2.0 * 8192 ** 3, "seconds": 2e-3},
+        "copy": {"bandwidth": dep.hbm_bandwidth * 0.88},
+        "linear": [row("torch", m, c) for m, (_, c) in times.items()] + [row("specc", m, t) for m, (t, _) in times.items()],
+        "linear_impl": "specc",
+        "attention": [{"Q": 1, "C": c, "B": 1, "bytes": 1e6 * c, "flops": 1e6, "seconds": 1e-6 * c} for c in (1, 2)],
+    }
+    table = linear_choice_of(meas, node)
+    assert [p.impl for p in table.shape(n, k).points] == ["triton", "triton", "cublas"]
+    assert table.overhead_s == node and table.cublas_rows(n, k) == ((17, None),)
+    _, _, by_m, _ = fit(dep, meas, "cuda")
+    assert by_m[512] == pytest.approx(2.0 * 512 * k * n / (200e-6 - node) / dep.bf16_flops)  # Triton's time
+    assert linear_choice_of(dict(meas, linear_impl="torch"), node) is None  # one implementation timed
+
+
+def test_record_with_a_malformed_linear_choice_is_refused():
+    base = {"deployment": "h200-bs1", "device": "cuda"}
+    assert Calibration.from_json(dict(base, linear_choice=None)).choice_table() is None
+    bad = {"shapes": [{"N": 8, "K": 8, "points": [{"M": 1, "impl": "cutlass"}]}]}
+    with pytest.raises(ValueError, match="linear_choice: .*impl must be one of"):
+        Calibration.from_json(dict(base, linear_choice=bad))

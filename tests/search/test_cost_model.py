@@ -200,3 +200,58 @@ def test_all_reduce_costs_the_gpu_link():
     assert reduces[0].t_memory == pytest.approx(all_reduce_time(message, 2, dep.link_bandwidth, dep.link_latency_s))
     assert reduces[0].component == "all-reduce (GPU link)"
     assert reduces[0].t_memory > reduces[0].floor > 0
+
+
+def _h200_calibrations():
+    """The recorded H200 calibration (Triton and cuBLAS timed at Qwen3-8B shapes) without and with
+    its linear choice table."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from specc.search.calibrate import Calibration, linear_choice_of
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "h200-bs1-calibration.json"
+    cal = Calibration.from_json(json.loads(path.read_text()))
+    table = linear_choice_of(cal.measurements, cal.fitted["graph_node_overhead_s"])
+    return cal, dataclasses.replace(cal, linear_choice=table.to_json()), table
+
+
+def test_linears_priced_by_the_chosen_implementations_measured_time(qwen8b):
+    """At a measured M every linear of a measured shape costs what its chosen implementation
+    measured (less the timed launch), cuBLAS nodes launch their separate norm / add, and
+    batched verification gets cheaper than with the Triton-only tables."""
+    import dataclasses
+
+    from specc.codegen.launches import CUBLAS_LAUNCHES
+    from specc.codegen.linear_choice import KINDS
+
+    t_ir, _ = qwen8b
+    without, with_choice, table = _h200_calibrations()
+    dep = dataclasses.replace(get_deployment("h200-bs16"), **without.fitted)
+    plain, chosen = CostModel(dep, calibration=without), CostModel(dep, calibration=with_choice)
+    assert plain.linear_choice is None and chosen.linear_choice == table
+    values = {"B": 16, "Q": 16, "C": 1024}  # 256 rows: a measured M
+    step = chosen.step(t_ir, values, sync=False)
+    seen = set()
+    for node in step.nodes:
+        meta = t_ir.meta(next(n for n in t_ir.graph.nodes if n.name == node.node))
+        if node.kind not in KINDS:
+            continue
+        n, k = int(meta.attrs["out_features"]), int(meta.attrs["in_features"])
+        point = table.shape(n, k).point_at(256)
+        assert point.m == 256 and point.impl == "cublas"
+        assert node.work_time == pytest.approx(point.cublas_s - table.overhead_s, rel=1e-9), node.node
+        assert node.launches == CUBLAS_LAUNCHES["cuda"][node.kind]
+        if node.kind == "linear_add":  # the separate residual add is priced
+            assert node.t_launch > node.launches * chosen.overhead
+        seen.add((n, k))
+    assert seen == set(table.shapes)
+    for b, q in ((16, 16), (32, 16), (8, 16)):
+        v = {"B": b, "Q": q, "C": 1024}
+        assert chosen.step(t_ir, v, sync=False).time < 0.85 * plain.step(t_ir, v, sync=False).time
+    # AR at bs1 keeps the Triton GEMVs (chosen there): the same time up to the per-shape tables
+    ar = {"B": 1, "Q": 1, "C": 1024}
+    assert chosen.step(t_ir, ar).time == pytest.approx(plain.step(t_ir, ar).time, rel=0.05)
+    # the symbolic formula uses the same per-node prices
+    assert float(evaluate(chosen.step_formula(t_ir, values), values)) == pytest.approx(step.time, rel=1e-4)

@@ -11,6 +11,7 @@ import pytest
 from specc.serve.backend import GenerationRequest
 from specc.serve.scheduler import BatchingScheduler
 from specc.serve.worker import EngineWorker
+from serve_fakes import collect
 
 PROMPTS = [([5, 6, 7, 8], 10), ([100, 200, 300], 7), ([9] * 20, 12), ([42], 1), ([7, 70, 700], 9)]
 
@@ -49,22 +50,10 @@ def worker(tiny_artifact):
     w.close()
 
 
-async def _collect(worker, request, stop_after=None):
-    tokens, reason = [], None
-    stream = worker.submit(request)
-    async for chunk in stream:
-        tokens += chunk.tokens
-        reason = chunk.finish_reason
-        if stop_after is not None and len(tokens) >= stop_after:
-            await stream.aclose()
-            break
-    return tokens, reason
-
-
 def test_concurrent_requests_batched_equal_one_at_a_time(worker, reference):
     async def main():
-        cut = asyncio.ensure_future(_collect(worker, GenerationRequest("cut", (5, 6, 7, 8), 40), stop_after=3))
-        rest = await asyncio.gather(*(_collect(worker, GenerationRequest(f"r{i}", tuple(p), n))
+        cut = asyncio.ensure_future(collect(worker, GenerationRequest("cut", (5, 6, 7, 8), 40), stop_after=3))
+        rest = await asyncio.gather(*(collect(worker, GenerationRequest(f"r{i}", tuple(p), n))
                                       for i, (p, n) in enumerate(PROMPTS)))
         return await cut, rest
 

@@ -12,6 +12,7 @@ import pytest
 from specc.errors import UserError
 from specc.serve.backend import GenerationError, GenerationRequest
 from specc.serve.worker import EngineWorker
+from serve_fakes import collect
 
 
 class ThreadCheckedEngine:
@@ -50,18 +51,6 @@ def worker(tiny_artifact):
     w.close()
 
 
-async def _collect(worker, request, stop_after=None):
-    tokens, reason = [], None
-    stream = worker.submit(request)
-    async for chunk in stream:
-        tokens += chunk.tokens
-        reason = chunk.finish_reason
-        if stop_after is not None and len(tokens) >= stop_after:
-            await stream.aclose()
-            break
-    return tokens, reason
-
-
 def test_engine_stream_returns_the_generate_result(reference):
     """SerialScheduler reads the finish and the per-step stats from Engine.stream's return value."""
     from specc.runtime.loop import run_to_end
@@ -76,7 +65,7 @@ PROMPTS = [([5, 6, 7, 8], 10), ([100, 200, 300], 7), ([9] * 20, 12), ([42], 1)]
 
 def test_concurrent_requests_equal_one_at_a_time_generate(worker, reference):
     async def main():
-        return await asyncio.gather(*(_collect(worker, GenerationRequest(f"r{i}", tuple(p), n))
+        return await asyncio.gather(*(collect(worker, GenerationRequest(f"r{i}", tuple(p), n))
                                       for i, (p, n) in enumerate(PROMPTS)))
 
     results = asyncio.run(main())
@@ -93,8 +82,8 @@ def test_concurrent_requests_equal_one_at_a_time_generate(worker, reference):
 
 def test_a_request_cancelled_half_way_leaves_the_engine_clean(worker, reference):
     async def main():
-        cut = await _collect(worker, GenerationRequest("cut", (5, 6, 7, 8), 40), stop_after=3)
-        after = await asyncio.gather(*(_collect(worker, GenerationRequest(f"a{i}", tuple(p), n))
+        cut = await collect(worker, GenerationRequest("cut", (5, 6, 7, 8), 40), stop_after=3)
+        after = await asyncio.gather(*(collect(worker, GenerationRequest(f"a{i}", tuple(p), n))
                                        for i, (p, n) in enumerate(PROMPTS[:2])))
         return cut, after
 
@@ -109,8 +98,8 @@ def test_a_request_cancelled_half_way_leaves_the_engine_clean(worker, reference)
 def test_an_engine_error_fails_its_request_and_the_worker_serves_on(worker, reference):
     async def main():
         with pytest.raises(GenerationError):  # a token id past the vocabulary (the app refuses it earlier)
-            await _collect(worker, GenerationRequest("bad", (5, 10 ** 6), 4))
-        return await _collect(worker, GenerationRequest("ok", (5, 6), 4))
+            await collect(worker, GenerationRequest("bad", (5, 10 ** 6), 4))
+        return await collect(worker, GenerationRequest("ok", (5, 6), 4))
 
     assert asyncio.run(main())[0] == reference.generate([5, 6], 4).tokens and worker.alive()
 
@@ -157,8 +146,8 @@ def test_a_failing_step_fails_those_in_flight_and_the_next_request_runs(monkeypa
 
     async def main():
         with pytest.raises(GenerationError, match="batch step failed"):
-            await _collect(w, GenerationRequest("x", (1,), 2))
-        return await _collect(w, GenerationRequest("y", (1,), 2))
+            await collect(w, GenerationRequest("x", (1,), 2))
+        return await collect(w, GenerationRequest("y", (1,), 2))
 
     try:
         assert asyncio.run(main()) == ([1], "length")
@@ -180,10 +169,10 @@ def test_if_the_worker_loop_dies_waiting_requests_fail_and_it_reports_dead(monke
 
     async def main():
         with pytest.raises(GenerationError):
-            await _collect(w, GenerationRequest("x", (1,), 2))
+            await collect(w, GenerationRequest("x", (1,), 2))
         w._thread.join(10)
         with pytest.raises(GenerationError, match="not running"):
-            await _collect(w, GenerationRequest("y", (1,), 2))
+            await collect(w, GenerationRequest("y", (1,), 2))
 
     asyncio.run(main())
     assert not w.alive() and "the engine worker stopped" in caplog.text

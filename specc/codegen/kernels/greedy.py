@@ -159,13 +159,15 @@ def _check_accept(drafts, target, draft_len, out_tokens, out_pos, op):
 
 def greedy_accept(drafts: torch.Tensor, target: torch.Tensor,
                   draft_len: torch.Tensor | None = None, out_tokens: torch.Tensor | None = None,
-                  out_pos: torch.Tensor | None = None, advance: bool = True):
+                  out_pos: torch.Tensor | None = None, advance: bool = True, opt_in: bool = False):
     """Chain acceptance. drafts ``[B, K]``, target ``[B, K + 1]`` int -> ``(accept_len [B],
     next_token [B])`` int64; optionally writes ``target[b, :a+1]`` to
-    ``out_tokens[b, out_pos[b]:]`` and (``advance``) adds ``a + 1`` to ``out_pos`` in place."""
+    ``out_tokens[b, out_pos[b]:]`` and (``advance``) adds ``a + 1`` to ``out_pos`` in place.
+    ``opt_in``: under the Triton interpreter on CPU, run the kernel only with
+    ``SPECC_KERNELS=triton`` (the runtime's verifier passes True: the interpreter is slow)."""
     op = "greedy_accept"
     _check_accept(drafts, target, draft_len, out_tokens, out_pos, op)
-    if not use_triton(drafts):
+    if not use_triton(drafts, opt_in=opt_in):
         return greedy_accept_reference(drafts, target, draft_len, out_tokens, out_pos, advance)
     bsz, k = drafts.shape
     acc = torch.empty(bsz, dtype=torch.int64, device=drafts.device)

@@ -5,22 +5,16 @@ model definition's logits and GDN states over a prefill, a chain block and a tre
 from __future__ import annotations
 
 import torch
-from hybrid_factory import hybrid_config
+from hybrid_factory import random_hybrid_lm
 
 from specc.codegen.build import build_step
 from specc.codegen.kernels.dispatch import use_triton
-from specc.models.hybrid import HybridLM
-from specc.models.hybrid_config import hybrid_config_from_hf
 from specc.runtime.compiled import instantiate
 
 
 def test_emitted_hybrid_steps_run_the_gdn_kernels(monkeypatch, dev):
-    cfg = hybrid_config_from_hf(hybrid_config().to_dict())
-    torch.manual_seed(0)
-    model = HybridLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.15)
+    model = random_hybrid_lm()
+    cfg = model.config
     model.setup_caches(1, 32, max_block=4)
     steps = {role: build_step(model, role, "") for role in ("target", "target_tree")}
     assert all({"conv_step", "delta_rule_step"} <= set(s.lowering["lowered"]) for s in steps.values())

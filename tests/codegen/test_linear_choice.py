@@ -1,0 +1,120 @@
+"""The per-shape Triton / cuBLAS table: choices from measurements, row ranges, interpolated times,
+JSON round trip and the errors of a malformed table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from specc.codegen.linear_choice import FORMAT, LinearChoice, in_rows
+
+H200_RECORD = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "h200-bs1-calibration.json"
+
+
+def _rows(n, k, times):
+    """Calibration-style measurements from {M: (triton_s, cublas_s)}."""
+    return [{"impl": impl, "N": n, "K": k, "M": m, "seconds": t}
+            for m, (ts, cs) in times.items() for impl, t in (("specc", ts), ("torch", cs))]
+
+
+def test_choice_from_measurements_with_margin():
+    times = {1: (10.0, 12.0), 2: (10.0, 9.9), 4: (10.0, 9.0), 8: (10.0, 9.5), 16: (10.0, 11.0), 32: (20.0, 10.0)}
+    table = LinearChoice.from_measurements(_rows(64, 32, times), margin=0.02)
+    shape = table.shape(64, 32)
+    # 9.9 is within 2% of 10: Triton stays; 9.0 and 9.5 are faster by more
+    assert [p.impl for p in shape.points] == ["triton", "triton", "cublas", "cublas", "triton", "cublas"]
+    assert [(r["rows"], r["impl"]) for r in shape.ranges()] == [([1, 2], "triton"), ([3, 8], "cublas"),
+                                                                ([9, 16], "triton"), ([17, None], "cublas")]
+    assert shape.cublas_rows() == ((3, 8), (17, None))
+    for rows, impl in [(1, "triton"), (2, "triton"), (3, "cublas"), (8, "cublas"), (9, "triton"), (16, "triton"),
+                       (17, "cublas"), (5000, "cublas")]:
+        assert table.impl_at(rows, 64, 32) == impl, rows
+        assert in_rows(rows, shape.cublas_rows()) == (impl == "cublas"), rows
+    assert table.impl_at(64, 99, 32) == "triton" and table.cublas_rows(99, 32) == ()  # unmeasured shape
+    assert table.summary() == ["N=64 K=32: cuBLAS at M 3..8, M 17+"]
+    # a shape timed by one implementation only is left out
+    assert LinearChoice.from_measurements([r for r in _rows(8, 8, times) if r["impl"] == "torch"]).shapes == {}
+
+
+def test_seconds_interpolate_the_chosen_implementation():
+    table = LinearChoice.from_measurements(_rows(64, 32, {1: (1.0, 4.0), 4: (2.0, 4.0), 16: (8.0, 4.0),
+                                                          32: (16.0, 8.0)}))
+    shape = table.shape(64, 32)
+    assert shape.seconds_at(1) == 1.0 and shape.seconds_at(4) == 2.0 and shape.seconds_at(16) == 4.0
+    assert shape.seconds_at(2) == pytest.approx(math.sqrt(2.0))  # log-log between M = 1 and 4 (Triton)
+    assert shape.seconds_at(8) == pytest.approx(4.0)  # cuBLAS at M = 5..16: 4.0 at both ends
+    assert shape.seconds_at(64) == pytest.approx(16.0)  # beyond: the line through M = 16 and 32
+    flat = LinearChoice.from_measurements(_rows(64, 32, {16: (8.0, 4.0), 32: (8.0, 4.0)})).shape(64, 32)
+    assert flat.seconds_at(1024) == pytest.approx(4.0)  # weight-bound at the last two: stays flat
+    single = LinearChoice.from_measurements(_rows(64, 32, {8: (1.0, 2.0)})).shape(64, 32)
+    assert single.seconds_at(16) == pytest.approx(2.0)  # one point: proportional
+    forced = LinearChoice.forced([(64, 32)], rows=(2, None))
+    assert forced.shape(64, 32).seconds_at(8) is None  # a forced choice has no times
+
+
+def test_forced_rows():
+    table = LinearChoice.forced([(64, 32), (32, 64)], rows=(5, 12))
+    assert table.cublas_rows(64, 32) == ((5, 12),) and table.cublas_rows(32, 64) == ((5, 12),)
+    assert LinearChoice.forced([(8, 8)], rows=(1, None)).cublas_rows(8, 8) == ((1, None),)
+    assert LinearChoice.forced([(8, 8)], rows=(1, 3)).cublas_rows(8, 8) == ((1, 3),)
+    assert table.uses_cublas and not LinearChoice({}).uses_cublas
+    for bad in ((0, 4), (5, 4)):
+        with pytest.raises(ValueError, match="rows must be"):
+            LinearChoice.forced([(8, 8)], rows=bad)
+    # with_impl: the same times, one implementation everywhere
+    measured = LinearChoice.from_measurements(_rows(64, 32, {1: (1.0, 2.0), 8: (3.0, 1.0)}))
+    assert measured.with_impl("triton").cublas_rows(64, 32) == ()
+    assert measured.with_impl("cublas").shape(64, 32).seconds_at(1) == 2.0
+
+
+def test_json_round_trip():
+    table = LinearChoice.from_measurements(_rows(64, 32, {1: (1.0, 2.0), 8: (3.0, 1.0)}), overhead_s=1e-6,
+                                           source="test")
+    data = json.loads(json.dumps(table.to_json()))
+    assert data["format"] == FORMAT
+    back = LinearChoice.from_json(data)
+    assert back == table
+    # a hand-written table may force a choice without times
+    hand = LinearChoice.from_json({"shapes": [{"N": 4, "K": 4, "points": [{"M": 1, "impl": "cublas"}]}]})
+    assert hand.cublas_rows(4, 4) == ((1, None),)
+
+
+GOOD = {"N": 4, "K": 4, "points": [{"M": 1, "impl": "triton"}, {"M": 4, "impl": "cublas"}]}
+
+
+@pytest.mark.parametrize("data,message", [
+    ([], "one JSON object"),
+    ({"format": "other/1", "shapes": []}, "unknown linear choice format"),
+    ({"shapes": {}}, "shapes must be a list"),
+    ({"margin": 1.5, "shapes": []}, "margin"),
+    ({"overhead_s": -1, "shapes": []}, "overhead_s"),
+    ({"dtype": "int8", "shapes": []}, "dtype"),
+    ({"shapes": [GOOD, GOOD]}, "listed twice"),
+    ({"shapes": [{"N": 0, "K": 4, "points": GOOD["points"]}]}, "shapes[0].N"),
+    ({"shapes": [{"N": 4, "K": 4, "points": []}]}, "non-empty"),
+    ({"shapes": [{"N": 4, "K": 4, "points": [{"M": 4, "impl": "triton"}, {"M": 4, "impl": "cublas"}]}]},
+     "M must increase"),
+    ({"shapes": [{"N": 4, "K": 4, "points": [{"M": 1, "impl": "cutlass"}]}]}, "impl must be one of"),
+    ({"shapes": [{"N": 4, "K": 4, "points": [{"M": 1, "impl": "triton", "cublas_s": -1.0}]}]}, "cublas_s"),
+    ({"shapes": [{"N": 4, "K": 4, "points": [{"M": 1.5, "impl": "triton"}]}]}, "points[0].M"),
+])
+def test_malformed_tables_are_refused(data, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        LinearChoice.from_json(data)
+
+
+def test_h200_measurements_choose_cublas_at_large_m():
+    """The H200 calibration record (both linears timed at Qwen3-8B shapes, M = 1 ... 2048): cuBLAS
+    is chosen at every shape from M = 128 up (where it measured 1.5-2.9x faster) and the M = 1
+    GEMV stays Triton."""
+    record = json.loads(H200_RECORD.read_text())
+    table = LinearChoice.from_measurements(record["measurements"]["linear"], margin=0.02)
+    assert set(table.shapes) == {(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)}
+    for (n, k), shape in table.shapes.items():
+        assert [p.m for p in shape.points] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048]
+        assert all(table.impl_at(m, n, k) == "cublas" for m in (128, 256, 512, 1024, 2048, 4096)), (n, k)
+        assert shape.points[-1].cublas_s < 0.6 * shape.points[-1].triton_s
+        assert table.impl_at(1, n, k) == "triton", (n, k)

@@ -1,0 +1,96 @@
+"""Lowering with a linear choice: cuBLAS exactly in the measured row ranges of the measured shapes,
+recorded in the report; without a table nothing changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specc.bench.shapes import QWEN3_8B, build_causal, tiny
+from specc.codegen.build import build_step
+from specc.codegen.kernels import linear_cublas
+from specc.codegen.linear_choice import LinearChoice
+from specc.passes.pipelines import DEFAULT_PIPELINE
+from specc.runtime.compiled import instantiate
+
+CFG = tiny(QWEN3_8B, layers=2)
+# the tiny Qwen3's fused linears (N, K): qkv and gate_up carry the norm prologue (norm_linear),
+# o and down the residual add (linear_add), lm_head the final norm
+QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD = (128, 64), (64, 64), (256, 64), (64, 128), (512, 64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = build_causal(CFG, torch.float32, torch.device("cpu"), seed=1)
+    m.setup_caches(1, 16)
+    return m
+
+
+def _linear_calls(gm) -> dict[str, dict]:
+    return {n.name: dict(n.kwargs) for n in gm.graph.nodes
+            if n.op == "call_function" and n.target.__name__ in ("linear", "norm_linear", "linear_add")}
+
+
+def test_no_table_lowers_as_before(model):
+    step = build_step(model, "target", DEFAULT_PIPELINE)
+    assert "linear_impl" not in step.lowering
+    assert "cublas_rows" not in step.emitted.source
+
+
+def test_cublas_rows_only_on_measured_shapes(model):
+    table = LinearChoice.forced([O_PROJ, GATE_UP], rows=(3, 8))
+    step = build_step(model, "target", DEFAULT_PIPELINE, linear_choice=table)
+    records = {(r["N"], r["K"]): r for r in step.lowering["linear_impl"]}
+    assert set(records) == {O_PROJ, GATE_UP}  # only the shapes the table covers are recorded
+    o, gu = records[O_PROJ], records[GATE_UP]
+    assert len(o["nodes"]) == len(gu["nodes"]) == CFG["num_hidden_layers"]  # one per layer
+    assert [(r["rows"], r["impl"]) for r in o["ranges"]] == [([1, 2], "triton"), ([3, 8], "cublas"),
+                                                             ([9, None], "triton")]
+    assert step.emitted.source.count("cublas_rows = ((3, 8),)") == 2 * CFG["num_hidden_layers"]
+    # the kernel_abi calls carry the ranges exactly on the chosen nodes
+    from specc.codegen.lower import lower
+
+    gm, report = lower(step.ir.gm, table)
+    calls = _linear_calls(gm)
+    chosen = set(o["nodes"]) | set(gu["nodes"])
+    assert {name for name, kw in calls.items() if "cublas_rows" in kw} == chosen
+    assert all(kw["cublas_rows"] == ((3, 8),) for name, kw in calls.items() if name in chosen)
+    assert report.linear_impl == step.lowering["linear_impl"]
+
+
+def test_measured_triton_everywhere_is_recorded_without_cublas(model):
+    table = LinearChoice.from_measurements(
+        [{"impl": impl, "N": 512, "K": 64, "M": m, "seconds": t}
+         for m in (1, 16) for impl, t in (("specc", 1.0), ("torch", 1.01))])
+    step = build_step(model, "target", DEFAULT_PIPELINE, linear_choice=table)
+    (record,) = step.lowering["linear_impl"]
+    assert (record["N"], record["K"]) == LM_HEAD and [r["impl"] for r in record["ranges"]] == ["triton"]
+    assert record["ranges"][0]["points"][0] == {"M": 1, "impl": "triton", "triton_s": 1.0, "cublas_s": 1.01}
+    assert "cublas_rows" not in step.emitted.source
+
+
+def test_generated_step_calls_cublas_exactly_in_range(model, monkeypatch):
+    """Run the emitted step at Q = 1..6 (rows = B x Q): the cuBLAS path runs for rows 3..4 only,
+    and the logits equal the step without a table."""
+    table = LinearChoice.forced([QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD], rows=(3, 4))
+    plain = instantiate(build_step(model, "target", DEFAULT_PIPELINE).emitted)
+    chosen = instantiate(build_step(model, "target", DEFAULT_PIPELINE, linear_choice=table).emitted)
+    seen: list[int] = []
+    real = linear_cublas.linear_cublas
+
+    def counting(x, *args, **kwargs):
+        seen.append(x.numel() // x.shape[-1])
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(linear_cublas, "linear_cublas", counting)
+    per_step = 4 * CFG["num_hidden_layers"] + 1  # qkv, o, gate_up, down per layer + lm_head
+    for q in range(1, 7):
+        seen.clear()
+        ids = torch.randint(0, CFG["vocab_size"], (1, q), generator=torch.Generator().manual_seed(q))
+        pos = torch.arange(q)[None]
+        outs = []
+        for step in (plain, chosen):
+            step.setup_caches(1, 16)
+            outs.append(step(ids, pos, torch.zeros(1, dtype=torch.long)))
+        assert seen == ([q] * per_step if 3 <= q <= 4 else []), q
+        torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
