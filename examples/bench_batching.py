@@ -318,11 +318,16 @@ def main() -> None:
                   "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source})
 
             two = best_k1(pair.pricer, b, acc)
+            # both mechanisms need a packed verify; without one the loop would time one level under their name
+            unpacked = None
+            if not hasattr(loop, "two_level_k1"):
+                unpacked = "the runtime has no two-level verification (DeviceSpeculativeDecoder.two_level_k1)"
+            elif not getattr(loop, "verifies_ragged", False):
+                unpacked = "the loop has no ragged verify step (a compiled target_ragged)"
             if two is not None and not over_budget("two-level"):
-                if not hasattr(loop, "two_level_k1"):
-                    emit({**base, "system": "two-level", "skipped": "the runtime has no two-level verification "
-                          "(DeviceSpeculativeDecoder.two_level_k1)", "predicted_tokens_per_s": two.tokens_per_s,
-                          "two_level_k1": two.two_level_k1})
+                if unpacked:
+                    emit({**base, "system": "two-level", "skipped": unpacked,
+                          "predicted_tokens_per_s": two.tokens_per_s, "two_level_k1": two.two_level_k1})
                 else:
                     loop.two_level_k1 = two.two_level_k1
                     results, seconds = run_batch(loop, prompts, opts.tokens, dev)
@@ -345,6 +350,10 @@ def main() -> None:
                 rules.append(("goodput", lambda: GoodputDraftLength(dense, p.k), None))
             for system, make, predicted in rules:
                 if over_budget(system):
+                    continue
+                if system == "per-request" and getattr(loop, "verifies_ragged", None) is False:
+                    emit({**base, "system": system, "skipped": "the loop has no ragged verify step (a compiled "
+                          "target_ragged)", "predicted_tokens_per_s": predicted})
                     continue
                 try:
                     rule = make()
