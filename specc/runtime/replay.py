@@ -19,15 +19,18 @@ reproducible. Which words, two modes:
 
 - ``lengths`` given (a callable returning the rows' committed lengths [B], e.g.
   ``lambda: loop.state.lengths``): u_{b,i} is a function of the seed, the row b and the absolute
-  position ``lengths[b] + i`` of the draft it tests, like counter-based sampling. A verify is
-  then a function of its inputs, which **two-level verification** needs: the device loop runs
-  the verifier on level 1's logits (the first k1 drafts) and again on both levels' logits, and
-  both calls draw the same u at the same positions, so level 1's decision is the prefix of the
-  full one, and a two-level run replays exactly the acceptance of a one-level run. Each position
-  is tested in one step only up to its first rejection, and the next step tests the positions
-  after the rejected one, so no draw that decided anything is used twice.
-- without: u_{b,i} is a function of the seed, a step counter (one per call), b and i; each call
-  is a new step, so two calls within one step (two levels) draw twice.
+  position ``lengths[b] + i`` of the draft it tests, like counter-based sampling, so a verify is
+  a function of its inputs. Each position is tested in one step only up to its first rejection
+  and the next step tests the positions after the rejected one, so no draw that decided anything
+  is used twice; one-level and two-level runs of the same requests replay the same acceptance.
+- without: u_{b,i} is a function of the seed, a step counter (one per step), b and i.
+
+**Two-level verification** (the device loop's ``two_level_k1``): level 1 calls ``verify`` with the
+first k1 drafts of every row (``start=0``: a new step); level 2 calls it for the rows that accepted
+all k1, with their remaining drafts, ``start=k1`` and ``rows=`` their indices in the step's batch:
+the same step, positions k1 + 1 .., each with its own alpha. A row that went on then accepts
+exactly what one call with all k drafts would have drawn: level 1's decision is the prefix of the
+full one, in both modes.
 
 **The committed tokens are not the model's output**: accepted drafts are committed whether or
 not the target agrees. Replay is for timing only; every report that uses it says so.
@@ -84,36 +87,44 @@ class ReplayVerifier(Verifier):
             self._alpha_cache[key] = t
         return t
 
-    def _uniforms(self, rows: int, k: int, device: torch.device) -> torch.Tensor:
-        offsets = torch.arange(1, k + 1, device=device, dtype=torch.long)[None]
-        ids = torch.arange(rows, device=device, dtype=torch.long)
+    def _uniforms(self, rows: int, k: int, device: torch.device, start: int, ids: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(start + 1, start + k + 1, device=device, dtype=torch.long)[None]
         seed = self.seed & 0x7FFFFFFF
         if self.lengths is not None:
             lengths = self.lengths().to(device=device, dtype=torch.long)
-            if lengths.shape != (rows,):
+            if lengths.dim() != 1 or (start == 0 and lengths.shape[0] != rows):
                 raise ValueError(f"ReplayVerifier: {rows} rows but lengths of shape {tuple(lengths.shape)}")
-            return uniform(seed << 32 | ids, lengths[:, None] + offsets, ACCEPT)  # (seed, row), position
+            return uniform(seed << 32 | ids, lengths[ids][:, None] + offsets, ACCEPT)  # (seed, row), position
         seeds = torch.full((rows,), seed << 32 | (self.step & 0xFFFFFFFF), dtype=torch.long, device=device)
         return uniform(seeds, (ids[:, None] << 12) + offsets, ACCEPT)  # (seed, step), (row, draft)
 
-    def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None) -> torch.Tensor:
-        """Accepted drafts per row [rows] (long, on ``device``)."""
-        self.step += 1
+    def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None, *, start: int = 0,
+             row_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Accepted drafts per row [rows] (long, on ``device``) among drafted positions
+        start + 1 .. start + k: ``start`` 0 begins a step, > 0 continues the current one (level 2
+        of a two-level step); ``row_ids`` [rows]: the rows' indices in the step's batch (default
+        0 .. rows - 1)."""
+        if start == 0:
+            self.step += 1
         if k == 0:
             return torch.zeros(rows, dtype=torch.long, device=device)
         device = torch.device(device)
-        ok = (self._uniforms(rows, k, device) < self._alpha(k, device)).to(torch.long)
+        ids = torch.arange(rows, device=device) if row_ids is None else row_ids.to(device=device, dtype=torch.long)
+        u = self._uniforms(rows, k, device, int(start), ids)
+        ok = (u < self._alpha(start + k, device)[start:]).to(torch.long)
         accepted = ok.cumprod(dim=1).sum(dim=1)
         if max_drafts is not None:
             accepted = torch.minimum(accepted, max_drafts.to(accepted.device))
         return accepted
 
-    def verify(self, drafts, target_logits, max_drafts=None):
-        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts)
+    def verify(self, drafts, target_logits, max_drafts=None, *, start: int = 0, rows: torch.Tensor | None = None):
+        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts, start=start, rows=rows)
 
-    def verify_tokens(self, drafts, target_tokens, max_drafts=None):
-        rows, k = drafts.shape
-        accepted = self.draw(rows, k, drafts.device, max_drafts)
+    def verify_tokens(self, drafts, target_tokens, max_drafts=None, *, start: int = 0,
+                      rows: torch.Tensor | None = None):
+        """``start`` / ``rows``: level 2 of a two-level step (the module docstring)."""
+        n, k = drafts.shape
+        accepted = self.draw(n, k, drafts.device, max_drafts, start=start, row_ids=rows)
         committed = target_tokens.clone()
         if k:
             take = torch.arange(k, device=drafts.device)[None] < accepted[:, None]
