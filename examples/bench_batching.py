@@ -24,7 +24,8 @@ at ``--deployment``, context = prompt + half the new tokens):
 - ``per-request``: a ``BatchScheduler`` with ``GoodputDraftLength(step_seconds, k,
   ragged_seconds=...)`` over the cost model's curves (one k per row); skipped where the runtime's
   rule takes no ``ragged_seconds``;
-- ``goodput`` (``--goodput``): the same rule without ``ragged_seconds`` (one k per step).
+- ``goodput`` (``--goodput``): the same rule without ``ragged_seconds`` (one k per step, dense
+  verify; prediction: the pricer's dense goodput k).
 
 One untimed pass precedes every timed one (Triton compiles, CUDA-graph captures per shape).
 Rows go to ``--out-dir``/batching.jsonl as they are measured (one JSON object per line) and
@@ -347,7 +348,7 @@ def main() -> None:
             rules = [("per-request", lambda: GoodputDraftLength(dense, p.k, ragged_seconds=ragged),
                       p.per_request(b, acc).tokens_per_s)]
             if opts.goodput:
-                rules.append(("goodput", lambda: GoodputDraftLength(dense, p.k), None))
+                rules.append(("goodput", lambda: GoodputDraftLength(dense, p.k), p.dense_goodput(b, acc).tokens_per_s))
             for system, make, predicted in rules:
                 if over_budget(system):
                     continue

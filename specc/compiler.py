@@ -368,7 +368,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     batching = manifest["batching"]
     lines.insert(3, "batching: " + ("two-level verification, k1 = {}".format(batching["two_level_k1"])
                                     if batching["two_level_k1"] else "per-request k" if batching["per_request_k"]
-                                    else "one level") + f" ({batching['source']})")
+                                    else "goodput k per step" if batching.get("goodput_k") else "one level")
+                 + f" ({batching['source']})")
     if choice is not None:
         p = manifest["prediction"]
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "

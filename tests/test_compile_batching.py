@@ -33,8 +33,8 @@ def test_the_manifest_records_the_choice_and_the_engine_reads_it(checkpoints, tm
     assert section["batch_size"] == 4 and section["num_draft"] == 3 and "curve" in section
     assert section["acceptance_source"].startswith("measured by stock")
     options = [row["option"] for row in section["candidates"]]
-    assert options == ["one level", "two-level k1=1", "two-level k1=2", "per-request k"]
-    best = max(row["tokens_per_s"] for row in section["candidates"])
+    assert options == ["one level", "two-level k1=1", "two-level k1=2", "per-request k", "goodput k, dense"]
+    best = max(row["tokens_per_s"] for row in section["candidates"][:-1])  # the last is a reference
     chosen = next(row for row in section["candidates"] if row["option"] == section["chosen"])
     assert chosen["tokens_per_s"] >= best * (1 - 1e-9)
     assert StepCurve.from_section(section["curve"]).step_seconds(4, 3) > 0
@@ -56,7 +56,8 @@ def test_without_a_ragged_step_one_level_is_recorded_with_the_predictions(checkp
                               deployment=bs4, max_new_tokens=6, num_draft=3)
     section = result.manifest["batching"]
     assert section["two_level_k1"] is None and not section["per_request_k"] and "no ragged verify" in section["source"]
-    assert len(section["candidates"]) == 4
+    assert len(section["candidates"]) == 5 and section["chosen"] in ("one level", "goodput k, dense")
+    assert section["goodput_k"] == (section["chosen"] == "goodput k, dense")
 
 
 @QWEN3
@@ -95,3 +96,8 @@ def test_engine_batching_section_checks_and_default_rule():
     rule = Engine.default_draft_length(SimpleNamespace(batching=section, num_draft=3))
     assert rule.k_max == 3 and rule.step_seconds(4, 3) == pytest.approx(4e-3)
     assert Engine.default_draft_length(SimpleNamespace(batching={**section, "per_request_k": False}, num_draft=3)) is None
+    one_k = Engine.default_draft_length(SimpleNamespace(batching={**section, "per_request_k": False, "goodput_k": True},
+                                                        num_draft=3))
+    assert one_k.k_max == 3 and getattr(one_k, "ragged_seconds", None) is None
+    with pytest.raises(ArtifactError, match="batching"):
+        _batching("a", {"batching": {"goodput_k": 1}}, 3)

@@ -226,7 +226,7 @@ def _batching_table(args, model, t_ir, d_ir, impl, acc, k) -> list[dict]:
     pricer = BatchingPricer(model, t_ir, d_ir, impl, k, args.context)
     out = []
     for b in sizes:
-        options = pricer.options(b, acc)
+        options = pricer.options(b, acc, reference=True)
         section = batching_section(pricer, b, acc, curve=False)
         section.pop("candidates", None)
         out.append({"batch_size": b, "context": pricer.context, "options": [o.to_json() for o in options],
@@ -234,19 +234,27 @@ def _batching_table(args, model, t_ir, d_ir, impl, acc, k) -> list[dict]:
     return out
 
 
+def _row_ks(counts: dict) -> str:
+    """{"7": 16, "8": 16} -> "k=7..8"; {"8": 32} -> "k=8"."""
+    ks = sorted(int(k) for k in counts)
+    return f"k={ks[0]}" if len(ks) == 1 else f"k={ks[0]}..{ks[-1]}"
+
+
 def _print_batching(table: list[dict], k: int, context: int, acc) -> None:
     from specc.search.cost_model import fmt_seconds
 
     print()
     print(f"batching options, k={k}, C={context} (acceptance: {acc.source or 'stated'}):")
-    print("  (priced for a ragged verify step: `specc compile` records a mechanism only for an artifact that has one)")
-    print(f"  {'B':>4}  {'option':<18} {'step':>11} {'level 2':>11} {'l2 rows':>8} {'tok/s':>11} {'speedup':>8}")
+    print("  (priced for a ragged verify step: `specc compile` records a mechanism only for an artifact that has one;"
+          " 'goodput k, dense' is the reference of one k for every row without it)")
+    print(f"  {'B':>4}  {'option':<26} {'step':>11} {'level 2':>11} {'l2 rows':>8} {'tok/s':>11} {'speedup':>8}")
     for entry in table:
         chosen = entry["choice"].get("chosen", "one level")
         for row in entry["options"]:
             mark = " <-" if row["option"] == chosen else ""
             l2 = fmt_seconds(row["level2_s"]) if row["two_level_k1"] else "-"
             rows2 = f"{row['level2_rows']:.1f}" if row["two_level_k1"] else "-"
-            print(f"  {entry['batch_size']:>4}  {row['option']:<18} {fmt_seconds(row['step_s']):>11} {l2:>11} "
+            label = row["option"] + (f" ({_row_ks(row['row_k'])})" if row.get("row_k") else "")
+            print(f"  {entry['batch_size']:>4}  {label:<26} {fmt_seconds(row['step_s']):>11} {l2:>11} "
                   f"{rows2:>8} {row['tokens_per_s']:>11,.1f} {row['speedup']:>7.2f}x{mark}")
         print(f"  B={entry['batch_size']}: {entry['choice']['source']}")

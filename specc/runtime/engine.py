@@ -132,14 +132,18 @@ class Engine:
         return BatchScheduler(self.loop, capacity, self.eos_token_ids, draft_length, sampling=sampling)
 
     def default_draft_length(self):
-        """The goodput rule the artifact's batching choice asks for (per-request k: one k per row
-        from the step curve the compiler recorded), else None (the artifact's k every step)."""
-        if not (self.batching.get("per_request_k") and self.batching.get("curve") and self.num_draft):
+        """The goodput rule the artifact's batching choice asks for, over the step curve the
+        compiler recorded (per-request k: one k per row; goodput k: one k per step), else None
+        (the artifact's k every step)."""
+        per_row, one_k = self.batching.get("per_request_k"), self.batching.get("goodput_k")
+        if not ((per_row or one_k) and self.batching.get("curve") and self.num_draft):
             return None
         from specc.runtime.adaptive import GoodputDraftLength
         from specc.runtime.step_curve import StepCurve
 
         curve = StepCurve.from_section(self.batching["curve"])
+        if not per_row:  # one k per step over the dense verify
+            return GoodputDraftLength(curve.step_seconds, self.num_draft)
         try:
             return GoodputDraftLength(curve.step_seconds, self.num_draft, ragged_seconds=curve.ragged_seconds)
         except TypeError:  # a runtime without the per-row choice: one k per step from the same curve
@@ -195,7 +199,8 @@ def _batching(path, manifest: dict, num_draft: int) -> dict:
     """The manifest's batching choice ({} when absent); a malformed one is an ArtifactError."""
     section = manifest.get("batching") or {}
     k1 = section.get("two_level_k1") if isinstance(section, dict) else None
-    ok = isinstance(section, dict) and isinstance(section.get("per_request_k", False), bool) and (
+    ok = isinstance(section, dict) and isinstance(section.get("per_request_k", False), bool) and isinstance(
+        section.get("goodput_k", False), bool) and (
         k1 is None or (isinstance(k1, int) and not isinstance(k1, bool) and 1 <= k1 < max(num_draft, 1)))
     if ok and section.get("curve") is not None:
         from specc.runtime.step_curve import StepCurve
@@ -206,7 +211,7 @@ def _batching(path, manifest: dict, num_draft: int) -> dict:
             ok = False
     if not ok:
         raise ArtifactError(f"{path}: manifest 'batching' must be {{'two_level_k1': None or 1..k-1, "
-                            f"'per_request_k': bool, ...}}, got {section!r:.80}")
+                            f"'per_request_k': bool, 'goodput_k': bool, ...}}, got {section!r:.80}")
     return section
 
 

@@ -18,8 +18,9 @@ below the search layer), so this module builds those functions here:
   the same B and Q costs: the packing saves exactly the tokens a dense block would pad.
 - :func:`ragged_step_seconds`: ``seconds(rows, tokens)``, the ``ragged_seconds`` of
   ``GoodputDraftLength``: the drafter's batched forward over the rows (dense: drafters have no
-  ragged step, so it is priced at the loop's k for every row, an upper bound when rows draft
-  fewer) + the ragged verify with the tokens spread as evenly as they go over the rows.
+  ragged step and draft the longest row's k for every row) + the ragged verify, with the tokens
+  spread as evenly as they go over the rows (so the longest row drafts ceil(tokens / rows) - 1;
+  exact for one k per row, a lower bound on drafting when the rows' k differ more).
 """
 
 from __future__ import annotations
@@ -116,16 +117,18 @@ def draft_seconds(cost: CostModel, draft_ir, method, rows: int, k: int, context:
 def ragged_step_seconds(cost: CostModel, target_ir, draft_ir, method, context: int,
                         k_max: int) -> Callable[[int, int], float]:
     """``seconds(rows, tokens)``: a step whose packed verify takes ``tokens`` tokens over ``rows``
-    rows (each row its last committed token + its drafts), drafting included (the drafter's
-    batched forward at ``k_max`` drafts, none when every row verifies one token)."""
+    rows (each row its last committed token + its drafts, spread evenly), drafting included (the
+    drafter's batched forward at the longest row's drafts, at most ``k_max``; none when every row
+    verifies one token). ``seconds(rows, rows * (k + 1))`` is the dense step with k drafts."""
     cache: dict[tuple[int, int], float] = {}
 
     def seconds(rows: int, tokens: int) -> float:
         key = (int(rows), int(tokens))
         if key not in cache:
-            verify = ragged_verify(cost, target_ir, even_split(*key), context).time
-            drafting = draft_seconds(cost, draft_ir, method, key[0], k_max, context) if key[1] > key[0] else 0.0
-            cache[key] = verify + drafting
+            split = even_split(*key)
+            verify = ragged_verify(cost, target_ir, split, context).time
+            k = min(int(k_max), max(split) - 1)
+            cache[key] = verify + (draft_seconds(cost, draft_ir, method, key[0], k, context) if k > 0 else 0.0)
         return cache[key]
 
     return seconds

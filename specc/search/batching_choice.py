@@ -4,14 +4,17 @@ neither, by the cost model's predicted tokens/s (``specc.search.batching_cost``)
 ``batching_section`` returns what `specc compile` writes into ``manifest["batching"]`` and the
 engine applies to its loop:
 
-    {"two_level_k1": k1 or None, "per_request_k": bool, "source": why,
+    {"two_level_k1": k1 or None, "per_request_k": bool, "goodput_k": bool, "source": why,
      "batch_size": B, "num_draft": k, "acceptance_source": ..., "candidates": [priced options],
      "curve": {"rows": [...], "tokens_per_row": [1..k + 1], "seconds": [[...]]}}
 
 The best option wins when it beats one level; ties keep one level (the simpler loop). Both
-mechanisms need a target that verifies packed rows (``ragged_rows``): without one, or at batch
-size 1 (one row: nothing to pack, and a second level is a second forward of the same row), or
-with tree verification chosen (the options price chains), the section says one level and why.
+mechanisms need an artifact that verifies packed rows: without one the choice is between one
+level and the goodput rule's one k per step with the dense verify (``goodput_k``: what the
+runtime's ``GoodputDraftLength`` does without ``ragged_seconds``), and the source says what the
+mechanisms would give. At batch size 1 (one row: nothing to pack, and a second level is a second
+forward of the same row), or with tree verification chosen (the options price chains), the
+section says one level and why.
 ``curve`` is the cost model's ragged step time (drafting included) at a grid of rows and tokens
 per row, which the runtime interpolates for the goodput rule (``specc.runtime.step_curve``): the
 runtime cannot import the cost model.
@@ -59,8 +62,8 @@ def check_given(two_level, batch_size: int, ragged: bool) -> None:
 
 
 def off_section(source: str, batch_size: int, num_draft: int) -> dict[str, Any]:
-    return {"two_level_k1": None, "per_request_k": False, "source": source, "batch_size": int(batch_size),
-            "num_draft": int(num_draft)}
+    return {"two_level_k1": None, "per_request_k": False, "goodput_k": False, "source": source,
+            "batch_size": int(batch_size), "num_draft": int(num_draft)}
 
 
 def curve_table(pricer: BatchingPricer, max_rows: int) -> dict[str, Any]:
@@ -97,36 +100,43 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
         return off_section("batch size 1: one row per step, so nothing to pack (per-request k is the step's k) "
                            "and a second level would be a second forward of the same row; one level", b, k)
     k1s = [two_level] if isinstance(two_level, int) else None
-    options = pricer.options(b, acceptance, two_level=two_level != "off", per_request=per_request, k1s=k1s)
-    one = options[0]
-    best = one
-    for opt in options[1:]:
-        if opt.tokens_per_s > best.tokens_per_s * _BETTER:
-            best = opt
+    options = pricer.options(b, acceptance, two_level=two_level != "off", per_request=per_request, k1s=k1s,
+                             reference=True)
+    one, dense = options[0], options[-1]
+
+    def best_of(candidates):
+        best = candidates[0]
+        for opt in candidates[1:]:
+            if opt.tokens_per_s > best.tokens_per_s * _BETTER:
+                best = opt
+        return best
+
+    packed = best_of(options[:-1])  # one level, two-level, per-request k: what a ragged step allows
     acc_src = acceptance.source or "stated"
-    if not ragged:  # priced all the same: what the mechanisms would give with a ragged step
-        section = off_section("no ragged verify step (packed rows of their own lengths), which both two-level "
-                              "verification and per-request k need; one level (predicted best with one: "
-                              f"{best.option}, {best.tokens_per_s:,.0f} tok/s vs one level {one.tokens_per_s:,.0f})",
-                              b, k)
-        section.update(context=pricer.context, acceptance_source=acc_src, chosen=one.option,
-                       candidates=[o.to_json() for o in options])
-        return section
+    where = f" at B={b}, k={k} ({pricer.cost.deployment.name})"
     if isinstance(two_level, int):
         chosen = next(o for o in options if o.two_level_k1 == two_level)
         source = (f"given (--two-level {two_level}): predicted {chosen.tokens_per_s:,.0f} tok/s vs one level "
                   f"{one.tokens_per_s:,.0f}")
-    else:
-        chosen = best
+    elif ragged:
+        chosen = packed
         off = " (two-level off)" if two_level == "off" else ""
         source = (f"cost model{off}: {chosen.option} predicted {chosen.tokens_per_s:,.0f} tok/s"
-                  + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}")
-                  + f" at B={b}, k={k} ({pricer.cost.deployment.name})")
+                  + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}") + where)
         if chosen is one:
             source += ": no mechanism beats one level"
-    section = {"two_level_k1": chosen.two_level_k1, "per_request_k": chosen.per_request_k, "source": source,
-               "batch_size": b, "num_draft": k, "context": pricer.context, "acceptance_source": acc_src,
-               "chosen": chosen.option, "candidates": [o.to_json() for o in options]}
+        if chosen.per_request_k:
+            source += f" (one goodput k for every row, dense verify: {dense.tokens_per_s:,.0f} tok/s)"
+    else:  # no packed verify: one level, or the goodput rule's one k per step
+        chosen = best_of([one, dense])
+        source = ("no ragged verify step (packed rows of their own lengths), which two-level verification and "
+                  f"per-request k need; cost model: {chosen.option} predicted {chosen.tokens_per_s:,.0f} tok/s"
+                  + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}") + where
+                  + f" (with a ragged step: {packed.option}, {packed.tokens_per_s:,.0f} tok/s)")
+    section = {"two_level_k1": chosen.two_level_k1, "per_request_k": chosen.per_request_k,
+               "goodput_k": chosen is dense, "source": source, "batch_size": b, "num_draft": k,
+               "context": pricer.context, "acceptance_source": acc_src, "chosen": chosen.option,
+               "candidates": [o.to_json() for o in options]}
     if curve:
         section["curve"] = curve_table(pricer, b)
     return section

@@ -19,10 +19,14 @@ calibrated cost model (``specc.search.batch_pricing``: dense and packed verify f
   highest marginal gains prod_{j<=i} alpha_{r,j} (non-increasing in i, so the greedy pick keeps
   each row's drafts a prefix); D is scanned over a grid of 0..B k (every multiple of B/2, at
   least 1) and the best goodput kept. Step = draft + packed verify of the chosen counts; the
-  drafter's batched forward is dense and priced at k for every row (drafters have no ragged
-  step; an upper bound when the rows draft fewer). With one acceptance model for every row this
-  is the goodput choice of one length, or two neighbouring lengths, for the batch; with a list
-  of per-row models (``row_acceptance``) it prices a mixed batch.
+  drafter's batched forward is dense (drafters have no ragged step) and drafts the longest row's
+  k for every row, as the runtime does. With one acceptance model for every row this is the
+  goodput choice of one length, or two neighbouring lengths, for the batch; with a list of
+  per-row models (``row_acceptance``) it prices a mixed batch.
+
+A reference, not a mechanism the choice records: the **dense goodput k** (:meth:`BatchingPricer.dense_goodput`),
+one k' <= k for every row with the dense verify, which the runtime's goodput rule already does
+without ragged verify; beside per-request k it says how much of the gain is the shorter k.
 
 tokens/s = expected committed tokens per step / step time; the AR baseline is the target's own
 step at Q = 1 for B rows, as in ``CostModel.predict``.
@@ -39,7 +43,7 @@ from specc.search.acceptance import AcceptanceModel
 from specc.search.batch_pricing import draft_seconds, ragged_verify
 from specc.search.cost_model import DEFAULT_CONTEXT, CostModel
 
-ONE_LEVEL, PER_REQUEST = "one level", "per-request k"
+ONE_LEVEL, PER_REQUEST, GOODPUT = "one level", "per-request k", "goodput k, dense"
 _EXACT_ROWS = 8  # level-2 row counts priced exactly up to here, then on a sparser grid
 _NEGLIGIBLE = 1e-12  # binomial mass below this is left out of the expected level-2 time
 
@@ -144,11 +148,12 @@ class BatchingPricer:
             hit = self._verify[key] = ragged_verify(self.cost, self.target_ir, counts, key[1]).time
         return hit
 
-    def draft_seconds(self, rows: int, committed: int) -> float:
-        key = (int(rows), int(committed))
+    def draft_seconds(self, rows: int, committed: int, k: int | None = None) -> float:
+        """The drafter's forwards for ``rows`` rows drafting ``k`` (default: the step's k)."""
+        key = (int(rows), int(committed), self.k if k is None else int(k))
         hit = self._draft.get(key)
         if hit is None:
-            hit = self._draft[key] = draft_seconds(self.cost, self.draft_ir, self.method, rows, self.k, self.context,
+            hit = self._draft[key] = draft_seconds(self.cost, self.draft_ir, self.method, rows, key[2], self.context,
                                                    committed)
         return hit
 
@@ -217,7 +222,8 @@ class BatchingPricer:
                 row_k[r] += 1
                 expected -= gain
                 taken += 1
-            draft = self.draft_seconds(batch, max(1, round(expected / batch))) if total else 0.0
+            longest = max(row_k)
+            draft = self.draft_seconds(batch, max(1, round(expected / batch)), longest) if longest else 0.0
             pred = OptionPrediction(PER_REQUEST, batch, self.k, expected, draft,
                                     self.verify_seconds([k + 1 for k in row_k]), self.ar_seconds(batch),
                                     per_request_k=True, row_k=list(row_k))
@@ -225,12 +231,29 @@ class BatchingPricer:
                 best = pred
         return best
 
+    def dense_goodput(self, batch: int, acceptance: AcceptanceModel) -> OptionPrediction:
+        """One k' in 0..k for every row, dense verify (the goodput rule without ragged verify, which
+        the runtime has anyway): the reference that says how much of per-request k's gain is the
+        shorter k and how much the packing."""
+        best = None
+        for kk in range(self.k + 1):
+            expected = batch * acceptance.expected_tokens(kk)
+            draft = self.draft_seconds(batch, max(1, round(expected / batch)), kk) if kk else 0.0
+            pred = OptionPrediction(GOODPUT, batch, self.k, expected, draft, self.verify_seconds([kk + 1] * batch),
+                                    self.ar_seconds(batch), row_k=[kk] * batch)
+            if best is None or pred.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
+                best = pred
+        return best
+
     def options(self, batch: int, acceptance: AcceptanceModel, *, two_level: bool = True, per_request: bool = True,
-                k1s: Sequence[int] | None = None) -> list[OptionPrediction]:
-        """One level, then two-level at each k1 in ``k1s`` (default 1..k-1), then per-request k."""
+                k1s: Sequence[int] | None = None, reference: bool = False) -> list[OptionPrediction]:
+        """One level, then two-level at each k1 in ``k1s`` (default 1..k-1), then per-request k;
+        ``reference``: also the dense goodput k (:meth:`dense_goodput`, last)."""
         out = [self.one_level(batch, acceptance)]
         if two_level:
             out += [self.two_level(batch, acceptance, k1) for k1 in (k1s or range(1, self.k)) if k1 < self.k]
         if per_request:
             out.append(self.per_request(batch, acceptance))
+        if reference:
+            out.append(self.dense_goodput(batch, acceptance))
         return out

@@ -24,15 +24,15 @@ def test_cost_prints_the_batching_table(configs, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     table = text[text.index("batching options, k=7"):]
-    for option in ["one level", "per-request k"] + [f"two-level k1={k1}" for k1 in range(1, 7)]:
+    for option in ["one level", "per-request k", "goodput k, dense"] + [f"two-level k1={k1}" for k1 in range(1, 7)]:
         assert table.count(option) >= 2, option  # one row per batch size
     assert "B=1: batch size 1" in table and "B=16: " in table and table.count(" <-") == 2
     assert main(argv + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)["batching"]
     assert [entry["batch_size"] for entry in out] == [1, 16]
     sixteen = out[1]
-    assert len(sixteen["options"]) == 1 + 6 + 1
-    best = max(sixteen["options"], key=lambda row: row["tokens_per_s"])
+    assert len(sixteen["options"]) == 1 + 6 + 1 + 1 and sixteen["options"][-1]["option"] == "goodput k, dense"
+    best = max(sixteen["options"][:-1], key=lambda row: row["tokens_per_s"])
     assert sixteen["choice"]["chosen"] == best["option"]
     assert all(row["step_s"] > 0 and row["tokens_per_s"] > 0 for row in sixteen["options"])
 

@@ -8,7 +8,7 @@ from specc.runtime.step_curve import StepCurve
 from specc.search.acceptance import AcceptanceModel
 from specc.search.batch_pricing import ragged_step_seconds
 from specc.search.batching_choice import batching_section, check_given, parse_two_level
-from specc.search.batching_cost import BatchingPricer
+from specc.search.batching_cost import GOODPUT, BatchingPricer
 from specc.search.cost_model import CostModel
 
 K = 15
@@ -45,9 +45,14 @@ def test_one_level_where_no_mechanism_applies(pricer):
         assert reason in section["source"]
         # without a ragged step the options are still priced: the section says what they would give
         assert ("candidates" in section) == (reason == "no ragged verify")
-    unpacked = batching_section(pricer, 64, acc, ragged=False, curve=False)
-    best = max(unpacked["candidates"], key=lambda r: r["tokens_per_s"])
-    assert unpacked["chosen"] == "one level" and best["option"] in unpacked["source"] and "curve" not in unpacked
+    # without one: one level or the goodput rule's one k per step, whichever is predicted faster
+    for b in (4, 64):
+        unpacked = batching_section(pricer, b, acc, ragged=False, curve=False)
+        rows = {r["option"]: r for r in unpacked["candidates"]}
+        dense_wins = rows[GOODPUT]["tokens_per_s"] > rows["one level"]["tokens_per_s"] * (1 + 1e-9)
+        assert unpacked["chosen"] == (GOODPUT if dense_wins else "one level") and unpacked["goodput_k"] == dense_wins
+        assert unpacked["two_level_k1"] is None and not unpacked["per_request_k"]
+        assert "with a ragged step" in unpacked["source"]
     ar = batching_section(None, 16, None)
     assert ar["two_level_k1"] is None and not ar["per_request_k"] and "AR" in ar["source"]
     unmeasured = batching_section(pricer, 16, None)
@@ -58,11 +63,12 @@ def test_the_choice_is_the_best_predicted_option(pricer):
     acc = AcceptanceModel.from_tau(6.55, K)
     for b in (8, 64):
         section = batching_section(pricer, b, acc, curve=False)
-        rows = section["candidates"]
+        rows = [r for r in section["candidates"] if r["option"] != GOODPUT]  # the reference is not a mechanism
         best = max(rows, key=lambda r: r["tokens_per_s"])
         chosen = next(r for r in rows if r["option"] == section["chosen"])
         assert chosen["tokens_per_s"] == pytest.approx(best["tokens_per_s"], rel=1e-8)
         assert (section["two_level_k1"], section["per_request_k"]) == (chosen["two_level_k1"], chosen["per_request_k"])
+        assert section["goodput_k"] is False
         assert section["batch_size"] == b and section["num_draft"] == K and section["acceptance_source"]
     # a given K1 is kept whatever the prediction; "off" leaves two-level out
     given = batching_section(pricer, 8, acc, two_level=1, curve=False)

@@ -7,7 +7,7 @@ import pytest
 
 from specc.search.acceptance import AcceptanceModel
 from specc.search.batch_pricing import ragged_step_seconds, ragged_verify, step_seconds
-from specc.search.batching_cost import ONE_LEVEL, PER_REQUEST, BatchingPricer, binomial, row_grid
+from specc.search.batching_cost import GOODPUT, ONE_LEVEL, PER_REQUEST, BatchingPricer, binomial, row_grid
 from specc.search.cost_model import CostModel
 
 K = 15
@@ -44,7 +44,8 @@ def test_ragged_seconds_agrees_with_the_dense_step_curve(irs):
     dense = step_seconds(cost, *irs, "dflash", context=1024)
     ragged = ragged_step_seconds(cost, *irs, "dflash", context=1024, k_max=K)
     for rows in (1, 8, 32):
-        assert ragged(rows, rows * (K + 1)) == pytest.approx(dense(rows, K), rel=1e-12)
+        for k in (K, 7, 1):  # the drafter drafts the longest row's k for every row
+            assert ragged(rows, rows * (k + 1)) == pytest.approx(dense(rows, k), rel=1e-12)
         assert ragged(rows, rows) == pytest.approx(dense(rows, 0), rel=1e-12)  # every row k = 0: an AR step
     assert ragged(32, 32 * 5) < ragged(32, 32 * 9) < ragged(32, 32 * 16)
 
@@ -109,6 +110,11 @@ def test_per_request_k(pricer):
         assert per.tokens_per_s >= pricer.one_level(b, acc).tokens_per_s * (1 - 1e-12)
     # verification turns compute-bound with the batch: rows draft fewer at 32 than at 1
     assert max(pricer.per_request(32, acc).row_k) < max(pricer.per_request(1, acc).row_k) == K
+    # with one acceptance model for every row, one k for all is as good: the dense goodput k
+    for b in (4, 32):
+        dense = pricer.dense_goodput(b, acc)
+        assert dense.option == GOODPUT and len(set(dense.row_k)) == 1
+        assert pricer.per_request(b, acc).tokens_per_s == pytest.approx(dense.tokens_per_s, rel=1e-9)
     # a mixed batch: the rows that accept more get the drafts
     good, bad = AcceptanceModel.constant(0.95, K), AcceptanceModel.constant(0.1, K)
     mixed = pricer.per_request(8, acc, row_acceptance=[good] * 4 + [bad] * 4)
@@ -121,8 +127,9 @@ def test_per_request_k(pricer):
 
 def test_options_table(pricer):
     acc = AcceptanceModel.from_tau(6.55, K)
-    rows = pricer.options(8, acc)
-    assert [r.option for r in rows] == [ONE_LEVEL] + [f"two-level k1={k1}" for k1 in range(1, K)] + [PER_REQUEST]
+    rows = pricer.options(8, acc, reference=True)
+    assert [r.option for r in rows] == [ONE_LEVEL] + [f"two-level k1={k1}" for k1 in range(1, K)] + [PER_REQUEST,
+                                                                                                  GOODPUT]
     for r in rows:
         assert r.tokens_per_s == pytest.approx(r.expected_tokens / r.step_s)
         assert r.speedup == pytest.approx(r.tokens_per_s / (8 / r.ar_step_s))
