@@ -1,26 +1,34 @@
 #!/usr/bin/env python3
-"""Fused bf12 decode + GEMV/GEMM against cuBLAS bf16 on Qwen3-8B shapes (one GPU run).
+"""bf12 (lossless 12-bit weights) against bf16 on Qwen3-8B shapes: kernels and steps, one GPU run.
 
     PYTHONPATH=. python3 examples/bench_bf12.py --out $OUT/bf12.json
+    PYTHONPATH=. python3 examples/bench_bf12.py --tiny --out /tmp/bf12.json   # CPU smoke run
 
-For each weight shape (qkv 4096->6144, o 4096->4096, gate_up 4096->24576, down 12288->4096,
-lm_head 4096->151936) and M in 1, 2, 4, 8, 16, 32, 64:
+1. Per linear shape (qkv 4096->6144, o 4096->4096, gate_up 4096->24576, down 12288->4096,
+   lm_head 4096->151936) and M (default 1, 4, 16, 64): cuBLAS bf16 (``F.linear``), the layout-1
+   kernel with its shipped config table (``--sweep-v1`` sweeps it instead), and the layout-2
+   kernel (``specc.codegen.kernels.linear_bf12_v2``) with a sweep of configs. Each config is
+   checked in bf16 against ``x.float() @ W.float().T`` into a NaN-poisoned output (relative
+   error beside cuBLAS's own) and timed as the median of CUDA-graph replays, each graph a
+   sequence of calls rotating over enough weight copies that the 50 MB L2 cannot serve them.
+   One JSON line per (shape, M) on stdout (``"kind": "linear"``): microseconds and the
+   fraction of the deployment's HBM bandwidth each one streams (bytes read / time / HBM B/s;
+   bf16 bytes for cuBLAS, packed bytes -- planes, bases, escape table -- for bf12).
+2. ``--steps`` (on by default on CUDA): the compiled Qwen3-8B target step (random weights,
+   context 1024) with the default pipeline and with ``pack_weights_12bit`` (layout 2), at Q = 1
+   (the AR step) and Q = 16 (the verify step), CUDA-graph medians in the same run, the greedy
+   tokens of both compared, and the cost model's prediction for both (the choice it would
+   make) beside the measured winner -- with the deployment's calibration, and with the packed
+   linears priced by this run's layout-2 efficiency per M: ``"kind": "step"`` JSON lines.
 
-* packs a random N(0, 0.02) bf16 weight (a realistic exponent spread; the *timing* does not
-  depend on the values, the escape rate does) and checks unpack() is bit-exact;
-* checks every kernel config in bf16 against x.float() @ W.float().T (relative error, beside
-  cuBLAS's own);
-* times cuBLAS (F.linear, bf16) and each config as the median of CUDA-graph replays, each graph
-  a sequence of calls rotating over enough weight copies that the 50 MB L2 cannot serve them;
-* prints a table (best config per shape and M), the per-layer sums (qkv + o + gate_up + down)
-  at M = 1 and M = 16, and a DEFAULT_CONFIGS table to paste into linear_bf12.py; writes JSON.
-
-Kernels are compiled first in parallel worker processes (they fill Triton's on-disk cache).
+Random N(0, 0.02) weights: a realistic exponent spread (escape rate ~7.5e-5); timings do not
+depend on the values. Kernels are compiled first in parallel worker processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing as mp
@@ -37,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
           ("lm_head", 4096, 151936)]  # (name, K, N)
 LAYER = ("qkv", "o", "gate_up", "down")
-MS = (1, 2, 4, 8, 16, 32, 64)
+MS = (1, 4, 16, 64)
 ROTATE_BYTES = 320 << 20  # weight bytes per rotation, >> 50 MB of L2 (also for the packed copies)
 MIN_CALLS = 48  # kernel calls per graph replay
 REPLAYS = 15
@@ -75,8 +83,45 @@ def candidates(m: int, quick: bool = False):
     return c[:3] if quick else c
 
 
+def candidates_v2(m: int, quick: bool = False):
+    """Layout-2 configs worth timing at M rows (16-byte loads per plane per thread need
+    block_n * block_k / 2 = 16 * 32 * num_warps)."""
+    from specc.codegen.kernels.linear_bf12_v2 import Bf12v2Config as C
+
+    def fma(bm, bn, bk, split=1, warps=4, asm=True):
+        return C("fma", block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=1,
+                 use_asm=asm)
+
+    def dot(bm, bn, bk, split=1, warps=4, stages=3, swap=False, asm=True):
+        return C("dot", block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=stages,
+                 swap_ab=swap, use_asm=asm)
+
+    if m == 1:
+        c = [fma(1, 16, 256), fma(1, 16, 256, split=2), fma(1, 32, 256, warps=8), fma(1, 16, 512, warps=8),
+             fma(1, 32, 128), fma(1, 8, 512), fma(1, 32, 256, split=2, warps=8), fma(1, 16, 256, asm=False)]
+    elif m <= 4:
+        c = [fma(m, 16, 256), fma(m, 16, 256, split=2), fma(m, 32, 128), dot(16, 64, 64), dot(16, 64, 128),
+             dot(16, 128, 64, warps=8), dot(16, 64, 64, asm=False)]
+    elif m <= 16:
+        c = [dot(16, 64, 64), dot(16, 64, 128), dot(16, 128, 64, warps=8), dot(16, 64, 64, swap=True),
+             dot(16, 32, 128), dot(16, 64, 64, split=2), dot(16, 128, 128, warps=8, swap=True),
+             dot(16, 64, 64, asm=False)]
+    else:
+        c = [dot(m, 64, 64), dot(m, 64, 128, warps=8), dot(m, 128, 64, warps=8, swap=True), dot(m, 32, 128),
+             dot(m, 64, 64, split=2), dot(m, 64, 64, asm=False)]
+    return c[:2] + c[-1:] if quick else c  # (the last one decodes without the inline asm)
+
+
+def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool):
+    """The configs a layout is timed with: v2 always swept; v1 its shipped table (None) unless
+    ``sweep_v1``."""
+    if layout == "v2":
+        return candidates_v2(m, quick)
+    return candidates(m, quick) if sweep_v1 else [None]
+
+
 def _compile_worker(jobs):
-    """Compile (and run once, small) each (m, k, config): fills Triton's on-disk cache."""
+    """Compile (and run once, small) each (layout, m, k, config): fills Triton's on-disk cache."""
     import torch
 
     from specc.codegen.kernels.linear_bf12 import linear_bf12
@@ -85,21 +130,22 @@ def _compile_worker(jobs):
     torch.cuda.init()
     g = torch.Generator(device="cuda").manual_seed(0)
     cache = {}
-    for m, k, cfg in jobs:
-        if k not in cache:
+    for layout, m, k, cfg in jobs:
+        if (layout, k) not in cache:
             w = (torch.randn(256, k, device="cuda", generator=g) * 0.02).bfloat16()
-            cache[k] = pack_bf16_12bit(w)
+            cache[layout, k] = pack_bf16_12bit(w, version=int(layout[1:]))
         x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
         try:
-            linear_bf12(x, cache[k], config=cfg)
+            linear_bf12(x, cache[layout, k], config=cfg)
         except Exception as e:  # reported again (with traceback) by the main process
-            print(f"compile failed: m={m} {cfg}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            print(f"compile failed: {layout} m={m} {cfg}: {type(e).__name__}: {str(e)[:300]}", flush=True)
     torch.cuda.synchronize()
     return len(jobs)
 
 
-def precompile(ms, ks, quick, workers):
-    jobs = [(m, k, c) for m in ms for k in sorted(set(ks)) for c in candidates(m, quick)]
+def precompile(layouts, ms, ks, quick, sweep_v1, workers):
+    jobs = [(lay, m, k, c) for lay in layouts for m in ms for k in sorted(set(ks))
+            for c in configs_for(lay, m, quick, sweep_v1)]
     # K only matters through divisibility (all Qwen3-8B K are multiples of 256): one K suffices,
     # except that split-K's effective split depends on K; compile for each distinct K anyway.
     workers = max(1, min(workers, len(jobs)))
@@ -149,7 +195,9 @@ def rel_err(y, ref) -> float:
 
 
 def cfg_str(c) -> str:
-    s = f"{c.kind} m{c.block_m} n{c.block_n} j{c.block_j}"
+    if c is None:
+        return "table"
+    s = f"{c.kind} m{c.block_m} n{c.block_n} " + (f"j{c.block_j}" if hasattr(c, "block_j") else f"k{c.block_k}")
     if c.split_k > 1:
         s += f" sk{c.split_k}"
     s += f" w{c.num_warps} s{c.num_stages}"
@@ -157,9 +205,162 @@ def cfg_str(c) -> str:
         s += " swap"
     if not c.use_asm:
         s += " noasm"
-    if c.kind == "fma" and not c.prefetch:
+    if c.kind == "fma" and getattr(c, "prefetch", True) is False:
         s += " nopf"
     return s
+
+
+def clone_packed(p):
+    from specc.formats import Packed12
+
+    return Packed12(sm=p.sm.clone(), ex=p.ex.clone(), base=p.base.clone(), esc_idx=p.esc_idx.clone(),
+                    esc_val=p.esc_val.clone(), shape=p.shape, base_mode=p.base_mode, version=p.version)
+
+
+def emit(record: dict) -> None:
+    """One JSON line on stdout (the run's machine-readable log)."""
+    print(json.dumps(record), flush=True)
+
+
+def time_configs(L, x, p, ps, ys, ref, e_cub, cfgs, timer, smoke) -> list[dict]:
+    """Check (poisoned output, relative error vs cuBLAS's) and time each config on ``p``."""
+    m, n = x.shape[0], p.shape[0]
+    out_recs = []
+    for cfg in cfgs:
+        rec = {"config": cfg_str(cfg), "params": None if cfg is None else cfg.__dict__.copy()}
+        try:
+            out = torch.full((m, n), float("nan"), device=x.device, dtype=x.dtype)
+            L.linear_bf12(x, p, config=cfg, out=out)  # poisoned output: all must be written
+            err = rel_err(out, ref)
+            rec["rel_err"] = err
+            rec["ok"] = math.isfinite(err) and err < max(4 * e_cub, 1e-2 if not smoke else 1e-5)
+            if rec["ok"]:
+                rec["us"] = timer([lambda i=i: L.linear_bf12(x, ps[i], config=cfg, out=ys[i])
+                                   for i in range(len(ps))])
+        except Exception as e:  # noqa: BLE001 - report and go on with the sweep
+            rec["ok"] = False
+            rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        out_recs.append(rec)
+    return out_recs
+
+
+def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke) -> list[dict]:
+    from specc.codegen.kernels import linear_bf12 as L
+    from specc.formats import pack_bf16_12bit
+
+    rows = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for name, k, n in shapes:
+        w = (torch.randn(n, k, device=dev, generator=gen) * 0.02).bfloat16()
+        packs = {}
+        for lay in layouts:
+            t0 = time.time()
+            p = pack_bf16_12bit(w, version=int(lay[1:]))
+            sync()
+            assert torch.equal(p.unpack().view(torch.int16), w.view(torch.int16)), f"{lay} unpack not bit-exact"
+            copies = max(1, math.ceil(ROTATE_BYTES / p.nbytes))
+            packs[lay] = (p, [p] + [clone_packed(p) for _ in range(copies - 1)], time.time() - t0)
+        copies = max(1, math.ceil(ROTATE_BYTES / (2 * n * k)))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
+        wf = w.float()
+        p0 = next(iter(packs.values()))[0]
+        print(f"\n{name}: [{n}, {k}] escape rate {p0.escape_rate:.2e}, "
+              + ", ".join(f"{lay} {pk[0].nbytes / 1e6:.1f} MB ({pk[0].bits_per_weight:.3f} bits/w, pack "
+                          f"{pk[2]:.2f} s)" for lay, pk in packs.items()), flush=True)
+        for m in ms:
+            x = torch.randn(m, k, device=dev, generator=gen).to(act)
+            ref = x.float() @ wf.T
+            e_cub = rel_err(F.linear(x, w.to(act)), ref)
+            t_cub = timer([lambda i=i: F.linear(x, ws[i].to(act)) for i in range(len(ws))])
+            row = {"kind": "linear", "shape": name, "N": n, "K": k, "M": m, "bf16_us": t_cub,
+                   "bf16_rel_err": e_cub, "bf16_hbm_frac": 2 * n * k / (t_cub * 1e-6) / hbm}
+            for lay, (p, ps, _) in packs.items():
+                ys = [torch.empty(m, n, device=dev, dtype=act) for _ in ps]
+                recs = time_configs(L, x, p, ps, ys, ref, e_cub, configs_for(lay, m, args.quick, args.sweep_v1),
+                                    timer, smoke)
+                good = [c for c in recs if c.get("ok")]
+                row[f"{lay}_bytes"] = p.nbytes
+                row[f"{lay}_configs"] = recs
+                if good:
+                    b = min(good, key=lambda c: c["us"])
+                    row.update({f"{lay}_us": b["us"], f"{lay}_config": b["config"], f"{lay}_params": b["params"],
+                                f"{lay}_rel_err": b["rel_err"], f"{lay}_speedup": t_cub / b["us"],
+                                f"{lay}_hbm_frac": p.nbytes / (b["us"] * 1e-6) / hbm})
+                else:
+                    row[f"{lay}_error"] = "; ".join(c.get("error", f"rel_err {c.get('rel_err')}") for c in recs)[:800]
+            rows.append(row)
+            emit({k_: v for k_, v in row.items() if not k_.endswith("_configs")})
+        ws = packs = w = wf = None  # free this shape's copies
+        if not smoke:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[dict]:
+    """Compiled Qwen3-8B target step, default pipeline vs + pack_weights_12bit (layout 2), with
+    the cost model's predictions: the deployment's own, and the same with this run's layout-2
+    efficiencies by M (``packed_by_m``, packed bytes / time / HBM) for the packed linears."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_steps import time_graph  # the step timer of examples/bench_steps.py
+
+    from specc.bench.shapes import QWEN3_8B, build_causal, tiny
+    from specc.codegen.build import build_steps
+    from specc.passes.pipelines import DEFAULT_PIPELINE
+    from specc.runtime.compiled import instantiate
+    from specc.search.calibrate import Calibration
+    from specc.search.cost_model import CostModel
+
+    cfg = tiny(QWEN3_8B) if smoke else QWEN3_8B
+    context = 64 if smoke else 1024
+    target = build_causal(cfg, dtype, dev, seed=1)
+    target.setup_caches(1, 16)
+    pipelines = {"unpacked": DEFAULT_PIPELINE, "packed_v2": DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")}
+    model = CostModel(args.deployment)
+    base = model.calibration or Calibration(deployment=model.deployment.name, device="cuda")
+    measured = CostModel(model.deployment, calibration=dataclasses.replace(
+        base, packed_linear_bandwidth_by_m=packed_by_m)) if packed_by_m else None
+    gen = torch.Generator(device=dev).manual_seed(5)
+    ids = {q: torch.randint(0, cfg["vocab_size"], (1, q), device=dev, generator=gen) for q in (1, 16)}
+    res, tokens = {}, {}
+    for label, pipeline in pipelines.items():
+        built = build_steps(target, None, pipeline)
+        stats = {r["name"]: r["stats"] for r in built.pass_records["target"]}
+        step = instantiate(built.emitted["target"])
+        step.setup_caches(1, context + 128)
+        res[label] = {"pipeline": pipeline, "pack_stats": stats.get("pack_weights_12bit")}
+        for q in (1, 16):
+            pos = torch.arange(context, context + q, device=dev)[None]
+            cl = torch.tensor([context], device=dev)
+            with torch.inference_mode():
+                logits = step(ids[q], pos, cl)
+                tokens[label, q] = logits.float().argmax(-1).cpu()
+            vals = {"B": 1, "Q": q, "C": context}
+            res[label][q] = {"ms": time_graph(step, (ids[q], pos, cl)),
+                             "predicted_ms": model.step(built.irs["target"], vals).time * 1e3,
+                             "predicted_measured_eff_ms": None if measured is None else
+                             measured.step(built.irs["target"], vals).time * 1e3}
+        del step, built
+        if not smoke:
+            torch.cuda.empty_cache()
+    out = []
+    for q, what in ((1, "AR"), (16, "verify Q=16")):
+        u, p = res["unpacked"][q], res["packed_v2"][q]
+        rec = {"kind": "step", "step": what, "Q": q, "context": context, "unpacked_ms": u["ms"], "packed_ms": p["ms"],
+               "packed_over_unpacked": p["ms"] / u["ms"], "same_greedy_tokens": bool(torch.equal(
+                   tokens["unpacked", q], tokens["packed_v2", q])),
+               "deployment": model.deployment.name, "predicted_unpacked_ms": u["predicted_ms"],
+               "predicted_packed_ms": p["predicted_ms"],
+               "cost_model_packs": p["predicted_ms"] < u["predicted_ms"], "packing_wins": p["ms"] < u["ms"],
+               "pack_stats": res["packed_v2"]["pack_stats"]}
+        rec["cost_model_right"] = rec["cost_model_packs"] == rec["packing_wins"]
+        if measured is not None:  # the same cost model told this run's layout-2 kernel speeds by M
+            rec.update(packed_bandwidth_by_m=packed_by_m,
+                       predicted_packed_ms_measured_eff=p["predicted_measured_eff_ms"],
+                       cost_model_packs_measured_eff=p["predicted_measured_eff_ms"] < u["predicted_measured_eff_ms"])
+            rec["cost_model_right_measured_eff"] = rec["cost_model_packs_measured_eff"] == rec["packing_wins"]
+        out.append(rec)
+        emit(rec)
+    return out
 
 
 def main():
@@ -167,149 +368,107 @@ def main():
     ap.add_argument("--out", default="bf12.json")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--layouts", default="v1,v2", help="bf12 layouts to time (v1, v2)")
     ap.add_argument("--quick", action="store_true", help="3 configs per M")
+    ap.add_argument("--sweep-v1", action="store_true", help="sweep the layout-1 configs too (default: its table)")
+    ap.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the compiled Qwen3-8B AR and Q=16 verify steps, packed (v2) vs unpacked")
+    ap.add_argument("--deployment", default="h200-bs1",
+                    help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
+                         "the steps and whose HBM bandwidth the fractions use")
     ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
     ap.add_argument("--no-precompile", action="store_true")
-    ap.add_argument("--cpu-smoke", action="store_true",
-                    help="check this script's logic on the CPU (Triton interpreter, tiny shapes, fp32)")
+    ap.add_argument("--tiny", "--cpu-smoke", dest="tiny", action="store_true",
+                    help="check this script end to end on the CPU (Triton interpreter, tiny shapes, fp32)")
     args = ap.parse_args()
-    smoke = args.cpu_smoke
+    smoke = args.tiny
     if smoke:  # tiny shapes, Triton interpreter, fp32 activations, wall-clock "timing"
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
     import triton
 
     from specc.codegen.kernels import linear_bf12 as L
-    from specc.formats import Packed12, pack_bf16_12bit
+    from specc.search.deployments import get_deployment
 
     global ROTATE_BYTES, MIN_CALLS, REPLAYS
+    layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
+    bad = [lay for lay in layouts if lay not in ("v1", "v2")]
+    if bad:
+        ap.error(f"unknown layout {bad[0]!r} (use v1, v2)")
     shapes = [s for s in SHAPES if s[0] in args.shapes.split(",")]
     ms = [int(m) for m in args.ms.split(",")]
+    hbm = get_deployment(args.deployment).hbm_bandwidth
     if smoke:
         dev, act = torch.device("cpu"), torch.float32
         shapes = [(nm, 16 * (k // 1024) + 32, n // 1024 + 8) for nm, k, n in shapes]
+        ms = [m for m in ms if m <= 16]
         ROTATE_BYTES, MIN_CALLS, REPLAYS = 2000, 2, 1
         timer, sync, gpu_name, sms = wall_time_us, (lambda: None), "cpu-smoke", 0
         args.no_precompile = True
     else:
-        assert torch.cuda.is_available(), "needs a CUDA GPU"
+        assert torch.cuda.is_available(), "needs a CUDA GPU (or --tiny for a CPU smoke run)"
         dev, act, timer, sync = torch.device("cuda"), torch.bfloat16, graph_time_us, torch.cuda.synchronize
         props = torch.cuda.get_device_properties(dev)
         gpu_name, sms = props.name, props.multi_processor_count
-    info = {"gpu": gpu_name, "sms": sms, "torch": torch.__version__,
-            "triton": triton.__version__, "cuda": torch.version.cuda,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv,
+    info = {"kind": "info", "gpu": gpu_name, "sms": sms, "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda, "hbm_Bps": hbm,
+            "deployment": args.deployment, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv,
             "weights": "random normal(0, 0.02) bf16 (realistic exponent spread; not a checkpoint)",
             "timing": f"median of {REPLAYS} CUDA-graph replays, >= {MIN_CALLS} calls each, "
                       f"rotating over weight copies of >= {ROTATE_BYTES >> 20} MB"}
-    print(json.dumps(info, indent=1), flush=True)
+    emit(info)
+    t_start = time.time()
     if not args.no_precompile:
-        precompile(ms, [4096], args.quick, args.workers)  # K matters only via divisibility
+        precompile(layouts, ms, [4096], args.quick, args.sweep_v1, args.workers)
     # one workspace big enough for every split-K call (allocated outside graph capture)
     L._workspace(dev, 64 * max(n for _, _, n in shapes), 1 << 16)
+    rows = linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke)
 
-    results = []
-    gen = torch.Generator(device=dev).manual_seed(0)
-    for name, k, n in shapes:
-        w = (torch.randn(n, k, device=dev, generator=gen) * 0.02).bfloat16()
-        t0 = time.time()
-        p = pack_bf16_12bit(w)
-        sync()
-        t_pack = time.time() - t0
-        assert torch.equal(p.unpack().view(torch.int16), w.view(torch.int16)), "unpack not bit-exact"
-        copies = max(1, math.ceil(ROTATE_BYTES / p.nbytes))
-        ws = [w] + [w.clone() for _ in range(copies - 1)]
-        ps = [p] + [Packed12(sm=p.sm.clone(), ex=p.ex.clone(), base=p.base.clone(),
-                             esc_idx=p.esc_idx.clone(), esc_val=p.esc_val.clone(), shape=p.shape,
-                             base_mode=p.base_mode) for _ in range(copies - 1)]
-        wf = w.float()
-        print(f"\n{name}: [{n}, {k}] packed {p.nbytes / 1e6:.1f} MB ({p.bits_per_weight:.3f} bits/w), "
-              f"escape rate {p.escape_rate:.2e}, pack {t_pack:.2f} s, {copies} copies", flush=True)
-        for m in ms:
-            x = torch.randn(m, k, device=dev, generator=gen).to(act)
-            ref = x.float() @ wf.T
-            ys = [torch.empty(m, n, device=dev, dtype=act) for _ in range(copies)]
-            e_cub = rel_err(F.linear(x, w.to(act)), ref)
-            t_cub = timer([lambda i=i: F.linear(x, ws[i].to(act)) for i in range(copies)])
-            row = {"shape": name, "N": n, "K": k, "M": m, "cublas_us": t_cub, "cublas_rel_err": e_cub,
-                   "bf16_TBps": 2 * n * k / t_cub / 1e6, "packed_bytes": p.nbytes,
-                   "escape_rate": p.escape_rate, "configs": []}
-            for cfg in candidates(m, args.quick):
-                rec = {"config": cfg_str(cfg), "params": cfg.__dict__.copy()}
-                try:
-                    out = torch.full((m, n), float("nan"), device=dev, dtype=act)
-                    L.linear_bf12(x, p, config=cfg, out=out)  # poisoned output: all must be written
-                    err = rel_err(out, ref)
-                    rec["rel_err"] = err
-                    ok = math.isfinite(err) and err < max(4 * e_cub, 1e-2 if not smoke else 1e-5)
-                    rec["ok"] = ok
-                    if ok:
-                        rec["us"] = timer([lambda i=i: L.linear_bf12(x, ps[i], config=cfg, out=ys[i])
-                                                   for i in range(copies)])
-                except Exception as e:  # noqa: BLE001 - report and go on with the sweep
-                    rec["ok"] = False
-                    rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-                row["configs"].append(rec)
-            good = [c for c in row["configs"] if c.get("ok")]
-            if good:
-                b = min(good, key=lambda c: c["us"])
-                row.update(best_config=b["config"], best_params=b["params"], bf12_us=b["us"],
-                           bf12_rel_err=b["rel_err"], speedup=t_cub / b["us"],
-                           packed_TBps=p.nbytes / b["us"] / 1e6,
-                           bf16_equiv_TBps=2 * n * k / b["us"] / 1e6)
-            results.append(row)
-            cs = "  ".join(f"{c['config']}: " + (f"{c['us']:.1f}" if c.get("ok") else
-                                                  f"FAIL({c.get('error', c.get('rel_err'))})")
-                           for c in row["configs"])
-            print(f"  M={m:2d} cuBLAS {t_cub:8.1f} us | {cs}", flush=True)
-        ws = ps = w = wf = None  # free this shape's copies
-        if not smoke:
-            torch.cuda.empty_cache()
-
-    # ---- summary -------------------------------------------------------------------------
-    lines = ["| shape | N x K | M | cuBLAS us | bf12 us | speedup | packed TB/s | bf16 TB/s (cuBLAS) "
-             "| bf12 as bf16-equiv TB/s | rel err bf12 / cuBLAS | best config |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results:
-        if "bf12_us" not in r:
-            lines.append(f"| {r['shape']} | {r['N']}x{r['K']} | {r['M']} | {r['cublas_us']:.1f} | FAIL | | | | | | |")
-            continue
-        lines.append(f"| {r['shape']} | {r['N']}x{r['K']} | {r['M']} | {r['cublas_us']:.1f} | {r['bf12_us']:.1f} "
-                     f"| {r['speedup']:.3f}x | {r['packed_TBps']:.2f} | {r['bf16_TBps']:.2f} "
-                     f"| {r['bf16_equiv_TBps']:.2f} | {r['bf12_rel_err']:.1e} / {r['cublas_rel_err']:.1e} "
-                     f"| {r['best_config']} |")
     sums = {}
     for m in ms:
-        for group, names in (("layer", LAYER), ("layer+lm_head", LAYER + ("lm_head",))):
-            rs = [r for r in results if r["M"] == m and r["shape"] in names and "bf12_us" in r]
-            if len(rs) == len(names):
-                c, b = sum(r["cublas_us"] for r in rs), sum(r["bf12_us"] for r in rs)
-                sums[f"{group}@M={m}"] = {"cublas_us": c, "bf12_us": b, "speedup": c / b}
-    lines.append("")
-    lines.append("| sum | cuBLAS us | bf12 us | speedup |")
-    lines.append("| --- | --- | --- | --- |")
-    for key, s in sums.items():
-        lines.append(f"| {key} | {s['cublas_us']:.1f} | {s['bf12_us']:.1f} | {s['speedup']:.3f}x |")
-    table = "\n".join(lines)
-    table_cfg = ["DEFAULT_CONFIGS = {"]
-    for r in results:
-        if "best_params" in r:
-            bp = r["best_params"]
-            args_ = ", ".join(f"{k}={v!r}" for k, v in bp.items() if k != "esc_block")
-            table_cfg.append(f"    ({r['M']}, {r['N']}, {r['K']}): Bf12Config({args_}),")
-    table_cfg.append("}")
-    print("\n" + table)
-    print("\n" + "\n".join(table_cfg))
-    for key in ("layer@M=1", "layer@M=16"):
-        if key in sums:
-            print(f"{key}: cuBLAS {sums[key]['cublas_us']:.1f} us, bf12 {sums[key]['bf12_us']:.1f} us, "
-                  f"speedup {sums[key]['speedup']:.3f}x")
-    out = {"info": info, "results": results, "sums": sums, "table_md": table,
-           "default_configs_py": "\n".join(table_cfg)}
+        rs = [r for r in rows if r["M"] == m and r["shape"] in LAYER]
+        if len(rs) != len(LAYER):
+            continue
+        rec = {"kind": "layer_sum", "M": m, "bf16_us": sum(r["bf16_us"] for r in rs)}
+        for lay in layouts:
+            if all(f"{lay}_us" in r for r in rs):
+                rec[f"{lay}_us"] = sum(r[f"{lay}_us"] for r in rs)
+                rec[f"{lay}_speedup"] = rec["bf16_us"] / rec[f"{lay}_us"]
+        sums[m] = rec
+        emit(rec)
+    if "v2" in layouts:
+        table = ["DEFAULT_CONFIGS = {  # specc/codegen/kernels/linear_bf12_v2.py"]
+        for r in rows:
+            if r.get("v2_params"):
+                kw = ", ".join(f"{k}={v!r}" for k, v in r["v2_params"].items() if k != "esc_block")
+                table.append(f"    ({r['M']}, {r['N']}, {r['K']}): Bf12v2Config({kw}),"
+                             f"  # {r['v2_speedup']:.2f}x cuBLAS")
+        table.append("}")
+        print("\n".join(table), flush=True)
+    else:
+        table = []
+    out = {"info": info, "linear": rows, "layer_sums": sums, "steps": [], "v2_default_configs_py": "\n".join(table),
+           "wall_s": time.time() - t_start}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:  # the kernel half is kept even if the steps fail
+        json.dump(out, f, indent=1)
+    steps = []
+    if args.steps:
+        packed_by_m = {m: statistics.median(r["v2_hbm_frac"] for r in rows if r["M"] == m and "v2_hbm_frac" in r)
+                       for m in ms if any(r["M"] == m and "v2_hbm_frac" in r for r in rows)}
+        packed_by_m = {m: min(1.0, v) for m, v in packed_by_m.items()}
+        try:
+            steps = step_rows(args, dev, torch.bfloat16, smoke, packed_by_m)  # bf16 weights: what bf12 packs
+        except Exception as e:  # noqa: BLE001 - keep the kernel results, say what failed
+            import traceback
+
+            traceback.print_exc()
+            steps = [{"kind": "step", "error": f"{type(e).__name__}: {str(e)[:800]}"}]
+            emit(steps[0])
+    out.update(steps=steps, wall_s=time.time() - t_start)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} ({out['wall_s']:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,24 @@ Three parts, each printed as a table and written to one JSON file:
    (deployment ``--deployment``).
 3. ``e2e`` (specc-tiny): compiled chain vs compiled tree decoding (the generated steps, built in
    memory, under the engine's loop; CUDA graphs on a GPU): tokens/s after a warm-up pass, tau.
+4. ``ranks`` (specc-tiny DFlash, real decoding): the per-rank tree acceptance model
+   (``specc.search.measure_tree``) on the held-out-style prompts, written as the JSON that
+   ``--acceptance ranks:FILE`` reads (``--ranks-out``; docs/benchmarks/tiny-dflash-ranks.json).
+
+``--e2e-8b`` (one H200 call, a few minutes): Qwen3-8B-shaped target + DFlash-b16 drafter with
+random bf16 weights (``specc.bench.shapes``), compiled (chain and tree verify steps) and run under
+the engine's loop with CUDA graphs: compiled AR, the chain and trees of ``--budgets`` (default
+16,32,64) drafted nodes, acceptance replayed from ``--acceptance`` (chain: ``ReplayVerifier`` on
+rank 0; trees: ``TreeReplayVerifier`` on every rank; ``--acceptance`` repeatable, default: DFlash's
+published GSM8K and MT-Bench tau for rank 0, each with the rest split as specc-tiny's DFlash
+ranks split it; one build serves them all). Per row: tokens/s, tokens per step, step time, and the
+cost model's prediction (``specc.search.tree_cost``) beside it; speedups over the chain and over
+AR, measured and predicted. Writes ``--out-dir``/tree-e2e-8b.json.
+``--tiny-check`` runs the same path at tiny shapes on the CPU (a minute): the GPU run's smoke test.
 
     PYTHONPATH=. python3 examples/bench_tree.py --device cuda --out $OUT/tree.json     # on the H200
+    PYTHONPATH=. python3 examples/bench_tree.py --e2e-8b --device cuda --out-dir $OUT  # 8B e2e, H200
+    PYTHONPATH=. python3 examples/bench_tree.py --e2e-8b --tiny-check --out-dir /tmp/t # its CPU check
     PYTHONPATH=. python3 examples/bench_tree.py --tiny --device cpu                     # smoke (< 60 s)
     PYTHONPATH=. python3 examples/bench_tree.py --parts acceptance,e2e --device cpu     # CPU figures
 """
@@ -267,6 +283,150 @@ def steps(sizes, dtype, device, context: int, small: bool, deployment: str | Non
     return rows
 
 
+RANKS_FILE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "tiny-dflash-ranks.json"
+# DFlash's published tau on Qwen3-8B for rank 0 (GSM8K: high acceptance; MT-Bench: the lowest
+# published), ranks >= 1 split as specc-tiny's DFlash drafter splits them
+DEFAULT_8B_ACCEPTANCE = [f"dflash-qwen3-8b:{bench}+ranks:{RANKS_FILE}" for bench in ("gsm8k", "mt-bench")]
+
+
+def ranks(prompts, new_tokens: int, dtype, device, out: str | None) -> dict:
+    """specc-tiny DFlash's per-rank acceptance (block 16, top 8 ranks), as a tree acceptance JSON."""
+    from specc.pairing import resolve_pair
+    from specc.search.measure_tree import measure_rank_acceptance
+
+    pair = resolve_pair("specc-tiny", "specc-tiny-dflash", "dflash")
+    model = measure_rank_acceptance(pair, prompts, new_tokens, K, ranks=8, dtype=dtype, device=device)
+    data = model.to_json()
+    data["source"] = (f"specc-tiny + specc-tiny-dflash, block 16: ranks of the target's greedy tokens among the "
+                      f"drafter's candidates, {len(prompts)} held-out-style prompts x {new_tokens} tokens, top 8 ranks "
+                      f"(examples/bench_tree.py --parts ranks)")
+    print(f"[ranks] {model.describe()}", flush=True)
+    if out:
+        pathlib.Path(out).write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {out}")
+    return data
+
+
+def _timed(system, prompts, new_tokens, cuda) -> dict:
+    """One warm-up pass (Triton compiles, graph captures), then every prompt once, timed."""
+    system.generate(prompts[0], new_tokens, ())
+    if cuda:
+        torch.cuda.synchronize()
+    lengths, t0 = [], time.perf_counter()
+    for p in prompts:
+        lengths += system.generate(p, new_tokens, ()).stats.accepted_lengths
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    return {"tokens_per_s": new_tokens * len(prompts) / seconds, "seconds": seconds, "steps": len(lengths),
+            "tokens_per_step": sum(lengths) / len(lengths), "step_ms": 1e3 * seconds / len(lengths)}
+
+
+def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, device: str, small: bool,
+           deployment: str, seed: int = 0) -> dict:
+    """Compiled AR, then per acceptance spec of ``specs`` the chain and trees, at Qwen3-8B +
+    DFlash-b16 shapes (random weights), acceptance replayed (see the module doc); each row with
+    the cost model's prediction. One build serves every spec."""
+    import types
+
+    from specc.bench.acceptance import parse_tree_acceptance
+    from specc.bench.shapes import build_causal, build_dflash, drafter_config, target_config
+    from specc.codegen.build import build_steps
+    from specc.methods import get_method
+    from specc.passes.pipelines import DEFAULT_PIPELINE
+    from specc.runtime.compiled import instantiate
+    from specc.runtime.engine import build_loop
+    from specc.runtime.replay import REPLAY_NOTICE, TREE_REPLAY_NOTICE, ReplayVerifier
+    from specc.runtime.tree_replay import TreeReplayVerifier
+    from specc.search.acceptance import AcceptanceModel
+    from specc.search.cost_model import CostModel
+    from specc.search.deployments import get_deployment
+    from specc.search.tree_cost import predict_tree
+
+    shapes = "tiny-qwen3" if small else "qwen3-8b"
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    t_start = time.perf_counter()
+    tcfg = target_config(shapes)
+    _, dcfg = drafter_config(shapes, "dflash-b16")
+    impl = get_method("dflash")
+    k = impl.num_draft(None, dcfg)
+    models = [parse_tree_acceptance(spec, k) for spec in specs]  # bad specs fail before the build
+    target = build_causal(tcfg, dtype, dev, seed=1)
+    draft = build_dflash(dcfg, dtype, dev, seed=3)
+    loaded = impl.bind(target, draft)
+    section = impl.manifest_drafter(types.SimpleNamespace(drafter=types.SimpleNamespace(raw=dcfg)), loaded)
+    loaded.target.setup_caches(1, 16)
+    loaded.draft.setup_caches(1, 16)
+    pipeline = "" if small else DEFAULT_PIPELINE
+    cost = CostModel(get_deployment(deployment))
+    built = build_steps(loaded.target, loaded.draft, pipeline, loaded.draft_spec, tree=True,
+                        linear_choice=cost.linear_choice)  # the linears the cost model prices, as compile does
+    steps = {role: instantiate(e, loaded.draft_spec if role == "drafter" else None) for role, e in built.emitted.items()}
+    build_s = time.perf_counter() - t_start
+    print(f"[e2e-8b] {shapes} + dflash-b16 built and compiled in {build_s:.1f} s (k = {k})", flush=True)
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(10, tcfg["vocab_size"] - 10, (prompt_len,), generator=g).tolist() for _ in range(n_prompts)]
+    max_len = prompt_len + new_tokens + 2
+    context = int(prompt_len + new_tokens / 2)
+    t_ir, d_ir = built.irs["target"], built.irs["drafter"]
+
+    ar_loop = build_loop({"target": steps["target"]}, None, 0, max_len)  # the same compiled target step, no drafter
+    ar_pred = cost.predict(t_ir, None, method="ar", context=context, batch_size=1)
+    ar = {"system": "ar", **_timed(ar_loop, prompts, new_tokens, cuda),
+          "predicted": {"tokens_per_s": ar_pred.tokens_per_s, "step_ms": ar_pred.step_time * 1e3, "tokens_per_step": 1.0}}
+    print(f"[e2e-8b] AR        {ar['tokens_per_s']:8.1f} tok/s (predicted {ar['predicted']['tokens_per_s']:.1f})",
+          flush=True)
+    del ar_loop
+    runs = []
+    for spec, tree_model in zip(specs, models):
+        chain_model = AcceptanceModel([tree_model.prob(d, 0) for d in range(1, k + 1)],
+                                      source=f"rank 0 of {tree_model.source}", measured_k=k)
+        chain_pred = cost.predict(t_ir, d_ir, method="dflash", num_draft=k, acceptance=chain_model, context=context,
+                                  batch_size=1)
+        print(f"[e2e-8b] acceptance {spec}: {tree_model.describe()}", flush=True)
+        rows = []
+        for budget in (0, *budgets):
+            use = {role: step for role, step in steps.items() if budget or role != "target_tree"}
+            system = build_loop(use, impl.strategy, k, max_len, drafter_section=section, tree_budget=budget)
+            system.use_verifiers(chain=ReplayVerifier(chain_model.alphas, seed=seed),
+                                 tree=TreeReplayVerifier.from_model(tree_model, seed=seed))
+            measured = _timed(system, prompts, new_tokens, cuda)
+            if budget:
+                pred = predict_tree(cost, t_ir, d_ir, impl, tree_model, k, budget, context=context, batch_size=1)
+                predicted = {"tokens_per_s": pred.tokens_per_s, "step_ms": pred.step_time * 1e3,
+                             "tokens_per_step": pred.system.expected_tokens, "tree_work_ms": pred.build_s * 1e3}
+            else:
+                predicted = {"tokens_per_s": chain_pred.tokens_per_s, "step_ms": chain_pred.step_time * 1e3,
+                             "tokens_per_step": chain_pred.expected_tokens}
+            row = {"system": f"tree {budget}" if budget else "chain", "budget": budget, **measured,
+                   "predicted": predicted}
+            rows.append(row)
+            print(f"[e2e-8b] {row['system']:9s} {row['tokens_per_s']:8.1f} tok/s, {row['tokens_per_step']:.2f} "
+                  f"tokens/step, {row['step_ms']:.2f} ms/step (predicted {predicted['tokens_per_s']:.1f} tok/s, "
+                  f"{predicted['tokens_per_step']:.2f} tokens/step, {predicted['step_ms']:.2f} ms/step)", flush=True)
+            del system
+            if cuda:
+                torch.cuda.empty_cache()
+        chain_row = rows[0]
+        for row in rows:
+            for base, key in ((ar, "speedup_vs_ar"), (chain_row, "speedup_vs_chain")):
+                row[key] = {"measured": row["tokens_per_s"] / base["tokens_per_s"],
+                            "predicted": row["predicted"]["tokens_per_s"] / base["predicted"]["tokens_per_s"]}
+        print("[e2e-8b] speedup vs chain (measured / predicted): " + ", ".join(
+            f"{r['system']} {r['speedup_vs_chain']['measured']:.3f} / {r['speedup_vs_chain']['predicted']:.3f}"
+            for r in rows[1:]), flush=True)
+        runs.append({"spec": spec, "tree": tree_model.to_json(), "tree_source": tree_model.source,
+                     "chain": chain_model.to_json(), "rows": rows})
+    return {"shapes": f"{shapes} + dflash-b16, random weights", "num_draft": k, "prompts": n_prompts,
+            "prompt_len": prompt_len, "new_tokens": new_tokens, "deployment": deployment,
+            "context_for_prediction": context, "pipeline": pipeline, "build_s": build_s,
+            "total_s": time.perf_counter() - t_start, "notice": REPLAY_NOTICE, "tree_notice": TREE_REPLAY_NOTICE,
+            "ar": ar, "runs": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -282,7 +442,32 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--fp32", action="store_true", help="fp32 on the GPU too (bf16 by default there)")
     ap.add_argument("--out", default="tree.json")
+    ap.add_argument("--ranks-out", default=None, help="with --parts ranks: write the tree acceptance JSON here")
+    ap.add_argument("--e2e-8b", action="store_true", help="chain vs trees end to end at Qwen3-8B + DFlash-b16 shapes "
+                    "(random weights, replayed acceptance); writes --out-dir/tree-e2e-8b.json")
+    ap.add_argument("--tiny-check", action="store_true", help="with --e2e-8b: tiny shapes on the CPU (smoke test)")
+    ap.add_argument("--acceptance", action="append", help="with --e2e-8b, repeatable: an acceptance to replay "
+                    "(specc bench --acceptance forms; default: DFlash's published GSM8K and MT-Bench tau, each with "
+                    "specc-tiny's rank split)")
+    ap.add_argument("--prompt-len", type=int, default=None, help="with --e2e-8b: prompt tokens (default 128; check 16)")
+    ap.add_argument("--out-dir", default=".", help="with --e2e-8b: directory of the JSON (default .)")
     args = ap.parse_args()
+    if args.e2e_8b:
+        small = args.tiny_check
+        device = "cpu" if small else args.device
+        if device == "cpu":
+            torch.set_num_threads(args.threads)
+        budgets = [int(x) for x in (args.budgets or "16,32,64").split(",")]
+        result = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.startswith("cuda")
+                  else "cpu", "torch": torch.__version__, "python": sys.version.split()[0]}
+        result.update(e2e_8b(args.acceptance or DEFAULT_8B_ACCEPTANCE, budgets, args.prompts or (1 if small else 8),
+                             args.prompt_len or (16 if small else 128), args.new_tokens or (12 if small else 256),
+                             device, small, args.deployment or ("cpu" if small else "h200-bs1")))
+        out = pathlib.Path(args.out_dir) / "tree-e2e-8b.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {out}")
+        return
 
     from specc.models.loading import load_tokenizer
     from specc.pairing import resolve_pair
@@ -318,6 +503,8 @@ def main() -> None:
     if "steps" in parts:
         result["steps"] = {"context": context, "shapes": "tiny" if small else "Qwen3-8B", "deployment": deployment,
                            "rows": steps(sizes, dtype, args.device, context, small, deployment)}
+    if "ranks" in parts:
+        result["ranks"] = ranks(prompts, new_tokens, dtype, args.device, args.ranks_out)
     if "e2e" in parts:
         result["e2e"] = e2e(prompts[: max(1, min(len(prompts), 8))], new_tokens, budgets, dtype, args.device,
                             METHODS[1:] if small else METHODS)

@@ -14,12 +14,15 @@ from typing import Iterable, Sequence
 class GenerationStats:
     """accepted_lengths[i]: tokens committed by target step i (accepted drafts + the target's
     own token), after clipping at EOS / max_new_tokens. The token produced by prefill is not a
-    step. ``steps`` counts target forwards after prefill."""
+    step. ``steps`` counts target forwards after prefill. ``level2_steps``: under two-level
+    verification, the steps in which the request's drafts went on to the second level's forward
+    (a step counts once in ``target_forwards`` either way); in JSON only when nonzero."""
 
     accepted_lengths: list[int] = dataclasses.field(default_factory=list)
     target_forwards: int = 0
     draft_forwards: int = 0
     tree_nodes: list[int] = dataclasses.field(default_factory=list)  # tree steps: nodes verified (root included)
+    level2_steps: int = 0  # two-level verification: steps whose drafts went on to the second level
 
     @property
     def steps(self) -> int:
@@ -39,6 +42,7 @@ class GenerationStats:
             "draft_forwards": self.draft_forwards,
             **({"tree": {"nodes_per_step": list(self.tree_nodes),
                          "mean_nodes": sum(self.tree_nodes) / len(self.tree_nodes)}} if self.tree_nodes else {}),
+            **({"level2_steps": self.level2_steps} if self.level2_steps else {}),
         }
 
 

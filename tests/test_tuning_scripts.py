@@ -83,3 +83,26 @@ def test_bench_linears_cpu_smoke(tmp_path):
     assert set(res["goals"]) == {"off: verify B=1 Q=4 / AR B=1", "on: verify B=1 Q=4 / AR B=1"}
     assert res["lowering_on"] and all([x["impl"] for x in r["ranges"]] == ["triton", "cublas"]
                                       for r in res["lowering_on"])
+
+
+def test_bench_bf12_tiny_runs_both_layouts(tmp_path):
+    """examples/bench_bf12.py end to end on the CPU (interpreter, tiny shapes): the GPU run
+    cannot fail on a typo in the kernel sweep; every config it times is checked correct."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "bf12.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root), "SPECC_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(root / "examples" / "bench_bf12.py"), "--tiny", "--quick", "--no-steps",
+                           "--shapes", "o", "--ms", "1,16", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    rows = [r for r in lines if r["kind"] == "linear"]
+    assert [r["M"] for r in rows] == [1, 16]
+    res = json.loads(out.read_text())
+    for r in res["linear"]:
+        assert r["v1_config"] == "table" and r["v2_us"] > 0 and r["v2_rel_err"] < 1e-5
+        assert all(c["ok"] for c in r["v2_configs"]), r["v2_configs"]
+        assert 0 < r["v2_hbm_frac"] and r["v2_bytes"] < 0.8 * 2 * r["N"] * r["K"] + 200

@@ -48,8 +48,19 @@ def print_table(report: dict, console=None) -> None:
         console.print(f"[bold yellow]acceptance: REPLAYED[/bold yellow] from {acc['source']} "
                       f"(E = {acc['expected_tokens_per_step']:.2f} tokens/step at k={report['num_draft']}). "
                       f"{acc['notice']}.")
+        tree = acc.get("tree")
+        if tree:
+            console.print(f"[bold yellow]trees: REPLAYED[/bold yellow] from {tree['source']} (E = "
+                          f"{tree['expected_tokens_per_step']:.2f} tokens/step, {tree['budget']} nodes, depth "
+                          f"{tree['depth']}): {tree['replay']}.")
     elif acc["mode"] == "real":
         console.print("acceptance: real (the target decides every draft; tokens are the model's output)")
+    for r in report["rows"]:
+        versus = r.get("tree_vs_chain")
+        if versus:
+            pred = versus.get("predicted")
+            console.print(f"{r['system']} vs its chain: {versus['measured']:.2f}x measured"
+                          + (f", {pred:.2f}x predicted" if pred else ""))
     if report.get("ar_floor_tokens_per_s"):
         console.print(f"AR bandwidth floor on {report['deployment']} (cost model): "
                       f"{report['ar_floor_tokens_per_s']:,.1f} tok/s; best AR in this run: {report['best_ar']}")

@@ -51,6 +51,7 @@ class BenchOptions:
     seed: int = 0
     warmup: int = 1
     batch: int = 1
+    tree: int | None = None  # tree budget of the speculative system (checkpoints and --shapes; artifacts: the manifest's)
 
 
 def default_deployment(device: torch.device, batch: int = 1) -> str:
@@ -214,12 +215,12 @@ def _predict(cost, irs, impl, k, acceptance, context):
 
 def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None) -> dict:
     """Run the benchmark; returns the report (JSON-ready dict; ``specc.bench.report`` prints it)."""
-    from specc.bench.acceptance import parse_acceptance
+    from specc.bench.acceptance import parse_acceptance, parse_tree_acceptance
     from specc.bench.systems import HFSystem, LoopSystem, StockSpecSystem
     from specc.codegen.build import build_steps
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
-    from specc.runtime.replay import REPLAY_NOTICE, ReplayVerifier
+    from specc.runtime.replay import REPLAY_NOTICE, TREE_REPLAY_NOTICE, ReplayVerifier
     from specc.runtime.verifiers import ChainVerifier
     from specc.search.acceptance import AcceptanceModel
     from specc.search.cost_model import CostModel
@@ -237,6 +238,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     unknown = set(opts.systems) - set(ALL_SYSTEMS)
     if unknown:
         raise UserError(f"unknown system {sorted(unknown)[0]!r}; systems: {', '.join(ALL_SYSTEMS)}")
+    if opts.tree and opts.model and (Path(opts.model) / "manifest.json").is_file():
+        raise UserError("--tree: an artifact verifies with the tree budget it was compiled with (specc compile --tree)")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     torch.manual_seed(opts.seed)
     if opts.shapes:
@@ -253,6 +256,13 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     else:
         raise UserError("give MODEL (a checkpoint or an artifact) or --shapes NAME")
     stated = parse_acceptance(opts.acceptance, s.k) if s.k else None
+    if opts.tree and not (s.impl.supports_tree and s.k):
+        raise UserError(f"--tree: method {s.impl.name} has no per-position draft distributions (no tree verification)")
+    if s.engine is not None:
+        tree_budget = int(getattr(s.engine.loop, "tree_budget", 0)) if s.k else 0
+    else:
+        tree_budget = int(opts.tree or 0)
+    stated_tree = parse_tree_acceptance(opts.acceptance, s.k) if tree_budget else None
     if opts.shapes and s.k and stated is None:
         raise UserError("random weights accept nothing: state the acceptance to replay, e.g. --acceptance tau:6.5 "
                         "or --acceptance dflash-qwen3-8b:gsm8k")
@@ -322,13 +332,15 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             if draft is not None:
                 draft.setup_caches(1, 16)
             spec = s.loaded.draft_spec if draft is not None else None
-            built = build_steps(target, draft, pipeline, spec, linear_choice=cost.linear_choice)  # as compile does
+            built = build_steps(target, draft, pipeline, spec, linear_choice=cost.linear_choice,  # as compile does
+                                tree=bool(tree_budget and draft is not None))
         finally:
             target.capture_layers = saved
         steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}
         strategy = s.impl.strategy if draft is not None else None
         loop = build_loop(steps, strategy, s.k if draft is not None else 0, max_len,
-                          drafter_section=s.section if draft is not None else None)
+                          drafter_section=s.section if draft is not None else None,
+                          tree_budget=tree_budget if draft is not None else 0)
         irs = (built.irs["target"], built.irs.get("drafter"))
         return loop, irs, time.perf_counter() - t0
 
@@ -357,6 +369,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             one = build_s
         verifier = ReplayVerifier(stated.alphas, seed=opts.seed, source=stated.source) if replay else ChainVerifier()
         loop.verifier = verifier
+        loop.tree_budget = 0  # a tree artifact's chain row: its chain verify step, the same drafter
         if s.engine is None:
             one += warmed(loop)
         if replay:
@@ -374,6 +387,12 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         if ar_pred is None:
             ar_pred = {"ar_step_s": row["prediction"]["ar_step_s"], "ar_floor_s": row["prediction"]["ar_floor_s"]}
         loop.verifier = ChainVerifier()
+        loop.tree_budget = tree_budget
+        if tree_budget:
+            from specc.bench.tree_rows import record_tree_row
+
+            record_tree_row(record, loop, dev, name, s, irs, cost, context, stated_tree if replay else None, opts.seed,
+                            row)
 
     measured = [r for r in rows if not r.get("skipped")]
     best_ar = max((r for r in measured if r["system"] in ("hf-eager", "hf-compiled", "specc-ar")),
@@ -395,10 +414,16 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),
                         "expected_tokens_per_step": stated.expected_tokens(s.k), "notice": REPLAY_NOTICE}
                        if replay else {"mode": "real" if s.k else "none"}),
+        "tree_budget": tree_budget,
         "best_ar": best_ar["system"] if best_ar else None,
         "ar_floor_tokens_per_s": 1.0 / ar_pred["ar_floor_s"] if ar_pred and ar_pred.get("ar_floor_s") else None,
         "rows": rows,
     }
+    if replay and stated_tree is not None:
+        report["acceptance"]["tree"] = {"source": stated_tree.source, "model": stated_tree.to_json(),
+                                        "budget": tree_budget, "depth": s.k,
+                                        "expected_tokens_per_step": stated_tree.expected_tokens(tree_budget, s.k),
+                                        "replay": TREE_REPLAY_NOTICE}
     return report
 
 

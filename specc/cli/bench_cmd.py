@@ -11,13 +11,17 @@ examples:
   specc bench model.specc --tokens 128                              # an artifact vs the AR baselines
   specc bench --shapes qwen3-8b --drafter-shapes dflash-b16 --acceptance tau:6.5 --device cuda -o bench/
   specc bench --shapes llama-3.1-8b --drafter-shapes pard --acceptance alpha:0.8 --device cuda --json bench.json
+  specc bench tree.specc --systems specc --acceptance dflash-qwen3-8b:gsm8k+ranks:ranks.json   # chain vs tree
+  specc bench --shapes qwen3-8b --drafter-shapes dflash-b16 --tree 32 --acceptance ranks:ranks.json --device cuda
 systems: hf-eager (HF generate), hf-compiled (HF static cache + torch.compile; CUDA only), stock (the
 drafter's published loop; real checkpoints), specc-ar (compiled AR), specc (compiled speculative).
 acceptance (--acceptance): measured (default with real checkpoints: the target decides), tau:T[@K],
 alpha:A, alphas:a1,a2,..., dflash-qwen3-8b:{gsm8k,math500,humaneval,mt-bench} (published), or a JSON
 file; anything but 'measured' REPLAYS it: drafter and target do their full work, the accepted count
-is drawn from the model, and the tokens are not the model's output. docs/benchmarks/README.md explains
-the table.
+is drawn from the model, and the tokens are not the model's output. An artifact with a tree budget
+(or --tree N) gives a chain row and a tree row; the tree replays a per-rank model: ranks:FILE (tree acceptance
+JSON), SPEC+ranks:FILE (rank 0 from SPEC, the rest split as in FILE) or SPEC alone (rank 0 only)
+(docs/trees.md). docs/benchmarks/README.md explains the table.
 """
 
 
@@ -40,6 +44,8 @@ def register(sub) -> None:
                    "(tiny-qwen3, tiny-llama for CPU)")
     p.add_argument("--drafter-shapes", default="dflash-b16", metavar="NAME",
                    help="with --shapes: dflash-b16 (dflash-bN), pard or none (default dflash-b16)")
+    p.add_argument("--tree", type=int, metavar="N", help="also time tree verification of N drafted nodes beside the "
+                   "chain (checkpoints and --shapes; an artifact uses its compiled budget)")
     p.add_argument("--acceptance", metavar="SPEC", help="acceptance to replay (see below); required with --shapes")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--tokens", type=int, default=64, metavar="N", help="new tokens per prompt (default 64)")
@@ -71,12 +77,14 @@ def run(args) -> int:
             raise UserError(f"{flag} must be >= 1 (got {value})")
     if args.num_draft is not None and args.num_draft < 1:
         raise UserError("--num-draft must be >= 1")
+    if args.tree is not None and args.tree < 1:
+        raise UserError("--tree must be >= 1 (a node budget)")
     systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
     opts = BenchOptions(model=args.model, drafter=args.drafter, method=args.method, num_draft=args.num_draft,
                         shapes=args.shapes, drafter_shapes=args.drafter_shapes, acceptance=args.acceptance,
                         device=args.device, tokens=args.tokens, prompts=args.prompts, prompt_len=args.prompt_len,
                         systems=systems, deployment=args.deployment, passes=args.passes, seed=args.seed,
-                        warmup=max(0, args.warmup), batch=args.batch)
+                        warmup=max(0, args.warmup), batch=args.batch, tree=args.tree)
     to_stdout = args.json == "-"
     progress = None
     if not to_stdout:

@@ -117,16 +117,19 @@ def attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask=
 _PACKED: dict = {}  # sm tensor identity -> Packed12 (the kernel keeps per-weight state on it)
 
 
-def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None, norm_weight=None, eps=1e-6):
+def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None, norm_weight=None, eps=1e-6,
+                  version=1):
     if not use_triton(x, opt_in=True):
-        return fused.packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias, norm_weight, eps)
+        return fused.packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias, norm_weight, eps,
+                                   version)
     from specc.codegen.kernels.linear_bf12 import linear_bf12
     from specc.formats.bf12 import Packed12
 
     key = (sm.data_ptr(), sm.device, tuple(sm.shape))
     hit = _PACKED.get(key)
     if hit is None or hit[0] is not sm:
-        hit = (sm, Packed12(sm=sm, ex=ex, base=base, esc_idx=esc_idx, esc_val=esc_val, shape=(n, k), base_mode=base_mode))
+        hit = (sm, Packed12(sm=sm, ex=ex, base=base, esc_idx=esc_idx, esc_val=esc_val, shape=(n, k), base_mode=base_mode,
+                            version=version))
         _PACKED[key] = hit
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, eps)

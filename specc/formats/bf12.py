@@ -23,13 +23,57 @@ they need anyway to get the true values. ``base`` is chosen in [1, 239] so that 
 contains exponent 0 or 255; it is the 16-wide window that holds the most weights of the row
 (tensor), the first such on ties.
 
-The layout (why it looks like this)
-===================================
+Two layouts share all of the above (the per-weight bytes and codes, the bases, the escape
+table) and differ only in where the bytes sit: **version 2** (the default of
+:func:`pack_bf16_12bit`) and **version 1** (still read and written on request). The version is
+in :meth:`Packed12.metadata`, in the ``meta`` tensor of :meth:`Packed12.to_state_dict` and, for
+compiled steps, in each ``packed_linear`` call and the ``pack_weights_12bit`` pass statistics of
+the manifest.
+
+Layout version 2 (wide loads)
+=============================
+Row-major ``[N, K]`` (``nn.Linear.weight``; other ranks as ``[prod(shape[:-1]), shape[-1]]``),
+K padded to ``Kp = 32 * ceil(K / 32)``:
+
+* ``sm[n, k]``: the sign|mantissa byte of weight k, in natural K order (uint8 ``[N, Kp]``);
+* ``ex[n, 16 g + i]``: 32-weight group g's code byte i holds weight ``32 g + i`` in its low
+  nibble and weight ``32 g + 16 + i`` in its high nibble (uint8 ``[N, Kp / 2]``).
+
+Why: a kernel tile of ``BLOCK_K`` weights per row is three tiles of ``BLOCK_K / 2`` bytes -- the
+groups' first-half sm bytes, second-half sm bytes and code bytes -- each made of aligned
+16-byte runs (rows start at multiples of 32 / 16 bytes), so a thread reads 32 weights with three
+128-bit loads, and the three tiles have one shape and one register layout. The low and high
+nibbles of the code tile belong to the first- and second-half sm tiles element by element, so
+decoding is element-wise (no shuffles between lanes), and each decoded half tile is a plain
+operand (a 2-D tile of bf16) for FMAs or ``tl.dot``. For a byte permute decoder, four weights'
+sm bytes and four code bytes are one 32-bit register each, and ``prmt`` + shift + ``lop3`` give
+two bf16x2 words (see :mod:`specc.codegen.kernels.linear_bf12_v2`).
+
+Bytes per weight, Qwen3-8B shapes (random N(0, 0.02) bf16 weights in the real shapes stand in
+for the checkpoint here; per-row bases; escapes cost 6 bytes: int32 index + int16 value)::
+
+    shape     N x K            planes  bases    escapes  total B/weight  escape rate
+    qkv       6144 x 4096      1.5     0.00024  0.00047  1.50071         7.8e-5
+    o         4096 x 4096      1.5     0.00024  0.00043  1.50067         7.2e-5
+    gate_up   24576 x 4096     1.5     0.00024  0.00045  1.50069         7.5e-5
+    down      4096 x 12288     1.5     0.00008  0.00045  1.50054         7.6e-5
+    lm_head   151936 x 4096    1.5     0.00024  0.00047  1.50071         7.8e-5 (8192 rows)
+
+i.e. 0.7503 - 0.7504 of the bf16 bytes, so the byte floor of a packed step is ~0.75x (K is a
+multiple of 32 in all of them: no padding). Escapes never enter a kernel's inner loop: the planes
+hold ``sm = 0, c = 0`` there (the finite stand-in ``2**(base - 127)``), and the kernels apply the
+sorted table as a sparse exact fix-up after their main loop.
+
+Layout version 1 (16-weight words)
+==================================
 Everything is row-major ``[N, K]`` like ``nn.Linear.weight`` (N = output features, rows;
 K = input features); a tensor of another rank is packed as ``[prod(shape[:-1]), shape[-1]]``.
 The consumer that matters is the fused decode + GEMV/GEMM kernel
 (``specc.codegen.kernels.linear_bf12``), which streams every byte exactly once and must decode
 with a handful of integer instructions. Three choices serve it:
+
+The first layout, kept so that version-1 artifacts keep loading and for
+:mod:`specc.codegen.kernels.linear_bf12`:
 
 1. **16-weight words.** K is padded to ``Kp = 16 * K16`` (``K16 = ceil(K / 16)``); word ``j``
    of a row holds the 16 consecutive weights ``k = 16 j + q`` (q = 0..15): 16 sm bytes and 16
@@ -88,12 +132,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["Packed12", "pack_bf16_12bit", "FORMAT_NAME", "FORMAT_VERSION"]
+__all__ = ["Packed12", "pack_bf16_12bit", "FORMAT_NAME", "FORMAT_VERSION", "FORMAT_VERSIONS"]
 
 FORMAT_NAME = "bf12"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # what pack_bf16_12bit writes by default
+FORMAT_VERSIONS = (1, 2)  # what this build reads
 
-NUM_PHASES = 16
+NUM_PHASES = 16  # v1: weights per 16-weight word
+GROUP = 32  # v2: weights per group (16 code bytes: low nibbles = first half, high = second)
+HALF = GROUP // 2
 WINDOW = 16  # exponents covered by the 4-bit code
 MIN_BASE = 1  # window never includes exponent 0 (zero / subnormal) ...
 MAX_BASE = 254 - (WINDOW - 1)  # ... nor 255 (inf / NaN)
@@ -116,13 +163,22 @@ def _k16(k: int) -> int:
     return (k + NUM_PHASES - 1) // NUM_PHASES
 
 
+def _padded_cols(k: int, version: int) -> int:
+    """Kp: K padded to the layout's unit (16 weights in v1, 32 in v2)."""
+    unit = NUM_PHASES if version == 1 else GROUP
+    return unit * ((k + unit - 1) // unit)
+
+
 @dataclasses.dataclass(eq=False)
 class Packed12:
-    """A bf16 tensor in the lossless 12-bit format (see the module docstring for the layout).
+    """A bf16 tensor in the lossless 12-bit format (see the module docstring for the layouts).
 
     Tensors (all on one device):
-      sm       uint8 [N, Kp]      sign|mantissa bytes, two planes (Kp = 16 * ceil(K / 16))
-      ex       uint8 [N, Kp // 2] 4-bit exponent codes, 16 per 8-byte word
+      sm       uint8 [N, Kp]      sign|mantissa bytes: v2 in natural K order (Kp = 32 *
+                                  ceil(K / 32)); v1 as two planes (Kp = 16 * ceil(K / 16))
+      ex       uint8 [N, Kp // 2] 4-bit exponent codes: v2 16 bytes per 32-weight group (low
+                                  nibbles the first 16 weights, high the last 16); v1 16 per
+                                  8-byte word
       base     uint8 [N] ("row") or [1] ("tensor"), window = [base, base + 15]
       esc_idx  int32 (int64 if numel >= 2**31) [E], sorted flat indices into the tensor
       esc_val  int16 [E], the exact bf16 bit patterns of the escaped weights
@@ -135,6 +191,7 @@ class Packed12:
     esc_val: torch.Tensor
     shape: tuple[int, ...]
     base_mode: str = "row"
+    version: int = 1  # layout version (the module docstring); pack_bf16_12bit writes 2
     _cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     # -- geometry ---------------------------------------------------------------------------
@@ -150,7 +207,13 @@ class Packed12:
 
     @property
     def k16(self) -> int:
+        """v1: 16-weight words per row."""
         return _k16(self.cols)
+
+    @property
+    def padded_cols(self) -> int:
+        """Kp: columns of the sm plane (K padded to 16 in v1, to 32 in v2)."""
+        return _padded_cols(self.cols, self.version)
 
     @property
     def numel(self) -> int:
@@ -185,19 +248,24 @@ class Packed12:
     # -- conversion -------------------------------------------------------------------------
     def to(self, device: torch.device | str) -> "Packed12":
         t = {k: v.to(device) for k, v in self._tensors().items()}
-        return Packed12(shape=self.shape, base_mode=self.base_mode, **t)
+        return Packed12(shape=self.shape, base_mode=self.base_mode, version=self.version, **t)
 
     def unpack(self) -> torch.Tensor:
         """The original bf16 tensor, bit for bit."""
         n, k = self.rows, self.cols
-        k16 = self.k16
-        dev = self.sm.device
-        ex = self.ex.view(n, k16, 2, 4).to(torch.int32)
-        codes = torch.empty(n, k16, 2, 8, dtype=torch.int32, device=dev)
-        codes[..., list(_I_LO)] = ex & 0xF
-        codes[..., list(_I_HI)] = ex >> 4
-        codes = codes.reshape(n, NUM_PHASES * k16)[:, :k]
-        sm = self.sm.view(n, 2, k16, 8).permute(0, 2, 1, 3).reshape(n, NUM_PHASES * k16)[:, :k]
+        if self.version == 1:
+            k16 = self.k16
+            dev = self.sm.device
+            ex = self.ex.view(n, k16, 2, 4).to(torch.int32)
+            codes = torch.empty(n, k16, 2, 8, dtype=torch.int32, device=dev)
+            codes[..., list(_I_LO)] = ex & 0xF
+            codes[..., list(_I_HI)] = ex >> 4
+            codes = codes.reshape(n, NUM_PHASES * k16)[:, :k]
+            sm = self.sm.view(n, 2, k16, 8).permute(0, 2, 1, 3).reshape(n, NUM_PHASES * k16)[:, :k]
+        else:
+            ex = self.ex.view(n, -1, 1, HALF).to(torch.int32)
+            codes = torch.cat([ex & 0xF, ex >> 4], dim=2).reshape(n, -1)[:, :k]
+            sm = self.sm[:, :k]
         sm = sm.to(torch.int32)
         base = self.base.to(torch.int32).view(-1, 1)
         bits = ((sm & 0x80) << 8) | ((codes + base) << 7) | (sm & 0x7F)
@@ -209,7 +277,7 @@ class Packed12:
     # -- serialisation ----------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
         """Small JSON-able description (also encoded in the ``meta`` tensor of the state dict)."""
-        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "shape": list(self.shape),
+        return {"format": FORMAT_NAME, "version": self.version, "shape": list(self.shape),
                 "base": self.base_mode, "escapes": self.num_escapes}
 
     def to_state_dict(self, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -217,7 +285,7 @@ class Packed12:
         (``prefix + "meta"`` is an int64 tensor [version, base_mode, ndim, *shape])."""
         out = {prefix + k: v.contiguous() for k, v in self._tensors().items()}
         out[prefix + "meta"] = torch.tensor(
-            [FORMAT_VERSION, _BASE_MODES.index(self.base_mode), len(self.shape), *self.shape],
+            [self.version, _BASE_MODES.index(self.base_mode), len(self.shape), *self.shape],
             dtype=torch.int64)
         return out
 
@@ -228,24 +296,28 @@ class Packed12:
         and, when given, is checked against the ``meta`` tensor."""
         meta = state_dict[prefix + "meta"].tolist()
         version, mode, ndim = int(meta[0]), int(meta[1]), int(meta[2])
-        if version != FORMAT_VERSION:
+        if version not in FORMAT_VERSIONS:
             raise ValueError(f"bf12 format version {version} is not supported "
-                             f"(this build reads version {FORMAT_VERSION})")
+                             f"(this build reads versions {FORMAT_VERSIONS})")
         shape = tuple(int(s) for s in meta[3:3 + ndim])
         base_mode = _BASE_MODES[mode]
         if metadata is not None and (list(metadata.get("shape", shape)) != list(shape)
-                                     or metadata.get("base", base_mode) != base_mode):
+                                     or metadata.get("base", base_mode) != base_mode
+                                     or int(metadata.get("version", version)) != version):
             raise ValueError(f"bf12 metadata {metadata} does not match the stored tensors")
         p = cls(sm=state_dict[prefix + "sm"], ex=state_dict[prefix + "ex"],
                 base=state_dict[prefix + "base"], esc_idx=state_dict[prefix + "esc_idx"],
-                esc_val=state_dict[prefix + "esc_val"], shape=shape, base_mode=base_mode)
+                esc_val=state_dict[prefix + "esc_val"], shape=shape, base_mode=base_mode,
+                version=version)
         p.validate()
         return p
 
     def validate(self) -> None:
         """Check shapes and dtypes (not values)."""
         n, k = self.rows, self.cols
-        kp = NUM_PHASES * _k16(k)
+        if self.version not in FORMAT_VERSIONS:
+            raise ValueError(f"bf12 version {self.version} not in {FORMAT_VERSIONS}")
+        kp = _padded_cols(k, self.version)
         want = {"sm": ((n, kp), torch.uint8), "ex": ((n, kp // 2), torch.uint8),
                 "base": ((n if self.base_mode == "row" else 1,), torch.uint8)}
         for name, (shape, dtype) in want.items():
@@ -281,12 +353,14 @@ def _best_base(hist: torch.Tensor) -> torch.Tensor:
     return torch.argmax(win, dim=1) + MIN_BASE
 
 
-def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row") -> Packed12:
+def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row", version: int = FORMAT_VERSION) -> Packed12:
     """Pack a bf16 tensor into the lossless 12-bit format (see the module docstring).
 
     ``base="row"`` chooses one base exponent per row of the ``[prod(shape[:-1]), shape[-1]]``
-    view (the default; fewer escapes), ``base="tensor"`` one for the whole tensor. Works on
-    any device; the result lives on the input's device. ``unpack()`` returns it bit-exactly.
+    view (the default; fewer escapes), ``base="tensor"`` one for the whole tensor.
+    ``version`` picks the layout (2, the default: natural-order sign|mantissa plane and
+    32-weight code groups; 1: the 16-weight-word layout). Works on any device; the result
+    lives on the input's device. ``unpack()`` returns it bit-exactly.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"pack_bf16_12bit expects a torch.Tensor, got {type(tensor).__name__}")
@@ -294,12 +368,14 @@ def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row") -> Packed12:
         raise TypeError(f"pack_bf16_12bit expects a bfloat16 tensor, got {tensor.dtype}")
     if base not in _BASE_MODES:
         raise ValueError(f"base must be one of {_BASE_MODES}, got {base!r}")
+    if version not in FORMAT_VERSIONS:
+        raise ValueError(f"bf12 version must be one of {FORMAT_VERSIONS}, got {version!r}")
     if tensor.numel() == 0:
         raise ValueError(f"cannot pack an empty tensor (shape {tuple(tensor.shape)})")
     shape = tuple(int(s) for s in tensor.shape)
     n, k = _rows_view(shape)
     k16 = _k16(k)
-    kp = NUM_PHASES * k16
+    kp = _padded_cols(k, version)
     dev = tensor.device
     w = tensor.detach().contiguous().view(torch.int16).reshape(n, k)
     chunk = max(1, _CHUNK_ELEMS // max(k, 1))
@@ -339,10 +415,16 @@ def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row") -> Packed12:
         if kp != k:
             sm = torch.nn.functional.pad(sm, (0, kp - k))
             code = torch.nn.functional.pad(code, (0, kp - k))
-        # [r, K16 words, 2 halves, 8] -> sm planes [r, 2 halves, K16 words, 8]
-        sm_out[r0:r0 + r] = sm.view(r, k16, 2, 8).permute(0, 2, 1, 3).reshape(r, kp).to(torch.uint8)
-        c = code.view(r, k16, 2, 8)
-        exb = c.index_select(3, i_lo) | (c.index_select(3, i_hi) << 4)  # [r, K16, 2, 4]
+        if version == 1:
+            # [r, K16 words, 2 halves, 8] -> sm planes [r, 2 halves, K16 words, 8]
+            sm_out[r0:r0 + r] = sm.view(r, k16, 2, 8).permute(0, 2, 1, 3).reshape(r, kp).to(torch.uint8)
+            c = code.view(r, k16, 2, 8)
+            exb = c.index_select(3, i_lo) | (c.index_select(3, i_hi) << 4)  # [r, K16, 2, 4]
+        else:
+            # natural-order sm; group g's code byte i = code(32g + i) | code(32g + 16 + i) << 4
+            sm_out[r0:r0 + r] = sm.to(torch.uint8)
+            c = code.view(r, kp // GROUP, 2, HALF)
+            exb = c[:, :, 0] | (c[:, :, 1] << 4)
         ex_out[r0:r0 + r] = exb.reshape(r, kp // 2).to(torch.uint8)
     if base == "tensor":
         base_out[0] = tensor_base.to(torch.uint8)[0]
@@ -354,4 +436,4 @@ def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row") -> Packed12:
         esc_idx = torch.zeros(0, dtype=torch.int64, device=dev)
     esc_val = w.reshape(-1)[esc_idx]
     return Packed12(sm=sm_out, ex=ex_out, base=base_out, esc_idx=esc_idx.to(idx_dtype),
-                    esc_val=esc_val.contiguous(), shape=shape, base_mode=base)
+                    esc_val=esc_val.contiguous(), shape=shape, base_mode=base, version=version)

@@ -167,7 +167,10 @@ class CausalLM(StatefulLM):
     padding, and slots not named are untouched.
     With ``capture_layers`` set (DFlash targets) it returns ``(logits, hidden)`` where hidden is
     the concatenation of the listed layers' outputs [B, Q, n * H] (HF's hidden_states[i + 1]).
+    ``ragged_rows`` (True) tells the runtime this step takes the ragged descriptor (packed verify).
     """
+
+    ragged_rows = True
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -38,12 +38,14 @@ _UNPACKED: dict = {}  # sm tensor identity -> (tensor ref, unpacked bf16 weight)
 
 @torch.fx.wrap
 def packed_linear(x, sm, ex, base, esc_idx, esc_val, n: int, k: int, base_mode: str, bias=None,
-                  norm_weight=None, eps: float = 1e-6):
-    """``linear([rms_norm](x), W, bias)`` with W given by its bf12 planes (exact bf16 weights)."""
+                  norm_weight=None, eps: float = 1e-6, version: int = 1):
+    """``linear([rms_norm](x), W, bias)`` with W given by its bf12 planes (exact bf16 weights;
+    ``version``: the planes' layout, see ``specc.formats.bf12``)."""
     key = (sm.data_ptr(), sm.device, tuple(sm.shape))
     hit = _UNPACKED.get(key)
     if hit is None or hit[0] is not sm:
-        packed = Packed12(sm=sm, ex=ex, base=base, esc_idx=esc_idx, esc_val=esc_val, shape=(n, k), base_mode=base_mode)
+        packed = Packed12(sm=sm, ex=ex, base=base, esc_idx=esc_idx, esc_val=esc_val, shape=(n, k), base_mode=base_mode,
+                          version=version)
         hit = (sm, packed.unpack())
         _UNPACKED[key] = hit
     if norm_weight is not None:

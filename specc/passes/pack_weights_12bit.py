@@ -8,7 +8,13 @@ decode + GEMV/GEMM kernel (``specc.codegen.kernels.linear_bf12``) reads 25% fewe
 
 Options (``PassContext.option``): ``pack_include`` / ``pack_exclude``: substrings of weight
 names selecting the linears (default: all), so the cost model can pack a subset (e.g. only the
-MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor".
+MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
+``pack_version``: the bf12 layout, 1 (default: the layout whose kernels have run on
+a GPU) or 2 (the wide-load layout of ``specc.codegen.kernels.linear_bf12_v2``: exact on CPU
+and compiled for sm_90, not yet run on a GPU; it becomes the default once it has been
+measured there). The layout version is a keyword of each
+``packed_linear`` call (the emitted step's source shows it) and ``format_version`` in the
+pass's stats (the manifest's record of applied passes).
 """
 
 from __future__ import annotations
@@ -16,12 +22,16 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from specc.formats.bf12 import pack_bf16_12bit
+from specc.formats.bf12 import FORMAT_VERSIONS, pack_bf16_12bit
 from specc.ir import IR, SCOPE_KEY, Cost, OpCall, linear_cost, register_op
 from specc.ir.meta import TensorMeta
 from specc.models.fused_ops import packed_linear  # the eager body
 from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.registry import register_pass
+
+# the layout compiled artifacts get; 2 once its kernels are measured on a GPU (docs/kernels.md)
+DEFAULT_PACK_VERSION = 1
+
 
 @register_op(packed_linear, "packed_linear")
 def _packed_linear_rule(op: OpCall) -> Cost:
@@ -76,6 +86,9 @@ class PackWeights12bit(Pass):
         self._ctx = ctx  # ensures() checks the same selection
         graph = ir.graph
         base_mode = (ctx.option("pack_base") if ctx else None) or "row"
+        version = int((ctx.option("pack_version") if ctx else None) or DEFAULT_PACK_VERSION)
+        if version not in FORMAT_VERSIONS:
+            raise ValueError(f"pack_version must be one of {FORMAT_VERSIONS}, got {version}")
         packed_count, weights, escapes = 0, 0, 0
         bytes_before = bytes_after = 0
         cache: dict[str, list[str]] = {}
@@ -84,7 +97,7 @@ class PackWeights12bit(Pass):
             name = _weight_name(w)
             tensor = ir.gm.get_parameter(name) if w.op == "get_attr" else None
             if name not in cache:
-                packed = pack_bf16_12bit(tensor.detach(), base=base_mode)
+                packed = pack_bf16_12bit(tensor.detach(), base=base_mode, version=version)
                 parts = packed.to_state_dict("")
                 cache[name] = [ir.add_weight(f"{name}_bf12_{p}", parts[p]) for p in ("sm", "ex", "base", "esc_idx", "esc_val")]
                 weights += tensor.numel()
@@ -100,14 +113,16 @@ class PackWeights12bit(Pass):
                 else:
                     x, g, eps, _, bias = (list(node.args) + [None])[:5]
                     args = (x, *attrs, int(n), int(k), base_mode, bias, g, eps)
-                new = graph.create_node("call_function", packed_linear, args, name=f"packed_{node.name}")
+                new = graph.create_node("call_function", packed_linear, args, {"version": version},
+                                        name=f"packed_{node.name}")
             new.meta[SCOPE_KEY] = node.meta.get(SCOPE_KEY, "")
             node.replace_all_uses_with(new)
             graph.erase_node(node)
             packed_count += 1
         ir.remove_dead()
         ir.refresh()
-        return PassResult(packed_count > 0, {"packed": packed_count, "weights": weights, "escapes": escapes,
+        return PassResult(packed_count > 0, {"packed": packed_count, "format_version": version,
+                                             "weights": weights, "escapes": escapes,
                                              "escape_rate": escapes / weights if weights else 0.0,
                                              "bytes_before": bytes_before, "bytes_after": bytes_after})
 

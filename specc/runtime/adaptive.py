@@ -10,12 +10,22 @@ ended a step a failure). :class:`GoodputDraftLength` picks, before each step, th
 drafts row b can still use before its budget), as SmartSpec / TurboSpec do. Greedy
 verification keeps every k lossless: the choice changes speed, never tokens.
 
-The verify step has one shape for the whole batch (no ragged verify yet), so one k serves every
-row; per-row caps below k would lower E without lowering T.
+With a dense verify step one k serves every row (the step has one shape): a per-row cap below k
+would lower E without lowering T. With a ragged (packed) verify (``DeviceSpeculativeDecoder``'s
+``verifies_ragged``) a step costs what its rows verify, T_r(R, sum_b (k_b + 1)) over the R rows
+(``ragged_seconds``), so :meth:`GoodputDraftLength.choose_rows` picks one k_b per request:
+maximise sum_b E_b(k_b) / T_r(R, R + S) over S = sum_b k_b. For a fixed S the numerator is a sum
+of concave functions (E_b(k) - E_b(k - 1) = a_b^k falls with k), so adding drafts one at a time
+to the row whose next draft has the largest a_b^(k_b + 1) gives the best allocation of every S
+(the exchange argument of separable concave resource allocation); one greedy pass therefore
+visits the best allocation of each S in turn, and the best ratio among them is the optimum for
+any step-time curve. Requests that accept more get more drafts; a request whose drafts are never
+accepted gets none while the others keep theirs.
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import Callable
 
 
@@ -46,22 +56,24 @@ class AcceptanceEstimate:
 
 class GoodputDraftLength:
     """``step_seconds(rows, k)``: seconds of one step (drafting + verification) with ``k`` drafts
-    per row over ``rows`` rows; ``k_max``: the most drafts a step may take (the loop's)."""
+    per row over ``rows`` rows; ``k_max``: the most drafts a step may take (the loop's).
+    ``ragged_seconds(rows, tokens)``: seconds of one step whose ragged verify checks ``tokens``
+    packed tokens over ``rows`` rows, drafting included (None: no per-request choice)."""
 
-    def __init__(self, step_seconds: Callable[[int, int], float], k_max: int):
+    def __init__(self, step_seconds: Callable[[int, int], float], k_max: int,
+                 ragged_seconds: Callable[[int, int], float] | None = None):
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
         self.step_seconds, self.k_max = step_seconds, int(k_max)
+        self.ragged_seconds = ragged_seconds
         self._times: dict[tuple[int, int], float] = {}
+        self._ragged_times: dict[tuple[int, int], float] = {}
 
     def _time(self, rows: int, k: int) -> float:
-        key = (rows, k)
-        t = self._times.get(key)
-        if t is None:
-            t = self._times[key] = float(self.step_seconds(rows, k))
-            if not t > 0:
-                raise ValueError(f"step_seconds({rows}, {k}) must be positive, got {t}")
-        return t
+        return _cached(self._times, self.step_seconds, "step_seconds", rows, k)
+
+    def _ragged_time(self, rows: int, tokens: int) -> float:
+        return _cached(self._ragged_times, self.ragged_seconds, "ragged_seconds", rows, tokens)
 
     def goodput(self, alphas: list[float], caps: list[int], rows: int, k: int) -> float:
         """Expected tokens per second of a step with k drafts."""
@@ -74,3 +86,43 @@ class GoodputDraftLength:
             return 0
         top = min(self.k_max, max(caps))
         return max(range(top + 1), key=lambda k: (self.goodput(alphas, caps, rows, k), -k))
+
+    def choose_rows(self, alphas: list[float], caps: list[int], rows: int) -> list[int]:
+        """Drafts per live row (row b: acceptance ``alphas[b]``, at most ``caps[b]`` and ``k_max``)
+        maximising sum_b E_b(k_b) / ragged_seconds(R, sum_b (k_b + 1)) with R = len(alphas), the
+        rows of the packed verify (module doc: greedy by marginal gain, exact). Ties: fewer
+        drafts. Without ``ragged_seconds``: ``[choose(alphas, caps, rows)] * len(alphas)`` (one
+        k for the batch of ``rows`` slots)."""
+        if not alphas:
+            return []
+        if self.ragged_seconds is None:
+            return [self.choose(alphas, caps, rows)] * len(alphas)
+        live = len(alphas)
+        limits = [max(0, min(self.k_max, c)) for c in caps]
+        ks = [0] * live
+        tokens = sum(expected_tokens(a, 0) for a in alphas)
+        best, best_ks = tokens / self._ragged_time(live, live), list(ks)
+        heap = [(-a, b) for b, a in enumerate(alphas) if limits[b] > 0]  # next draft's marginal gain a_b^(k_b + 1)
+        heapq.heapify(heap)
+        drafts = 0
+        while heap:
+            gain, b = heapq.heappop(heap)
+            ks[b] += 1
+            drafts += 1
+            tokens += -gain
+            if ks[b] < limits[b]:
+                heapq.heappush(heap, (gain * alphas[b], b))
+            goodput = tokens / self._ragged_time(live, live + drafts)
+            if goodput > best:
+                best, best_ks = goodput, list(ks)
+        return best_ks
+
+
+def _cached(table: dict, fn, name: str, rows: int, n: int) -> float:
+    """``fn(rows, n)`` memoised in ``table``; a step time must be positive."""
+    t = table.get((rows, n))
+    if t is None:
+        t = table[(rows, n)] = float(fn(rows, n))
+        if not t > 0:
+            raise ValueError(f"{name}({rows}, {n}) must be positive, got {t}")
+    return t

@@ -74,7 +74,8 @@ class BatchScheduler:
         # ``draft_length``: a rule choosing drafts per step from the requests' measured acceptance
         # (``specc.runtime.adaptive.GoodputDraftLength``); None: the loop's fixed k
         self.draft_length = draft_length
-        self.last_num_draft: int | None = None
+        self.last_num_draft: int | None = None  # the rule's drafts last step (per-row: the largest)
+        self.last_row_drafts: list[int] | None = None  # per slot, when the rule chose per request
         with torch.inference_mode():  # the loop's state lives in inference mode
             loop.open_slots(capacity, sampling)  # one SamplingParams for every request (None: greedy)
         self._ids = itertools.count()
@@ -194,18 +195,18 @@ class BatchScheduler:
         if not running:
             return []
         budgets = [0 if r is None else r.max_new_tokens - len(r.tokens) for r in self._slots]
-        k = None
-        if self.draft_length is not None and self.loop.drafter is not None:
-            k = self.draft_length.choose([r.acceptance.alpha for r in running],
-                                         [r.max_new_tokens - len(r.tokens) - 1 for r in running], self.capacity)
-        self.last_num_draft = k
-        host, nodes = self.loop.speculate(budgets, k)
+        k, ks = self._choose_drafts(running)
+        self.last_num_draft, self.last_row_drafts = k, ks
+        host, nodes = self.loop.speculate(budgets, k if ks is None else ks)
+        level2 = set(getattr(self.loop, "last_level2_rows", ()))
         events = []
         for request in running:
             row = host[request.slot]
             if k is not None:
-                request.acceptance.observe(min(k, request.max_new_tokens - len(request.tokens) - 1), row[0])
+                offered = k if ks is None else ks[request.slot]
+                request.acceptance.observe(min(offered, request.max_new_tokens - len(request.tokens) - 1), row[0])
             request.stats.target_forwards += 1
+            request.stats.level2_steps += request.slot in level2
             before = len(request.tokens)
             event = self._commit(request, row[1:row[0] + 2])
             request.stats.accepted_lengths.append(len(request.tokens) - before)
@@ -213,6 +214,23 @@ class BatchScheduler:
                 request.stats.tree_nodes.append(nodes)
             events.append(event)
         return events
+
+    def _choose_drafts(self, running: list[_Request]) -> tuple[int | None, list[int] | None]:
+        """(k, per-slot drafts or None): the draft-length rule's choice for this step. With a
+        loop that verifies ragged, the rule chooses per request (``choose_rows``; free slots
+        0), else one k for the batch (``choose``). (None, None): no rule, the loop's k."""
+        rule = self.draft_length
+        if rule is None or self.loop.drafter is None:
+            return None, None
+        alphas = [r.acceptance.alpha for r in running]
+        caps = [r.max_new_tokens - len(r.tokens) - 1 for r in running]
+        if getattr(self.loop, "verifies_ragged", False) and hasattr(rule, "choose_rows"):
+            chosen = rule.choose_rows(alphas, caps, self.capacity)
+            ks = [0] * self.capacity
+            for request, kb in zip(running, chosen):
+                ks[request.slot] = int(kb)
+            return max(chosen), ks
+        return rule.choose(alphas, caps, self.capacity), None
 
     def run(self, requests) -> list[GenerationResult]:
         """Submit ``(prompt, max_new_tokens, eos_token_ids)`` requests, step until all finish,

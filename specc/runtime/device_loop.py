@@ -26,6 +26,26 @@ target's token at its last node, compacts the path's K/V into place
 (``DecodingState.commit(accepted + 1, path)``) and hands DFlash the target's hidden states
 gathered along the path. Still one host copy per step, and static shapes (N per budget).
 
+Ragged verify (``ragged_target``: a step with ``ragged_rows``, by default the target itself when it
+has them, e.g. ``CausalLM``): with per-request draft lengths (``speculate(budgets, [k_b, ...])``)
+or two-level verification, when rows verify different numbers of tokens (their own k_b, a cap at
+their budget, none for a free slot), the live rows' blocks [last, d_1 .. d_k_b] are packed into
+one [1, T] forward with no padding (``specc.runtime.ragged.PackedRows``) and its outputs
+unpacked into the padded [B, k + 1, ...] layout the verifiers and drafters take, so acceptance is
+decided exactly as before. Drafting still drafts the largest k_b for every row in one batched
+forward; only verification is per row. A step with one k for the batch and one level verifies
+dense as before (free slots ride along).
+
+Two-level verification (``two_level_k1`` = k1, chain steps, greedy and sampling; needs a ragged
+step): level 1 verifies [last, d_1 .. d_k1] of every live row; the rows that accepted all k1
+drafts (and drafted more) go on to level 2, a packed verify of their d_k1+1 .. d_k_b written right
+after level 1's entries. Level 1's decision stands for the rows that stopped there; greedy, the
+verifier decides the rest of the others' drafts on level 2's logits (``start`` = k1, ``rows``);
+sampling, the policy verifies the two levels' logits joined per row. Either way the decision is
+exactly a one-level verify's (sampling: the same per-position random numbers, the same tokens). Level 2's rows are known only after level 1 (a second small
+device -> host copy per step). Without a ragged step (e.g. a hybrid target, whose recurrent state
+cannot continue from level 1's) the loop verifies in one level.
+
 At temperature > 0 the decoding policy (``specc.runtime.policy``, chosen per scheduler: one set of
 sampling parameters, one seed per request) samples the drafts and verifies by speculative sampling
 (``specc.runtime.sampling_verify``) at the same points of the step; greedy generation makes the
@@ -45,8 +65,9 @@ import torch
 from specc.result import GenerationResult, as_prompt_list
 from specc.runtime.loop import SpeculativeLoop
 from specc.runtime.policy import GreedyPolicy, decoding_policy
+from specc.runtime.ragged import PackedRows, ragged_capable
 from specc.runtime.state import DecodingState, reserve_block, slot_view
-from specc.runtime.trees import DraftTree, plan_tree
+from specc.runtime.trees import DraftTree
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
 
 
@@ -85,16 +106,27 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     input shape it can see (``Drafter.capture_shapes``) so graphed steps are all captured up
     front. Set on CUDA, where the engine also drafts the full k at the end of the budget
     (``cap_to_budget=False``: the surplus is clipped) so that verification has one shape.
-    ``batch``: rows the state is allocated for (``generate_batch`` reallocates for another B)."""
+    ``batch``: rows the state is allocated for (``generate_batch`` reallocates for another B).
+    ``ragged_target``: the step for packed (ragged) verifies, called as ``step(ids [1, T],
+    positions [1, T], cache_len [R], row_slots=[R], row_starts=[R + 1])`` and sharing the target's
+    state; None: the target itself when it has ``ragged_rows``, else none (every verify is dense). ``two_level_k1``: drafts verified at the
+    first level of two-level verification (None: one level; may be set after construction)."""
 
     profile = False  # set True to time the loop's parts (``self.part_seconds`` after a run)
     capture_shapes = False
     _shapes_captured = False
+    _packing = False  # this step packs rows that verify fewer tokens (per-request k or two levels)
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
                  cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,
-                 tree_budget: int = 0, tree_target=None, tree_topk: int | None = None):
+                 tree_budget: int = 0, tree_target=None, tree_topk: int | None = None, ragged_target=None,
+                 two_level_k1: int | None = None):
         self.target, self.drafter, self.num_draft = target, drafter, num_draft
+        if ragged_target is None and ragged_capable(target):
+            ragged_target = target
+        self.ragged_target = ragged_target if ragged_capable(ragged_target) else None
+        self.two_level_k1 = two_level_k1
+        self.last_level2_rows: list[int] = []  # slots whose drafts went on to level 2 in the last step
         self.cap_to_budget = cap_to_budget
         self.verifier = verifier or ChainVerifier()
         # tree verification: N drafted nodes per step (0: chains); tree_target: the target's tree
@@ -104,10 +136,20 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.tree_topk = tree_topk  # candidate tokens per position (None: the budget; 1: a chain-shaped tree)
         self.tree_verifier = TreeVerifier()
         if drafter is not None and drafter.needs_target_hidden:
+            if self.ragged_target is not target and hasattr(self.ragged_target, "capture_layers"):
+                self.ragged_target.capture_layers = tuple(drafter.spec.target_layer_ids)
             target.capture_layers = tuple(drafter.spec.target_layer_ids)
         self.part_seconds: dict = {}
         self._steps_k1: dict = {}
         self.resize(max_len, batch)
+
+    def use_verifiers(self, chain: Verifier | None = None, tree: TreeVerifier | None = None) -> None:
+        """Swap the chain and/or tree verifier (e.g. an acceptance replay,
+        ``specc.runtime.replay``); the tree step's graphs hold the old one, so they are dropped."""
+        if chain is not None:
+            self.verifier = chain
+        if tree is not None:
+            self.tree_verifier, self._tree_graphs = tree, None
 
     def resize(self, max_len: int, batch: int | None = None) -> None:
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
@@ -119,13 +161,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
             state = DecodingState.adopt(self.target, self.batch, length)
         self.state = state
-        if self.tree_target is not self.target:  # a separate tree step shares the target's state
-            from specc.runtime.graphs import GraphedStep
+        for step in dict.fromkeys((self.tree_target, self.ragged_target)):
+            if step is not None and step is not self.target:  # a separate step shares the target's state
+                from specc.runtime.graphs import GraphedStep
 
-            graphed = isinstance(self.tree_target, GraphedStep)
-            state.bind(self.tree_target.step if graphed else self.tree_target)
-            if graphed:
-                self.tree_target.graphs.clear()  # captured graphs point at the old buffers
+                graphed = isinstance(step, GraphedStep)
+                state.bind(step.step if graphed else step)
+                if graphed:
+                    step.graphs.clear()  # captured graphs point at the old buffers
         if self.drafter is not None:
             self.drafter.setup(max_len + self.num_draft + 1, self.batch)
         self._shapes_captured = False  # graphed steps drop their graphs with the old caches
@@ -299,15 +342,19 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if self.drafter is not None:
             self.drafter.release_slot(slot)
 
-    def speculate(self, budgets: list[int], num_draft: int | None = None) -> tuple[list[list[int]], int]:
+    def speculate(self, budgets: list[int], num_draft: int | list[int] | None = None) -> tuple[list[list[int]], int]:
         """One speculative step over every slot. ``budgets[b]``: tokens live slot b may still
         commit (>= 1); ``num_draft``: drafts per row this step (at most the loop's; None: the
-        loop's, e.g. a goodput rule's choice, ``specc.runtime.adaptive``). Returns (per slot [accepted, committed tokens...] from the step's one
-        device -> host copy: slot b committed ``row[1:row[0] + 2]``, free slots commit nothing;
-        tree nodes verified, 0 for a chain step). Clipping at EOS / budgets is the caller's."""
+        loop's, e.g. a goodput rule's choice, ``specc.runtime.adaptive``), or one per slot (per-request
+        draft lengths: verified ragged when the loop has a ragged step, ``verifies_ragged``;
+        otherwise every row drafts and verifies the largest). Returns (per slot [accepted, committed
+        tokens...] from the step's device -> host copy: slot b committed ``row[1:row[0] + 2]``, free
+        slots commit nothing; tree nodes verified, 0 for a chain step). Clipping at EOS / budgets is
+        the caller's."""
         seq, n, rows, dev, timer = self.seq, self.n, self.batch, self.target.device, self._timer
         live = [b for b in range(rows) if self.live[b]]
-        k, caps, active = 0, None, None
+        k, caps, active, per_row = 0, None, None, False
+        row_caps = [0] * rows  # drafts each slot may accept this step (free slots: 0)
         if rows > 1:
             if self._live_mask is None:
                 self._live_mask = torch.tensor([int(x) for x in self.live], dtype=torch.long, device=dev)
@@ -316,15 +363,23 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
                 self.drafter.capture_shapes(seq, self.num_draft)
                 self._shapes_captured = True
-            k = self.num_draft if num_draft is None else max(0, min(int(num_draft), self.num_draft))
+            per_row = isinstance(num_draft, (list, tuple))  # then: verified per row when the loop can
+            if per_row and len(num_draft) != rows:
+                raise ValueError(f"num_draft: {len(num_draft)} drafts given for {rows} slots")
+            wanted = ([max(0, min(int(x), self.num_draft)) for x in num_draft] if per_row else
+                      [self.num_draft if num_draft is None else max(0, min(int(num_draft), self.num_draft))] * rows)
+            k = max(wanted[b] for b in live)
             k = min(k, max(budgets[b] - 1 for b in live)) if self.cap_to_budget else k
+            per_row = per_row and self.verifies_ragged and not self.tree_budget
+            for b in live:
+                cap = wanted[b] if per_row else k
+                row_caps[b] = max(0, min(cap, k, budgets[b] - 1) if self.cap_to_budget else min(cap, k))
             if rows > 1:
-                row_caps = [0 if not self.live[b] else min(k, budgets[b] - 1) if self.cap_to_budget else k
-                            for b in range(rows)]
                 caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
         drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
+        self.last_level2_rows = []
         if self.tree_budget and k > 0:
             host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, drafting)
         else:
@@ -339,13 +394,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             timer.mark("verify")
             if rows == 1:
                 last = seq[:, n[0] - 1:n[0]]
+                row_caps = [k]
             else:
                 last = seq.gather(1, self.state.lengths[:, None])
-            logits, context = self._target_rows(torch.cat([last, drafts], dim=1))
-            timer.mark("accept")
             if caps is None and rows > 1:
                 caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
-            if isinstance(policy, GreedyPolicy):
+            self._packing = per_row or bool(self.two_level_k1)  # a packed verify where rows differ
+            logits, context, level1 = self._chain_logits(torch.cat([last, drafts], dim=1), drafts, q, row_caps, caps)
+            timer.mark("accept")
+            if isinstance(policy, GreedyPolicy) and level1 is not None:
+                accepted, committed = self._accept_level2(drafts, logits, row_caps, level1)
+            elif isinstance(policy, GreedyPolicy):
                 accepted, committed = self.verifier.verify(drafts, logits, caps)
             else:
                 accepted, committed = policy.verify_chain(self.verifier, drafts, q, logits, caps, self.state.lengths)
@@ -365,6 +424,100 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         timer.mark(None)
         self.part_seconds = dict(timer.parts)
         return host, nodes
+
+    @property
+    def two_level_k1(self) -> int | None:
+        """Drafts checked at level 1 of two-level verification (None: one level)."""
+        return self._two_level_k1
+
+    @two_level_k1.setter
+    def two_level_k1(self, k1: int | None) -> None:
+        if k1 is not None and (not isinstance(k1, int) or isinstance(k1, bool) or k1 < 1):
+            raise ValueError(f"two_level_k1 must be an integer >= 1 or None, got {k1!r}")
+        self._two_level_k1 = k1
+
+    @property
+    def verifies_ragged(self) -> bool:
+        """Whether chain verifies can be packed per row (a ragged step): per-request draft lengths
+        then cost only the tokens each row verifies, and two-level verification is possible."""
+        return self.ragged_target is not None
+
+    def _chain_logits(self, block, drafts, q, row_caps: list[int], caps):
+        """The target's logits (and captured hidden states, else None) for the chain block
+        ``block`` = [last, drafts] [B, k + 1], row b verifying its first ``row_caps[b] + 1``
+        tokens (free slots: none), and level 1's decision (None for one level). One level, or two
+        (``two_level_k1``, module doc): level 1 over the first k1 drafts, level 2 only for the rows
+        that accepted all of them. Positions a row did not verify hold zeros; its cap keeps every
+        verifier from reading them. Greedy: level 1's decision stands for the rows that stopped
+        there and the verifier decides the others' remaining drafts (``_accept_level2``). Sampling:
+        the policy verifies the joined logits once more (its random numbers are functions of the
+        position, so it decides level 1's positions as level 1 did)."""
+        k, rows = drafts.shape[1], block.shape[0]
+        counts = [c + 1 if rows == 1 or self.live[b] else 0 for b, c in enumerate(row_caps)]
+        k1 = self.two_level_k1
+        if not k1 or self.ragged_target is None or k <= k1 or max(row_caps) <= k1:
+            return (*self._verify_rows(block, counts), None)
+        caps1 = [min(c, k1) for c in row_caps]
+        logits1, hidden1 = self._verify_rows(block[:, :k1 + 1], [min(c, k1 + 1) for c in counts])
+        caps1_t = torch.tensor(caps1, dtype=torch.long, device=block.device)
+        if isinstance(self.policy, GreedyPolicy):
+            accepted1, committed1 = self.verifier.verify(drafts[:, :k1], logits1, caps1_t)
+        else:
+            accepted1, committed1 = self.policy.verify_chain(self.verifier, drafts[:, :k1], q[:, :k1], logits1,
+                                                             caps1_t, self.state.lengths)
+        level1 = accepted1.tolist()  # level 1's host copy: which rows go on
+        go = [b for b in range(rows) if counts[b] and row_caps[b] > k1 and level1[b] == k1]
+        self.last_level2_rows = go
+        if go:
+            counts2 = [row_caps[b] - k1 if b in go else 0 for b in range(rows)]
+            logits2, hidden2 = self._verify_rows(block[:, k1 + 1:], counts2, offset=k1 + 1)
+        else:  # no row goes on: the step ends at level 1
+            logits2 = logits1.new_zeros(rows, k - k1, logits1.shape[-1])
+            hidden2 = None if hidden1 is None else hidden1.new_zeros(rows, k - k1, hidden1.shape[-1])
+        logits = torch.cat([logits1, logits2], dim=1)
+        hidden = None if hidden1 is None else torch.cat([hidden1, hidden2], dim=1)
+        return logits, hidden, (accepted1, committed1, go)
+
+    def _accept_level2(self, drafts, logits, row_caps: list[int], level1):
+        """Greedy two-level decision: level 1's (accepted, committed) for every row, then the
+        verifier over the remaining drafts of the rows that went on (``start`` = k1: their
+        block position; ``rows``: their indices, for verifiers that draw per row and position,
+        ``ReplayVerifier``), joined: a row that went on accepts k1 + its level-2 count."""
+        accepted1, committed1, go = level1
+        k, k1, rows = drafts.shape[1], self.two_level_k1, drafts.shape[0]
+        committed = torch.cat([committed1, committed1.new_zeros(rows, k - k1)], dim=1)
+        if not go:
+            return accepted1, committed
+        dev = drafts.device
+        go_t = torch.tensor(go, dtype=torch.long, device=dev)
+        caps2 = torch.tensor([row_caps[b] - k1 for b in go], dtype=torch.long, device=dev)
+        accepted2, committed2 = self.verifier.verify(drafts[go_t, k1:], logits[go_t, k1:], caps2, start=k1, rows=go_t)
+        accepted = accepted1.index_put((go_t,), (k1 + accepted2).to(accepted1.dtype))
+        committed = committed.index_put((go_t,), torch.cat([committed[go_t, :k1], committed2.to(committed.dtype)], 1))
+        return accepted, committed
+
+    def _verify_rows(self, block: torch.Tensor, counts: list[int], offset: int = 0):
+        """The target over ``block`` [B, W], row b's first ``counts[b]`` tokens written at
+        ``state.lengths[b] + offset`` onward: (logits [B, W, V], hidden [B, W, n*H] or None).
+        Dense (``_target_rows``) at offset 0 when every row takes all W tokens, when there is no
+        ragged step, or in a step with one k for the batch and one level (rows then compute their
+        whole block: free slots ride along, caps stop rows); otherwise one packed forward of the
+        ragged step, unpacked (zeros where no token)."""
+        width = block.shape[1]
+        if offset == 0 and (self.ragged_target is None or not self._packing or all(c == width for c in counts)):
+            return self._target_rows(block)
+        if self.ragged_target is None:
+            raise RuntimeError("a verify past the rows' lengths needs a ragged step")
+        packed = PackedRows.of(counts, width, block.device)
+        if packed.num_tokens == 0:
+            raise RuntimeError("a packed verify with no tokens")
+        lengths = self.state.lengths
+        # by keyword: a model definition's forward has tree_mask before them, a compiled ragged step does not
+        out = self.ragged_target(packed.tokens(block), packed.positions(lengths, offset),
+                                 packed.cache_len(lengths, offset), row_slots=packed.row_slots,
+                                 row_starts=packed.row_starts)
+        logits, hidden = out if isinstance(out, tuple) else (out, None)
+        return packed.unpack(logits), None if hidden is None else packed.unpack(hidden)
 
     def _draft_rows(self, seq, n, k, drafting, logits: bool = False):
         """The drafter's ``propose_rows`` (``propose_logits_rows``), told which rows are live only
@@ -408,7 +561,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         launches do not add to the step (outputs are static buffers, consumed within the step)."""
         fns = getattr(self, "_tree_graphs", None)
         if fns is None:
-            fns = {"plan": plan_tree, "accept": self._accept_tree, "commit": self._commit_path}
+            fns = {"plan": self.tree_verifier.plan, "accept": self._accept_tree, "commit": self._commit_path}
             if self.capture_shapes:
                 from specc.runtime.graphs import GraphedStep
 

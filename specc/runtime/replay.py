@@ -34,6 +34,11 @@ full one, in both modes.
 
 **The committed tokens are not the model's output**: accepted drafts are committed whether or
 not the target agrees. Replay is for timing only; every report that uses it says so.
+
+Draft trees replay a per-rank model instead (``specc.runtime.tree_replay.TreeReplayVerifier``):
+per depth it draws which of the drafter's ranked candidates the target picks, walks the tree
+along it, and shapes the tree by the model (``TREE_REPLAY_NOTICE``). With one rank per depth it
+accepts what this verifier accepts for the same alphas.
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ import torch
 from specc.runtime.verifiers import Verifier
 from specc.sampling.rng import ACCEPT, uniform
 
-__all__ = ["ReplayVerifier", "REPLAY_NOTICE"]
+__all__ = ["ReplayVerifier", "REPLAY_NOTICE", "TREE_REPLAY_NOTICE"]
 
 REPLAY_NOTICE = ("acceptance replayed from a stated model: accepted counts are drawn, not decided by the target; "
                  "the committed tokens are NOT the model's real output (timing only)")
+TREE_REPLAY_NOTICE = ("per depth the rank the target picks is drawn from the per-rank model (ranks independent "
+                      "across depths, as the model assumes) and the tree is the model's best tree over the drafter's "
+                      "own top candidates; the draft, tree verify forward, KV compaction and drafter context are real")
 
 
 class ReplayVerifier(Verifier):

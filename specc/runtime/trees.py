@@ -166,12 +166,21 @@ def accept_tree(tree: DraftTree, target_argmax: torch.Tensor,
     tokens then ``target_argmax`` at its last node (the bonus token). ``max_depth``: the
     drafted positions the tree was built from, when known (no host sync; else read from the
     tree)."""
+    # a node is "matched" when its token is the target's choice after its parent
+    matched = tree.tokens == target_argmax.gather(1, tree.parents.clamp(min=0))
+    return accept_matched(tree, matched, max_depth)
+
+
+def accept_matched(tree: DraftTree, matched: torch.Tensor,
+                   max_depth: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deepest root path of ``tree`` whose every drafted node is ``matched`` [B, N] (bool;
+    the root's entry is ignored), as ``accept_tree`` returns it: (accepted [B], path [B, D + 1]).
+    Greedy acceptance matches a node when its token is the target's argmax at its parent; an
+    acceptance replay (``specc.runtime.tree_replay``) matches the nodes of the ranks it drew.
+    At most one node per depth may be alive for the path to be unique (both matchings ensure it)."""
     bsz, n = tree.tokens.shape
     dev = tree.tokens.device
-    parent = tree.parents.clamp(min=0)
-    # a node is "matched" when its token is the target's choice after its parent
-    matched = tree.tokens == target_argmax.gather(1, parent)
-    matched[:, 0] = True
+    matched = matched | (tree.depths == 0)  # the root is always on the path
     if max_depth is None:
         max_depth = int(tree.depths.max()) if n else 0
     # alive: matched and every ancestor matched, from the ancestor mask (no per-node loop)

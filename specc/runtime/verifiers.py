@@ -17,10 +17,9 @@ to the host once per step.
   the result's ``path`` gives the accepted nodes' block slots, which
   ``DecodingState.commit(accepted + 1, path)`` compacts into place.
 
-Later verifiers plug in behind the same ``verify`` (their input carries what they need):
-
-- two-level: a cheap first-level verifier prunes rows / positions before the full one; per-row
-  ``query_lens`` let rows verify different numbers of tokens in one ragged batch.
+Ragged (packed) verifies and two-level verification are the device loop's
+(``specc.runtime.device_loop``): it unpacks their logits into the padded ``[B, k + 1, V]`` layout
+and calls the same verifiers, with per-row caps, so the decision rule has one implementation.
 """
 
 from __future__ import annotations
@@ -64,12 +63,16 @@ class VerifyResult:
 class Verifier:
     """Base of verifiers: ``verify(drafts [B, k], target_logits [B, k + 1, V]) -> (accepted [B],
     committed [B, k + 1])`` on the device, no host sync. ``max_drafts`` [B] (optional) caps the
-    drafts a row may accept (0 for a finished row, or a per-row speculation length)."""
+    drafts a row may accept (0 for a finished row, or a per-row speculation length). Two-level
+    verification's second call passes the remaining drafts of the rows that go on with ``start``
+    (their block position, k1) and ``rows`` (their indices in the step's batch): a verifier whose
+    decision is a function of its inputs ignores them."""
 
     name = ""
 
     def verify(self, drafts: torch.Tensor, target_logits: torch.Tensor,
-               max_drafts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               max_drafts: torch.Tensor | None = None, *, start: int = 0,
+               rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def verify_tokens(self, drafts: torch.Tensor, target_tokens: torch.Tensor,
@@ -86,7 +89,7 @@ class ChainVerifier(Verifier):
 
     name = "chain"
 
-    def verify(self, drafts, target_logits, max_drafts=None):
+    def verify(self, drafts, target_logits, max_drafts=None, *, start=0, rows=None):
         return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts)
 
     def verify_tokens(self, drafts, target_tokens, max_drafts=None):
@@ -105,6 +108,15 @@ class TreeVerifier(Verifier):
     On the device, no host sync (depth-many small ops)."""
 
     name = "tree"
+
+    def plan(self, draft_logits: torch.Tensor, root_tokens: torch.Tensor, base: torch.Tensor, budget: int,
+             topk: int | None = None):
+        """The tree a step verifies, from the drafter's per-position logits [B, D, V]
+        (``specc.runtime.trees.plan_tree``: tokens, parents, depths, positions, ancestor mask).
+        A verifier owns it so that an acceptance replay can state the tree's shape too."""
+        from specc.runtime.trees import plan_tree
+
+        return plan_tree(draft_logits, root_tokens, base, budget, topk)
 
     def verify_tree(self, tree, target_logits: torch.Tensor, max_drafts: torch.Tensor | None = None,
                     depth: int | None = None) -> VerifyResult:

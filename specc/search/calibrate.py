@@ -36,6 +36,10 @@ Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
 - ``linear_choice`` (CUDA, both linears timed): per shape and M, Triton or cuBLAS, whichever was
   faster by more than ``LINEAR_CHOICE_MARGIN`` (``specc.codegen.linear_choice``), with both times:
   the table lowering uses to pick each linear's implementation, and the cost model to price it.
+- ``packed_linear_bandwidth_by_m``: per M, the median over shapes of the bf12 linear's
+  ``packed bytes / t_net / hbm_bandwidth`` (the bf12 kernels lose efficiency with M much faster
+  than bf16 ones: with it the cost model packs the M = 1 steps where packing wins and not the
+  verify steps where it loses).
 
 Output: the deployment file (every field of the base deployment kept, the fitted ones replaced,
 ``calibrated = true``), loadable with ``get_deployment(FILE)``, and beside it the calibration
@@ -73,6 +77,7 @@ class Calibration:
     kind_efficiency: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     linear_flops_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
     linear_bandwidth_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
+    packed_linear_bandwidth_by_m: dict[int, float] = dataclasses.field(default_factory=dict)
     fitted: dict[str, float] = dataclasses.field(default_factory=dict)
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
     linear_choice: dict[str, Any] | None = None  # LinearChoice.to_json(): per-shape Triton vs cuBLAS
@@ -93,9 +98,15 @@ class Calibration:
         """The measured per-shape linear implementations (None: not measured, Triton everywhere)."""
         return None if self.linear_choice is None else LinearChoice.from_json(self.linear_choice)
 
+    def packed_linear_bandwidth_at(self, rows: float) -> float:
+        """Bandwidth efficiency (on packed bytes) of a bf12 linear with ``rows`` = M: the packed
+        kernels' efficiency falls with M much faster than bf16's, so one figure cannot say where
+        packing wins."""
+        return _interpolate_log(self.packed_linear_bandwidth_by_m, rows, "packed bandwidth")
+
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for key in ("linear_flops_by_m", "linear_bandwidth_by_m"):
+        for key in ("linear_flops_by_m", "linear_bandwidth_by_m", "packed_linear_bandwidth_by_m"):
             out[key] = {str(k): v for k, v in getattr(self, key).items()}
         out["format"] = "specc-calibration/1"
         return out
@@ -117,7 +128,7 @@ class Calibration:
         for key in ("deployment", "device"):
             if not isinstance(kwargs.get(key), str):
                 raise ValueError(f"{key} must be a string")
-        for key in ("linear_flops_by_m", "linear_bandwidth_by_m"):
+        for key in ("linear_flops_by_m", "linear_bandwidth_by_m", "packed_linear_bandwidth_by_m"):
             table = data.get(key) or {}
             if not isinstance(table, dict):
                 raise ValueError(f"{key} must be an object of rows -> efficiency")
@@ -453,6 +464,17 @@ def linear_choice_of(m: dict[str, Any], overhead_s: float) -> LinearChoice | Non
                                           dtype="bfloat16", source="specc calibrate")
 
 
+def fit_packed_by_m(dep, m: dict, device: str) -> dict[int, float]:
+    """Per M, the median over shapes of the bf12 linear's bandwidth efficiency on packed bytes
+    (launch overhead removed as in :func:`fit`); empty when bf12 was not measured."""
+    launch = m["launch"]
+    overhead = launch["graph_node_overhead_s"] if device == "cuda" else launch["launch_overhead_s"]
+    by_m: dict[int, list[float]] = {}
+    for r in m.get("linear_bf12") or []:
+        by_m.setdefault(r["M"], []).append(r["bytes"] / max(r["seconds"] - overhead, 1e-12) / dep.hbm_bandwidth)
+    return {mm: min(1.0, statistics.median(v)) for mm, v in sorted(by_m.items())}
+
+
 def attn_launch(device: str) -> int:
     """Kernels the attention microbenchmark launches per call (its launch cost is removed)."""
     return LAUNCHES.get(device, {}).get("attention", 1) if device == "cpu" else 2
@@ -531,7 +553,8 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
         linear_choice=None if choice is None else choice.to_json(),
         deployment=dep.name, device=device,
         device_name=torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        kind_efficiency=kinds, linear_flops_by_m=by_m, linear_bandwidth_by_m=bw_by_m, fitted=fields, measurements=m,
+        kind_efficiency=kinds, linear_flops_by_m=by_m, linear_bandwidth_by_m=bw_by_m,
+        packed_linear_bandwidth_by_m=fit_packed_by_m(dep, m, device), fitted=fields, measurements=m,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         specc_version=__version__, torch_version=torch.__version__, quick=quick)
     return new, record

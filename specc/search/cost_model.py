@@ -168,6 +168,8 @@ class CostModel:
         class, else the deployment's."""
         cal = self.calibration
         if cal is not None:
+            if kind == "packed_linear" and rows is not None and getattr(cal, "packed_linear_bandwidth_by_m", None):
+                return cal.packed_linear_bandwidth_at(rows)
             eff = cal.kind_efficiency.get(kind, {}).get("bandwidth") if kind and kind != eclass else None
             if eff:
                 return float(eff)

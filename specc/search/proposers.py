@@ -34,7 +34,7 @@ from typing import Any
 # dce always stays last.
 FUSIONS = ("fuse_qkv", "fuse_gate_up", "fuse_norm_linear")
 PACK_12BIT = "pack_weights_12bit"
-PACK_OPTIONS = ("pack_include", "pack_exclude", "pack_base")  # the options pack_weights_12bit reads
+PACK_OPTIONS = ("pack_include", "pack_exclude", "pack_base", "pack_version")  # the options pack_weights_12bit reads
 CANONICAL = FUSIONS + (PACK_12BIT,)
 ROLES = ("target", "drafter")
 

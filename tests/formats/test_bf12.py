@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specc.formats import Packed12, pack_bf16_12bit
-from specc.formats.bf12 import MAX_BASE, MIN_BASE
+from specc.formats.bf12 import FORMAT_VERSION, MAX_BASE, MIN_BASE
 
 
 def all_bf16_patterns() -> torch.Tensor:
@@ -24,15 +24,60 @@ def assert_bit_exact(packed: Packed12, ref: torch.Tensor) -> None:
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("base", ["row", "tensor"])
 @pytest.mark.parametrize("shape", [(65536,), (256, 256), (16, 4096), (4096, 16),
-                                   (4, 16, 1024)])
-def test_all_65536_patterns_round_trip(shape, base):
+                                   (4, 16, 1024), (128, 512), (1024, 64)])
+def test_all_65536_patterns_round_trip(shape, base, version):
     # every bf16 bit pattern: +-0, subnormals, normals, +-inf, every NaN payload
     w = all_bf16_patterns()
     perm = torch.randperm(w.numel(), generator=torch.Generator().manual_seed(0))
     for x in (w, w[perm]):  # sorted (rows = exponent ranges) and shuffled
-        assert_bit_exact(pack_bf16_12bit(x.reshape(shape), base=base), x.reshape(shape))
+        p = pack_bf16_12bit(x.reshape(shape), base=base, version=version)
+        assert p.version == version
+        p.validate()
+        assert_bit_exact(p, x.reshape(shape))
+
+
+def test_default_layout_is_version_2():
+    p = pack_bf16_12bit((torch.randn(3, 40) * 0.02).bfloat16())
+    assert p.version == FORMAT_VERSION == 2 and p.metadata()["version"] == 2
+    assert p.sm.shape == (3, 64) and p.ex.shape == (3, 32)  # K padded to whole 32-weight groups
+
+
+def test_version_2_layout_places_bytes_and_nibbles():
+    """v2: sm in natural K order; group g's code byte i holds weight 32g + i (low nibble) and
+    32g + 16 + i (high nibble) -- what the kernel's wide loads and decode assume."""
+    g = torch.Generator().manual_seed(3)
+    n, k = 5, 70  # two full groups and a padded third
+    w = (torch.randn(n, k, generator=g) * 0.02).bfloat16()
+    p = pack_bf16_12bit(w, version=2)
+    bits = w.view(torch.int16).to(torch.int32) & 0xFFFF
+    exp = (bits >> 7) & 0xFF
+    code = exp - p.base.to(torch.int32)[:, None]
+    inside = (code >= 0) & (code < 16)
+    sm = ((bits >> 8) & 0x80) | (bits & 0x7F)
+    got_sm = p.sm[:, :k].to(torch.int32)
+    assert torch.equal(torch.where(inside, got_sm, 0), torch.where(inside, sm, 0))
+    assert torch.all(got_sm[~inside] == 0) and torch.all(p.sm[:, k:] == 0)
+    ex = p.ex.to(torch.int32)
+    for kk in range(k):
+        grp, q = divmod(kk, 32)
+        byte = ex[:, 16 * grp + q % 16]
+        nib = (byte & 0xF) if q < 16 else (byte >> 4)
+        want = torch.where(inside[:, kk], code[:, kk], 0)
+        assert torch.equal(nib, want), kk
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_real_shape_weights_round_trip(version):
+    """A real-shape slice (4096 columns, Qwen3-8B's hidden size) of N(0, 0.02) weights with a
+    sprinkle of zeros and outliers: bit-exact in both layouts."""
+    g = torch.Generator().manual_seed(7)
+    w = (torch.randn(96, 4096, generator=g) * 0.02).bfloat16()
+    w.view(-1)[torch.randint(0, w.numel(), (50,), generator=g)] = 0.0
+    w.view(-1)[torch.randint(0, w.numel(), (50,), generator=g)] = 1.5
+    assert_bit_exact(pack_bf16_12bit(w, version=version), w)
 
 
 def test_escape_table_cases():
@@ -94,8 +139,9 @@ def test_window_choice_and_codes():
     specials=st.floats(0.0, 0.3),
     base=st.sampled_from(["row", "tensor"]),
     seed=st.integers(0, 2**31 - 1),
+    version=st.sampled_from([1, 2]),
 )
-def test_random_odd_shapes_round_trip(shape, scale, specials, base, seed):
+def test_random_odd_shapes_round_trip(shape, scale, specials, base, seed, version):
     g = torch.Generator().manual_seed(seed)
     n = math.prod(shape)
     w = (torch.randn(n, generator=g) * scale).bfloat16()
@@ -103,7 +149,7 @@ def test_random_odd_shapes_round_trip(shape, scale, specials, base, seed):
     raw = torch.randint(-32768, 32768, (n,), generator=g, dtype=torch.int32).to(torch.int16)
     pick = torch.rand(n, generator=g) < specials
     w = torch.where(pick, raw.view(torch.bfloat16), w).reshape(shape)
-    p = pack_bf16_12bit(w, base=base)
+    p = pack_bf16_12bit(w, base=base, version=version)
     p.validate()
     assert_bit_exact(p, w)
     assert 0.0 <= p.escape_rate <= 1.0
@@ -155,6 +201,34 @@ def test_state_dict_round_trip_through_safetensors(tmp_path):
     assert q.nbytes == p1.nbytes
     with pytest.raises(ValueError):
         Packed12.from_state_dict(back, "layers.0.q.", metadata={"shape": [1, 2], "base": "row"})
+    with pytest.raises(ValueError):
+        Packed12.from_state_dict(back, "layers.0.q.", metadata={**p1.metadata(), "version": 1})
+
+
+def test_version_1_artifacts_still_load(tmp_path):
+    """State dicts written in layout 1 (meta[0] == 1) load as version 1 and unpack exactly;
+    an unknown version is refused with a clear error."""
+    from safetensors.torch import load_file, save_file
+
+    w = (torch.randn(7, 50, generator=torch.Generator().manual_seed(4)) * 0.02).bfloat16()
+    p1 = pack_bf16_12bit(w, version=1)
+    sd = p1.to_state_dict("w.")
+    assert int(sd["w.meta"][0]) == 1 and p1.metadata()["version"] == 1
+    save_file(sd, str(tmp_path / "v1.safetensors"))
+    back = Packed12.from_state_dict(load_file(str(tmp_path / "v1.safetensors")), "w.")
+    assert back.version == 1 and back.sm.shape == (7, 64)
+    assert_bit_exact(back, w)
+    p2 = Packed12.from_state_dict(pack_bf16_12bit(w).to_state_dict("w."), "w.")
+    assert p2.version == 2 and p2.sm.shape == (7, 64) and p2.ex.shape == (7, 32)
+    assert_bit_exact(p2, w)
+    bad = dict(sd)
+    bad["w.meta"] = sd["w.meta"].clone()
+    bad["w.meta"][0] = 9
+    with pytest.raises(ValueError, match="version 9"):
+        Packed12.from_state_dict(bad, "w.")
+    with pytest.raises(ValueError, match="expected"):  # a v1 plane shape read as v2
+        Packed12(sm=p1.sm[:, :48].contiguous(), ex=p1.ex[:, :24].contiguous(), base=p1.base,
+                 esc_idx=p1.esc_idx, esc_val=p1.esc_val, shape=(7, 50), version=2).validate()
 
 
 def test_sizes_and_errors():
@@ -167,6 +241,8 @@ def test_sizes_and_errors():
         pack_bf16_12bit(w.float())
     with pytest.raises(ValueError):
         pack_bf16_12bit(w, base="column")
+    with pytest.raises(ValueError, match="version"):
+        pack_bf16_12bit(w, version=3)
     with pytest.raises(ValueError):
         pack_bf16_12bit(torch.zeros(0, 4, dtype=torch.bfloat16))
     assert_bit_exact(pack_bf16_12bit(torch.tensor(1.5, dtype=torch.bfloat16)), torch.tensor(1.5, dtype=torch.bfloat16))

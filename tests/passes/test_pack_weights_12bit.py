@@ -3,10 +3,12 @@ and survives compile + token forcing on a bf16 deployment."""
 
 import json
 
+import pytest
 import torch
 
 from specc.ir import trace
 from specc.models import load_model
+from specc.passes.pack_weights_12bit import DEFAULT_PACK_VERSION
 from specc.passes import PassManager
 
 
@@ -33,6 +35,40 @@ def test_pack_fires_and_outputs_are_identical(checkpoints):
     after_bytes = ir.totals().evaluate({"B": 1, "Q": 1, "C": 0})["weight_bytes"]
     assert after_bytes < before_bytes
     assert stats["bytes_after"] < 0.78 * stats["bytes_before"]  # 1.5 B/weight + bases + escapes
+
+
+def test_pack_versions_agree_and_are_recorded(checkpoints):
+    """Both bf12 layouts (pack_version 1, the default until layout 2 has run on a GPU, and 2) give the unpacked outputs exactly;
+    each packed_linear call carries its layout version and the stats record it."""
+    from specc.passes import PassContext
+    from specc.passes.pack_weights_12bit import PackWeights12bit
+
+    outs, versions = [], []
+    for version in (None, 1, 2):
+        ir = _ir(checkpoints["target"])
+        inputs = ir.example_inputs({"B": 1, "Q": 3, "C": 0})
+        with torch.no_grad():
+            ir.reset_caches()
+            want = ir(*inputs)
+            opts = {} if version is None else {"pack_version": version}
+            result = PackWeights12bit().run(ir, PassContext(options=opts))
+            ir.reset_caches()
+            outs.append((want, ir(*inputs)))
+        calls = [n for n in ir.graph.nodes if n.op == "call_function" and "packed_linear" in str(n.target)]
+        assert calls and {n.kwargs["version"] for n in calls} == {result.stats["format_version"]}
+        versions.append(result.stats["format_version"])
+    assert versions == [DEFAULT_PACK_VERSION, 1, 2]
+    for want, got in outs:
+        assert torch.equal(want, got)
+
+
+def test_pack_rejects_unknown_version(checkpoints):
+    from specc.passes import PassContext
+    from specc.passes.pack_weights_12bit import PackWeights12bit
+
+    ir = _ir(checkpoints["target"])
+    with pytest.raises(ValueError, match="pack_version"):
+        PackWeights12bit().run(ir, PassContext(options={"pack_version": 3}))
 
 
 def test_pack_subset_by_name(checkpoints):
@@ -66,6 +102,7 @@ def test_compile_with_pack_on_bf16_cpu_deployment(checkpoints, tmp_path):
                               passes="fuse_qkv,fuse_gate_up,fuse_norm_linear,pack_weights_12bit,dce", max_new_tokens=12)
     applied = {r["name"]: r for r in result.manifest["passes"]["applied"]["target"]}
     assert applied["pack_weights_12bit"]["changed"]
+    assert applied["pack_weights_12bit"]["stats"]["format_version"] == DEFAULT_PACK_VERSION
     assert result.manifest["lowering"]["target"]["lowered"].get("packed_linear", 0) > 0
     verification = result.manifest["verification"]
     assert verification["passed"]  # bf16 vs HF eager: ties (margin < tolerance) are reported, none failed

@@ -1,8 +1,13 @@
 """Drafts per step by goodput (specc.runtime.adaptive): the expected-tokens formula, the
-acceptance estimate, the choice against a step-time curve, and a scheduler driven by it stays
+acceptance estimate, the choice against a step-time curve, the per-request choice against a
+ragged step-time curve (checked against brute force), and a scheduler driven by it stays
 lossless while its k changes with the requests' measured acceptance."""
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lossless import reference
 
 from specc.pairing import resolve_pair
@@ -38,6 +43,43 @@ def test_goodput_choice_follows_the_curve():
     assert 0 < mid.choose([0.8] * 4, [20] * 4, 4) < mid.choose([0.8], [20], 1)
     with pytest.raises(ValueError, match="positive"):
         GoodputDraftLength(lambda rows, k: 0.0, 2).choose([0.5], [4], 1)
+
+
+def _ragged_goodput(alphas, ks, seconds):
+    return sum(expected_tokens(a, k) for a, k in zip(alphas, ks)) / seconds(len(alphas), sum(k + 1 for k in ks))
+
+
+@settings(max_examples=40, deadline=None)
+@given(alphas=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4),
+       caps=st.lists(st.integers(0, 4), min_size=4, max_size=4), k_max=st.integers(0, 4),
+       cost=st.tuples(st.floats(0.1, 10.0), st.floats(0.0, 2.0), st.floats(0.0, 0.5)))
+def test_per_request_choice_is_the_brute_force_optimum(alphas, caps, k_max, cost):
+    """Greedy by marginal gain reaches the best sum E_b(k_b) / T(R, sum (k_b + 1)) over every
+    allocation within the caps and k_max, for convex and linear step-time curves."""
+    base, per_row, per_token2 = cost
+    caps = caps[:len(alphas)]
+
+    def seconds(rows, tokens):
+        return base + per_row * rows + 0.1 * tokens + per_token2 * tokens ** 2
+
+    rule = GoodputDraftLength(lambda rows, k: 1.0, k_max, ragged_seconds=seconds)
+    ks = rule.choose_rows(alphas, caps, 8)
+    assert len(ks) == len(alphas) and all(0 <= k <= min(c, k_max) for k, c in zip(ks, caps))
+    best = max(_ragged_goodput(alphas, combo, seconds)
+               for combo in itertools.product(*(range(min(c, k_max) + 1) for c in caps)))
+    assert _ragged_goodput(alphas, ks, seconds) == pytest.approx(best, rel=1e-9)
+
+
+def test_per_request_choice_follows_each_requests_acceptance():
+    rule = GoodputDraftLength(lambda rows, k: 1.0, 6, ragged_seconds=lambda rows, tokens: 1.0 + 0.1 * tokens)
+    ks = rule.choose_rows([0.95, 0.02, 0.6], [20, 20, 20], 3)
+    assert ks[1] == 0 and ks[0] > ks[2] > 0  # a request never accepted drafts none, the others keep theirs
+    assert rule.choose_rows([0.95, 0.95], [2, 20], 2)[0] == 2  # never past what the row can still use
+    assert rule.choose_rows([], [], 3) == []
+    one_k = GoodputDraftLength(lambda rows, k: 1.0 + 0.2 * k, 6)  # no ragged curve: one k for all
+    assert one_k.choose_rows([0.9, 0.1], [20, 20], 2) == [one_k.choose([0.9, 0.1], [20, 20], 2)] * 2
+    with pytest.raises(ValueError, match="ragged_seconds"):
+        GoodputDraftLength(lambda rows, k: 1.0, 2, ragged_seconds=lambda rows, tokens: 0.0).choose_rows([0.5], [4], 1)
 
 
 @pytest.mark.parametrize("method,target_key,drafter_key,num_draft", [

@@ -135,3 +135,30 @@ def test_record_with_a_malformed_linear_choice_is_refused():
     bad = {"shapes": [{"N": 8, "K": 8, "points": [{"M": 1, "impl": "cutlass"}]}]}
     with pytest.raises(ValueError, match="linear_choice: .*impl must be one of"):
         Calibration.from_json(dict(base, linear_choice=bad))
+
+
+def test_packed_linear_is_priced_by_its_rows(tmp_path):
+    """bf12 linears: per-M efficiency on packed bytes, fitted from the bf12 measurements and
+    used by the cost model for packed_linear nodes (so that it can pack M = 1 and not Q = 16)."""
+    from specc.search.calibrate import fit_packed_by_m, write_calibration
+
+    dep = BUILTIN["h200-bs1"]
+    node = 2e-6
+    meas = {"launch": {"launch_overhead_s": 5e-6, "graph_node_overhead_s": node},
+            "linear_bf12": [{"M": mm, "bytes": nb, "seconds": nb / (dep.hbm_bandwidth * eff) + node}
+                            for mm, eff in ((1, 0.8), (16, 0.3)) for nb in (3e7, 1e8, 4e8)]}
+    by_m = fit_packed_by_m(dep, meas, "cuda")
+    assert by_m == pytest.approx({1: 0.8, 16: 0.3})
+    assert fit_packed_by_m(dep, {"launch": meas["launch"]}, "cuda") == {}
+    cal = Calibration(deployment=dep.name, device="cuda", kind_efficiency={"packed_linear": {"bandwidth": 0.55}},
+                      packed_linear_bandwidth_by_m=by_m)
+    model = CostModel(dep, calibration=cal)
+    assert model.bandwidth_efficiency("linear", "packed_linear", 1) == pytest.approx(0.8)
+    assert model.bandwidth_efficiency("linear", "packed_linear", 16) == pytest.approx(0.3)
+    assert model.bandwidth_efficiency("linear", "packed_linear") == pytest.approx(0.55)  # no M: the kind value
+    path = tmp_path / "dep.json"
+    write_calibration(path, dep, cal)
+    again = Calibration.from_json(json.loads(record_path(path).read_text()))
+    assert again.packed_linear_bandwidth_by_m == pytest.approx({1: 0.8, 16: 0.3})
+    old = {k: v for k, v in cal.to_json().items() if k != "packed_linear_bandwidth_by_m"}
+    assert Calibration.from_json(old).packed_linear_bandwidth_by_m == {}  # records from before still load

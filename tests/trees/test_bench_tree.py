@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -20,3 +22,29 @@ def test_bench_tree_smoke(tmp_path):
     assert {r["budget"] for r in result["acceptance"]} == {0, 8}
     assert all(r["lossless_vs_chain"] for r in result["acceptance"] + result["e2e"])
     assert [r["q"] for r in result["steps"]["rows"]] == [4, 8]
+
+
+def test_bench_tree_e2e_8b_tiny_check(tmp_path):
+    """The H200 --e2e-8b path end to end at tiny shapes on the CPU: AR, chain and a tree, replayed
+    acceptance (the default: DFlash's published tau + specc-tiny's measured rank split)."""
+    from specc.bench.acceptance import parse_tree_acceptance
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "bench_tree.py"), "--e2e-8b", "--tiny-check",
+                           "--budgets", "16", "--new-tokens", "10", "--out-dir", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "tree-e2e-8b.json").read_text())
+    assert result["num_draft"] == 15 and result["ar"]["tokens_per_step"] == 1.0 and result["ar"]["tokens_per_s"] > 0
+    assert [run["spec"].split("+")[0] for run in result["runs"]] == ["dflash-qwen3-8b:gsm8k", "dflash-qwen3-8b:mt-bench"]
+    for run in result["runs"]:
+        rows = {r["system"]: r for r in run["rows"]}
+        assert set(rows) == {"chain", "tree 16"}
+        assert "tiny-dflash-ranks.json" in run["spec"] and "assumed" in run["tree_source"]
+        model = parse_tree_acceptance(run["spec"], 15)
+        assert rows["tree 16"]["predicted"]["tokens_per_step"] == model.expected_tokens(16, 15)
+        assert rows["chain"]["predicted"]["tokens_per_step"] == pytest.approx(model.chain_expected_tokens(15))
+        for r in rows.values():
+            assert r["tokens_per_s"] > 0 and r["tokens_per_step"] >= 1.0
+            assert r["speedup_vs_chain"]["predicted"] > 0 and r["speedup_vs_ar"]["measured"] > 0

@@ -1,7 +1,9 @@
 """Fused decode + GEMV/GEMM on lossless 12-bit weights: ``y = x @ W^T (+ bias)``.
 
 W is a :class:`specc.formats.bf12.Packed12` of an ``[N, K]`` bf16 weight (``nn.Linear`` layout);
-its module docstring describes the layout this kernel was designed around. One Triton kernel,
+its module docstring describes the layout this kernel was designed around (layout version 1).
+:func:`linear_bf12` is the entry point for both layouts: it checks the inputs and hands
+version-2 weights to :mod:`specc.codegen.kernels.linear_bf12_v2`. One Triton kernel,
 two inner loops chosen by the config:
 
 * ``kind="fma"`` (M = 1 .. 4: a decode-bound GEMV on CUDA cores). Each program owns
@@ -61,6 +63,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
 
 __all__ = [
@@ -487,47 +490,11 @@ _as_config = _TABLE.coerce
 # launcher
 # ------------------------------------------------------------------------------------------
 def _kernel_meta(packed: Packed12) -> dict:
-    """Device-side views and escape metadata, derived once per Packed12 and cached on it."""
-    key = ("linear_bf12", str(packed.sm.device))
-    meta = packed._cache.get(key)
-    if meta is not None:
-        return meta
-    n, k = packed.rows, packed.cols
-    dev = packed.sm.device
-    idx = packed.esc_idx.to(torch.int64)
-    rows = idx // k
-    cols = idx - rows * k
-    if packed.base_mode == "row":
-        base_e = packed.base.to(torch.int32)[rows]
-    else:
-        base_e = packed.base.to(torch.int32).expand(rows.shape[0])
-    meta = {
-        "sm": packed.sm.view(torch.int64),
-        "ex": packed.ex.view(torch.int64),
-        "base": packed.base,
-        "stride_base": 1 if packed.base_mode == "row" else 0,
-        "num_esc": int(idx.numel()),
-        "rowptr": torch.searchsorted(rows, torch.arange(n + 1, device=dev)).to(torch.int32),
-        "erow": rows.to(torch.int32),
-        "ecol": cols.to(torch.int32),
-        "etrue": packed.esc_val.view(torch.bfloat16).to(torch.float32),
-        "efake": (base_e << 23).view(torch.float32).contiguous(),
-    }
-    packed._cache[key] = meta
-    return meta
+    """The escape metadata (shared with layout 2) plus this kernel's int64 views of the planes."""
+    return {**escape_meta(packed), "sm": packed.sm.view(torch.int64), "ex": packed.ex.view(torch.int64)}
 
 
-_WORKSPACES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _workspace(device: torch.device, n_out: int, n_tiles: int):
-    key = str(device)
-    ws, cnt = _WORKSPACES.get(key, (None, None))
-    if ws is None or ws.numel() < n_out or cnt.numel() < n_tiles:
-        ws = torch.zeros(max(n_out, 1 << 16), dtype=torch.float32, device=device)
-        cnt = torch.zeros(max(n_tiles, 1 << 12), dtype=torch.int32, device=device)
-        _WORKSPACES[key] = (ws, cnt)
-    return ws, cnt
+_workspace = split_k_workspace
 
 
 _X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -582,6 +549,12 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
         y = out.view(m, n)
     if m == 0:
         return y.reshape(*lead, n)
+    if packed.version != 1:  # the layout-2 kernel (inputs checked above; its own configs)
+        from specc.codegen.kernels.linear_bf12_v2 import linear_bf12_v2
+
+        return linear_bf12_v2(x2, packed, bias, config, out=y).reshape(*lead, n)
+    if config is not None and not isinstance(config, (Bf12Config, Mapping)):
+        raise TypeError(f"a version-1 bf12 weight takes a Bf12Config, got {type(config).__name__}")
     cfg = _as_config(config) if config is not None else get_config(m, n, k)
     if interpret and x.dtype == torch.bfloat16 and cfg.kind == "dot":
         # (the fma path is integer decode + fp32 FMAs, which the interpreter can run)

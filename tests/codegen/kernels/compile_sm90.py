@@ -77,6 +77,7 @@ def main() -> int:
     from specc.codegen.kernels import greedy as G
     from specc.codegen.kernels import kv_cache as KV
     from specc.codegen.kernels import linear as L
+    from specc.codegen.kernels import linear_bf12_v2 as B2
     from specc.codegen.kernels import rmsnorm as N
     from specc.codegen.kernels import rope as R
     from specc.codegen.kernels import swiglu as S
@@ -84,8 +85,18 @@ def main() -> int:
 
     for m in (L, A, R, S, E, N, G, KV, D, DE, TB):
         m.use_triton = lambda *t, **kw: True
+    B2.launchable = lambda device: True
     bf, lng = torch.bfloat16, torch.long
     z = lambda *shape, dtype=bf: torch.zeros(*shape, dtype=dtype)  # noqa: E731
+
+    def bf12v2(n, k):  # a layout-2 weight with a few escapes (zeros)
+        from specc.formats import pack_bf16_12bit
+
+        w = torch.full((n, k), 0.01, dtype=bf)
+        w[::97, ::89] = 0
+        return pack_bf16_12bit(w, version=2)
+
+    C2 = B2.Bf12v2Config
     cache = z(2, 8, 256, 128)
     cases = {
         "linear gemv table": lambda: L.linear(z(1, 4096), z(6144, 4096)),
@@ -104,6 +115,20 @@ def main() -> int:
         "linear dot tma m4 split": lambda: L.linear(z(4, 12288), z(4096, 12288), config=L.LinearConfig(
             "dot", block_m=16, block_n=64, block_k=256, split_k=2, tma=True)),
         "linear dot m256 noswap": lambda: L.linear(z(256, 512), z(1024, 512)),
+        "bf12v2 fma m1 asm": lambda: B2.linear_bf12_v2(z(1, 4096), bf12v2(4096, 4096), config=C2(
+            "fma", block_m=1, block_n=16, block_k=256)),
+        "bf12v2 fma m1 noasm split +bias": lambda: B2.linear_bf12_v2(z(1, 4096), bf12v2(4096, 4096), z(4096),
+                                                                     config=C2("fma", block_k=256, split_k=2,
+                                                                               use_asm=False)),
+        "bf12v2 fma m4 asm split": lambda: B2.linear_bf12_v2(z(4, 12288), bf12v2(1024, 12288), config=C2(
+            "fma", block_m=4, block_n=16, block_k=128, split_k=3)),
+        "bf12v2 dot m16 asm": lambda: B2.linear_bf12_v2(z(16, 4096), bf12v2(1024, 4096), config=C2(
+            "dot", block_m=16, block_n=64, block_k=64, num_stages=3)),
+        "bf12v2 dot m64 swap split": lambda: B2.linear_bf12_v2(z(64, 4096), bf12v2(1024, 4096), config=C2(
+            "dot", block_m=64, block_n=64, block_k=128, split_k=2, swap_ab=True, num_stages=3)),
+        "bf12v2 dot m16 noasm fp16": lambda: B2.linear_bf12_v2(z(16, 4096, dtype=torch.float16),
+                                                               bf12v2(1024, 4096), config=C2(
+            "dot", block_m=16, block_n=32, block_k=64, use_asm=False)),
         "attention q1 causal split": lambda: A.attention(z(2, 1, 32, 128), cache, cache, z(2, dtype=lng),
                                                          1, "causal", 0.1),
         "attention q64 full": lambda: A.attention(z(2, 64, 32, 128), cache, cache, z(2, dtype=lng), 64,
@@ -136,14 +161,29 @@ def main() -> int:
         "gdn conv q16 tree": lambda: D.conv_step(z(1, 16, 8192), z(1, 18, 8192, 3), z(8192, 1, 4), z(1, dtype=lng),
                                                  z(1, 16, dtype=lng)),
     }
+    # properties of the generated code that the kernels were designed for
+    wide = ("3 128-bit loads per iteration (sm low/high halves and codes: 16 bytes each per thread)",
+            lambda ptx: ptx.count("ld.global.v4.b32") >= 3)
+    PTX_CHECKS = {
+        "bf12v2 fma m1 asm": [wide, ("PRMT decode", lambda ptx: "prmt.b32" in ptx and "lop3.b32" in ptx)],
+        "bf12v2 fma m1 noasm split +bias": [wide],
+        "bf12v2 dot m16 asm": [("cp.async weight tiles", lambda ptx: "cp.async" in ptx),
+                               ("tensor cores", lambda ptx: "mma.sync" in ptx or "wgmma" in ptx)],
+    }
     only = set(sys.argv[1:])
     failed = 0
     for name, fn in cases.items():
         if only and not any(o in name for o in only):
             continue
         t = time.time()
+        before = {k: len(v) for k, v in COMPILED.items()}
         try:
             fn()
+            made = [kern for k, v in COMPILED.items() for kern in v[before.get(k, 0):] if kern is not None]
+            ptx = "".join(kern.asm.get("ptx", "") for kern in made)
+            for what, check in PTX_CHECKS.get(name, ()):
+                if not check(ptx):
+                    raise AssertionError(f"compiled PTX: {what}")
             print(f"ok   {name} ({time.time() - t:.1f} s)", flush=True)
         except Exception as e:  # noqa: BLE001
             failed += 1

@@ -1,4 +1,5 @@
-"""Fused decode + GEMV/GEMM on bf12 weights against F.linear on the unpacked weights.
+"""Fused decode + GEMV/GEMM on bf12 layout-1 weights against F.linear on the unpacked weights
+(layout 2, the default, has its own kernel: test_linear_bf12_v2.py).
 
 On a machine without CUDA these run under the Triton interpreter (conftest.py) in fp32; with
 CUDA the same fp32 cases run compiled on the GPU and the bf16 cases (marked gpu) run too.
@@ -22,6 +23,12 @@ from specc.codegen.kernels.linear_bf12 import (
 from specc.formats import pack_bf16_12bit
 
 HAS_CUDA = torch.cuda.is_available()
+
+
+def pack_v1(w, **kw):
+    """The layout this kernel reads (linear_bf12 hands version-2 weights to the v2 kernel)."""
+    return pack_bf16_12bit(w, version=1, **kw)
+
 DEV = "cpu" if INTERPRETED else "cuda"
 if not INTERPRETED and not HAS_CUDA:
     pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU",
@@ -70,7 +77,7 @@ CASES = [(c, m) for c in CONFIGS for m in (1, 3, 16)
 def test_matches_reference_fp32(cfg, m, base):
     n, k = 37, 120 + m  # N, K not multiples of any block; K16 = ceil(K / 16) words
     w = weight_with_escapes(n, k, seed=m)
-    p = pack_bf16_12bit(w, base=base).to(DEV)
+    p = pack_v1(w, base=base).to(DEV)
     assert p.num_escapes >= 4
     g = torch.Generator().manual_seed(100 + m)
     x = torch.randn(m, k, generator=g).to(DEV)
@@ -88,7 +95,7 @@ def test_bf16_activations_on_fma_path():
     # it stores bf16, the GPU rounds to nearest: compare before the final rounding)
     for k in (94, 206):  # K % 16 != 0: the x pair loads must stop at K
         w = weight_with_escapes(40, k, seed=k)
-        p = pack_bf16_12bit(w).to(DEV)
+        p = pack_v1(w).to(DEV)
         x = torch.randn(2, k, device=DEV).bfloat16()
         for cfg in (CONFIGS["fma-m1"], CONFIGS["fma-m2-split"]):
             y = linear_bf12(x, p, config=cfg)
@@ -108,7 +115,7 @@ def test_escapes_are_applied_exactly():
     w[1] = torch.logspace(-30, 30, k) * torch.sign(torch.randn(k))
     w[2] = 0.0
     w = w.bfloat16()
-    p = pack_bf16_12bit(w).to(DEV)
+    p = pack_v1(w).to(DEV)
     assert p.num_escapes > k // 2
     x = torch.randn(2, k, device=DEV)
     for cfg in (CONFIGS["fma-m2-split"], CONFIGS["dot"]):
@@ -124,7 +131,7 @@ def test_inf_nan_weights_propagate_like_reference():
     w = (torch.randn(3, 50) * 0.02).bfloat16()
     w[0, 7] = float("inf")
     w[2, 9] = float("nan")
-    p = pack_bf16_12bit(w).to(DEV)
+    p = pack_v1(w).to(DEV)
     x = torch.randn(1, 50, device=DEV)
     y = linear_bf12(x, p, config=CONFIGS["fma-m1"])
     assert torch.isinf(y[0, 0]) and torch.isnan(y[0, 2]) and torch.isfinite(y[0, 1])
@@ -132,7 +139,7 @@ def test_inf_nan_weights_propagate_like_reference():
 
 def test_leading_dims_fp16_and_heuristic_configs():
     w = weight_with_escapes(24, 96, seed=5)
-    p = pack_bf16_12bit(w).to(DEV)
+    p = pack_v1(w).to(DEV)
     x = torch.randn(2, 3, 96, device=DEV)
     y = linear_bf12(x, p)  # default config (heuristic for M bucket 8)
     assert y.shape == (2, 3, 24)
@@ -163,7 +170,7 @@ def test_config_table_and_overrides():
 
 
 def test_launcher_errors():
-    p = pack_bf16_12bit(weight_with_escapes(8, 32, seed=0)).to(DEV)
+    p = pack_v1(weight_with_escapes(8, 32, seed=0)).to(DEV)
     with pytest.raises(ValueError, match="features"):
         linear_bf12(torch.randn(2, 31, device=DEV), p)
     with pytest.raises(ValueError, match="bias"):
@@ -172,7 +179,7 @@ def test_launcher_errors():
         linear_bf12(torch.randn(2, 32, device=DEV), torch.randn(8, 32))
     with pytest.raises(TypeError):
         linear_bf12(torch.randint(0, 3, (2, 32), device=DEV), p)
-    p3 = pack_bf16_12bit(torch.randn(2, 4, 8).bfloat16()).to(DEV)
+    p3 = pack_v1(torch.randn(2, 4, 8).bfloat16()).to(DEV)
     with pytest.raises(ValueError, match="2-D"):
         linear_bf12(torch.randn(1, 8, device=DEV), p3)
     if INTERPRETED:
@@ -195,7 +202,7 @@ gpu = pytest.mark.gpu
 def test_bf16_gpu_matches_fp32_reference(m, base):
     n, k = 1000, 2056
     w = weight_with_escapes(n, k, seed=m).cuda()
-    p = pack_bf16_12bit(w, base=base)
+    p = pack_v1(w, base=base)
     assert torch.equal(p.unpack().view(torch.int16), w.view(torch.int16))
     x = torch.randn(m, k, device="cuda").bfloat16()
     bias = torch.randn(n, device="cuda").bfloat16()
