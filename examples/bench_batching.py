@@ -36,7 +36,7 @@ so) past that many seconds, so a run fits its slot.
         --acceptance tau:3 --tokens 8 --batches 1,2
     PYTHONPATH=. python3 examples/bench_batching.py --device cuda --shapes qwen3-8b --drafter-shapes dflash-b16,pard \\
         --acceptance dflash-qwen3-8b:humaneval --batches 1,4,8,16,32,64 --tokens 48 --deployment h200-bs1 \\
-        --real specc-tiny:specc-tiny-dflash --out-dir $OUT/batching
+        --goodput --real specc-tiny:specc-tiny-dflash --out-dir $OUT/batching
 """
 
 from __future__ import annotations
