@@ -82,7 +82,7 @@ def compile_loop(target, draft, impl, spec, section, k, max_len):
             draft.setup_caches(1, 16)
         built = build_steps(target, draft, DEFAULT_PIPELINE, spec if draft is not None else None)
         emitted = dict(built.emitted)
-        if draft is not None and "target_ragged" in ROLE_STEP:
+        if draft is not None and "target_ragged" in ROLE_STEP and getattr(target, "ragged_rows", False):
             target.setup_caches(1, 16)
             emitted["target_ragged"] = build_step(target, "target_ragged", DEFAULT_PIPELINE).emitted
     finally:

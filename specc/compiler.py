@@ -55,21 +55,33 @@ def _reserve_block(target, block: int) -> None:
     target.setup_caches(1, 16)
 
 
-def _add_tree_step(built, target, pipeline, linear_choice=None) -> None:
-    """Build the target's tree verify step (role ``target_tree``) into ``built``."""
-    from specc.codegen.build import build_step
+def _add_target_step(built, target, pipeline, role: str, linear_choice=None) -> None:
+    """Build another step of the target (role ``target_tree``: tree verify; ``target_ragged``:
+    the packed verify of rows with their own draft counts) into ``built``. Weights equal to the
+    target step's (the fused q/k/v and gate/up concatenations each build makes again) are the
+    target's tensors, so the artifact stores them once."""
+    from specc.codegen.build import build_step, share_equal_weights
     from specc.passes.base import PassError
     from specc.passes.registry import PipelineError
 
     target.setup_caches(1, 16)
     try:
-        step = build_step(target, "target_tree", pipeline, linear_choice=linear_choice)
+        step = build_step(target, role, pipeline, linear_choice=linear_choice)
     except (PipelineError, PassError) as exc:
         raise UserError(str(exc).splitlines()[0]) from exc
-    built.irs["target_tree"], built.emitted["target_tree"] = step.ir, step.emitted
-    built.lowering["target_tree"] = step.lowering
-    built.pass_records["target_tree"] = [] if step.report is None else [
+    share_equal_weights(step.emitted, built.emitted["target"])
+    built.irs[role], built.emitted[role] = step.ir, step.emitted
+    built.lowering[role] = step.lowering
+    built.pass_records[role] = [] if step.report is None else [
         {"name": r.name, "changed": r.changed, "stats": r.stats} for r in step.report.records]
+
+
+def _wants_ragged_step(target, k: int) -> bool:
+    """Whether the artifact gets a ragged verify step (role ``target_ragged``): the method drafts
+    chains (k > 0) and the target is a dense CausalLM (hybrid targets have no ragged forward)."""
+    from specc.models.decoder import CausalLM
+
+    return bool(k) and isinstance(target, CausalLM)
 
 
 def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
@@ -101,14 +113,10 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
     return section
 
 
-def _verifies_ragged(target) -> bool:
-    """Whether the artifact can verify packed rows of their own lengths, which two-level
-    verification and per-request k need: the target definition takes the ragged row descriptor
-    (``ragged_rows``) and codegen builds a ``target_ragged`` step for the artifact (none does yet:
-    until then the batching section records one level, with the mechanisms' predictions)."""
-    from specc.codegen.build import ROLE_STEP
-
-    return bool(getattr(target, "ragged_rows", False)) and "target_ragged" in ROLE_STEP
+def _verifies_ragged(target, k: int) -> bool:
+    """Whether the artifact verifies packed rows of their own lengths, which two-level verification
+    and per-request k need: it gets a ``target_ragged`` step (``_wants_ragged_step``)."""
+    return _wants_ragged_step(target, k)
 
 
 def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree_budget: int) -> dict:
@@ -122,7 +130,7 @@ def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree
     if k and pair.impl.uses_drafter:
         pricer = BatchingPricer(CostModel(dep), irs[0], irs[1], pair.impl, k)
     return batching_section(pricer, dep.batch_size, acceptance, two_level=two_level, tree_budget=tree_budget,
-                            ragged=_verifies_ragged(target), num_draft=k)
+                            ragged=_verifies_ragged(target, k), num_draft=k)
 
 
 def _linear_choice(dep, given):
@@ -223,7 +231,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     from specc.pairing import check_num_draft, resolve_pair
     from specc.runtime.engine import load
     from specc.search.deployments import get_deployment
-    from specc.verify import DEFAULT_TOLERANCE, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
+    from specc.verify import (DEFAULT_TOLERANCE, calibration_prompts, force_ragged, load_prompts_file, run_stock_reference,
+                              verify_system)
 
     say = progress or (lambda msg: None)
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
@@ -250,7 +259,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     two_level = parse_two_level(two_level, k if method_impl.uses_drafter else 0)
     loaded = method_impl.load(pair, dtype, device)
     target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
-    check_given(two_level, dep.batch_size, _verifies_ragged(target))
+    check_given(two_level, dep.batch_size, _verifies_ragged(target, k))
     tokenizer = load_tokenizer(pair.target.path)
     target.setup_caches(1, 16)
     if draft_module is not None:
@@ -286,9 +295,14 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         built = build_steps(target, draft_module, pipeline, spec, linear_choice=choice_table)
     if budget:
         say(f"tracing the tree verify step ({budget} nodes)")
-        _add_tree_step(built, target, pipeline, choice_table)
+        _add_target_step(built, target, pipeline, "target_tree", choice_table)
+    if _wants_ragged_step(target, k):
+        say("tracing the ragged verify step")
+        _add_target_step(built, target, pipeline, "target_ragged", choice_table)
     pass_records, lowering, steps = built.pass_records, built.lowering, built.emitted
-    values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1}
+    # the ragged step at the same work: B rows of k + 1 tokens packed
+    values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1, "T": dep.batch_size * (k + 1),
+              "R": dep.batch_size}
     costs = {role: _step_costs(ir, values) for role, ir in built.irs.items()}
 
     manifest = {
@@ -315,6 +329,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     }
     say("emitting the compiled module")
     tmp = stage_artifact(out, steps, manifest, pair.target.path if tokenizer is not None else None)
+    ragged_summary = None
     try:
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
         engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1, warmup=False)
@@ -325,6 +340,13 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         if not report.passed:
             raise VerificationFailed(report.summary())
         acc = None
+        if "target_ragged" in engine.steps:  # the packed verify step, forced on its own (rows of 0..k+1)
+            say("token forcing through the ragged verify step")
+            ragged = force_ragged(engine.steps["target"], engine.steps["target_ragged"], runs, tolerance, k + 1)
+            manifest["verification"]["ragged"] = ragged.to_json()
+            if not ragged.passed:
+                raise VerificationFailed("ragged verify step: " + ragged.summary())
+            ragged_summary = "ragged verify step: " + ragged.summary()
         if k and any(r.accepted_lengths for r in runs):
             from specc.search.acceptance import AcceptanceModel
 
@@ -360,6 +382,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         "bytes per step at B={B}, Q={Q}, C={C}: ".format(**manifest["step_costs_at"]) + "; ".join(
             f"{role} {c['bytes_read'] / 1e6:.2f} MB read ({c['weight_bytes'] / 1e6:.2f} MB weights)" for role, c in costs.items()),
         report.summary(),
+        *([ragged_summary] if ragged_summary else []),
         f"manifest sha256 {digest} (pin it: specc run {out} --expect-hash {digest})",
     ]
     if tree_section:

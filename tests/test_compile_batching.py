@@ -10,6 +10,7 @@ from specc.cli import main
 from specc.codegen.artifact import ArtifactError
 from specc import compiler
 from specc.compiler import compile_artifact
+from specc.models.decoder import CausalLM
 from specc.runtime.engine import Engine, _batching, load
 from specc.runtime.step_curve import StepCurve
 
@@ -25,7 +26,7 @@ def bs4(tmp_path):
 
 @QWEN3
 def test_the_manifest_records_the_choice_and_the_engine_reads_it(checkpoints, tmp_path, bs4, monkeypatch):
-    monkeypatch.setattr(compiler, "_verifies_ragged", lambda target: True)  # an artifact that verifies packed rows
+    assert compiler._verifies_ragged(CausalLM.__new__(CausalLM), 3)  # dense targets get a target_ragged step
     out = tmp_path / "b.specc"
     result = compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, deployment=bs4,
                               max_new_tokens=8, num_draft=3)
@@ -51,7 +52,7 @@ def test_the_manifest_records_the_choice_and_the_engine_reads_it(checkpoints, tm
 
 @QWEN3
 def test_without_a_ragged_step_one_level_is_recorded_with_the_predictions(checkpoints, tmp_path, bs4, monkeypatch):
-    monkeypatch.setattr(compiler, "_verifies_ragged", lambda target: False)
+    monkeypatch.setattr(compiler, "_verifies_ragged", lambda target, k: False)
     result = compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=tmp_path / "u.specc",
                               deployment=bs4, max_new_tokens=6, num_draft=3)
     section = result.manifest["batching"]
@@ -72,7 +73,7 @@ def test_batch_one_records_one_level_and_why(checkpoints, tmp_path):
 
 @QWEN3
 def test_two_level_flag_errors(checkpoints, tmp_path, bs4, capsys, monkeypatch):
-    monkeypatch.setattr(compiler, "_verifies_ragged", lambda target: False)
+    monkeypatch.setattr(compiler, "_verifies_ragged", lambda target, k: False)
     base = ["compile", checkpoints["target"], "--drafter", checkpoints["pard_same"], "-o", str(tmp_path / "x"),
             "--num-draft", "3"]
     cases = [(["--two-level", "0"], "K1 >= 1"), (["--two-level", "many"], "auto, off or"),

@@ -157,7 +157,9 @@ def _check_engine_budget(engine, prompt_len: int, new_tokens: int, flag: str, ro
     from specc.runtime.state import StateSpec
 
     per_token = 0
-    for info in engine.manifest["steps"].values():
+    for role, info in engine.manifest["steps"].items():
+        if role in ("target_tree", "target_ragged"):
+            continue  # they run on the target's decoding state: no memory of their own
         for name, c in info["caches"].items():
             spec = StateSpec.from_manifest(name, c)  # per-position bytes: the slot shape x the dtype's size
             per_token += math.prod(spec.shape) * torch.finfo(getattr(torch, spec.dtype or "float32")).bits // 8

@@ -10,9 +10,11 @@ from specc.errors import UserError
 
 EPILOG = """\
 symbols: B batch rows, Q new tokens per row, C tokens already in the KV cache,
-         N target tokens injected as DFlash context (DFlash draft step only).
+         N target tokens injected as DFlash context (DFlash draft step only),
+         T packed tokens of R rows (ragged_verify step only).
 examples:
   specc ir specc-tiny --step verify --new-tokens 8 --context 512
+  specc ir specc-tiny --step ragged_verify --packed-tokens 40 --rows 8 --totals
   specc ir specc-tiny --drafter specc-tiny-dflash --step draft --brief
   specc ir config.json --config-only --step ar --totals           # Qwen3-8B without weights
   specc ir specc-tiny --step ar --after fuse_qkv,fuse_gate_up,fuse_norm_linear --check
@@ -23,14 +25,15 @@ examples:
 def register(sub) -> None:
     p = sub.add_parser(
         "ir", help="print the IR of a step function: nodes, shapes, bytes, FLOPs",
-        description="Trace one step function (prefill, ar, draft or verify) into specc's IR and print one line per "
+        description="Trace one step function (prefill, ar, draft, verify, tree_verify or ragged_verify) into "
+                    "specc's IR and print one line per "
                     "node (name, op kind, output shape, bytes, FLOPs) and the step's totals, as formulas in the "
                     "symbolic sizes and evaluated at the given sizes.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", metavar="MODEL", help="target checkpoint: directory, zoo name or hub id "
                                                   "(with --config-only also a config.json file)")
     p.add_argument("--drafter", metavar="D", help="drafter checkpoint (AR causal LM, PARD or DFlash); needed by --step draft")
-    p.add_argument("--step", choices=("prefill", "ar", "draft", "verify", "tree_verify"), default="ar",
+    p.add_argument("--step", choices=("prefill", "ar", "draft", "verify", "tree_verify", "ragged_verify"), default="ar",
                    help="step function to trace (default: ar)")
     p.add_argument("--after", "--passes", dest="passes", metavar="PASS[,PASS]",
                    help="apply these passes first (names from `specc passes`, or +module:Class / +file.py:Class)")
@@ -41,6 +44,9 @@ def register(sub) -> None:
                    help="evaluate at Q = N (default: prefill 128, verify/draft 8, DFlash block size; ar is 1)")
     p.add_argument("--context", "-C", type=int, metavar="N", help="evaluate at C = N cached tokens (default 1024, prefill 0)")
     p.add_argument("--injected", "-N", type=int, metavar="N", help="DFlash: evaluate at N injected context tokens (default 4)")
+    p.add_argument("--packed-tokens", "-T", type=int, metavar="N",
+                   help="ragged_verify: evaluate at T = N tokens packed over all rows (default 32)")
+    p.add_argument("--rows", "-R", type=int, metavar="N", help="ragged_verify: evaluate at R = N rows (default 4)")
     p.add_argument("--config-only", action="store_true",
                    help="build from config.json on the meta device, no weights (for big models)")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
@@ -55,12 +61,15 @@ def register(sub) -> None:
 def _values(args) -> dict[str, int]:
     values = {}
     for flag, key, value in (("--batch", "B", args.batch), ("--new-tokens", "Q", args.new_tokens),
-                             ("--context", "C", args.context), ("--injected", "N", args.injected)):
+                             ("--context", "C", args.context), ("--injected", "N", args.injected),
+                             ("--packed-tokens", "T", args.packed_tokens), ("--rows", "R", args.rows)):
         if value is None:
             continue
         if value < (0 if key == "C" else 1):
             raise UserError(f"{flag} must be >= {0 if key == 'C' else 1} (got {value})")
         values[key] = value
+    if ("T" in values or "R" in values) and args.step != "ragged_verify":
+        raise UserError("--packed-tokens and --rows size the ragged_verify step only (use --step ragged_verify)")
     if args.step == "ar" and values.get("Q", 1) != 1:
         raise UserError("the ar step has exactly one new token per row: use --step verify for --new-tokens > 1")
     return values

@@ -26,7 +26,8 @@ from pathlib import Path
 from specc.codegen.artifact import MANIFEST, ArtifactError
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-STEP_ROLES = frozenset({"target", "drafter", "target_tree"})  # target_tree: the tree verify step
+# target_tree: the tree verify step; target_ragged: the packed verify of rows with their own draft counts
+STEP_ROLES = frozenset({"target", "drafter", "target_tree", "target_ragged"})
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # any registered method name (plugins too)
 
@@ -114,7 +115,8 @@ def validate_manifest(path: Path, m: dict) -> None:
         raise _bad(path, "tolerances.tie_margin is not a number")
     steps = m.get("steps")
     if not isinstance(steps, dict) or "target" not in steps or set(steps) - STEP_ROLES:
-        raise _bad(path, "'steps' must name a target step (and optionally a drafter and a target_tree step)")
+        raise _bad(path, "'steps' must name a target step (and optionally a drafter, a target_tree and a "
+                         "target_ragged step)")
     if "target_tree" in steps and "drafter" not in steps:
         raise _bad(path, "a target_tree step without a drafter step")
     drafter = m.get("drafter")

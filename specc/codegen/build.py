@@ -22,9 +22,14 @@ from specc.passes.pipelines import DEFAULT_PIPELINE
 from specc.passes.base import PassError
 from specc.passes.registry import PipelineError
 
-# the traced step of each role; "target_tree": the target's tree verify step (tree artifacts)
-ROLE_STEP = {"target": "verify", "drafter": "draft", "target_tree": "tree_verify"}
-ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep", "target_tree": "TreeTargetStep"}  # emitted classes
+# the traced step of each role; "target_tree": the target's tree verify step (tree artifacts);
+# "target_ragged": the target's packed verify of rows with their own draft counts (ragged verify)
+ROLE_STEP = {"target": "verify", "drafter": "draft", "target_tree": "tree_verify", "target_ragged": "ragged_verify"}
+ROLE_CLASS = {"target": "TargetStep", "drafter": "DraftStep", "target_tree": "TreeTargetStep",
+              "target_ragged": "RaggedTargetStep"}  # emitted classes
+# class attributes of a role's emitted class: a step takes the ragged row descriptor iff
+# ``getattr(step, "ragged_rows", False)`` (as the model definition CausalLM says of itself)
+ROLE_ATTRS = {"target_ragged": {"ragged_rows": True}}
 
 
 @dataclasses.dataclass
@@ -44,6 +49,24 @@ class BuiltStep:
     report: PipelineReport | None
     lowering: dict
     emitted: Any
+
+
+def share_equal_weights(step, base) -> int:
+    """Point ``step``'s weights at ``base``'s tensors where they have the same name and equal
+    contents (EmittedSteps of one target: each build concatenates its fused weights anew, and
+    the artifact stores a tensor once per storage). Returns how many were shared."""
+    import torch
+
+    shared = 0
+    for name, tensor in step.weights.items():
+        other = base.weights.get(name)
+        if other is None or other is tensor or other.shape != tensor.shape or other.dtype != tensor.dtype \
+                or other.device != tensor.device or tensor.device.type == "meta":
+            continue
+        if torch.equal(other, tensor):
+            step.weights[name] = other
+            shared += 1
+    return shared
 
 
 def trace_step(module, role: str = "target"):
@@ -67,7 +90,7 @@ def emit_ir(ir, role: str = "target", cache_extra_len: int = 0, linear_choice=No
     ``linear_choice``: a measured ``LinearChoice`` (cuBLAS where it was faster; the summary's
     ``linear_impl`` records it), None for the Triton linears everywhere."""
     gm, low = lower(ir.gm, linear_choice)
-    emitted = emit_step(gm, ROLE_CLASS[role], cache_extra_len=cache_extra_len)
+    emitted = emit_step(gm, ROLE_CLASS[role], cache_extra_len=cache_extra_len, class_attrs=ROLE_ATTRS.get(role))
     summary = {"lowered": low.lowered, "eager": low.eager}
     if low.linear_impl is not None:
         summary["linear_impl"] = low.linear_impl

@@ -114,6 +114,15 @@ def attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask=
     return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask)
 
 
+def ragged_attention(q, k, v, cache_k, cache_v, cache_len, row_slots, row_starts, scale):
+    """Packed rows (ragged verify): the K/V write kernel, then the split kernel (+ merge) on CUDA."""
+    if use_triton(q, opt_in=True):
+        from specc.codegen.kernels import ragged_attention as kern
+
+        return kern.ragged_attention(q, k, v, cache_k, cache_v, cache_len, row_slots, row_starts, scale)
+    return ops.ragged_attention(q, k, v, cache_k, cache_v, cache_len, row_slots, row_starts, scale)
+
+
 _PACKED: dict = {}  # sm tensor identity -> Packed12 (the kernel keeps per-weight state on it)
 
 

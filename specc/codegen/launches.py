@@ -18,16 +18,18 @@ LAUNCHES: dict[str, dict[str, Any]] = {
     # + the GEMM for more rows; packed_linear: the bf12 GEMM (+ an rms_norm kernel when it
     # carries a norm prologue). A function gets the NodeMeta and, if it takes it, ``rows`` (M).
     # rope_attention: rope_and_cache + the attention split and merge kernels.
+    # ragged_attention: the K/V write, split and merge kernels; on CPU its reference body runs
+    # ~20 ops per row (counted at one row: the table has no per-row count).
     # GDN: gdn_conv, gated_delta_rule, gdn_gates, gated_rms_norm, offset_rms_norm one Triton
     # kernel each; tree_parents runs its reference body (12 ops).
-    "cuda": {"attention": 7, "rope": 5, "rope_tables": 7, "norm_linear": lambda m, rows=None: 1 if rows == 1 else 2,
+    "cuda": {"attention": 7, "ragged_attention": 3, "rope": 5, "rope_tables": 7, "norm_linear": lambda m, rows=None: 1 if rows == 1 else 2,
              "rope_attention": 3, "gdn_conv": 1, "gated_delta_rule": 1, "gdn_gates": 1, "gated_rms_norm": 1,
              "offset_rms_norm": 1, "tree_parents": 12,
              "packed_linear": lambda m: 2 if m.attrs.get("norm_prologue") else 1},
     # CPU runs the reference bodies: each aten op is one dispatch.
     # GDN on CPU: the conv ~20 ops; the delta rule ~12 per block token plus ~15 (counted at a
     # 4-token block, the cost model has no per-token launch count).
-    "cpu": {"attention": 20, "rope": 5, "rope_tables": 7, "norm_linear": 9, "rms_norm": 8, "silu_mul": 2,
+    "cpu": {"attention": 20, "ragged_attention": 20, "rope": 5, "rope_tables": 7, "norm_linear": 9, "rms_norm": 8, "silu_mul": 2,
             "rope_attention": 48, "gdn_conv": 20, "gated_delta_rule": 63, "gdn_gates": 8, "gated_rms_norm": 12,
             "offset_rms_norm": 10, "tree_parents": 12,
             "packed_linear": lambda m: 10 if m.attrs.get("norm_prologue") else 2},

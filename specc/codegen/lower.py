@@ -33,6 +33,7 @@ LOWERING = {
     ops.rope_tables: abi.rope_tables,
     ops.rope: abi.rope,
     ops.attention: abi.attention,
+    ops.ragged_attention: abi.ragged_attention,
     fused.norm_linear: abi.norm_linear,
     fused.linear_add: abi.linear_add,
     packed_linear: abi.packed_linear,

@@ -39,7 +39,7 @@ class InputSpec:
 
     name: str
     meta: TensorMeta
-    role: str  # token_ids | positions | cache_len | hidden | tree_mask
+    role: str  # token_ids | positions | cache_len | hidden | tree_mask | row_slots | row_starts
     doc: str = ""
 
 
@@ -385,8 +385,15 @@ class IR:
         c = int(vals.get(SYMBOLS["C"], 0))
         pos = next((s for s in self.inputs if s.role == "positions"), None)
         caches = self.cache_tensors()
+        ragged = next((s for s in self.inputs if s.role == "row_starts"), None)
+        starts = None
+        if ragged is not None:  # a packed block: R rows of about T / R tokens each, in slots 0..R-1
+            num_rows = int(evaluate(ragged.meta.shape[0], vals)) - 1
+            total = int(evaluate(pos.meta.shape[-1], vals))
+            starts = (torch.arange(num_rows + 1) * total) // max(num_rows, 1)
         if pos is not None and caches:
-            need, have = c + int(evaluate(pos.meta.shape[-1], vals)), min(int(t.shape[2]) for t in caches)
+            new = int(evaluate(pos.meta.shape[-1], vals)) if starts is None else int((starts[1:] - starts[:-1]).max())
+            need, have = c + new, min(int(t.shape[2]) for t in caches)
             if need > have:
                 raise IRError(f"C + new positions = {need} exceed the KV cache length {have}: pass smaller "
                               f"values (e.g. {{'C': 0}}) or call setup_caches with a larger max_len before tracing")
@@ -395,8 +402,15 @@ class IR:
             shape = [int(evaluate(d, vals)) for d in spec.meta.shape]
             if spec.role == "token_ids":
                 t = torch.randint(0, vocab_size, shape, generator=gen)
+            elif spec.role == "positions" and starts is not None:
+                token = torch.arange(shape[-1])
+                t = (c + token - starts[torch.searchsorted(starts, token, right=True) - 1])[None]
             elif spec.role == "positions":
                 t = (c + torch.arange(shape[-1]))[None].expand(shape[0], -1).contiguous()
+            elif spec.role == "row_slots":
+                t = torch.arange(shape[0])
+            elif spec.role == "row_starts":
+                t = starts
             elif spec.role == "cache_len":
                 t = torch.full(shape, c, dtype=torch.long)
             elif spec.role == "tree_mask":  # a chain-shaped tree: node i's ancestors are 0..i

@@ -49,6 +49,7 @@ KINDS: dict[str, str] = {
     "rope_tables": "cos/sin tables [B, T, head_dim] for integer positions",
     "rope": "rotary embedding of [B, T, H, D] by cos/sin",
     "attention": "write new K/V into the static cache at cache_len, attend over C + new keys",
+    "ragged_attention": "packed rows: write each row's new K/V into its cache slot, attend causally over its cache",
     # fused ops introduced by passes (specc.ir.fused)
     "norm_linear": "rms_norm as the prologue of a linear: the normed activation is never stored",
     "linear_add": "a linear whose epilogue adds the residual stream: the product is never stored",
@@ -334,6 +335,58 @@ def _attention(op: OpCall) -> Cost:
     return attention_cost(op, op.tensor(0, "q"), op.tensor(1, "k"), op.tensor(2, "v"), op.tensor(3, "cache_k"),
                           op.tensor(4, "cache_v"), op.tensor(5, "cache_len"), op.arg(6, "mask_kind"),
                           op.arg(7, "scale"), tree_mask=op.tensor(8, "tree_mask", optional=True), tree_arg=8)
+
+
+@register_op(ops.ragged_attention, "ragged_attention", impure=True, cache_args=(3, 4))
+def _ragged_attention(op: OpCall) -> Cost:
+    """Packed rows (a ragged verify): T tokens of R rows, each row over its own cache slot.
+
+    With n = T / R tokens per row on average and C cached per row (``cache_len``'s value), row r
+    reads its C + n cached and new positions once and writes n; query token j of a row scores
+    C + j + 1 keys, so the two matmuls count 4 * Hq * D * (T * C + T * (T / R + 1) / 2).
+    (Messages are built only on failure: this rule runs for every layer on every refresh.)"""
+    q, k, v = op.tensor(0, "q"), op.tensor(1, "k"), op.tensor(2, "v")
+    ck, cv, cache_len = op.tensor(3, "cache_k"), op.tensor(4, "cache_v"), op.tensor(5, "cache_len")
+    slots, starts = op.tensor(6, "row_slots"), op.tensor(7, "row_starts")
+    scale = op.arg(8, "scale")
+    if not (q.ndim == 4 and k.ndim == 4 and v.ndim == 4):
+        op.fail(f"q/k/v must be [1, T, H, D]: q {q}, k {k}, v {v}")
+    one, total, hq, d = q.shape
+    _, nk, hkv, _ = k.shape
+    if one != 1:
+        op.fail(f"a packed block has one row of tokens: q {q} should be [1, T, Hq, D]")
+    if not (k.same_as(v) or all(same(a, b) for a, b in zip(k.shape, v.shape))):
+        op.fail(f"k {k} and v {v} differ")
+    if not (k.shape[0] == 1 and same(nk, total) and same(k.shape[3], d)):
+        op.fail(f"k {k} does not match q {q}")
+    if not (ck.ndim == 4 and same(ck.shape[1], hkv) and same(ck.shape[3], d)):
+        op.fail(f"cache {ck} does not hold [*, {hkv}, *, {d}] keys")
+    if not (cv.ndim == 4 and all(same(a, b) for a, b in zip(ck.shape, cv.shape))):
+        op.fail(f"caches differ: {ck} vs {cv}")
+    if not (isinstance(hq, sympy.Integer) and isinstance(hkv, sympy.Integer) and int(hq) % int(hkv) == 0):
+        op.fail(f"query heads {hq} not a multiple of kv heads {hkv}")
+    for name, t in (("row_slots", slots), ("cache_len", cache_len)):
+        if not (t.ndim == 1 and not t.dtype.is_floating_point):
+            op.fail(f"{name} {t} should be [R] integers")
+    rows = slots.shape[0]
+    if not same(cache_len.shape[0], rows):
+        op.fail(f"cache_len {cache_len} should be [{rows}] (one per row)")
+    if not (starts.ndim == 1 and same(starts.shape[0], rows + 1) and not starts.dtype.is_floating_point):
+        op.fail(f"row_starts {starts} should be [{rows + 1}] integers")
+    if cache_len.value is None:
+        op.fail("cache_len has no symbolic value: it must come from the step's cache_len input (value C)")
+    ctx = cache_len.value
+    position = hkv * d * ck.itemsize  # one cache position of one row, all KV heads
+    read_positions = rows * ctx + total
+    return Cost(
+        TensorMeta((1, total, hq * d), q.dtype),
+        flops=4 * hq * d * (total * ctx + total * (total / rows + 1) / 2),
+        reads={3: position * read_positions, 4: position * read_positions,
+               6: slots.numel * slots.itemsize, 7: starts.numel * starts.itemsize},
+        cache_writes={3: position * total, 4: position * total},
+        attrs={"mask_kind": "causal", "scale": float(scale), "num_heads": int(hq), "num_kv_heads": int(hkv),
+               "head_dim": int(d), "kv_len": ctx + total / rows},
+    )
 
 
 # --------------------------------------------------------------------------- glue

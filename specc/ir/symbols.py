@@ -10,6 +10,8 @@ values, the search differentiates sizes without retracing.
 - ``C``: tokens already in this model's KV cache (per row; rows are padded to the same C).
 - ``N``: DFlash only: target tokens whose hidden states are injected as context this step
   (their K/V are written to the drafter's cache before the block's).
+- ``T``, ``R``: ragged (packed) verify steps only: T tokens of R rows back to back in one token
+  axis, each row with its own token count (T / R on average) and cache length (C on average).
 """
 
 from __future__ import annotations
@@ -22,13 +24,17 @@ B = sympy.Symbol("B", integer=True, positive=True)
 Q = sympy.Symbol("Q", integer=True, positive=True)
 C = sympy.Symbol("C", integer=True, nonnegative=True)
 N = sympy.Symbol("N", integer=True, positive=True)
+T = sympy.Symbol("T", integer=True, positive=True)
+R = sympy.Symbol("R", integer=True, positive=True)
 
-SYMBOLS = {"B": B, "Q": Q, "C": C, "N": N}
+SYMBOLS = {"B": B, "Q": Q, "C": C, "N": N, "T": T, "R": R}
 SYMBOL_DOC = {
     "B": "batch rows",
     "Q": "new tokens per row",
     "C": "tokens already in the KV cache",
     "N": "target tokens injected as DFlash context",
+    "T": "packed tokens of a ragged step (all rows)",
+    "R": "rows of a ragged step",
 }
 
 Expr = sympy.Expr

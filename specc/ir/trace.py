@@ -28,7 +28,7 @@ from torch import nn
 from specc.ir.errors import IRError
 from specc.ir.ir import GROUP_KEY, IR, SCOPE_KEY, InputSpec
 from specc.ir.meta import TensorMeta
-from specc.ir.symbols import B, C, N, Q
+from specc.ir.symbols import B, C, N, Q, R, T
 from specc.models import gdn, ops
 from specc.models.decoder import CausalLM, Linear, RMSNorm
 from specc.models.dflash import DFlashDraft, DFlashDrafter
@@ -39,6 +39,7 @@ STEPS: dict[str, str] = {
     "ar": "target, one new token per row (Q = 1): plain autoregressive decoding",
     "verify": "target over [last committed token, k drafts]: Q = k + 1",
     "tree_verify": "target over a draft tree of Q nodes (root = last committed token) with its ancestor mask",
+    "ragged_verify": "target over R rows packed into T tokens, each row with its own token count, cache length and slot",
     "draft": "one drafter forward: PARD/AR drafters over Q tokens; DFlash over a block of Q with N injected context tokens",
 }
 
@@ -46,6 +47,7 @@ STEPS: dict[str, str] = {
 _MODULE_LEAF = ((Linear, ops.linear), (RMSNorm, ops.rms_norm), (OffsetRMSNorm, gdn.rms_norm_offset))
 # Call targets that get scoped names (others keep fx's short names: getattr_1, getitem_2, neg).
 _SCOPED_TARGETS = {ops.embedding, ops.linear, ops.rms_norm, ops.silu_mul, ops.rope_tables, ops.rope, ops.attention,
+                   ops.ragged_attention,
                    operator.add, operator.mul, torch.cat, torch.sigmoid,
                    gdn.rms_norm_offset, gdn.tree_parents, gdn.gdn_gates, gdn.conv_step, gdn.delta_rule_step,
                    gdn.gated_head_norm}
@@ -118,7 +120,7 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
       DFlash target, set ``model.capture_layers`` first: the step then returns (logits, hidden).
     step: "prefill" | "ar" | "draft" | "verify" (see ``STEPS``). The graph is the same forward
       for the target steps; what differs is the symbolic input shapes (Q = 1 for ar).
-    defaults: values of B, Q, C, N used when printing evaluated costs.
+    defaults: values of B, Q, C, N (T, R for ragged_verify) used when printing evaluated costs.
     """
     if step not in STEPS:
         raise IRError(f"unknown step {step!r} (steps: {', '.join(STEPS)})")
@@ -145,6 +147,23 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
         model_kind = "dflash"
         title = title or _describe(cfg, "DFlash drafter") + f", block {spec.block_size}"
         dflt = {"B": 1, "Q": spec.block_size, "C": 1024, "N": 4}
+    elif isinstance(model, CausalLM) and step == "ragged_verify":
+        _ensure_caches(model, model)
+        cfg = model.config
+        inputs = [
+            InputSpec("input_ids", TensorMeta((1, T), long), "token_ids", "the rows' new tokens, back to back"),
+            InputSpec("positions", TensorMeta((1, T), long), "positions", "each token's position in its row"),
+            InputSpec("cache_len", TensorMeta((R,), long, value=C), "cache_len", "tokens already cached per row (= C)"),
+            InputSpec("row_slots", TensorMeta((R,), long), "row_slots", "the cache slot of each row (distinct)"),
+            InputSpec("row_starts", TensorMeta((R + 1,), long), "row_starts",
+                      "cumulative token offsets: row r is tokens row_starts[r]:row_starts[r + 1]"),
+        ]
+        model_kind = "causal_lm"
+        title = title or _describe(cfg, "target") + (f", captures layers {list(model.capture_layers)}"
+                                                     if model.capture_layers else "")
+        dflt = {"T": 32, "R": 4, "C": 1024}
+    elif step == "ragged_verify":
+        raise IRError(f"only a CausalLM target has the ragged_verify step, not {type(model).__name__}")
     elif isinstance(model, (CausalLM, HybridLM)):
         _ensure_caches(model, model)
         cfg = model.config
@@ -174,7 +193,8 @@ def trace(model: Any, step: str, *, title: str | None = None, defaults: Mapping[
         # chain steps: tree_mask is None, so the graph has no trace of it (no input, no mask load);
         # dense steps: no ragged row descriptor (CausalLM's row_slots / row_starts)
         params = inspect.signature(type(model).forward).parameters
-        concrete = {name: None for name in ("row_slots", "row_starts") if name in params}
+        concrete = {} if step == "ragged_verify" else {
+            name: None for name in ("row_slots", "row_starts") if name in params}
         if step != "tree_verify":
             concrete["tree_mask"] = None
         graph = tracer.trace(model, concrete_args=concrete)

@@ -1,7 +1,7 @@
 """fuse_qkv: the q/k/v projections that read the same input become one linear + split.
 
 Matches linears that share their input and whose outputs flow (through views, q/k norms, rope)
-into an attention's q, k or v. In Llama/Qwen3 layers that is q_proj, k_proj, v_proj; in a DFlash
+into an attention's q, k or v (dense or ragged attention). In Llama/Qwen3 layers that is q_proj, k_proj, v_proj; in a DFlash
 drafter layer it is k_proj and v_proj (they read [context; noise], q_proj reads only the noise).
 One GEMM instead of three reads the same weight bytes but the input once, with one launch.
 """
@@ -16,6 +16,7 @@ from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.registry import register_pass
 
 _THROUGH = {"view", "rms_norm", "rope", "slice", "getitem", "split"}
+_ATTENTION = ("attention", "ragged_attention")  # kinds whose arguments 0..2 are q, k, v
 
 
 def feeds_attention(ir: IR, node: torch.fx.Node) -> bool:
@@ -25,7 +26,7 @@ def feeds_attention(ir: IR, node: torch.fx.Node) -> bool:
         n = frontier.pop()
         for user in n.users:
             kind = ir.meta(user).kind
-            if kind == "attention" and any(i < len(user.args) and user.args[i] is n for i in range(3)):
+            if kind in _ATTENTION and any(i < len(user.args) and user.args[i] is n for i in range(3)):
                 return True
             if kind in _THROUGH and user not in seen:
                 seen.add(user)
@@ -49,7 +50,7 @@ class FuseQKV(Pass):
     name = "fuse_qkv"
 
     def requires(self, ir: IR) -> bool | str:
-        return True if ir.count("attention") else "no attention in this step"
+        return True if any(ir.count(kind) for kind in _ATTENTION) else "no attention in this step"
 
     def run(self, ir: IR, ctx: PassContext) -> PassResult:
         groups = qkv_groups(ir)

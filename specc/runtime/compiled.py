@@ -20,7 +20,13 @@ from specc.runtime.state import DecodingState, StateSpec
 
 
 class CompiledStep(torch.nn.Module):
-    """Same call signature as the specc.models module it was traced from."""
+    """Same call signature as the specc.models module it was traced from.
+
+    ``ragged_rows``: whether the step takes the ragged row descriptor (``row_slots``,
+    ``row_starts``: a packed verify of rows with their own token counts); the emitted class of
+    an artifact's ``target_ragged`` role sets it True."""
+
+    ragged_rows = False
 
     def bind(self, weights: dict[str, torch.Tensor], caches: dict[str, dict], spec: DFlashSpec | None = None) -> None:
         for name, tensor in weights.items():

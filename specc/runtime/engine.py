@@ -215,6 +215,13 @@ def _batching(path, manifest: dict, num_draft: int) -> dict:
     return section
 
 
+def _takes_ragged_target() -> bool:
+    """Whether this loop takes a separate ragged verify step (``ragged_target``)."""
+    import inspect
+
+    return "ragged_target" in inspect.signature(DeviceSpeculativeDecoder).parameters
+
+
 def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, pard_token: int | None = None,
                graphs: bool | None = None, drafter_section: dict | None = None,
                tree_budget: int = 0) -> DeviceSpeculativeDecoder:
@@ -240,16 +247,18 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
 
         pool = torch.cuda.graph_pool_handle()
         rows = {"target": num_draft + 1, "target_tree": tree_budget + 1}
-        steps = {role: GraphedStep(step, rows.get(role, 2 * num_draft + 2), pool=pool)
+        # the ragged step stays eager: its token count T changes from step to step
+        steps = {role: step if role == "target_ragged" else GraphedStep(step, rows.get(role, 2 * num_draft + 2), pool=pool)
                  for role, step in steps.items()}
     section = dict(drafter_section or {})
     if pard_token is not None:
         section["pard_token"] = pard_token
     drafter = drafter_from_manifest(strategy, steps.get("drafter"), section) if strategy else None
     tree_step = steps.get("target_tree")
+    ragged = {"ragged_target": steps["target_ragged"]} if "target_ragged" in steps and _takes_ragged_target() else {}
     loop = DeviceSpeculativeDecoder(steps["target"], drafter, num_draft if drafter else 0, max_len,
                                     cap_to_budget=not graphs, tree_budget=tree_budget if tree_step is not None else 0,
-                                    tree_target=tree_step)
+                                    tree_target=tree_step, **ragged)
     loop.capture_shapes = graphs
     loop.steps = steps
     return loop

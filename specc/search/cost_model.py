@@ -62,7 +62,7 @@ def component_of(meta, name: str) -> str:
         return "context injection (fc + norm)"
     if name == "lm_head" or meta.scope.startswith("lm_head"):
         return "LM head"
-    if kind in ("attention", "rope_attention"):
+    if kind in ("attention", "rope_attention", "ragged_attention"):
         return "attention KV read"
     if kind == "all_reduce":
         return "all-reduce (GPU link)"
@@ -81,7 +81,7 @@ def component_of(meta, name: str) -> str:
 
 def efficiency_class(meta) -> str:
     """Which calibrated efficiency applies: "linear", "attention" or "elementwise"."""
-    if meta.kind in ("attention", "rope_attention"):
+    if meta.kind in ("attention", "rope_attention", "ragged_attention"):
         return "attention"
     if LINEAR_LIKE_ATTR in meta.attrs or "linear" in meta.kind:
         return "linear"

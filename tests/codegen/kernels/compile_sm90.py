@@ -78,12 +78,13 @@ def main() -> int:
     from specc.codegen.kernels import kv_cache as KV
     from specc.codegen.kernels import linear as L
     from specc.codegen.kernels import linear_bf12_v2 as B2
+    from specc.codegen.kernels import ragged_attention as RA
     from specc.codegen.kernels import rmsnorm as N
     from specc.codegen.kernels import rope as R
     from specc.codegen.kernels import swiglu as S
     from specc.codegen.kernels import tree_beam as TB
 
-    for m in (L, A, R, S, E, N, G, KV, D, DE, TB):
+    for m in (L, A, R, S, E, N, G, KV, D, DE, TB, RA):
         m.use_triton = lambda *t, **kw: True
     B2.launchable = lambda device: True
     bf, lng = torch.bfloat16, torch.long
@@ -137,6 +138,13 @@ def main() -> int:
                                                          "causal", 0.1, num_splits=3, fused_merge=True),
         "attention q4 tree": lambda: A.attention(z(2, 4, 32, 128), cache, cache, z(2, dtype=lng), 4,
                                                  "tree", 0.1, tree_mask=torch.ones(4, 4, dtype=torch.bool)),
+        # a packed block of 2 rows (24 tokens) over the slots of ``cache``: splits + merge, and direct
+        "ragged split merge": lambda: RA.ragged_attention(z(1, 24, 32, 128), z(1, 24, 8, 128), z(1, 24, 8, 128),
+                                                          cache, cache, z(2, dtype=lng), z(2, dtype=lng),
+                                                          z(3, dtype=lng), 0.1, num_splits=3),
+        "ragged direct": lambda: RA.ragged_attention(z(1, 24, 32, 128), z(1, 24, 8, 128), z(1, 24, 8, 128),
+                                                     cache, cache, z(2, dtype=lng), z(2, dtype=lng),
+                                                     z(3, dtype=lng), 0.1, num_splits=1),
         "rope qk-norm": lambda: R.rope_and_cache(z(2, 4, 32, 128), z(2, 4, 8, 128), z(2, 4, 8, 128),
                                                  z(2, 4, dtype=lng), torch.ones(64), cache, cache,
                                                  z(2, dtype=lng), z(128), z(128)),
