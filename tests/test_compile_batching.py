@@ -41,9 +41,20 @@ def test_the_manifest_records_the_choice_and_the_engine_reads_it(checkpoints, tm
     assert StepCurve.from_section(section["curve"]).step_seconds(4, 3) > 0
     assert any(line.startswith("batching: ") for line in result.summary_lines)
     engine = load(out)
-    assert engine.batching == section
-    if hasattr(engine.loop, "two_level_k1"):
-        assert engine.loop.two_level_k1 == section["two_level_k1"]
+    assert engine.batching == section and "target_ragged" in engine.manifest["steps"]
+    assert engine.loop.two_level_k1 == section["two_level_k1"]
+    rule = engine.default_draft_length()
+    assert (rule is not None) == (section["per_request_k"] or section["goodput_k"])
+    if section["per_request_k"]:
+        assert rule.ragged_seconds is not None
+    # whatever was chosen, the scheduler's default rule changes speed, never tokens
+    prompts = [[5, 17, 33, 2, 8, 9, 41], [7, 3, 9, 11], [11, 4, 60, 2, 8, 31, 17, 5]]
+    alone = [engine.generate(p, 10, eos_token_id=()).tokens for p in prompts]
+    scheduler = engine.scheduler(capacity=3)
+    rids = [scheduler.submit(p, 10, ()) for p in prompts]
+    while not scheduler.idle:
+        scheduler.step()
+    assert [scheduler.take(r).tokens for r in rids] == alone
 
     given = compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=tmp_path / "g.specc",
                              deployment=bs4, max_new_tokens=6, num_draft=3, two_level=2)
