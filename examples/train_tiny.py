@@ -15,14 +15,22 @@ library and installed site-packages), reproducibly from one seed:
   dflash     a DFlash drafter (z-lab checkpoint format) conditioned on target hidden states,
              trained on the target's greedy predictions (distillation)
   eval       held-out perplexity; acceptance length tau and per-position acceptance of
-             AR-draft / PARD / DFlash at blocks 8 and 16 through specc's stock loops (fp32)
+             AR-draft / PARD / DFlash at blocks 8 and 16 through specc's stock loops (fp32);
+             greedy samples of the built-in and held-out prompts (eval/samples.json)
+
+and, to split a run over machines (examples/train_tiny_v2.sh runs --preset v2 in two GPU calls):
+
+  distill    the target's greedy continuations on their own (else PARD / DFlash make them)
+  export     the results, models in bf12, as tiny-export.tar.part-NN files in --export-dir
+  restore    an export's models and distillation data into this workdir (after corpus and
+             tokenizer rebuilt it; the tokenizer must come out the same)
 
 Usage:
   PYTHONPATH=. python examples/train_tiny.py --workdir /tmp/tiny --stage all
   PYTHONPATH=. python examples/train_tiny.py --workdir /tmp/toy --stage all --preset toy \\
       --source-dir some/dir/with/py/files
 
---stage takes one stage, a comma-separated list, or all. Each stage reads the previous stages'
+--stage takes one stage, a comma-separated list, or all (every stage but restore and export). Each stage reads the previous stages'
 outputs from --workdir and writes its own there; the models land in
 WORKDIR/models/{specc-tiny,specc-tiny-pard,specc-tiny-dflash} with WORKDIR/models/MANIFEST.json
 (ship them by copying those into specc/zoo/); eval writes WORKDIR/eval/metrics.json and
@@ -55,8 +63,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 EOS, MASK = "<|endoftext|>", "<|mask|>"
 NAMES = {"target": "specc-tiny", "pard": "specc-tiny-pard", "dflash": "specc-tiny-dflash"}
-STAGES = ("corpus", "tokenizer", "target", "pard", "dflash", "eval")
-MAX_ZOO_BYTES = 30_000_000
+STAGES = ("corpus", "tokenizer", "restore", "target", "distill", "pard", "dflash", "eval", "export")
+MAX_ZOO_BYTES = 30_000_000  # above this the models are saved in bf16 instead of fp32
+MAX_PACKED_ZOO_BYTES = 60_000_000  # the shipped family in bf12 (1.5 bytes a weight) must fit this
+EXPORT_PART_BYTES = 15 * 2**20  # export archives are split into parts of this size
 
 
 @dataclasses.dataclass
@@ -131,11 +141,29 @@ class Config:
     eval_blocks: list = dataclasses.field(default_factory=lambda: [8, 16])
     eval_workers: int = -1  # -1: one per CPU core (up to 15) on a multi-core machine, else 0
     ppl_tokens: int = 262144
+    sample_tokens: int = 64  # greedy samples of the eval stage (eval/samples.json)
+    sample_heldout: int = 4
     log_every: int = 50
+    # export / restore (moving a workdir's results between machines)
+    save_bf16: bool = False  # save in bf16 even when fp32 fits (what the bf12 zoo format stores losslessly)
+    export_distill: bool = True  # include the distillation sequences (the next call's drafters need them)
 
 
 PRESETS = {
     "full": {},
+    # v2: a ~26M-parameter target (the largest of this architecture whose family, with a 2-layer
+    # DFlash at the target's width, stays under 60 MB in bf12) trained in two 10-minute GPU calls:
+    # call 1 corpus,tokenizer,target,distill; call 2 corpus,tokenizer,restore,pard,dflash,eval
+    # (examples/train_tiny_v2.sh). Budgets: docs/benchmarks/tiny.md "specc-tiny v2".
+    "v2": dict(
+        hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1280,
+        target_lr=1.5e-3, target_warmup=200, target_steps=100000, target_seconds=360.0,
+        distill_batch=1024, distill_max_seqs=16384, distill_seconds=45.0,
+        pard_hidden=256, pard_layers=4, pard_heads=4, pard_kv_heads=2, pard_intermediate=768,
+        pard_steps=100000, pard_seconds=130.0,
+        dflash_layers=2, dflash_intermediate=1280, dflash_steps=100000, dflash_seconds=190.0,
+        eval_blocks=[16],
+    ),
     "toy": dict(
         max_corpus_mb=2.0, tokenizer_mb=1.0, vocab_size=300, heldout_permille=200,
         hidden=32, layers=3, heads=2, kv_heads=1, head_dim=16, intermediate=64, context=128,
@@ -147,9 +175,14 @@ PRESETS = {
         dflash_layers=1, dflash_intermediate=64, dflash_block=8, dflash_seq=40, dflash_anchors=4,
         dflash_batch=4, dflash_steps=3, dflash_warmup=1,
         eval_prompts=2, eval_prompt_min=8, eval_prompt_max=12, eval_new_tokens=12, eval_blocks=[4, 8],
-        eval_workers=0, ppl_tokens=2048, log_every=1,
+        eval_workers=0, ppl_tokens=2048, sample_tokens=8, sample_heldout=1, log_every=1,
     ),
 }
+
+# v2's model shapes (and block 16) on toy data and step counts: the v2 code paths on a CPU in a minute
+PRESETS["v2-smoke"] = {**PRESETS["toy"], **{k: v for k, v in PRESETS["v2"].items() if not k.endswith(
+    ("_steps", "_seconds", "_warmup", "_lr")) and not k.startswith("distill_")},
+    "head_dim": 64, "eval_new_tokens": 24, "dflash_block": 16, "pard_k": 16, "pard_seq": 32, "dflash_seq": 48, "eval_blocks": [16], "save_bf16": True}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,11 +246,11 @@ def param_count(kind: str, cfg: Config) -> int:
 
 
 def save_dtype(cfg: Config):
-    """fp32 when the three models fit the zoo budget in fp32, else bf16."""
+    """fp32 when the three models fit the zoo budget in fp32 (and bf16 is not asked for), else bf16."""
     import torch
 
     total = sum(param_count(k, cfg) for k in NAMES)
-    return torch.float32 if 4 * total <= MAX_ZOO_BYTES - 2_000_000 else torch.bfloat16
+    return torch.float32 if 4 * total <= MAX_ZOO_BYTES - 2_000_000 and not cfg.save_bf16 else torch.bfloat16
 
 
 def layer_ids(cfg: Config) -> list[int]:
@@ -308,14 +341,15 @@ def _heads(x, head_dim):
 
 
 def _attend(q, k, v, mask=None, causal=False):
+    """SDPA with grouped kv heads. ``enable_gqa`` lets SDPA share each kv head across its query
+    heads instead of materialising repeated k/v: during cached decoding the repeat copied the
+    whole cache every step (a quarter of the distillation generator's CPU time)."""
     import torch.nn.functional as F
 
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    gqa = q.shape[1] != k.shape[1]
     if mask is not None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
 
 def lm_hidden(model, ids, positions, mask=None, capture=(), cache=None, start=0):
@@ -705,17 +739,23 @@ def ensure_distill(cfg: Config, work: Path) -> np.ndarray:
     rng = seeded(cfg, "distill")
     target = load_target(work, dev)
     tokens = load_train_tokens(work)
-    chunks, n, t0 = [], 0, time.time()
-    while n < cfg.distill_max_seqs and (time.time() - t0 < cfg.distill_seconds or n == 0):
+    chunks, n, t0, per_batch = [], 0, time.time(), 0.0
+    # another batch only while it is expected to end inside the budget (always at least one)
+    while n < cfg.distill_max_seqs and (n == 0 or time.time() - t0 + per_batch < cfg.distill_seconds):
         plen = int(rng.integers(cfg.distill_prompt_min, cfg.distill_prompt_max + 1))
         bsz = min(cfg.distill_batch, cfg.distill_max_seqs - n)
         prompts = torch.from_numpy(windows(tokens, bsz, plen, rng)).to(dev)
+        tb = time.time()
         chunks.append(generate_batch(target, prompts, cfg.distill_len, dev).cpu().numpy().astype(np.uint16))
+        per_batch = time.time() - tb
         n += bsz
+        log(f"distill: {n} sequences, {per_batch:.1f}s for a batch of {bsz} "
+            f"({1e3 * per_batch / max(1, cfg.distill_len - plen):.1f} ms a decode step)")
     data = np.concatenate(chunks)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, data)
     info = {"sequences": int(data.shape[0]), "length": int(data.shape[1]), "seconds": round(time.time() - t0, 1),
+            "batch": cfg.distill_batch, "seconds_last_batch": round(per_batch, 2),
             "prompt_len_range": [cfg.distill_prompt_min, cfg.distill_prompt_max]}
     write_json(work / "distill" / "info.json", info)
     log(f"distill: {data.shape[0]} greedy target continuations of {data.shape[1]} tokens in {time.time() - t0:.1f}s")
@@ -1133,14 +1173,47 @@ def acceptance_curve(runs: list[dict], block: int, max_new: int) -> dict:
     return {"conditional": curve, "reached": reached[1:].astype(int).tolist(), "accepted": accepted[1:].astype(int).tolist()}
 
 
+def distinct_ngrams(tokens: list[int], n: int = 4) -> float:
+    """Share of distinct n-grams among a continuation's n-grams: near 1 for ordinary text, low
+    for a continuation that loops (``return (n - 1) * (n - 1) * ...``)."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def greedy_samples(cfg: Config, work: Path, target, prompts: list[list[int]], dev) -> list[dict]:
+    """The target's greedy continuations (``sample_tokens`` new tokens, no EOS stop) of the
+    built-in prompts (specc.verify.CALIBRATION_TEXTS, the README's among them) and of the first
+    held-out eval prompts, decoded, with their distinct-4-gram share."""
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    from specc.verify.prompts import CALIBRATION_TEXTS
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(work / "tokenizer"))
+    cases = [("builtin", text, tok(text)["input_ids"]) for text in CALIBRATION_TEXTS]
+    cases += [("heldout", tok.decode(p), p) for p in prompts[:cfg.sample_heldout]]
+    out = []
+    for kind, text, ids in cases:
+        ids = ids[-(cfg.context - cfg.sample_tokens):]
+        seq = generate_batch(target, torch.tensor([ids], device=dev), len(ids) + cfg.sample_tokens, dev)
+        new = seq[0, len(ids):].tolist()
+        out.append({"kind": kind, "prompt": text, "completion": tok.decode(new),
+                    "distinct_4grams": round(distinct_ngrams(new), 3)})
+    return out
+
+
 def stage_eval(cfg: Config, work: Path) -> dict:
     dev = device()
     models = work / "models"
     target = load_target(work, dev)
     nll, n = heldout_loss(target, load_heldout(work), cfg.target_seq, cfg.ppl_tokens, dev)
-    del target
     log(f"eval: held-out perplexity {math.exp(nll):.3f} over {n} tokens")
     prompts = eval_prompts(cfg, work)
+    samples = greedy_samples(cfg, work, target, prompts, dev)
+    write_json(work / "eval" / "samples.json", samples)
+    for sample in samples[:2]:
+        log(f"eval: sample {sample['prompt']!r} -> {sample['completion']!r}")
+    del target
     methods = ("ar-draft", "pard", "dflash")
     # longest tasks first so the pool stays busy
     tasks = [(m, b, i, p, cfg.eval_new_tokens) for b in sorted(cfg.eval_blocks, reverse=True)
@@ -1179,7 +1252,7 @@ def stage_eval(cfg: Config, work: Path) -> dict:
         "new_tokens": cfg.eval_new_tokens, "eos_stops": False, "dtype": "float32", "device": "cpu",
         "loops": "specc.stock generate_chain (ar-draft: PARD model as plain AR drafter), generate_pard, generate_dflash",
         "lossless_all_methods_equal": lossless, "eval_seconds": round(seconds, 1), "workers": workers,
-        "results": table,
+        "samples_distinct_4grams_min": min(x["distinct_4grams"] for x in samples), "results": table,
     }
     out = work / "eval"
     write_json(out / "metrics.json", metrics)
@@ -1216,6 +1289,141 @@ def plot_acceptance(metrics: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------
+# stages: distill, export, restore (moving results between machines)
+
+
+def stage_distill(cfg: Config, work: Path) -> dict:
+    """The target's greedy continuations on their own (else the PARD / DFlash stage makes them)."""
+    data = ensure_distill(cfg, work)
+    return {"sequences": int(data.shape[0])}
+
+
+def packed_zoo_bytes(cfg: Config) -> int:
+    """Approximate size of the family stored in bf12 (1.5 bytes a weight, escapes ignored)."""
+    return int(1.5 * sum(param_count(k, cfg) for k in NAMES))
+
+
+EXPORT_FILES = ("config.json", "commands.json", "timings.json", "corpus/manifest.json", "tokens/info.json",
+                "distill/info.json", "metrics/target.json", "metrics/pard.json", "metrics/dflash.json",
+                "eval/metrics.json", "eval/samples.json", "eval/tiny_acceptance.png")
+
+
+def stage_export(cfg: Config, work: Path, dest: Path | None = None) -> dict:
+    """One archive of the workdir's results, the models in bf12, split into parts of at most
+    EXPORT_PART_BYTES (``DEST/tiny-export.tar.part-NN``): few files of bounded size, which is
+    what a remote machine's output folder can hand back. ``cat parts > x.tar`` restores it;
+    ``--stage restore --restore-dir DIR`` reads the parts (or the extracted tree) directly."""
+    import tarfile
+
+    from specc.models.packed_checkpoint import pack_checkpoint
+
+    if dest is None:
+        raise SystemExit("export: give --export-dir")
+    dest.mkdir(parents=True, exist_ok=True)
+    staging = work / "export"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    packed = {}
+    for name in NAMES.values():
+        src = work / "models" / name
+        if (src / "config.json").is_file():
+            packed[name] = pack_checkpoint(src, staging / "models" / name)
+    if (work / "models" / "MANIFEST.json").is_file():
+        shutil.copy2(work / "models" / "MANIFEST.json", staging / "models" / "MANIFEST.json")
+    for rel in EXPORT_FILES + (("distill/generated.npy",) if cfg.export_distill else ()):
+        if (work / rel).is_file():
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(work / rel, staging / rel)
+    archive = work / "tiny-export.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(staging, arcname="tiny-export")
+    for old in dest.glob("tiny-export.tar.part-*"):
+        old.unlink()
+    parts = []
+    with open(archive, "rb") as fh:
+        while chunk := fh.read(EXPORT_PART_BYTES):
+            part = dest / f"tiny-export.tar.part-{len(parts):02d}"
+            part.write_bytes(chunk)
+            parts.append(part.name)
+    info = {"parts": parts, "bytes": archive.stat().st_size,
+            "models": {k: sum(f.stat().st_size for f in (staging / "models" / k).iterdir()) for k in packed}}
+    archive.unlink()
+    log(f"export: {info['bytes'] / 1e6:.1f} MB in {len(parts)} parts to {dest}; models {info['models']}")
+    return info
+
+
+def _export_tree(src: Path, scratch: Path) -> Path:
+    """The extracted ``tiny-export`` folder of an export: ``src`` holds it, or holds the parts."""
+    import tarfile
+
+    for cand in (src / "tiny-export", src):
+        if (cand / "models").is_dir():
+            return cand
+    parts = sorted(src.glob("tiny-export.tar.part-*"))
+    if not parts:
+        raise SystemExit(f"restore: {src} holds no tiny-export folder or tiny-export.tar.part-* files")
+    archive = scratch / "restore.tar"
+    with open(archive, "wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    shutil.rmtree(scratch / "tiny-export", ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(scratch, filter="data")
+    archive.unlink()
+    return scratch / "tiny-export"
+
+
+def stage_restore(cfg: Config, work: Path, src: Path | None = None) -> dict:
+    """Put an earlier call's exported models (and distillation data) into this workdir, after
+    this call rebuilt the corpus and tokenizer: the target must use the very same tokenizer and
+    the configuration this workdir was set up with."""
+    from specc.models.packed_checkpoint import is_packed, read_packed_state
+
+    if src is None:
+        raise SystemExit("restore: give --restore-dir")
+    tree = _export_tree(src.resolve(), work)
+    mine = read_json(work / "tokenizer" / "tokenizer.json")
+    restored = []
+    for name in NAMES.values():
+        packed = tree / "models" / name
+        if not (packed / "config.json").is_file():
+            continue
+        theirs = read_json(packed / "tokenizer.json") if (packed / "tokenizer.json").is_file() else None
+        if theirs is not None and theirs["model"] != mine["model"]:
+            raise SystemExit(f"restore: {name}'s tokenizer differs from the one rebuilt here (other corpus?)")
+        dst = work / "models" / name
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir(parents=True)
+        for f in packed.iterdir():
+            if f.is_file() and not f.name.endswith(".safetensors") and f.name != "bf12.json":
+                shutil.copy2(f, dst / f.name)
+        from safetensors.torch import save_file
+
+        state = read_packed_state(packed) if is_packed(packed) else None
+        if state is None:
+            shutil.copy2(packed / "model.safetensors", dst / "model.safetensors")
+        else:
+            save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+        restored.append(name)
+    target_conf = work / "models" / NAMES["target"] / "config.json"
+    if target_conf.is_file():
+        raw = read_json(target_conf)
+        want = {"hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers, "intermediate_size": cfg.intermediate,
+                "vocab_size": cfg.vocab_size}
+        got = {k: raw.get(k) for k in want}
+        if got != want:
+            raise SystemExit(f"restore: the target is {got}, this workdir's configuration says {want}")
+    for rel in EXPORT_FILES[3:] + ("distill/generated.npy",):
+        if rel.startswith(("corpus/", "tokens/")) or not (tree / rel).is_file():
+            continue
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tree / rel, work / rel)
+    old = read_json(tree / "timings.json") if (tree / "timings.json").is_file() else {}
+    log(f"restore: {restored} from {src}; earlier timings {old}")
+    return {"restored": restored}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1282,9 +1490,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--source-dir", action="append", help="directories to take .py files from (repeatable)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a Config field (JSON value)")
+    ap.add_argument("--export-dir", type=Path, help="where the export stage writes its archive parts")
+    ap.add_argument("--restore-dir", type=Path, help="an export (its parts or extracted folder) for the restore stage")
     args = ap.parse_args(argv)
     if args.stage == "all":
-        stages = STAGES
+        stages = tuple(s for s in STAGES if s not in ("restore", "export"))
     elif args.stage == "manifest":
         stages = ()
     else:
@@ -1312,14 +1522,18 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = True
     log(f"train_tiny: {versions()}; workdir {work}; seed {cfg.seed}; save dtype {save_dtype(cfg)}; "
         f"params target {param_count('target', cfg) / 1e6:.2f}M pard {param_count('pard', cfg) / 1e6:.2f}M "
-        f"dflash {param_count('dflash', cfg) / 1e6:.2f}M")
+        f"dflash {param_count('dflash', cfg) / 1e6:.2f}M; ~{packed_zoo_bytes(cfg) / 1e6:.1f} MB in bf12")
     timings_path = work / "timings.json"
     timings = read_json(timings_path) if timings_path.is_file() else {}
-    fns = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "pard": stage_pard,
-           "dflash": stage_dflash, "eval": stage_eval}
+    fns = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "distill": stage_distill,
+           "pard": stage_pard, "dflash": stage_dflash, "eval": stage_eval,
+           "restore": lambda c, w: stage_restore(c, w, args.restore_dir),
+           "export": lambda c, w: stage_export(c, w, args.export_dir)}
     for name in stages:
         t0 = time.time()
         log(f"=== stage {name}")
+        if name == "export" and (work / "models").is_dir():
+            write_manifest(cfg, work, argv)  # the archive carries the up-to-date manifest
         fns[name](cfg, work)
         timings[name] = round(time.time() - t0, 1)
         write_json(timings_path, timings)

@@ -38,15 +38,25 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{path}: no config.json in this directory")
-        return path
+        return _plain(path)
     if path.exists():
         raise CheckpointError(f"{path}: not a directory (give the checkpoint directory)")
     zoo = ZOO_DIR / text
     if (zoo / "config.json").is_file():
-        return zoo
+        return _plain(zoo)
     if text.startswith((".", "/", "~")) or text.count("/") != 1:
         raise CheckpointError(f"{text}: no such checkpoint directory, zoo model or hub id")
     return _resolve_hub_id(text)
+
+
+def _plain(path: Path) -> Path:
+    """A checkpoint stored in bf12 (the zoo's 12-bit format) resolves to its unpacked copy."""
+    from specc.models.packed_checkpoint import unpacked_checkpoint
+
+    try:
+        return unpacked_checkpoint(path)
+    except Exception as exc:
+        raise CheckpointError(f"{path}: cannot unpack bf12 weights ({type(exc).__name__}: {exc})") from exc
 
 
 def _resolve_hub_id(repo_id: str) -> Path:

@@ -215,13 +215,6 @@ def _batching(path, manifest: dict, num_draft: int) -> dict:
     return section
 
 
-def _takes_ragged_target() -> bool:
-    """Whether this loop takes a separate ragged verify step (``ragged_target``)."""
-    import inspect
-
-    return "ragged_target" in inspect.signature(DeviceSpeculativeDecoder).parameters
-
-
 def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, pard_token: int | None = None,
                graphs: bool | None = None, drafter_section: dict | None = None,
                tree_budget: int = 0) -> DeviceSpeculativeDecoder:
@@ -255,10 +248,9 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
         section["pard_token"] = pard_token
     drafter = drafter_from_manifest(strategy, steps.get("drafter"), section) if strategy else None
     tree_step = steps.get("target_tree")
-    ragged = {"ragged_target": steps["target_ragged"]} if "target_ragged" in steps and _takes_ragged_target() else {}
     loop = DeviceSpeculativeDecoder(steps["target"], drafter, num_draft if drafter else 0, max_len,
                                     cap_to_budget=not graphs, tree_budget=tree_budget if tree_step is not None else 0,
-                                    tree_target=tree_step, **ragged)
+                                    tree_target=tree_step, ragged_target=steps.get("target_ragged"))
     loop.capture_shapes = graphs
     loop.steps = steps
     return loop

@@ -49,3 +49,31 @@ def test_compiled_scheduler_default_eos_and_growing_max_len(checkpoints, engines
         engine.eos_token_ids = saved
     assert scheduler.take(a).tokens == free[:7]
     assert scheduler.take(b).tokens == reference(checkpoints["target"], 30, prompt=PROMPTS[3])
+
+
+def test_compiled_ragged_step_serves_two_level_and_per_request_drafts(checkpoints, engines):
+    """The artifact's compiled ``target_ragged`` step is the loop's ragged step: two-level
+    verification and per-request draft lengths go through it, and every request still equals
+    HF greedy alone."""
+    from specc.runtime.adaptive import GoodputDraftLength
+
+    engine = engines["pard"]  # its drafter is the target itself: level 1 is often fully accepted
+    assert engine.loop.ragged_target is engine.loop.steps["target_ragged"]
+    budgets = [10, 6, 12]
+    try:
+        engine.loop.two_level_k1 = 1
+        results = engine.generate_batch(PROMPTS[:3], budgets, eos_token_id=(), batch_size=3)
+    finally:
+        engine.loop.two_level_k1 = None
+    for prompt, budget, result in zip(PROMPTS, budgets, results):
+        assert result.tokens == reference(checkpoints["target"], budget, prompt=prompt)
+    assert sum(r.stats.level2_steps for r in results) > 0  # the second level ran
+
+    rule = GoodputDraftLength(lambda rows, k: 1.0 + 0.1 * k * rows, engine.loop.num_draft,
+                              ragged_seconds=lambda rows, tokens: 1.0 + 0.05 * tokens)
+    scheduler = engine.scheduler(3, draft_length=rule)
+    rids = [scheduler.submit(p, b, eos_token_ids=()) for p, b in zip(PROMPTS[2:5], [12, 9, 4])]
+    while not scheduler.idle:
+        scheduler.step()
+    for rid, prompt, budget in zip(rids, PROMPTS[2:5], [12, 9, 4]):
+        assert scheduler.take(rid).tokens == reference(checkpoints["target"], budget, prompt=prompt)

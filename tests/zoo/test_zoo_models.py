@@ -20,8 +20,9 @@ CODE = "import os\n\n\ndef read_lines(path):\n    with open(path) as fh:\n"
 
 
 def test_zoo_size_budget():
-    total = sum(f.stat().st_size for n in NAMES for f in (ZOO_DIR / n).iterdir())
-    assert total <= 30_000_000, total
+    """The whole embedded zoo (it ships inside the package) stays under ~60 MB (issue #22)."""
+    total = sum(f.stat().st_size for f in ZOO_DIR.rglob("*") if f.is_file())
+    assert total <= 60_000_000, total
 
 
 def test_load_with_specc_and_hf():
