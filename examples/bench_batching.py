@@ -1,194 +1,383 @@
-"""Tokens/s against batch size: specc's compiled AR and compiled speculative loop, batched.
+"""Tokens/s against batch size: compiled AR and the compiled speculative loop with each batching
+mechanism on and off, with the cost model's prediction beside every row.
 
-Builds real shapes with random weights (``specc.bench.shapes``), compiles the AR step and the
-speculative steps in memory (the default pipeline), and for each batch size B runs B prompts of
-different lengths (``--prompt-len`` +- 25%) through ``DeviceSpeculativeDecoder.generate_batch``
-(continuous batching, B slots), ``--tokens`` new tokens each, no EOS. Random weights accept
-nothing, so the speculative loop's acceptance is replayed from a stated model
-(``--acceptance``, ``specc.runtime.replay``): the drafter and the target do all their work, only
-the accepted count is drawn, so the timing is real and the tokens are not the model's output.
-Before timing, the batched AR output is checked equal to each prompt run alone (greedy).
+Builds real shapes with random weights (``specc.bench.shapes``): one target (``--shapes``) and
+each drafter of ``--drafter-shapes`` (comma separated, e.g. ``dflash-b16,pard``), compiles the AR
+step and each speculative pair in memory (the default pipeline), and for each batch size B runs B
+prompts of different lengths (``--prompt-len`` +- 25%) with continuous batching (B slots),
+``--tokens`` new tokens each, no EOS. Random weights accept nothing, so the speculative loop's
+acceptance is replayed from a stated model (``--acceptance``, ``specc.runtime.replay``): the
+drafter and the target do all their work, only the accepted count is drawn, so the timing is real
+and the tokens are not the model's output. ``--real TARGET:DRAFTER`` adds a trained pair (e.g.
+``specc-tiny:specc-tiny-dflash``) decided by the target itself: real acceptance, its output
+checked equal to compiled AR for every mechanism, and its prediction made with the acceptance
+measured in the same run.
 
-Each row: batch size, seconds, total new tokens, tokens/s, tokens/s per request, mean committed
-tokens per step; one untimed pass first (Triton compiles, CUDA-graph captures per shape). With
-``--goodput`` the speculative loop also runs under the goodput rule (``specc.runtime.adaptive``:
-drafts per step from the requests' measured, here replayed, acceptance against the cost model's
-step-time curve for ``--deployment``), rows ``specc-goodput`` with the mean k it chose.
+Systems per (drafter, B), each with the cost model's tokens/s (``specc.search.batching_cost``
+at ``--deployment``, context = prompt + half the new tokens):
 
-    python3 examples/bench_batching.py --device cpu --shapes tiny-qwen3 --tokens 16 --batches 1,2
-    PYTHONPATH=. python3 examples/bench_batching.py --device cuda --shapes qwen3-8b --drafter-shapes dflash-b16 \
-        --acceptance dflash-qwen3-8b:gsm8k --batches 1,2,4,8,16,32 --goodput --deployment h200-bs1 --out $OUT/batching.json
+- ``ar``: the compiled AR loop (prediction: B / AR step);
+- ``one-level``: the speculative loop verifying every row's k + 1 tokens;
+- ``two-level``: ``loop.two_level_k1`` set to the k1 the cost model predicts best for B (the
+  ``batching`` choice's candidate); skipped, with the reason, where the loop has no two-level
+  verification;
+- ``per-request``: a ``BatchScheduler`` with ``GoodputDraftLength(step_seconds, k,
+  ragged_seconds=...)`` over the cost model's curves (one k per row); skipped where the runtime's
+  rule takes no ``ragged_seconds``;
+- ``goodput`` (``--goodput``): the same rule without ``ragged_seconds`` (one k per step, dense
+  verify; prediction: the pricer's dense goodput k).
+
+One untimed pass precedes every timed one (Triton compiles, CUDA-graph captures per shape).
+Rows go to ``--out-dir``/batching.jsonl as they are measured (one JSON object per line) and
+``run.json`` (device, versions, acceptance, notice); ``--budget-s`` stops measuring (rows say
+so) past that many seconds, so a run fits its slot.
+
+    python3 examples/bench_batching.py --device cpu --shapes tiny-qwen3 --drafter-shapes dflash-b16,pard \\
+        --acceptance tau:3 --tokens 8 --batches 1,2
+    PYTHONPATH=. python3 examples/bench_batching.py --device cuda --shapes qwen3-8b --drafter-shapes dflash-b16,pard \\
+        --acceptance dflash-qwen3-8b:humaneval --batches 1,4,8,16,32,64 --tokens 48 --deployment h200-bs1 \\
+        --goodput --real specc-tiny:specc-tiny-dflash --out-dir $OUT/batching
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
+from pathlib import Path
 
 import torch
 
 from specc.passes.pipelines import DEFAULT_PIPELINE
 
 
-def build(opts, dev):
-    """(AR loop, speculative loop or None, prompts pool, acceptance model or None)."""
-    from specc.bench.acceptance import parse_acceptance
-    from specc.bench.run import BenchOptions, _setup_shapes
-    from specc.codegen.build import build_steps
+@dataclasses.dataclass
+class Pair:
+    """One speculative system to measure: its loop, what decides acceptance, and its pricer."""
+
+    label: str
+    loop: object
+    impl: object
+    k: int
+    acceptance: object  # AcceptanceModel replayed, or None: the target decides (real weights)
+    pricer: object
+    prompts: list
+    ar: object  # the compiled AR loop over the same target
+
+
+def compile_loop(target, draft, impl, spec, section, k, max_len):
+    """The device loop of compiled steps (AR when ``draft`` is None); a ``target_ragged`` step too
+    where codegen builds one."""
+    from specc.codegen.build import ROLE_STEP, build_step, build_steps
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
+
+    saved = getattr(target, "capture_layers", ())
+    if draft is None:
+        target.capture_layers = ()
+    try:
+        target.setup_caches(1, 16)
+        if draft is not None:
+            draft.setup_caches(1, 16)
+        built = build_steps(target, draft, DEFAULT_PIPELINE, spec if draft is not None else None)
+        emitted = dict(built.emitted)
+        if draft is not None and "target_ragged" in ROLE_STEP and getattr(target, "ragged_rows", False):
+            target.setup_caches(1, 16)
+            emitted["target_ragged"] = build_step(target, "target_ragged", DEFAULT_PIPELINE).emitted
+    finally:
+        target.capture_layers = saved
+    steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in emitted.items()}
+    return build_loop(steps, impl.strategy if draft is not None else None, k if draft is not None else 0, max_len,
+                      drafter_section=section if draft is not None else None)
+
+
+def random_prompts(count, mean_len, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = int(mean_len * 0.75), int(mean_len * 1.25)
+    return [torch.randint(10, vocab - 10, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(count)]
+
+
+def pricer_for(target_raw, drafter_raw, impl, k, opts, dev):
+    from specc.search.batching_cost import BatchingPricer
+    from specc.search.cost_model import CostModel
+    from specc.search.deployments import get_deployment
+    from specc.search.meta_pair import MetaPair
+
+    irs = MetaPair(target_raw, drafter_raw, impl.name, "bfloat16" if dev.type == "cuda" else None).irs(DEFAULT_PIPELINE)
+    return BatchingPricer(CostModel(get_deployment(opts.deployment)), *irs, impl, k,
+                          context=opts.prompt_len + opts.tokens // 2)
+
+
+def shaped_pairs(opts, dev) -> list[Pair]:
+    """Random-weight pairs: one target, each drafter of ``--drafter-shapes``, acceptance replayed."""
+    import types
+
+    from specc.bench.acceptance import parse_acceptance
+    from specc.bench.shapes import build_causal, build_dflash, drafter_config, target_config
+    from specc.methods import get_method
     from specc.runtime.replay import ReplayVerifier
 
-    bench = BenchOptions(shapes=opts.shapes, drafter_shapes=opts.drafter_shapes, device=str(dev), systems=("specc",),
-                         prompts=max(opts.batches), prompt_len=opts.prompt_len, seed=opts.seed)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    s = _setup_shapes(bench, dtype, dev)
+    tcfg = target_config(opts.shapes)
+    target = build_causal(tcfg, dtype, dev, seed=1)
     max_len = int(opts.prompt_len * 1.25) + opts.tokens + 4
-
-    def loop_over(with_drafter: bool):
-        target, draft = s.loaded.target, s.loaded.draft if with_drafter else None
-        saved = getattr(target, "capture_layers", ())
-        if not with_drafter:
-            target.capture_layers = ()
-        try:
-            target.setup_caches(1, 16)
-            if draft is not None:
-                draft.setup_caches(1, 16)
-            spec = s.loaded.draft_spec if draft is not None else None
-            built = build_steps(target, draft, DEFAULT_PIPELINE, spec)
-        finally:
-            target.capture_layers = saved
-        steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}
-        return build_loop(steps, s.impl.strategy if draft is not None else None, s.k if draft is not None else 0,
-                          max_len, drafter_section=s.section if draft is not None else None)
-
-    g = torch.Generator().manual_seed(opts.seed)
-    lo, hi = int(opts.prompt_len * 0.75), int(opts.prompt_len * 1.25)
-    vocab = s.target_raw["vocab_size"]
-    prompts = [torch.randint(10, vocab - 10, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(max(opts.batches))]
-    ar = loop_over(False)
-    spec_loop, acceptance = None, None
-    if s.impl.uses_drafter:
-        acceptance = parse_acceptance(opts.acceptance, s.k)
+    ar = compile_loop(target, None, get_method("ar"), None, None, 0, max_len)
+    prompts = random_prompts(max(opts.batches), opts.prompt_len, tcfg["vocab_size"], opts.seed)
+    pairs = []
+    for shapes in [d for d in opts.drafter_shapes.split(",") if d.strip() and d != "none"]:
+        method, dcfg = drafter_config(opts.shapes, shapes)
+        impl = get_method(method)
+        draft = build_dflash(dcfg, dtype, dev, seed=3) if impl.name == "dflash" else build_causal(dcfg, dtype, dev, 2)
+        target.capture_layers = ()
+        loaded = impl.bind(target, draft)
+        k = impl.num_draft(opts.num_draft, dcfg)
+        section = impl.manifest_drafter(types.SimpleNamespace(drafter=types.SimpleNamespace(raw=dcfg)), loaded)
+        acceptance = parse_acceptance(opts.acceptance, k)
         if acceptance is None:
-            raise SystemExit("random weights accept nothing: give --acceptance (e.g. tau:6.5, dflash-qwen3-8b:gsm8k)")
-        spec_loop = loop_over(True)
-        spec_loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source)
-    curve = None
-    if opts.goodput and spec_loop is not None:
-        from specc.search.batch_pricing import step_seconds
-        from specc.search.cost_model import CostModel
-        from specc.search.deployments import get_deployment
-        from specc.search.meta_pair import MetaPair
-
-        irs = MetaPair(s.target_raw, s.drafter_raw, s.impl.name, "bfloat16" if dev.type == "cuda" else None).irs(
-            DEFAULT_PIPELINE)
-        curve = step_seconds(CostModel(get_deployment(opts.deployment)), *irs, s.impl.name,
-                             context=opts.prompt_len + opts.tokens // 2)
-    return ar, spec_loop, prompts, acceptance, curve
+            raise SystemExit("random weights accept nothing: give --acceptance (e.g. dflash-qwen3-8b:humaneval)")
+        loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec, section, k, max_len)
+        # draws by absolute position: a function of the verify's inputs, as two-level verification needs
+        loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source,
+                                       lengths=lambda loop=loop: loop.state.lengths)
+        pairs.append(Pair(f"{opts.shapes}+{shapes}", loop, impl, k, acceptance,
+                          pricer_for(tcfg, dcfg, impl, k, opts, dev), prompts, ar))
+    return pairs
 
 
-def time_goodput(loop, prompts, tokens, dev, curve):
-    """The speculative loop under the goodput rule: (row, mean k chosen)."""
-    from specc.runtime.adaptive import GoodputDraftLength
+def real_pairs(opts, dev) -> list[Pair]:
+    """Trained pairs (``--real TARGET:DRAFTER``): the target decides, acceptance is measured."""
+    from specc.methods import get_method
+    from specc.models.loading import load_tokenizer
+    from specc.pairing import resolve_pair
+    from specc.verify import CALIBRATION_TEXTS
+
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    pairs = []
+    for spec in opts.real:
+        target_name, _, drafter_name = spec.partition(":")
+        pair = resolve_pair(target_name, drafter_name or None, None)
+        impl = pair.impl
+        k = impl.num_draft(opts.num_draft, pair.drafter.raw if pair.drafter else None)
+        loaded = impl.load(pair, dtype, dev)
+        tok = load_tokenizer(pair.target.path)
+        texts = (CALIBRATION_TEXTS * (max(opts.batches) // len(CALIBRATION_TEXTS) + 1))[: max(opts.batches)]
+        prompts = [tok(t)["input_ids"] for t in texts] if tok is not None else random_prompts(
+            max(opts.batches), 16, int(pair.target.raw["vocab_size"]), opts.seed)
+        max_len = max(len(p) for p in prompts) + opts.tokens + 4
+        ar = compile_loop(loaded.target, None, get_method("ar"), None, None, 0, max_len)
+        loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec,
+                            impl.manifest_drafter(pair, loaded), k, max_len)
+        pairs.append(Pair(spec, loop, impl, k, None, pricer_for(pair.target.raw, pair.drafter.raw, impl, k, opts, dev),
+                          prompts, ar))
+    return pairs
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(run, loop, dev):
+    """(result of the second call, seconds): one untimed pass first; replay restarts its draws."""
+    run()
+    if hasattr(loop.verifier, "reset"):
+        loop.verifier.reset()
+    _sync(dev)
+    start = time.perf_counter()
+    out = run()
+    _sync(dev)
+    return out, time.perf_counter() - start
+
+
+def measured(results, seconds, batch):
+    new = sum(len(r.tokens) for r in results)
+    steps = sum(r.stats.steps for r in results)
+    return {"batch": batch, "seconds": seconds, "tokens": new, "tokens_per_s": new / seconds,
+            "tokens_per_s_per_request": new / seconds / batch,
+            "tokens_per_step": (new - len(results)) / steps if steps else 0.0}
+
+
+def run_batch(loop, prompts, tokens, dev):
+    return timed(lambda: loop.generate_batch(prompts, tokens, (), batch_size=len(prompts)), loop, dev)
+
+
+def run_scheduler(loop, prompts, tokens, dev, rule):
+    """The loop under a draft-length rule through a BatchScheduler: (results, ks chosen), seconds."""
     from specc.runtime.batching import BatchScheduler
 
     def once():
-        scheduler = BatchScheduler(loop, len(prompts), (), GoodputDraftLength(curve, loop.num_draft))
+        scheduler = BatchScheduler(loop, len(prompts), (), rule)
         rids = [scheduler.submit(p, tokens, ()) for p in prompts]
         ks = []
         while not scheduler.idle:
             scheduler.step()
-            if scheduler.last_num_draft is not None:
-                ks.append(scheduler.last_num_draft)
+            k = scheduler.last_num_draft
+            if k is not None:
+                ks.extend(k if isinstance(k, (list, tuple)) else [k])
         return [scheduler.take(r) for r in rids], ks
 
-    once()  # untimed: captures for every k the rule picks
-    loop.verifier.reset()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    results, ks = once()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    new = sum(len(r.tokens) for r in results)
-    steps = sum(r.stats.steps for r in results)
-    return {"batch": len(prompts), "seconds": seconds, "tokens": new, "tokens_per_s": new / seconds,
-            "tokens_per_s_per_request": new / seconds / len(prompts),
-            "tokens_per_step": (new - len(results)) / steps if steps else 0.0,
-            "mean_k": sum(ks) / len(ks) if ks else 0.0}
+    return timed(once, loop, dev)
 
 
-def time_batch(loop, prompts, tokens, dev):
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+def acceptance_of(pair, results):
+    """The acceptance the prediction uses: the replayed model, or the one measured in this run."""
+    from specc.search.acceptance import AcceptanceModel
 
-    loop.generate_batch(prompts, tokens, (), batch_size=len(prompts))  # untimed: compiles, graph captures
-    if hasattr(loop.verifier, "reset"):
-        loop.verifier.reset()
-    sync()
-    start = time.perf_counter()
-    results = loop.generate_batch(prompts, tokens, (), batch_size=len(prompts))
-    sync()
-    seconds = time.perf_counter() - start
-    new = sum(len(r.tokens) for r in results)
-    steps = sum(r.stats.steps for r in results)
-    return {"batch": len(prompts), "seconds": seconds, "tokens": new, "tokens_per_s": new / seconds,
-            "tokens_per_s_per_request": new / seconds / len(prompts),
-            "tokens_per_step": (new - len(results)) / steps if steps else 0.0}, results
+    if pair.acceptance is not None:
+        return pair.acceptance
+    return AcceptanceModel.from_accepted_lengths([r.stats.accepted_lengths for r in results], pair.k,
+                                                 source=f"measured in this run ({len(results)} requests)")
+
+
+def best_k1(pricer, batch, acceptance):
+    rows = [pricer.two_level(batch, acceptance, k1) for k1 in range(1, pricer.k)]
+    return max(rows, key=lambda r: r.tokens_per_s) if rows else None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--shapes", default="qwen3-8b", help="target shapes (specc.bench.shapes)")
-    ap.add_argument("--drafter-shapes", default="dflash-b16", help="drafter shapes, or none for AR only")
-    ap.add_argument("--acceptance", default="dflash-qwen3-8b:gsm8k", help="acceptance model replayed (specc bench)")
-    ap.add_argument("--batches", default="1,2,4,8", help="batch sizes, comma separated")
-    ap.add_argument("--tokens", type=int, default=64, help="new tokens per request")
+    ap.add_argument("--drafter-shapes", default="dflash-b16,pard", help="drafter shapes, comma separated ('' none)")
+    ap.add_argument("--acceptance", default="dflash-qwen3-8b:humaneval", help="acceptance model replayed (specc bench)")
+    ap.add_argument("--real", default="", help="trained pairs TARGET:DRAFTER measured with real acceptance, comma "
+                                              "separated (e.g. specc-tiny:specc-tiny-dflash)")
+    ap.add_argument("--num-draft", type=int, help="drafts per step (default: each method's)")
+    ap.add_argument("--batches", default="1,4,8,16,32,64", help="batch sizes, comma separated")
+    ap.add_argument("--tokens", type=int, default=48, help="new tokens per request")
     ap.add_argument("--prompt-len", type=int, default=128, help="mean prompt length (+- 25%%)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--goodput", action="store_true", help="also run the goodput rule (drafts per step)")
-    ap.add_argument("--deployment", default="h200-bs1", help="deployment whose cost model prices the goodput rule")
-    ap.add_argument("--out", help="write the rows as JSON here")
+    ap.add_argument("--goodput", action="store_true", help="also run the goodput rule with one k per step")
+    ap.add_argument("--deployment", default="h200-bs1", help="deployment whose cost model predicts (any batch size)")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="stop measuring after this many seconds")
+    ap.add_argument("--out-dir", help="write batching.jsonl (a row per line, as measured) and run.json here")
+    ap.add_argument("--out", help="also write every row in one JSON file")
     opts = ap.parse_args()
     opts.batches = sorted({int(b) for b in opts.batches.split(",") if b.strip()})
+    opts.real = [r for r in opts.real.split(",") if r.strip()]
     dev = torch.device(opts.device)
-    ar, spec_loop, pool, acceptance, curve = build(opts, dev)
-    alone = [ar.generate(p, opts.tokens, ()).tokens for p in pool[: max(2, min(4, len(pool)))]]
-    batched = ar.generate_batch(pool[: len(alone)], opts.tokens, (), batch_size=len(alone))
-    if [r.tokens for r in batched] != alone:
-        raise SystemExit("batched AR output differs from the prompts run alone: not timing a wrong system")
+    t0 = time.perf_counter()
+    out_dir = Path(opts.out_dir) if opts.out_dir else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "batching.jsonl").write_text("")
+    pairs = (shaped_pairs(opts, dev) if opts.drafter_shapes.strip() else []) + real_pairs(opts, dev)
     rows = []
-    print(f"{'system':>10} {'B':>4} {'tok/s':>10} {'tok/s/req':>10} {'tok/step':>9} {'seconds':>8}")
-    for name, loop in (("specc-ar", ar), ("specc-spec", spec_loop)):
-        if loop is None:
-            continue
+
+    def emit(row):
+        rows.append(row)
+        if out_dir:
+            with open(out_dir / "batching.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+        if "skipped" in row:
+            print(f"{row['pair']:>28} {row['system']:>12} {row['batch']:>4}  skipped: {row['skipped']}")
+            return
+        pred = row.get("predicted_tokens_per_s")
+        print(f"{row['pair']:>28} {row['system']:>12} {row['batch']:>4} {row['tokens_per_s']:>10,.1f} "
+              f"{row['tokens_per_step']:>8.2f} " + (f"{pred:>10,.1f}" if pred else f"{'-':>10}")
+              + (f"  {row['note']}" if row.get("note") else ""))
+
+    print(f"{'pair':>28} {'system':>12} {'B':>4} {'tok/s':>10} {'tok/step':>8} {'predicted':>10}")
+    ar_tokens_at: dict = {}  # (AR loop, B) -> the AR tokens of each prompt
+    for pair in pairs:
         for b in opts.batches:
-            row, _ = time_batch(loop, pool[:b], opts.tokens, dev)
-            row["system"] = name
-            rows.append(row)
-            print(f"{name:>10} {b:>4} {row['tokens_per_s']:>10,.1f} {row['tokens_per_s_per_request']:>10,.1f} "
-                  f"{row['tokens_per_step']:>9.2f} {row['seconds']:>8.3f}")
-    if curve is not None:
-        for b in opts.batches:
-            row = time_goodput(spec_loop, pool[:b], opts.tokens, dev, curve)
-            row["system"] = "specc-goodput"
-            rows.append(row)
-            print(f"{'goodput':>10} {b:>4} {row['tokens_per_s']:>10,.1f} {row['tokens_per_s_per_request']:>10,.1f} "
-                  f"{row['tokens_per_step']:>9.2f} {row['seconds']:>8.3f}  mean k {row['mean_k']:.1f}")
+            prompts = pair.prompts[:b]
+            base = {"pair": pair.label, "batch": b, "method": pair.impl.name, "num_draft": pair.k}
+
+            def over_budget(system):
+                if time.perf_counter() - t0 > opts.budget_s:
+                    emit({**base, "system": system, "skipped": f"time budget ({opts.budget_s:.0f} s) spent"})
+                    return True
+                return False
+
+            ar_key = (id(pair.ar), b)
+            if ar_key not in ar_tokens_at and not over_budget("ar"):
+                ar_results, seconds = run_batch(pair.ar, prompts, opts.tokens, dev)
+                alone = [pair.ar.generate(p, opts.tokens, ()).tokens for p in prompts[:2]]
+                if [r.tokens for r in ar_results[:2]] != alone:
+                    raise SystemExit("batched AR output differs from the prompts run alone: not timing a wrong system")
+                emit({**base, "system": "ar", "num_draft": 0, **measured(ar_results, seconds, b),
+                      "predicted_tokens_per_s": b / pair.pricer.ar_seconds(b)})
+                ar_tokens_at[ar_key] = [r.tokens for r in ar_results]
+            elif ar_key not in ar_tokens_at:
+                continue
+            ar_tokens = ar_tokens_at[ar_key]
+            if over_budget("one-level"):
+                continue
+            loop = pair.loop
+            if hasattr(loop, "two_level_k1"):
+                loop.two_level_k1 = None
+            results, seconds = run_batch(loop, prompts, opts.tokens, dev)
+            acc = acceptance_of(pair, results)
+            exact = pair.acceptance is None
+            if exact and [r.tokens for r in results] != ar_tokens:
+                raise SystemExit(f"{pair.label}: speculative output differs from AR at B={b}")
+            one = pair.pricer.one_level(b, acc)
+            emit({**base, "system": "one-level", **measured(results, seconds, b),
+                  "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source})
+
+            two = best_k1(pair.pricer, b, acc)
+            # both mechanisms need a packed verify; without one the loop would time one level under their name
+            unpacked = None
+            if not hasattr(loop, "two_level_k1"):
+                unpacked = "the runtime has no two-level verification (DeviceSpeculativeDecoder.two_level_k1)"
+            elif not getattr(loop, "verifies_ragged", False):
+                unpacked = "the loop has no ragged verify step (a compiled target_ragged)"
+            if two is not None and not over_budget("two-level"):
+                if unpacked:
+                    emit({**base, "system": "two-level", "skipped": unpacked,
+                          "predicted_tokens_per_s": two.tokens_per_s, "two_level_k1": two.two_level_k1})
+                else:
+                    loop.two_level_k1 = two.two_level_k1
+                    results, seconds = run_batch(loop, prompts, opts.tokens, dev)
+                    loop.two_level_k1 = None
+                    if exact and [r.tokens for r in results] != ar_tokens:
+                        raise SystemExit(f"{pair.label}: two-level output differs from AR at B={b}")
+                    emit({**base, "system": "two-level", **measured(results, seconds, b),
+                          "two_level_k1": two.two_level_k1, "predicted_tokens_per_s": two.tokens_per_s,
+                          "predicted_level2_rows": two.level2_rows, "note": f"k1={two.two_level_k1}"})
+
+            from specc.runtime.adaptive import GoodputDraftLength
+            from specc.search.batch_pricing import ragged_step_seconds, step_seconds
+
+            p = pair.pricer
+            dense = step_seconds(p.cost, p.target_ir, p.draft_ir, p.method.name, p.context)
+            ragged = ragged_step_seconds(p.cost, p.target_ir, p.draft_ir, p.method, p.context, p.k)
+            rules = [("per-request", lambda: GoodputDraftLength(dense, p.k, ragged_seconds=ragged),
+                      p.per_request(b, acc).tokens_per_s)]
+            if opts.goodput:
+                rules.append(("goodput", lambda: GoodputDraftLength(dense, p.k), p.dense_goodput(b, acc).tokens_per_s))
+            for system, make, predicted in rules:
+                if over_budget(system):
+                    continue
+                if system == "per-request" and getattr(loop, "verifies_ragged", None) is False:
+                    emit({**base, "system": system, "skipped": "the loop has no ragged verify step (a compiled "
+                          "target_ragged)", "predicted_tokens_per_s": predicted})
+                    continue
+                try:
+                    rule = make()
+                except TypeError:
+                    emit({**base, "system": system, "skipped": "the runtime's GoodputDraftLength takes no "
+                          "ragged_seconds (no per-row draft length)", "predicted_tokens_per_s": predicted})
+                    continue
+                (results, ks), seconds = run_scheduler(loop, prompts, opts.tokens, dev, rule)
+                if exact and [r.tokens for r in results] != ar_tokens:
+                    raise SystemExit(f"{pair.label}: {system} output differs from AR at B={b}")
+                emit({**base, "system": system, **measured(results, seconds, b), "predicted_tokens_per_s": predicted,
+                      "mean_k": sum(ks) / len(ks) if ks else 0.0, "note": f"mean k {sum(ks) / max(len(ks), 1):.1f}"})
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-              "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "tokens": opts.tokens,
-              "prompt_len": opts.prompt_len, "rows": rows,
-              "acceptance": acceptance.source if acceptance is not None else None,
-              "notice": "random weights; speculative acceptance replayed: tokens are not the model's output"}
+              "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "real": opts.real, "tokens": opts.tokens,
+              "prompt_len": opts.prompt_len, "deployment": opts.deployment, "acceptance": opts.acceptance,
+              "seconds": time.perf_counter() - t0,
+              "notice": "random weights: speculative acceptance replayed from the stated model, tokens are not the "
+                        "model's output; --real pairs decide with the target (output checked equal to AR)"}
+    if out_dir:
+        (out_dir / "run.json").write_text(json.dumps(report, indent=2) + "\n")
     if opts.out:
         with open(opts.out, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump({**report, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

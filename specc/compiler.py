@@ -113,6 +113,26 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
     return section
 
 
+def _verifies_ragged(target, k: int) -> bool:
+    """Whether the artifact verifies packed rows of their own lengths, which two-level verification
+    and per-request k need: it gets a ``target_ragged`` step (``_wants_ragged_step``)."""
+    return _wants_ragged_step(target, k)
+
+
+def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree_budget: int) -> dict:
+    """The manifest's batching section (``search.batching_choice``): two-level verification or
+    per-request k for a batch > 1 deployment, priced on the built IRs with the measured acceptance."""
+    from specc.search.batching_choice import batching_section
+    from specc.search.batching_cost import BatchingPricer
+    from specc.search.cost_model import CostModel
+
+    pricer = None
+    if k and pair.impl.uses_drafter:
+        pricer = BatchingPricer(CostModel(dep), irs[0], irs[1], pair.impl, k)
+    return batching_section(pricer, dep.batch_size, acceptance, two_level=two_level, tree_budget=tree_budget,
+                            ragged=_verifies_ragged(target, k), num_draft=k)
+
+
 def _linear_choice(dep, given):
     """The LinearChoice the lowering uses: ``given`` (a LinearChoice, or the path of its JSON),
     else the deployment's calibrated table (``specc calibrate``), else None (Triton linears
@@ -177,7 +197,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
                       out: str | Path, passes: str | None = None, prompts: list[list[int]] | None = None,
                       prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
                       tolerance: float | None = None, progress: Callable[[str], None] | None = None,
-                      memory=None, tree: str | int | None = "auto", linear_choice=None) -> CompileResult:
+                      memory=None, tree: str | int | None = "auto", two_level: str | int | None = "auto",
+                      linear_choice=None) -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step
@@ -190,6 +211,12 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     prompts (``search.measure_tree``) and let the cost model pick a node budget or the chain
     (``search.tree_cost``); "off" / None / 0: chains; an int N: a tree of N drafted nodes.
     The manifest's ``tree`` section records the budget, depth and acceptance source.
+
+    ``two_level``: two-level verification. "auto" (default): for a batch > 1 deployment the cost
+    model prices one level, two-level at each k1 and per-request k with the acceptance stock
+    measured on the calibration prompts and the manifest's ``batching`` section records the
+    choice (``search.batching_choice``); "off": two-level is not considered; an int K1 in
+    1..k-1: two-level with K1 drafts in level 1.
 
     ``linear_choice``: which linears run cuBLAS instead of the Triton kernel, per shape and row
     range (a ``codegen.linear_choice.LinearChoice`` or its JSON file); None (default): the table in the
@@ -227,8 +254,12 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     method_impl = pair.impl
     drafter_raw = pair.drafter.raw if pair.drafter else None
     k = method_impl.num_draft(num_draft, drafter_raw)
+    from specc.search.batching_choice import check_given, parse_two_level
+
+    two_level = parse_two_level(two_level, k if method_impl.uses_drafter else 0)
     loaded = method_impl.load(pair, dtype, device)
     target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
+    check_given(two_level, dep.batch_size, _verifies_ragged(target, k))
     tokenizer = load_tokenizer(pair.target.path)
     target.setup_caches(1, 16)
     if draft_module is not None:
@@ -308,6 +339,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         manifest = dict(engine.manifest, verification=report.to_json())
         if not report.passed:
             raise VerificationFailed(report.summary())
+        acc = None
         if "target_ragged" in engine.steps:  # the packed verify step, forced on its own (rows of 0..k+1)
             say("token forcing through the ragged verify step")
             ragged = force_ragged(engine.steps["target"], engine.steps["target_ragged"], runs, tolerance, k + 1)
@@ -328,6 +360,10 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
             measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc).prediction
             measured["acceptance_source"] = acc.source or "measured"
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}
+        if k and dep.batch_size > 1:
+            say("pricing two-level verification and per-request k")
+        manifest["batching"] = _choose_batching(pair, dep, (built.irs["target"], built.irs.get("drafter")), k, acc,
+                                                two_level, target, budget)
         write_manifest(tmp, manifest)
         publish(tmp, out)
         digest = manifest_hash(out)
@@ -352,6 +388,11 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     if tree_section:
         lines.insert(3, f"tree: {tree_section['budget']} nodes, depth {tree_section['depth']}" if budget else
                      "tree: off (the chain is predicted at least as fast)" if tree_section.get("candidates") else "tree: off")
+    batching = manifest["batching"]
+    lines.insert(3, "batching: " + ("two-level verification, k1 = {}".format(batching["two_level_k1"])
+                                    if batching["two_level_k1"] else "per-request k" if batching["per_request_k"]
+                                    else "goodput k per step" if batching.get("goodput_k") else "one level")
+                 + f" ({batching['source']})")
     if choice is not None:
         p = manifest["prediction"]
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "

@@ -40,6 +40,10 @@ def register(sub) -> None:
                    help="tree verification: auto (default; where the method drafts per-position distributions, "
                    "measure rank acceptance on the calibration prompts and let the cost model pick a node budget "
                    "or the chain), off, or N drafted nodes per step")
+    p.add_argument("--two-level", default="auto", metavar="auto|off|K1",
+                   help="two-level verification: auto (default; for a batch > 1 deployment the cost model prices "
+                   "one level, two-level at each K1 and per-request k with the measured acceptance and the artifact "
+                   "records the choice), off, or K1 drafts (1..k-1) verified in level 1")
     p.add_argument("--linears", default="auto", metavar="auto|triton|FILE",
                    help="linear implementations: auto (default; cuBLAS for the shapes and row counts where the "
                    "calibrated deployment measured it faster than the Triton kernel, `specc calibrate`), triton "
@@ -95,6 +99,14 @@ def run_compile(args) -> int:
 
     positive(args.num_draft, "--num-draft")
     positive(args.verify_tokens, "--verify-tokens")
+    two_level = args.two_level
+    if two_level not in ("auto", "off"):
+        try:
+            two_level = int(two_level)
+        except ValueError:
+            raise UserError(f"--two-level takes auto, off or a level-1 draft count K1, not {args.two_level!r}") from None
+        if two_level < 1:
+            raise UserError(f"--two-level K1 needs K1 >= 1 (got {two_level}; --two-level off for one level)")
     if args.verify_tokens > 1 << 16:
         raise UserError(f"--verify-tokens {args.verify_tokens} is more than {1 << 16}")
     from specc.cli.progress import Progress
@@ -105,7 +117,7 @@ def run_compile(args) -> int:
                                       out=args.out, passes=args.passes, prompts_file=args.prompts,
                                       num_draft=args.num_draft, max_new_tokens=args.verify_tokens,
                                       progress=progress, memory=args.memory,
-                                      tree=args.tree,
+                                      tree=args.tree, two_level=two_level,
                                       linear_choice={"auto": None, "triton": False}.get(args.linears, args.linears))
     except VerificationFailed as exc:
         print(f"specc: verification failed, no artifact written: {exc}", file=sys.stderr)

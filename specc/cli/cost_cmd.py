@@ -19,6 +19,7 @@ examples:
   specc cost Qwen3-8B/config.json --drafter dflash/config.json --deployment h200-bs1 --tau 6.55
   specc cost specc-tiny --drafter specc-tiny-pard --deployment h200-bs16 --acceptance acc.json --sweep
   specc cost Qwen3-8B/config.json --deployment h200-bs1 --nodes --json         # per-node costs + formulas
+  specc cost Qwen3-8B/config.json --drafter dflash/config.json --deployment h200-bs16 --tau 6.55 --batching 16,32
 acceptance: --tau T (published acceptance length at --num-draft, geometric fit), --alpha A (constant
 per-position acceptance), or --acceptance FILE ({"alphas": [...]}, {"tau": T, "num_draft": K} or
 {"accepted_lengths": [[...]], "num_draft": K}). Without one, the acceptance `specc compile` measured
@@ -58,6 +59,10 @@ def register(sub) -> None:
                    "else the chain acceptance with rank 0 only)")
     p.add_argument("--tree-acceptance", metavar="FILE", help="per-depth per-rank tree acceptance JSON ({'p': ...} "
                    "or {'rank_counts': ...})")
+    p.add_argument("--batching", nargs="?", const="1,4,8,16,32,64", metavar="B,...",
+                   help="also price the batching options per batch size (default 1,4,8,16,32,64): one level, "
+                   "two-level verification at each k1 = 1..k-1 and per-request k, with the choice `specc compile` "
+                   "would record")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -135,8 +140,11 @@ def run(args) -> int:
     tree = None
     if getattr(args, "tree", None):
         tree = _tree_prediction(args, model, t_ir, d_ir, impl, acc, k)
+    batching = _batching_table(args, model, t_ir, d_ir, impl, acc, k) if args.batching else None
     if args.json:
         out = pred.to_json(nodes=args.nodes)
+        if batching is not None:
+            out["batching"] = batching
         out.update(pipeline=pipeline, sweep=sweep, calibrated=dep.calibrated, graphs=model.graphs,
                    acceptance_kind=acc_kind, acceptance_source=acc.source if acc is not None else "AR (no drafts)")
         if tree is not None:
@@ -173,6 +181,8 @@ def run(args) -> int:
             label = "chain" if row["budget"] == 0 else f"tree {row['budget']}"
             print(f"  {label:>9}: E {row['expected_tokens']:.2f}, verify rows {row['verify_rows']}, step "
                   f"{fmt_seconds(row['step_s'])}, {row['tokens_per_s']:,.1f} tok/s, {row['speedup']:.2f}x")
+    if batching is not None:
+        _print_batching(batching, k, batching[0]["context"], acc)
     return 0
 
 
@@ -192,3 +202,59 @@ def _tree_prediction(args, model, t_ir, d_ir, impl, acc, k) -> dict:
     _, rows = choose_budget(model, t_ir, d_ir, impl, tree, k, chain, budgets=(args.tree,), context=args.context,
                             batch_size=args.batch)
     return {"budget": args.tree, "depth": k, "acceptance_source": tree.source, "rows": rows}
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        raise UserError(f"--batching takes batch sizes separated by commas, not {text!r}") from None
+    if not sizes or any(not 1 <= b <= 4096 for b in sizes):
+        raise UserError(f"--batching batch sizes must be in 1..4096 (got {text!r})")
+    return sorted(set(sizes))
+
+
+def _batching_table(args, model, t_ir, d_ir, impl, acc, k) -> list[dict]:
+    """Per batch size: every option priced (``search.batching_cost``) and the choice
+    (``search.batching_choice``). The options assume a target that verifies packed rows."""
+    from specc.search.batching_choice import batching_section
+    from specc.search.batching_cost import BatchingPricer
+
+    sizes = _batch_sizes(args.batching)
+    if not impl.uses_drafter or k < 1:
+        raise UserError("--batching prices speculative steps: give a --drafter")
+    pricer = BatchingPricer(model, t_ir, d_ir, impl, k, args.context)
+    out = []
+    for b in sizes:
+        options = pricer.options(b, acc, reference=True)
+        section = batching_section(pricer, b, acc, curve=False)
+        section.pop("candidates", None)
+        out.append({"batch_size": b, "context": pricer.context, "options": [o.to_json() for o in options],
+                    "choice": section})
+    return out
+
+
+def _row_ks(counts: dict) -> str:
+    """{"7": 16, "8": 16} -> "k=7..8"; {"8": 32} -> "k=8"."""
+    ks = sorted(int(k) for k in counts)
+    return f"k={ks[0]}" if len(ks) == 1 else f"k={ks[0]}..{ks[-1]}"
+
+
+def _print_batching(table: list[dict], k: int, context: int, acc) -> None:
+    from specc.search.cost_model import fmt_seconds
+
+    print()
+    print(f"batching options, k={k}, C={context} (acceptance: {acc.source or 'stated'}):")
+    print("  (priced for a ragged verify step: `specc compile` records a mechanism only for an artifact that has one;"
+          " 'goodput k, dense' is the reference of one k for every row without it)")
+    print(f"  {'B':>4}  {'option':<26} {'step':>11} {'level 2':>11} {'l2 rows':>8} {'tok/s':>11} {'speedup':>8}")
+    for entry in table:
+        chosen = entry["choice"].get("chosen", "one level")
+        for row in entry["options"]:
+            mark = " <-" if row["option"] == chosen else ""
+            l2 = fmt_seconds(row["level2_s"]) if row["two_level_k1"] else "-"
+            rows2 = f"{row['level2_rows']:.1f}" if row["two_level_k1"] else "-"
+            label = row["option"] + (f" ({_row_ks(row['row_k'])})" if row.get("row_k") else "")
+            print(f"  {entry['batch_size']:>4}  {label:<26} {fmt_seconds(row['step_s']):>11} {l2:>11} "
+                  f"{rows2:>8} {row['tokens_per_s']:>11,.1f} {row['speedup']:>7.2f}x{mark}")
+        print(f"  B={entry['batch_size']}: {entry['choice']['source']}")

@@ -38,6 +38,9 @@ class Engine:
         self.loop = build_loop(steps, strategy, self.num_draft, max_len, drafter_section=section,
                                tree_budget=self.tree_budget)
         self.steps = self.loop.steps  # GraphedStep-wrapped on CUDA
+        self.batching = _batching(path, manifest, self.num_draft)  # the compiler's choice (docs/cost-model.md)
+        if hasattr(self.loop, "two_level_k1"):
+            self.loop.two_level_k1 = self.batching.get("two_level_k1")
         self.eos_token_ids = tuple(manifest["model"].get("eos_token_ids", ()))
         self.last_stats: dict = {}
         self.load_stats: dict = {}  # seconds per one-time phase (specc.runtime.warmup)
@@ -116,14 +119,35 @@ class Engine:
         ``submit`` / ``step`` / ``cancel`` / ``take``) with ``capacity`` slots of up to
         ``max_len`` tokens each (prompt + new tokens; default: the engine's). Requests without
         their own EOS ids stop at the model's. ``draft_length``: a rule choosing each step's
-        drafts (``specc.runtime.adaptive.GoodputDraftLength``; None: the artifact's k). One
-        scheduler drives the engine at a time: making one (or calling ``generate``) starts the
-        loop over."""
+        drafts (``specc.runtime.adaptive.GoodputDraftLength``; None: the artifact's k, or, when
+        the artifact's batching choice is per-request k, the goodput rule over its recorded step
+        curve). One scheduler drives the engine at a time: making one (or calling ``generate``)
+        starts the loop over."""
         from specc.runtime.batching import BatchScheduler
 
         if max_len is not None:
             self.set_max_len(max_len)
+        if draft_length is None:
+            draft_length = self.default_draft_length()
         return BatchScheduler(self.loop, capacity, self.eos_token_ids, draft_length, sampling=sampling)
+
+    def default_draft_length(self):
+        """The goodput rule the artifact's batching choice asks for, over the step curve the
+        compiler recorded (per-request k: one k per row; goodput k: one k per step), else None
+        (the artifact's k every step)."""
+        per_row, one_k = self.batching.get("per_request_k"), self.batching.get("goodput_k")
+        if not ((per_row or one_k) and self.batching.get("curve") and self.num_draft):
+            return None
+        from specc.runtime.adaptive import GoodputDraftLength
+        from specc.runtime.step_curve import StepCurve
+
+        curve = StepCurve.from_section(self.batching["curve"])
+        if not per_row:  # one k per step over the dense verify
+            return GoodputDraftLength(curve.step_seconds, self.num_draft)
+        try:
+            return GoodputDraftLength(curve.step_seconds, self.num_draft, ragged_seconds=curve.ragged_seconds)
+        except TypeError:  # a runtime without the per-row choice: one k per step from the same curve
+            return GoodputDraftLength(curve.step_seconds, self.num_draft)
 
     def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, sampling: SamplingParams | None = None,
                **sampling_fields) -> Iterator[int]:
@@ -169,6 +193,26 @@ def _tree_budget(path, manifest: dict) -> int:
     if not isinstance(budget, int) or isinstance(budget, bool) or not 0 <= budget <= 4096:
         raise ArtifactError(f"{path}: manifest 'tree' must be {{'budget': 0..4096, ...}}, got {tree!r:.80}")
     return budget
+
+
+def _batching(path, manifest: dict, num_draft: int) -> dict:
+    """The manifest's batching choice ({} when absent); a malformed one is an ArtifactError."""
+    section = manifest.get("batching") or {}
+    k1 = section.get("two_level_k1") if isinstance(section, dict) else None
+    ok = isinstance(section, dict) and isinstance(section.get("per_request_k", False), bool) and isinstance(
+        section.get("goodput_k", False), bool) and (
+        k1 is None or (isinstance(k1, int) and not isinstance(k1, bool) and 1 <= k1 < max(num_draft, 1)))
+    if ok and section.get("curve") is not None:
+        from specc.runtime.step_curve import StepCurve
+
+        try:
+            StepCurve.from_section(section["curve"])
+        except ValueError:
+            ok = False
+    if not ok:
+        raise ArtifactError(f"{path}: manifest 'batching' must be {{'two_level_k1': None or 1..k-1, "
+                            f"'per_request_k': bool, 'goodput_k': bool, ...}}, got {section!r:.80}")
+    return section
 
 
 def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, pard_token: int | None = None,

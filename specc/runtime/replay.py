@@ -11,8 +11,26 @@ is told what was accepted) and replaces only the *decision*: row b accepts
 drafts (capped by ``max_drafts``), with ``alpha_i`` the per-position conditional acceptance
 probabilities of the acceptance model (``specc.search.acceptance.AcceptanceModel.alphas``,
 positions past the list reuse the last one). It commits ``drafts[b, :a_b]`` followed by the
-target's own token at position ``a_b``. The draws come from a seeded ``torch.Generator`` on the
-device, so a run is reproducible and there is no host sync.
+target's own token at position ``a_b``.
+
+The uniforms are counter-based (``specc.sampling.rng.uniform``): computed with integer tensor
+ops on the device from a few words, with no generator state and no host sync, so a run is
+reproducible. Which words, two modes:
+
+- ``lengths`` given (a callable returning the rows' committed lengths [B], e.g.
+  ``lambda: loop.state.lengths``): u_{b,i} is a function of the seed, the row b and the absolute
+  position ``lengths[b] + i`` of the draft it tests, like counter-based sampling, so a verify is
+  a function of its inputs. Each position is tested in one step only up to its first rejection
+  and the next step tests the positions after the rejected one, so no draw that decided anything
+  is used twice; one-level and two-level runs of the same requests replay the same acceptance.
+- without: u_{b,i} is a function of the seed, a step counter (one per step), b and i.
+
+**Two-level verification** (the device loop's ``two_level_k1``): level 1 calls ``verify`` with the
+first k1 drafts of every row (``start=0``: a new step); level 2 calls it for the rows that accepted
+all k1, with their remaining drafts, ``start=k1`` and ``rows=`` their indices in the step's batch:
+the same step, positions k1 + 1 .., each with its own alpha. A row that went on then accepts
+exactly what one call with all k drafts would have drawn: level 1's decision is the prefix of the
+full one, in both modes.
 
 **The committed tokens are not the model's output**: accepted drafts are committed whether or
 not the target agrees. Replay is for timing only; every report that uses it says so.
@@ -25,11 +43,12 @@ accepts what this verifier accepts for the same alphas.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from specc.runtime.verifiers import Verifier
+from specc.sampling.rng import ACCEPT, uniform
 
 __all__ = ["ReplayVerifier", "REPLAY_NOTICE", "TREE_REPLAY_NOTICE"]
 
@@ -42,17 +61,20 @@ TREE_REPLAY_NOTICE = ("per depth the rank the target picks is drawn from the per
 
 class ReplayVerifier(Verifier):
     """``alphas``: per-position conditional acceptance probabilities (alpha_1, alpha_2, ...);
-    ``seed``: the generator's seed (re-seeded by :meth:`reset`). ``history`` keeps every row's
-    accepted count per step as device tensors when ``record`` is set (for histograms)."""
+    ``seed``: the draws' seed (:meth:`reset` starts the steps over); ``lengths``: the rows'
+    committed lengths (see the module docstring; needed for two-level verification). ``history``
+    keeps every row's accepted count per call as device tensors when ``record`` is set."""
 
     name = "replay"
 
-    def __init__(self, alphas: Sequence[float], seed: int = 0, source: str = "", record: bool = False):
+    def __init__(self, alphas: Sequence[float], seed: int = 0, source: str = "", record: bool = False,
+                 lengths: Callable[[], torch.Tensor] | None = None):
         alphas = [float(a) for a in alphas]
         if any(not 0.0 <= a <= 1.0 for a in alphas):
             raise ValueError("acceptance probabilities must lie in [0, 1]")
         self.alphas, self.seed, self.source, self.record = alphas, int(seed), source, record
-        self._gen: dict = {}
+        self.lengths = lengths
+        self.step = 0  # calls so far (the draws' counter when no ``lengths`` is given)
         self._alpha_cache: dict = {}
         self.history: list[torch.Tensor] = []
 
@@ -60,16 +82,8 @@ class ReplayVerifier(Verifier):
         """Restart the draws (same sequence again unless a new ``seed`` is given)."""
         if seed is not None:
             self.seed = int(seed)
-        self._gen.clear()
+        self.step = 0
         self.history.clear()
-
-    def _generator(self, device: torch.device) -> torch.Generator:
-        key = str(device)
-        gen = self._gen.get(key)
-        if gen is None:
-            gen = torch.Generator(device=device).manual_seed(self.seed)
-            self._gen[key] = gen
-        return gen
 
     def _alpha(self, k: int, device) -> torch.Tensor:
         key = (k, str(device))
@@ -81,23 +95,44 @@ class ReplayVerifier(Verifier):
             self._alpha_cache[key] = t
         return t
 
-    def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None) -> torch.Tensor:
-        """Accepted drafts per row [rows] (long, on ``device``)."""
+    def _uniforms(self, rows: int, k: int, device: torch.device, start: int, ids: torch.Tensor) -> torch.Tensor:
+        offsets = torch.arange(start + 1, start + k + 1, device=device, dtype=torch.long)[None]
+        seed = self.seed & 0x7FFFFFFF
+        if self.lengths is not None:
+            lengths = self.lengths().to(device=device, dtype=torch.long)
+            if lengths.dim() != 1 or (start == 0 and lengths.shape[0] != rows):
+                raise ValueError(f"ReplayVerifier: {rows} rows but lengths of shape {tuple(lengths.shape)}")
+            return uniform(seed << 32 | ids, lengths[ids][:, None] + offsets, ACCEPT)  # (seed, row), position
+        seeds = torch.full((rows,), seed << 32 | (self.step & 0xFFFFFFFF), dtype=torch.long, device=device)
+        return uniform(seeds, (ids[:, None] << 12) + offsets, ACCEPT)  # (seed, step), (row, draft)
+
+    def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None, *, start: int = 0,
+             row_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Accepted drafts per row [rows] (long, on ``device``) among drafted positions
+        start + 1 .. start + k: ``start`` 0 begins a step, > 0 continues the current one (level 2
+        of a two-level step); ``row_ids`` [rows]: the rows' indices in the step's batch (default
+        0 .. rows - 1)."""
+        if start == 0:
+            self.step += 1
         if k == 0:
             return torch.zeros(rows, dtype=torch.long, device=device)
-        u = torch.rand(rows, k, generator=self._generator(torch.device(device)), device=device)
-        ok = (u < self._alpha(k, device)).to(torch.long)
+        device = torch.device(device)
+        ids = torch.arange(rows, device=device) if row_ids is None else row_ids.to(device=device, dtype=torch.long)
+        u = self._uniforms(rows, k, device, int(start), ids)
+        ok = (u < self._alpha(start + k, device)[start:]).to(torch.long)
         accepted = ok.cumprod(dim=1).sum(dim=1)
         if max_drafts is not None:
             accepted = torch.minimum(accepted, max_drafts.to(accepted.device))
         return accepted
 
-    def verify(self, drafts, target_logits, max_drafts=None):
-        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts)
+    def verify(self, drafts, target_logits, max_drafts=None, *, start: int = 0, rows: torch.Tensor | None = None):
+        return self.verify_tokens(drafts, target_logits.argmax(-1), max_drafts, start=start, rows=rows)
 
-    def verify_tokens(self, drafts, target_tokens, max_drafts=None):
-        rows, k = drafts.shape
-        accepted = self.draw(rows, k, drafts.device, max_drafts)
+    def verify_tokens(self, drafts, target_tokens, max_drafts=None, *, start: int = 0,
+                      rows: torch.Tensor | None = None):
+        """``start`` / ``rows``: level 2 of a two-level step (the module docstring)."""
+        n, k = drafts.shape
+        accepted = self.draw(n, k, drafts.device, max_drafts, start=start, row_ids=rows)
         committed = target_tokens.clone()
         if k:
             take = torch.arange(k, device=drafts.device)[None] < accepted[:, None]

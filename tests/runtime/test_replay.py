@@ -59,3 +59,83 @@ def test_replay_in_the_device_loop(checkpoints):
     loop.verifier = ReplayVerifier([0.0])
     res = loop.generate(PROMPT, 6, ())
     assert res.stats.accepted_lengths == [1] * 5 and res.stats.draft_forwards >= 4
+
+
+def test_with_lengths_a_verify_is_a_function_of_its_inputs_so_two_levels_compose():
+    """The device loop's two-level verification runs the verifier on level 1 (the first k1
+    drafts) and again on both levels: with the rows' lengths the draws depend on the absolute
+    positions only, so the second call repeats level 1's decision as its prefix and equals what a
+    one-level run draws."""
+    alphas, k, k1, rows = [0.9, 0.8, 0.7, 0.95, 0.6, 0.85], 6, 2, 400
+    drafts = torch.arange(rows * k).reshape(rows, k) % 30
+    target = (drafts + 1) % 30  # disagrees everywhere: only the draws decide
+    target = torch.cat([target, target[:, :1]], 1)
+    caps = torch.randint(0, k + 1, (rows,), generator=torch.Generator().manual_seed(0))
+    lengths = torch.randint(5, 50, (rows,), generator=torch.Generator().manual_seed(1))
+    one = ReplayVerifier(alphas, seed=7, lengths=lambda: lengths)
+    two = ReplayVerifier(alphas, seed=7, lengths=lambda: lengths)
+    for _ in range(3):  # several steps, the lengths advancing by what each row committed
+        full, _ = one.verify(drafts, _logits(target), caps)
+        first, _ = two.verify(drafts[:, :k1], _logits(target[:, :k1 + 1]), torch.clamp(caps, max=k1))
+        assert torch.equal(first, torch.clamp(full, max=k1))  # level 1's decision is the prefix of the full one
+        again, _ = two.verify(drafts, _logits(target), caps)
+        assert torch.equal(again, full)
+        lengths = lengths + full + 1
+    with pytest.raises(ValueError, match="rows but lengths"):
+        one.verify(drafts[:3], _logits(target[:3]))
+
+
+@pytest.mark.parametrize("by_position", [False, True])
+def test_level_two_with_start_and_rows_continues_the_step(by_position):
+    """The loop's greedy two-level protocol: level 1 over the first k1 drafts (a new step), level 2
+    over the rows that accepted all k1 with start=k1 and their indices: the one-level decision."""
+    alphas, k, k1, rows = [0.9, 0.8, 0.7, 0.95, 0.6, 0.85], 6, 2, 400
+    drafts = torch.arange(rows * k).reshape(rows, k) % 30
+    target = torch.cat([(drafts + 1) % 30, drafts[:, :1]], 1)
+    caps = torch.randint(0, k + 1, (rows,), generator=torch.Generator().manual_seed(0))
+    lengths = torch.randint(5, 50, (rows,), generator=torch.Generator().manual_seed(1))
+    source = (lambda: lengths) if by_position else None
+    one, two = ReplayVerifier(alphas, seed=7, lengths=source), ReplayVerifier(alphas, seed=7, lengths=source)
+    for _ in range(3):
+        full, _ = one.verify(drafts, _logits(target), caps)
+        first, _ = two.verify(drafts[:, :k1], _logits(target[:, :k1 + 1]), torch.clamp(caps, max=k1))
+        assert torch.equal(first, torch.clamp(full, max=k1))
+        go = torch.nonzero((first == k1) & (caps > k1)).flatten()
+        second, committed = two.verify(drafts[go, k1:], _logits(target[go, k1:]), caps[go] - k1, start=k1, rows=go)
+        accepted = first.clone()
+        accepted[go] += second
+        assert torch.equal(accepted, full) and committed.shape == (len(go), k - k1 + 1)
+        lengths = lengths + full + 1
+
+
+def test_replay_by_position_follows_the_model_over_steps():
+    """A position is tested up to its first rejection and the next step starts after it, so the
+    draws by position stay unbiased step after step."""
+    alphas = [0.9, 0.7, 0.8, 0.5]
+    model = AcceptanceModel(alphas)
+    lengths = torch.zeros(2000, dtype=torch.long)
+    v = ReplayVerifier(alphas, seed=3, lengths=lambda: lengths)
+    counts = []
+    for _ in range(10):
+        accepted = v.draw(2000, 4, "cpu")
+        counts.append(accepted)
+        lengths = lengths + accepted + 1
+    accepted = torch.cat(counts).float()
+    assert abs(float(accepted.mean()) + 1 - model.expected_tokens(4)) < 0.03
+    assert abs(float((accepted >= 2).float().mean()) - 0.63) < 0.015
+
+
+@pytest.mark.parametrize("family", ["qwen3"], indirect=True)
+def test_replay_composes_with_the_loops_two_level_verification(checkpoints):
+    """Through the device loop: a two-level run replays exactly the one-level run's acceptance."""
+    eager = build_eager(resolve_pair(checkpoints["target"], checkpoints["pard_same"], "pard"), 4, max_len=48)
+    loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, 4, eager.max_len)
+    if not hasattr(loop, "two_level_k1") or not getattr(loop, "verifies_ragged", False):
+        pytest.skip("this runtime has no two-level verification")
+    loop.verifier = ReplayVerifier([0.9, 0.6, 0.8, 0.7], seed=2, lengths=lambda: loop.state.lengths)
+    prompts, budgets = [PROMPT, PROMPT[:5], PROMPT[2:9]], [14, 9, 17]
+    one = loop.generate_batch(prompts, budgets, (), batch_size=3)
+    loop.two_level_k1 = 2
+    two = loop.generate_batch(prompts, budgets, (), batch_size=3)
+    assert [r.stats.accepted_lengths for r in two] == [r.stats.accepted_lengths for r in one]
+    assert sum(r.stats.level2_steps for r in two) > 0 and len({n for r in one for n in r.stats.accepted_lengths}) > 2

@@ -1,0 +1,142 @@
+"""The batching choice per deployment: two-level verification (and its k1) or per-request k, or
+neither, by the cost model's predicted tokens/s (``specc.search.batching_cost``).
+
+``batching_section`` returns what `specc compile` writes into ``manifest["batching"]`` and the
+engine applies to its loop:
+
+    {"two_level_k1": k1 or None, "per_request_k": bool, "goodput_k": bool, "source": why,
+     "batch_size": B, "num_draft": k, "acceptance_source": ..., "candidates": [priced options],
+     "curve": {"rows": [...], "tokens_per_row": [1..k + 1], "seconds": [[...]]}}
+
+The best option wins when it beats one level; ties keep one level (the simpler loop). Both
+mechanisms need an artifact that verifies packed rows: without one the choice is between one
+level and the goodput rule's one k per step with the dense verify (``goodput_k``: what the
+runtime's ``GoodputDraftLength`` does without ``ragged_seconds``), and the source says what the
+mechanisms would give. At batch size 1 (one row: nothing to pack, and a second level is a second
+forward of the same row), or with tree verification chosen (the options price chains), the
+section says one level and why.
+``curve`` is the cost model's ragged step time (drafting included) at a grid of rows and tokens
+per row, which the runtime interpolates for the goodput rule (``specc.runtime.step_curve``): the
+runtime cannot import the cost model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specc.errors import UserError
+from specc.search.acceptance import AcceptanceModel
+from specc.search.batch_pricing import ragged_step_seconds
+from specc.search.batching_cost import BatchingPricer
+
+_BETTER = 1 + 1e-9
+
+
+def parse_two_level(value, k: int):
+    """``--two-level`` as given: "auto" (or None), "off" (-> "off"), or K1 in 1..k-1 (-> int)."""
+    if value is None or value == "auto":
+        return "auto"
+    if value == "off":
+        return "off"
+    try:
+        k1 = int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"--two-level takes auto, off or a level-1 draft count K1, not {value!r}") from None
+    if k < 2:
+        raise UserError(f"--two-level {k1}: two-level verification needs at least 2 drafts per step (k = {k})")
+    if not 1 <= k1 < k:
+        raise UserError(f"--two-level K1 needs 1 <= K1 < k = {k} (got {k1}; K1 = k is one level: --two-level off)")
+    return k1
+
+
+def check_given(two_level, batch_size: int, ragged: bool) -> None:
+    """Refuse a given K1 the deployment or the target cannot use (before any compile work)."""
+    if not isinstance(two_level, int):
+        return
+    if batch_size <= 1:
+        raise UserError(f"--two-level {two_level}: batch size 1 has one row, so level 2 would be a second forward "
+                        "of the same row (use a deployment with batch size > 1)")
+    if not ragged:
+        raise UserError(f"--two-level {two_level}: no ragged verify step (packed rows of their own lengths) for "
+                        "this target, which level 2 needs")
+
+
+def off_section(source: str, batch_size: int, num_draft: int) -> dict[str, Any]:
+    return {"two_level_k1": None, "per_request_k": False, "goodput_k": False, "source": source,
+            "batch_size": int(batch_size), "num_draft": int(num_draft)}
+
+
+def curve_table(pricer: BatchingPricer, max_rows: int) -> dict[str, Any]:
+    """The ragged step time (drafting included) at rows 1, 2, 4, ... up to >= ``max_rows`` and
+    every tokens-per-row count 1..k + 1 (``seconds[i][j]``: rows[i] rows of tokens_per_row[j])."""
+    rows = [1]
+    while rows[-1] < max_rows:
+        rows.append(rows[-1] * 2)
+    seconds = ragged_step_seconds(pricer.cost, pricer.target_ir, pricer.draft_ir, pricer.method, pricer.context,
+                                  pricer.k)
+    per_row = list(range(1, pricer.k + 2))
+    return {"rows": rows, "tokens_per_row": per_row, "context": pricer.context,
+            "seconds": [[seconds(r, r * q) for q in per_row] for r in rows]}
+
+
+def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance: AcceptanceModel | None, *,
+                     two_level="auto", ragged: bool = True, tree_budget: int = 0, num_draft: int = 0,
+                     per_request: bool = True, curve: bool = True) -> dict[str, Any]:
+    """The choice for ``batch_size`` rows. ``pricer``: None when there are no drafts (AR);
+    ``two_level``: "auto", "off" or a given k1 (:func:`parse_two_level`); ``ragged``: the target
+    verifies packed rows; ``tree_budget``: the tree section's budget (> 0: trees chosen);
+    ``per_request``: consider per-request k."""
+    k = pricer.k if pricer is not None else int(num_draft)
+    b = int(batch_size)
+    if pricer is None or k < 1:
+        return off_section("no drafts: AR decoding has one token per row to verify", b, k)
+    if acceptance is None:
+        return off_section("no measured acceptance to price the options with; one level", b, k)
+    if tree_budget:
+        return off_section(f"tree verification ({tree_budget} nodes) chosen: two-level and per-request k are "
+                           "priced for chains", b, k)
+    check_given(two_level, b, ragged)
+    if b <= 1:
+        return off_section("batch size 1: one row per step, so nothing to pack (per-request k is the step's k) "
+                           "and a second level would be a second forward of the same row; one level", b, k)
+    k1s = [two_level] if isinstance(two_level, int) else None
+    options = pricer.options(b, acceptance, two_level=two_level != "off", per_request=per_request, k1s=k1s,
+                             reference=True)
+    one, dense = options[0], options[-1]
+
+    def best_of(candidates):
+        best = candidates[0]
+        for opt in candidates[1:]:
+            if opt.tokens_per_s > best.tokens_per_s * _BETTER:
+                best = opt
+        return best
+
+    packed = best_of(options[:-1])  # one level, two-level, per-request k: what a ragged step allows
+    acc_src = acceptance.source or "stated"
+    where = f" at B={b}, k={k} ({pricer.cost.deployment.name})"
+    if isinstance(two_level, int):
+        chosen = next(o for o in options if o.two_level_k1 == two_level)
+        source = (f"given (--two-level {two_level}): predicted {chosen.tokens_per_s:,.0f} tok/s vs one level "
+                  f"{one.tokens_per_s:,.0f}")
+    elif ragged:
+        chosen = packed
+        off = " (two-level off)" if two_level == "off" else ""
+        source = (f"cost model{off}: {chosen.option} predicted {chosen.tokens_per_s:,.0f} tok/s"
+                  + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}") + where)
+        if chosen is one:
+            source += ": no mechanism beats one level"
+        if chosen.per_request_k:
+            source += f" (one goodput k for every row, dense verify: {dense.tokens_per_s:,.0f} tok/s)"
+    else:  # no packed verify: one level, or the goodput rule's one k per step
+        chosen = best_of([one, dense])
+        source = ("no ragged verify step (packed rows of their own lengths), which two-level verification and "
+                  f"per-request k need; cost model: {chosen.option} predicted {chosen.tokens_per_s:,.0f} tok/s"
+                  + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}") + where
+                  + f" (with a ragged step: {packed.option}, {packed.tokens_per_s:,.0f} tok/s)")
+    section = {"two_level_k1": chosen.two_level_k1, "per_request_k": chosen.per_request_k,
+               "goodput_k": chosen is dense, "source": source, "batch_size": b, "num_draft": k,
+               "context": pricer.context, "acceptance_source": acc_src, "chosen": chosen.option,
+               "candidates": [o.to_json() for o in options]}
+    if curve:
+        section["curve"] = curve_table(pricer, b)
+    return section
