@@ -11,7 +11,13 @@ Mask kinds (the visibility of cache slot j for query i of row b, with
 * ``"tree"``: slots ``j < c`` always, block slot ``c + t`` iff ``t <= i`` and
   ``tree_mask[(b,) i, t]`` (a ``[Q, Q]`` or ``[B, Q, Q]`` bool/int visibility of the new-token
   block, read as-is without a conversion; tree verification, nodes in topological order, so the
-  key tiles after a row block's last query are skipped as for "causal").
+  key tiles after a row block's last query are skipped as for "causal"). The same visibility
+  can come packed as bit words (``tree_words``, :mod:`specc.codegen.kernels.tree_mask`: one int32
+  per 32 nodes per query row), which the kernel tests with shifts on registers instead of
+  loading a byte tile; with words the block's keys form the last split's final tiles, aligned
+  with the words (one tile for Q <= BLOCK_N). Generated tree steps pack once per step and pass
+  both; :data:`TREE_MASK_FORMAT` (``SPECC_TREE_MASK``: "words", the default, or "bytes") picks
+  which one the kernel reads, for measuring one against the other.
 
 Kernel (flash-decoding). GQA is packed into the rows of the tiles: for one KV head the
 ``Q * G`` (query, head-in-group) pairs are the rows of the Q tile (row r = i * G + g), so every
@@ -32,6 +38,8 @@ the interpreter or with fp32 V), fp32 accumulation. A row that sees no key retur
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -47,22 +55,42 @@ from specc.codegen.kernels._common import (
     round_to,
     use_triton,
 )
+from specc.codegen.kernels.tree_mask import num_words, unpack_tree_mask
 from specc.models.ops import MASK_KINDS  # the one list of mask kinds
 
 __all__ = ["attention", "attention_reference", "attention_visibility", "MASK_KINDS", "pick_splits",
-           "launch_plan"]
+           "launch_plan", "TREE_MASK_FORMATS", "TREE_MASK_FORMAT", "set_tree_mask_format"]
 
 _MASK_IDS = {"causal": 0, "full": 1, "tree": 2}
 assert set(_MASK_IDS) == set(MASK_KINDS)
 _LOG2E = 1.4426950408889634
 
+TREE_MASK_FORMATS = ("words", "bytes")
+# which tree mask the kernel reads when a caller passes both (generated tree steps do): the bit
+# words, or the byte mask (kept to measure one against the other; read at each launch, so a CUDA
+# graph keeps the format it was captured with)
+TREE_MASK_FORMAT = os.environ.get("SPECC_TREE_MASK", "words")
+if TREE_MASK_FORMAT not in TREE_MASK_FORMATS:
+    raise ValueError(f"SPECC_TREE_MASK must be one of {TREE_MASK_FORMATS}, got {TREE_MASK_FORMAT!r}")
+
+
+def set_tree_mask_format(fmt: str) -> str:
+    """Select the tree mask format the kernel reads ("words" or "bytes"); returns the previous one."""
+    global TREE_MASK_FORMAT
+    if fmt not in TREE_MASK_FORMATS:
+        raise ValueError(f"tree mask format must be one of {TREE_MASK_FORMATS}, got {fmt!r}")
+    prev, TREE_MASK_FORMAT = TREE_MASK_FORMAT, fmt
+    return prev
+
 
 @triton.jit
 def _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
-               stride_ks, stride_vs, scale_log2, tree_row,
+               stride_ks, stride_vs, scale_log2, tree_row, num_words,
                MASK: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
     """One key tile of the online softmax: keys n0 .. n0 + BLOCK_N (before ``end``) under mask
-    kind MASK (1: no test beyond the bounds). Returns the updated (m_i, l_i, acc)."""
+    kind MASK (1: no test beyond the bounds; 2: tree, byte mask rows at ``tree_row``; 3: tree, bit
+    words at ``tree_row``, the tile starting at a block key ``n0 - q0`` that is a multiple of
+    BLOCK_N). Returns the updated (m_i, l_i, acc)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < end
     kv_mask = mask_n[:, None] & mask_d[None, :]
@@ -81,8 +109,26 @@ def _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_
     if MASK == 2:
         t = offs_n - q0
         in_blk = t >= 0
-        tv = tl.load(tree_row + t[None, :], mask=vis & in_blk[None, :], other=0)
+        tv = tl.load(tree_row[:, None] + t[None, :], mask=vis & in_blk[None, :], other=0)
         vis = vis & ((~in_blk)[None, :] | ((tv != 0) & (offs_n[None, :] <= (q0 + qi)[:, None])))
+    if MASK == 3:
+        # the tile's keys are block keys tb .. tb + BLOCK_N (tb >= 0): NW words per query row
+        # (one for BLOCK_N <= 32), then a shift and an and per score (packing applied t <= i)
+        tb = n0 - q0
+        c = tl.arange(0, BLOCK_N)
+        w_first = tb // 32
+        NW: tl.constexpr = (BLOCK_N + 31) // 32
+        word = tl.zeros(s.shape, dtype=tl.int32)
+        for j in tl.static_range(NW):
+            # (the word bound broadcast to the rows: a scalar mask term fails under the interpreter)
+            wj = tl.load(tree_row + w_first + j, mask=mask_r & (qi * 0 + w_first + j < num_words),
+                         other=0)
+            if NW == 1:
+                word = word + wj[:, None]
+            else:
+                word = tl.where(((tb % 32 + c) // 32 == j)[None, :], wj[:, None], word)
+        bit = (word >> ((tb + c) % 32)[None, :]) & 1
+        vis = vis & (bit != 0)
     s = tl.where(vis, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -105,7 +151,7 @@ def _attn_split_kernel(
     stride_kb, stride_kh, stride_ks,
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oq,
-    stride_tb, stride_ti,
+    stride_tb, stride_ti, NUM_WORDS,
     D, NUM_SPLITS,
     MASK: tl.constexpr, DIRECT: tl.constexpr, FUSED_MERGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -130,13 +176,21 @@ def _attn_split_kernel(
     clen = tl.load(len_ptr + b).to(tl.int32)
     kv_end = clen + QK
     q0 = kv_end - QN  # cache slot of query 0
-    split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = pid_s * split_len
-    end = tl.minimum(start + split_len, kv_end)
-    if MASK != 1:  # causal and tree: no key after this row block's last query (a tree's nodes
-        # are in topological order, so a node's ancestors sit at or before its own slot)
-        last_q = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, QN * G - 1) // G
-        end = tl.minimum(end, q0 + last_q + 1)
+    last_q = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, QN * G - 1) // G
+    if MASK == 3:
+        # tree with bit words: the committed keys [0, q0) are split NUM_SPLITS ways, the block
+        # keys go to the last split, in tiles from q0 (aligned with the words; one tile for
+        # Q <= BLOCK_N), up to this row block's last query
+        split_len = tl.cdiv(tl.cdiv(q0, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = pid_s * split_len
+        end = q0 + last_q + 1
+    else:
+        split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = pid_s * split_len
+        end = tl.minimum(start + split_len, kv_end)
+        if MASK != 1:  # causal and tree: no key after this row block's last query (a tree's
+            # nodes are in topological order, so a node's ancestors sit at or before its own slot)
+            end = tl.minimum(end, q0 + last_q + 1)
 
     k_base = k_ptr + b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = v_ptr + b.to(tl.int64) * stride_vb + hk.to(tl.int64) * stride_vh
@@ -151,16 +205,24 @@ def _attn_split_kernel(
     # run without it; the tiles from the block's first key on apply the mask kind
     if MASK == 1:
         mid = start
+        c_end = end
+        b_start = mid
+    elif MASK == 3:
+        mid = tl.minimum(start + split_len, q0)  # committed tiles, the last one cut at q0
+        c_end = mid
+        b_start = tl.where(pid_s == NUM_SPLITS - 1, q0, end)
     else:
         mid = tl.minimum(start + (tl.maximum(q0 - start, 0) // BLOCK_N) * BLOCK_N, end)
-    tree_row = tree_ptr + b.to(tl.int64) * stride_tb + qi[:, None] * stride_ti
+        c_end = end
+        b_start = mid
+    tree_row = tree_ptr + b.to(tl.int64) * stride_tb + qi * stride_ti
     for n0 in range(start, mid, BLOCK_N):
-        m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
-                                   stride_ks, stride_vs, scale_log2, tree_row,
+        m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, c_end, q0, qi, mask_r, offs_d,
+                                   mask_d, stride_ks, stride_vs, scale_log2, tree_row, NUM_WORDS,
                                    MASK=1, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32)
-    for n0 in range(mid, end, BLOCK_N):
-        m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
-                                   stride_ks, stride_vs, scale_log2, tree_row,
+    for n0 in range(b_start, end, BLOCK_N):
+        m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d,
+                                   mask_d, stride_ks, stride_vs, scale_log2, tree_row, NUM_WORDS,
                                    MASK=MASK, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -276,7 +338,7 @@ def launch_plan(bsz: int, num_q: int, num_heads: int, num_kv_heads: int, head_di
                                       rows)}
 
 
-def _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op):
+def _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op, tree_words=None):
     check_tensor("q", q, op, ndim=4, dtypes=FLOAT_DTYPES)
     check_tensor("cache_k", cache_k, op, ndim=4, dtypes=FLOAT_DTYPES)
     check_tensor("cache_v", cache_v, op, ndim=4, dtypes=FLOAT_DTYPES)
@@ -299,16 +361,24 @@ def _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op):
     if mask_kind not in MASK_KINDS:
         raise ValueError(f"{op}: unknown mask kind {mask_kind!r} (known: {MASK_KINDS})")
     if mask_kind == "tree":
-        if tree_mask is None:
+        if tree_mask is None and tree_words is None:
             raise ValueError(f"{op}: mask kind 'tree' needs tree_mask [Q, Q] or [B, Q, Q]")
-        if tree_mask.dim() not in (2, 3) or tuple(tree_mask.shape[-2:]) != (num_q, num_q) or (
-                tree_mask.dim() == 3 and tree_mask.shape[0] != bsz):
+        width = num_words(num_q)
+        if tree_words is not None and (
+                tree_words.dtype != torch.int32 or tree_words.dim() not in (2, 3)
+                or tuple(tree_words.shape[-2:]) != (num_q, width)
+                or (tree_words.dim() == 3 and tree_words.shape[0] != bsz)):
+            raise ValueError(f"{op}: tree_words must be int32 [Q, W] or [B, Q, W] with Q={num_q}, "
+                             f"W={width}, B={bsz}; got {tree_words.dtype} {tuple(tree_words.shape)}")
+        if tree_mask is not None and (
+                tree_mask.dim() not in (2, 3) or tuple(tree_mask.shape[-2:]) != (num_q, num_q)
+                or (tree_mask.dim() == 3 and tree_mask.shape[0] != bsz)):
             raise ValueError(f"{op}: tree_mask must be [Q, Q] or [B, Q, Q] with Q={num_q}, B={bsz}; "
                              f"got {tuple(tree_mask.shape)}")
-    elif tree_mask is not None:
-        raise ValueError(f"{op}: tree_mask is only used with mask kind 'tree'")
+    elif tree_mask is not None or tree_words is not None:
+        raise ValueError(f"{op}: tree_mask / tree_words are only used with mask kind 'tree'")
     check_same_device(op, q=q, cache_k=cache_k, cache_v=cache_v, cache_len=cache_len,
-                      tree_mask=tree_mask)
+                      tree_mask=tree_mask, tree_words=tree_words)
 
 
 def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
@@ -317,7 +387,8 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
               max_kv_len: int | None = None, out: torch.Tensor | None = None,
               block_n: int | None = None, num_warps: int = 4,
               num_stages: int | None = None, block_m: int | None = None,
-              fused_merge: bool | None = None) -> torch.Tensor:
+              fused_merge: bool | None = None,
+              tree_words: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of q ``[B, Q, Hq, D]`` over ``cache_k/v [Bmax, Hkv, S, D]`` (new keys written).
 
     cache_len: ``[B]`` int committed lengths (device tensor; never read on the host); num_new:
@@ -327,10 +398,17 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
     in q's dtype (into ``out`` if given, a contiguous tensor of that shape). block_n (keys per
     tile, default 64), block_m (query rows per tile), num_warps and num_stages are tuning knobs
     of the split kernel; fused_merge: the last split of each row block merges the splits (one
-    launch) instead of a second merge kernel. Defaults: :func:`launch_plan`.
+    launch) instead of a second merge kernel. Defaults: :func:`launch_plan`. tree_words: the tree
+    visibility as :func:`~specc.codegen.kernels.tree_mask.pack_tree_mask` words (int32
+    ``[(B,) Q, ceil(Q / 32)]``), instead of or with ``tree_mask``; with both,
+    :data:`TREE_MASK_FORMAT` picks the one read.
     """
     op = "attention"
-    _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op)
+    _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op, tree_words)
+    if tree_words is not None and (tree_mask is None or TREE_MASK_FORMAT == "words"):
+        tree_mask = None
+    elif tree_words is not None:
+        tree_words = None
     bsz, num_q, hq, d = q.shape
     _, hkv, s_cap, _ = cache_k.shape
     if out is None:
@@ -340,7 +418,7 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                          f"{(bsz, num_q, hq * d)}")
     if not use_triton(q):
         out.copy_(attention_reference(q, cache_k, cache_v, cache_len, num_new, mask_kind, scale,
-                                      tree_mask))
+                                      tree_mask, tree_words=tree_words))
         return out
     if bsz == 0 or num_q == 0:
         return out
@@ -357,7 +435,14 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
     if num_stages is None:
         num_stages = plan["num_stages"]
     fused_merge = plan["fused_merge"] if fused_merge is None else bool(fused_merge)
-    if tree_mask is not None:
+    mask_id = _MASK_IDS[mask_kind]
+    if tree_words is not None:
+        tm = tree_words.unsqueeze(0).expand(bsz, -1, -1) if tree_words.dim() == 2 else tree_words
+        if tm.stride(2) != 1:
+            tm = tm.contiguous()
+        stride_tb, stride_ti = tm.stride(0), tm.stride(1)
+        mask_id = 3
+    elif tree_mask is not None:
         # bool -> uint8 is a view (same bytes): no conversion kernel per layer
         tm = tree_mask.view(torch.uint8) if tree_mask.dtype == torch.bool else tree_mask
         if tm.dim() == 2:
@@ -386,9 +471,9 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
         out.stride(0), out.stride(1),
-        stride_tb, stride_ti,
+        stride_tb, stride_ti, num_words(num_q),
         d, num_splits,
-        MASK=_MASK_IDS[mask_kind], DIRECT=num_splits == 1, FUSED_MERGE=fused_merge,
+        MASK=mask_id, DIRECT=num_splits == 1, FUSED_MERGE=fused_merge,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=max(2, next_pow2(num_splits)), DOT_F32=dot_f32,
         num_warps=num_warps, num_stages=num_stages,
@@ -431,9 +516,13 @@ def attention_visibility(cache_len: torch.Tensor, num_queries: int, num_new_keys
 
 def attention_reference(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                         cache_len: torch.Tensor, num_new: int, mask_kind: str, scale: float,
-                        tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+                        tree_mask: torch.Tensor | None = None,
+                        tree_words: torch.Tensor | None = None) -> torch.Tensor:
     """Pure torch, fp32 math (syncs on cache_len). Same semantics as :func:`attention`."""
-    _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, "attention_reference")
+    _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, "attention_reference",
+           tree_words)
+    if tree_mask is None and tree_words is not None:
+        tree_mask = unpack_tree_mask(tree_words, q.shape[1])
     bsz, num_q, hq, d = q.shape
     hkv = cache_k.shape[1]
     kv_len = int((cache_len + num_new).max()) if bsz else 0
