@@ -3,7 +3,9 @@
 Each function has exactly the signature of the IR leaf op it replaces (``specc.models.ops`` and
 ``specc.ir.fused``), so lowering is a 1:1 swap of call targets and the generated source reads
 like the model definition; the linears add one keyword, ``cublas_rows``, where lowering chose
-cuBLAS for some row counts (``codegen/linear_choice.py``). Dispatch: CUDA tensors go to the Triton kernels of
+cuBLAS for some row counts (``codegen/linear_choice.py``), and the tree attentions add
+``tree_words``, the step's ancestor mask packed once by ``tree_mask_words`` (the one function
+here with no IR op of its own). Dispatch: CUDA tensors go to the Triton kernels of
 ``specc.codegen.kernels``; CPU tensors run the reference bodies (the leaf ops themselves), or the
 same Triton kernels under the interpreter when ``SPECC_KERNELS=triton`` and ``TRITON_INTERPRET=1``
 (slow; used by tests to prove generated code drives the kernels).
@@ -14,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from specc.codegen.kernels.dispatch import use_triton
+from specc.codegen.kernels.tree_mask import pack_tree_mask, unpack_tree_mask
 from specc.codegen.linear_choice import in_rows
 from specc.models import fused_ops as fused
 from specc.models import gdn, ops
@@ -105,13 +108,27 @@ def write_kv(k, v, cache_k, cache_v, cache_len) -> None:
     cache_v[rows, :, slots] = v.to(cache_v.dtype)
 
 
-def attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask=None):
+def tree_mask_words(tree_mask):
+    """The tree step's ancestor mask packed into bit words, once per step for every attention
+    (``tree_words=``; inserted by lowering, not an IR op: ``codegen/kernels/tree_mask.py``)."""
+    return pack_tree_mask(tree_mask)
+
+
+def _reference_mask(tree_mask, tree_words, num_q):
+    """The bool mask the reference bodies read: unpacked from the words when given, so CPU runs
+    of generated tree steps check the packing too."""
+    return tree_mask if tree_words is None else unpack_tree_mask(tree_words, num_q)
+
+
+def attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask=None, tree_words=None):
     if use_triton(q, opt_in=True):
         from specc.codegen.kernels import attention as kern
 
         write_kv(k, v, cache_k, cache_v, cache_len)
-        return kern.attention(q, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale, tree_mask=tree_mask)
-    return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask)
+        return kern.attention(q, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale, tree_mask=tree_mask,
+                              tree_words=tree_words)
+    return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale,
+                         _reference_mask(tree_mask, tree_words, q.shape[1]))
 
 
 def ragged_attention(q, k, v, cache_k, cache_v, cache_len, row_slots, row_starts, scale):
@@ -146,18 +163,21 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
 
 
 def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
-                   eps, mask_kind, scale, tree_mask=None):
+                   eps, mask_kind, scale, tree_mask=None, tree_words=None):
     """Two kernels on CUDA: rope_and_cache (q/k norm, rotation, KV write) then attention
-    (``tree_mask``: the tree verify step's ancestor mask, read by the attention kernel)."""
+    (``tree_mask``: the tree verify step's ancestor mask, ``tree_words`` the same packed, read by
+    the attention kernel)."""
     if not use_triton(q, opt_in=True):
         return fused.rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight,
-                                    k_norm_weight, eps, mask_kind, scale, tree_mask)
+                                    k_norm_weight, eps, mask_kind, scale,
+                                    _reference_mask(tree_mask, tree_words, q.shape[1]))
     from specc.codegen.kernels import attention as attn
     from specc.codegen.kernels import rope
 
     q_rot = rope.rope_and_cache(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight,
                                 k_norm_weight, eps)
-    return attn.attention(q_rot, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale, tree_mask=tree_mask)
+    return attn.attention(q_rot, cache_k, cache_v, cache_len, k.shape[1], mask_kind, scale, tree_mask=tree_mask,
+                          tree_words=tree_words)
 
 
 # --------------------------------------------------------------------------- hybrid (GDN) targets

@@ -9,6 +9,11 @@ With a measured :class:`~specc.codegen.linear_choice.LinearChoice`, each linear 
 a norm prologue, with a residual epilogue) whose weight shape the table covers gets the row ranges
 in which cuBLAS measured faster (``cublas_rows=...`` in the generated call), and the report
 records, per shape, which nodes, which row ranges, which implementation and the measured times.
+
+Tree steps: the attention nodes' ancestor mask (a bool step input, as the IR and the GDN ops
+read it) is packed into bit words once, by one ``kernel_abi.tree_mask_words`` node inserted
+before the first attention, and every attention call gets them as ``tree_words=`` (the kernel
+reads words instead of byte tiles; ``codegen/kernels/tree_mask.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import inspect
 
 import torch.fx
 
@@ -45,6 +51,17 @@ LOWERING = {
     gdn.rms_norm_offset: abi.rms_norm_offset,
     gdn.tree_parents: abi.tree_parents,
 }
+
+
+# attention ops whose tree_mask argument lowering packs into bit words (passed as tree_words=)
+TREE_ATTENTION = (ops.attention, rope_attention)
+
+
+def _tree_mask_arg(node: torch.fx.Node):
+    """The node's ``tree_mask`` argument (a graph node, or None when it has none)."""
+    bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
+    mask = bound.arguments.get("tree_mask")
+    return mask if isinstance(mask, torch.fx.Node) else None
 
 
 # the linear ops a LinearChoice applies to, and the position of their weight argument
@@ -94,10 +111,17 @@ def lower(gm: torch.fx.GraphModule, linear_choice: LinearChoice | None = None
     lowered: collections.Counter = collections.Counter()
     eager: collections.Counter = collections.Counter()
     chosen: dict[tuple[int, int], list[str]] = {}
-    for node in graph.nodes:
+    words: dict[torch.fx.Node, torch.fx.Node] = {}  # tree mask -> its packed words
+    for node in list(graph.nodes):
         if node.op != "call_function":
             continue
         target = LOWERING.get(node.target)
+        if node.target in TREE_ATTENTION and (mask := _tree_mask_arg(node)) is not None:
+            if mask not in words:
+                with graph.inserting_before(node):
+                    words[mask] = graph.call_function(abi.tree_mask_words, (mask,))
+                lowered[abi.tree_mask_words.__name__] += 1
+            node.kwargs = {**node.kwargs, "tree_words": words[mask]}
         if target is not None:
             if linear_choice is not None and node.target in CHOICE_WEIGHT_ARG:
                 shape = _weight_shape(gm, node)
