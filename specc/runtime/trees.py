@@ -26,6 +26,7 @@ import dataclasses
 import torch
 
 from specc.codegen.kernels.tree_beam import tree_beam
+from specc.codegen.kernels.tree_mask import pack_tree_mask
 
 
 @dataclasses.dataclass
@@ -72,6 +73,12 @@ class DraftTree:
             reach *= 2
         self._ancestors = mask
         return mask
+
+    def ancestor_words(self, max_depth: int | None = None) -> torch.Tensor:
+        """[B, N, ceil(N / 32)] int32: :meth:`ancestor_mask` packed into bit words, the format the
+        attention kernel reads (``specc.codegen.kernels.tree_mask``; compiled tree steps pack
+        their mask input the same way once per step)."""
+        return pack_tree_mask(self.ancestor_mask(max_depth))
 
     @classmethod
     def planned(cls, tokens, parents, depths, mask) -> "DraftTree":

@@ -94,3 +94,35 @@ def test_generated_step_calls_cublas_exactly_in_range(model, monkeypatch):
             outs.append(step(ids, pos, torch.zeros(1, dtype=torch.long)))
         assert seen == ([q] * per_step if 3 <= q <= 4 else []), q
         torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+
+
+def test_tree_step_packs_the_mask_once_and_matches_the_model(model):
+    """The tree step packs its mask input once (kernel_abi.tree_mask_words) and passes the words to
+    every layer's attention; run on CPU (the reference bodies read the unpacked words) it gives the
+    model definition's logits for a random tree."""
+    step = build_step(model, "target_tree", DEFAULT_PIPELINE)
+    src = step.emitted.source
+    assert src.count("tree_mask_words(") == 1
+    assert src.count("tree_words = ") == CFG["num_hidden_layers"]
+    assert step.lowering["lowered"]["tree_mask_words"] == 1
+    g = torch.Generator().manual_seed(3)
+    num_q = 9
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, num_q)]
+    mask = torch.zeros(1, num_q, num_q, dtype=torch.bool)
+    depth = [0] * num_q
+    for i in range(num_q):
+        j = i
+        while j >= 0:
+            mask[0, i, j] = True
+            j = parents[j]
+        depth[i] = depth[parents[i]] + 1 if parents[i] >= 0 else 0
+    ids = torch.randint(0, CFG["vocab_size"], (1, num_q), generator=g)
+    pos = 3 + torch.tensor([depth])
+    cache_len = torch.tensor([3])
+    compiled = instantiate(step.emitted)
+    compiled.setup_caches(1, 16)
+    model.setup_caches(1, 16)
+    got = compiled(ids, pos, cache_len, mask)
+    want = model(ids, pos, cache_len, tree_mask=mask)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, model(ids, pos, cache_len, tree_mask=torch.tril(torch.ones_like(mask))))

@@ -75,6 +75,12 @@ def test_ancestor_mask_and_positions():
             assert {j for j in range(tree.num_nodes) if mask[b, i, j]} == anc
     pos = tree.positions(torch.tensor([10, 20]))
     assert torch.equal(pos, torch.tensor([[10], [20]]) + tree.depths)
+    # the packed words: bit j % 32 of word j // 32 of row i is mask[b, i, j] (ancestors precede)
+    words = tree.ancestor_words()
+    assert words.dtype == torch.int32 and words.shape == (2, tree.num_nodes, 1)
+    for b in range(2):
+        for i in range(tree.num_nodes):
+            assert [(int(words[b, i, 0]) >> j) & 1 for j in range(tree.num_nodes)] == mask[b, i].int().tolist()
 
 
 def brute_accept(tree, argmax, b):

@@ -148,6 +148,16 @@ def main() -> int:
                                                          "causal", 0.1, num_splits=3, fused_merge=True),
         "attention q4 tree": lambda: A.attention(z(2, 4, 32, 128), cache, cache, z(2, dtype=lng), 4,
                                                  "tree", 0.1, tree_mask=torch.ones(4, 4, dtype=torch.bool)),
+        # the tree mask as bit words: two words per 64-key tile (split + merge), one word per
+        # 32-key tile, and five words per row at Q = 130 (one split, direct store)
+        "attention q64 tree words": lambda: A.attention(z(2, 64, 32, 128), cache, cache, z(2, dtype=lng), 64,
+                                                        "tree", 0.1, tree_words=z(2, 64, 2, dtype=torch.int32)),
+        "attention q16 tree words bn32": lambda: A.attention(z(1, 16, 32, 128), cache, cache, z(1, dtype=lng), 16,
+                                                             "tree", 0.1, tree_words=z(16, 1, dtype=torch.int32),
+                                                             block_n=32, num_splits=4),
+        "attention q130 tree words direct": lambda: A.attention(z(1, 130, 32, 128), cache, cache, z(1, dtype=lng),
+                                                                130, "tree", 0.1, num_splits=1,
+                                                                tree_words=z(1, 130, 5, dtype=torch.int32)),
         # a packed block of 2 rows (24 tokens) over the slots of ``cache``: splits + merge, and direct
         "ragged split merge": lambda: RA.ragged_attention(z(1, 24, 32, 128), z(1, 24, 8, 128), z(1, 24, 8, 128),
                                                           cache, cache, z(2, dtype=lng), z(2, dtype=lng),
