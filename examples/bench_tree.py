@@ -10,7 +10,8 @@ Three parts, each printed as a table and written to one JSON file:
    checked equal to the chain's (lossless) before anything is printed.
 2. ``steps`` (random weights, Qwen3-8B shapes on a GPU; ``--tiny``: tiny shapes): the compiled
    target's chain verify step at Q = 16 / 32 / 64 / 128 query rows vs its tree verify step over
-   a draft tree of the same number of nodes (ancestor mask, positions base + depth), both
+   a draft tree of the same number of nodes (ancestor mask, positions base + depth; timed with the
+   kernel reading the packed mask words and again reading the byte mask), all
    CUDA-graphed on a GPU (median replay, CUDA events), plus the on-device tree work of a step
    (build_tree + mask + accept_tree + KV compaction) and the cost model's prediction of each step
    (deployment ``--deployment``).
@@ -219,6 +220,7 @@ def steps(sizes, dtype, device, context: int, small: bool, deployment: str | Non
     from bench_steps import QWEN3_8B, build_causal, time_on, tiny
 
     from specc.codegen.build import build_steps
+    from specc.codegen.kernels import attention as attn_kernel
     from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
     from specc.runtime.state import DecodingState
@@ -251,6 +253,11 @@ def steps(sizes, dtype, device, context: int, small: bool, deployment: str | Non
         mask = tree.ancestor_mask(K)
         tpos = tree.positions(cache_len)
         tree_ms = time_on(device, tree_step, (tree.tokens, tpos, cache_len, mask))
+        prev = attn_kernel.set_tree_mask_format("bytes")  # the byte mask tiles, for comparison
+        try:
+            tree_bytes_ms = time_on(device, tree_step, (tree.tokens, tpos, cache_len, mask))
+        finally:
+            attn_kernel.set_tree_mask_format(prev)
         argmax = torch.randint(0, vocab, (1, q), device=dev)
 
         def tree_work():  # what a tree step adds on the device around the forward
@@ -269,7 +276,8 @@ def steps(sizes, dtype, device, context: int, small: bool, deployment: str | Non
 
         lengths_before = lengths.clone()
         commit_ms = time_on(device, compact, ())
-        row = {"q": q, "chain_verify_ms": chain_ms, "tree_verify_ms": tree_ms, "tree_work_ms": work_ms,
+        row = {"q": q, "chain_verify_ms": chain_ms, "tree_verify_ms": tree_ms, "tree_verify_bytes_mask_ms": tree_bytes_ms,
+               "tree_mask_format": attn_kernel.TREE_MASK_FORMAT, "tree_work_ms": work_ms,
                "kv_compact_ms": commit_ms, "tree_over_chain": tree_ms / chain_ms}
         if cost is not None:
             row["predicted_verify_ms"] = cost.step(built.irs["target"], {"B": 1, "Q": q, "C": context}, step="verify").time * 1e3
@@ -277,7 +285,7 @@ def steps(sizes, dtype, device, context: int, small: bool, deployment: str | Non
                                                         step="verify").time * 1e3
         rows.append(row)
         print(f"[steps] Q={q:4d}: chain verify {chain_ms:8.3f} ms, tree verify {tree_ms:8.3f} ms "
-              f"(x{row['tree_over_chain']:.3f}), tree build+mask+accept {work_ms:.3f} ms, KV compaction "
+              f"(x{row['tree_over_chain']:.3f}; byte mask {tree_bytes_ms:8.3f} ms), tree build+mask+accept {work_ms:.3f} ms, KV compaction "
               f"{commit_ms:.3f} ms" + (f", predicted {row['predicted_verify_ms']:.3f} / {row['predicted_tree_verify_ms']:.3f} ms"
                                        if cost is not None else ""), flush=True)
     return rows
