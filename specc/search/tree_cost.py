@@ -17,7 +17,11 @@ Two costs that a causal verify of the same size does not have are calibrated on 
   at 128, priced as ``TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget`` launch overheads of
   the deployment;
 - the tree-masked verify forward: 1.14x a causal verify of the same rows at 16 rows, 1.39x at 128
-  (``TREE_VERIFY_FACTOR``, interpolated in the row count).
+  (``TREE_VERIFY_FACTOR``, interpolated in the row count). Measured with the attention kernel
+  reading the byte mask (the first H200 run; later runs were faster); generated tree steps now
+  pass the mask as packed bit words (``codegen/kernels/tree_mask.py``), not yet measured on a GPU,
+  so the factor stays as measured until ``examples/profile_tree.py`` / ``bench_tree.py --parts
+  steps`` re-measure it.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ BUDGETS = (8, 16, 32, 64, 128)
 # 0.206 ms at 16 nodes, 0.220 at 32, 0.264 at 64, 0.390 at 128 measured (2026-12-03).
 TREE_STEP_LAUNCHES = 120
 TREE_LAUNCHES_PER_NODE = 1.1
-# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024).
+# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024;
+# byte mask tiles: to re-measure with the packed mask words, see the module doc).
 TREE_VERIFY_FACTOR = ((16, 1.137), (32, 1.172), (64, 1.324), (128, 1.392))
 
 

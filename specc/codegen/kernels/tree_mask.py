@@ -32,7 +32,7 @@ def pack_tree_mask(mask: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"pack_tree_mask: mask must be [Q, Q] or [B, Q, Q], got {tuple(mask.shape)}")
     num_q = mask.shape[-1]
     width = num_words(num_q)
-    visible = torch.tril(mask != 0)  # t <= i
+    visible = torch.tril(mask if mask.dtype == torch.bool else mask != 0)  # t <= i
     pad = width * WORD_BITS - num_q
     if pad:
         visible = torch.nn.functional.pad(visible, (0, pad))
