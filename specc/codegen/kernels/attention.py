@@ -85,12 +85,12 @@ def set_tree_mask_format(fmt: str) -> str:
 
 @triton.jit
 def _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d, mask_d,
-               stride_ks, stride_vs, scale_log2, tree_row, num_words,
-               MASK: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr):
+               stride_ks, stride_vs, scale_log2, tree_row,
+               MASK: tl.constexpr, BLOCK_N: tl.constexpr, DOT_F32: tl.constexpr, num_words=1):
     """One key tile of the online softmax: keys n0 .. n0 + BLOCK_N (before ``end``) under mask
     kind MASK (1: no test beyond the bounds; 2: tree, byte mask rows at ``tree_row``; 3: tree, bit
     words at ``tree_row``, the tile starting at a block key ``n0 - q0`` that is a multiple of
-    BLOCK_N). Returns the updated (m_i, l_i, acc)."""
+    BLOCK_N; ``num_words`` words per row). Returns the updated (m_i, l_i, acc)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < end
     kv_mask = mask_n[:, None] & mask_d[None, :]
@@ -218,12 +218,12 @@ def _attn_split_kernel(
     tree_row = tree_ptr + b.to(tl.int64) * stride_tb + qi * stride_ti
     for n0 in range(start, mid, BLOCK_N):
         m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, c_end, q0, qi, mask_r, offs_d,
-                                   mask_d, stride_ks, stride_vs, scale_log2, tree_row, NUM_WORDS,
+                                   mask_d, stride_ks, stride_vs, scale_log2, tree_row,
                                    MASK=1, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32)
     for n0 in range(b_start, end, BLOCK_N):
         m_i, l_i, acc = _attn_tile(qd, m_i, l_i, acc, k_base, v_base, n0, end, q0, qi, mask_r, offs_d,
-                                   mask_d, stride_ks, stride_vs, scale_log2, tree_row, NUM_WORDS,
-                                   MASK=MASK, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32)
+                                   mask_d, stride_ks, stride_vs, scale_log2, tree_row,
+                                   MASK=MASK, BLOCK_N=BLOCK_N, DOT_F32=DOT_F32, num_words=NUM_WORDS)
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
