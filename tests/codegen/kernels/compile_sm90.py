@@ -192,11 +192,18 @@ def main() -> int:
     # properties of the generated code that the kernels were designed for
     wide = ("3 128-bit loads per iteration (sm low/high halves and codes: 16 bytes each per thread)",
             lambda ptx: ptx.count("ld.global.v4.b32") >= 3)
+    def words_only(ptx):  # the split kernel was compiled, without byte loads
+        return "_attn_split_kernel" in ptx and "ld.global.b8" not in ptx
+
     PTX_CHECKS = {
         "bf12v2 fma m1 asm": [wide, ("PRMT decode", lambda ptx: "prmt.b32" in ptx and "lop3.b32" in ptx)],
         "bf12v2 fma m1 noasm split +bias": [wide],
         "bf12v2 dot m16 asm": [("cp.async weight tiles", lambda ptx: "cp.async" in ptx),
                                ("tensor cores", lambda ptx: "mma.sync" in ptx or "wgmma" in ptx)],
+        # the packed tree mask: no byte loads (the byte mask path loads ld.global.b8 tiles)
+        "attention q4 tree": [("byte mask tile loads", lambda ptx: "ld.global.b8" in ptx)],
+        "attention q64 tree words": [("no byte mask loads", words_only)],
+        "attention q130 tree words direct": [("no byte mask loads", words_only)],
     }
     only = set(sys.argv[1:])
     failed = 0
