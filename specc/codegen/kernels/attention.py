@@ -178,10 +178,11 @@ def _attn_split_kernel(
     q0 = kv_end - QN  # cache slot of query 0
     last_q = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, QN * G - 1) // G
     if MASK == 3:
-        # tree with bit words: the committed keys [0, q0) are split NUM_SPLITS ways, the block
-        # keys go to the last split, in tiles from q0 (aligned with the words; one tile for
-        # Q <= BLOCK_N), up to this row block's last query
-        split_len = tl.cdiv(tl.cdiv(q0, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        # tree with bit words: splits of kv_end / NUM_SPLITS keys as for the other kinds (the
+        # same balance), except that the block's keys all go to the last split, in tiles from q0
+        # (aligned with the words; one tile for Q <= BLOCK_N), up to this row block's last query;
+        # the other splits stop at q0
+        split_len = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
         start = pid_s * split_len
         end = q0 + last_q + 1
     else:
@@ -208,7 +209,8 @@ def _attn_split_kernel(
         c_end = end
         b_start = mid
     elif MASK == 3:
-        mid = tl.minimum(start + split_len, q0)  # committed tiles, the last one cut at q0
+        mid = tl.minimum(start + split_len, q0)  # committed tiles, cut at q0 (the last split's
+        # range ends past q0: it takes the committed keys left before the block)
         c_end = mid
         b_start = tl.where(pid_s == NUM_SPLITS - 1, q0, end)
     else:
