@@ -16,8 +16,9 @@ Two costs that a causal verify of the same size does not have are calibrated on 
   mask; acceptance; KV compaction), ~80 dependent small kernels: 0.21 ms at 16 nodes to 0.39 ms
   at 128, priced as ``TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget`` launch overheads of
   the deployment;
-- the tree-masked verify forward: 1.14x a causal verify of the same rows at 16 rows, 1.39x at 128
-  (``TREE_VERIFY_FACTOR``, interpolated in the row count).
+- the tree-masked verify forward: 1.09-1.14x a causal verify of the same rows at 16-128 rows
+  (``TREE_VERIFY_FACTOR``, interpolated in the row count; run 3 of
+  docs/benchmarks/tree-steps-h200.md, after the attention tile split).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ BUDGETS = (8, 16, 32, 64, 128)
 # 0.206 ms at 16 nodes, 0.220 at 32, 0.264 at 64, 0.390 at 128 measured (2026-12-03).
 TREE_STEP_LAUNCHES = 120
 TREE_LAUNCHES_PER_NODE = 1.1
-# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024).
-TREE_VERIFY_FACTOR = ((16, 1.137), (32, 1.172), (64, 1.324), (128, 1.392))
+# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024;
+# docs/benchmarks/tree-steps-h200-run3.json: tree_over_chain). Re-measure when the tree mask changes.
+TREE_VERIFY_FACTOR = ((16, 1.117), (32, 1.106), (64, 1.141), (128, 1.088))
 
 
 def tree_verify_factor(rows: int) -> float:
