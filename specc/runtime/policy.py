@@ -13,10 +13,11 @@ SamplingPolicy has a one-hot distribution at its argmax: speculative sampling th
 greedy tokens exactly.
 
 Graph safety: a row's parameters are tensor entries written when its request enters the slot
-(``start_row``), so a step's ops and shapes do not depend on them. Two things are decided on the
-host, and only when a request enters: the loop switches from GreedyPolicy to a SamplingPolicy at
-the first sampled request, and the seen set is allocated at the first request with a repetition
-penalty (until then no row has one and the penalty's ops are skipped).
+(``start_row``), so a step's shapes and its device values do not steer Python. Three things are
+decided on the host from the requests' params, and only when a request enters: the loop switches
+from GreedyPolicy to a SamplingPolicy at the first sampled request, the seen set is allocated at
+the first request with a repetition penalty (until then the penalty's ops are skipped), and top-k /
+top-p / min-p run once some request has used them (``RowParams.used``).
 
 Positions: ``lengths`` [B] (the decoding state's lengths) is the sequence index of each row's last
 committed token, so a step decides positions lengths + 1, ...; ``first`` gets the prefill token's

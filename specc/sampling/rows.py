@@ -9,6 +9,13 @@ ops. Every processor runs on every row, and a row whose processor is off (top_k 
 row's values, so a step stays one CUDA graph whichever requests are in it, and setting a row
 (``RowParams.set_row``) writes into the same tensors (no host sync, graph-safe).
 
+Which processors run at all is decided on the host from the requests' parameters: a processor
+that no row has had on since the rows were made (``RowParams.used``) is skipped, which leaves every
+row's result bit for bit the same (an off row keeps its scores either way) and spares a uniform
+batch (say temperature 1 alone) the two full-vocabulary sorts. The set only grows, when a request
+enters with a processor the batch has not used yet (at most three changes per batch), never inside
+a step and never from device values: a CUDA graph of the step is captured per set.
+
 A greedy row (temperature 0) keeps its raw scores (temperature 1, every processor off) and its
 distribution (:func:`rows_probs`) is the one-hot of their argmax: speculative sampling over a
 one-hot distribution accepts exactly the target's argmax, so the row's tokens are its greedy
@@ -29,6 +36,8 @@ import torch
 from specc.sampling.params import SamplingParams
 
 __all__ = ["RowParams", "process_rows", "rows_probs"]
+
+_PROCESSORS = ("top_k", "top_p", "min_p")
 
 _OFF = SamplingParams()  # greedy: every processor off
 
@@ -53,27 +62,39 @@ class RowParams:
     top_p_cut: torch.Tensor    # float32: 1 - top_p, rounded as HF's comparison rounds it
     min_p: torch.Tensor        # float32
     penalty: torch.Tensor      # float32
+    # processors some row has had on since these rows were made (host side, only grows)
+    used: set = dataclasses.field(default_factory=set, compare=False)
 
     @classmethod
     def of(cls, params: list[SamplingParams | None], device) -> "RowParams":
         """One row per entry (None or greedy: a greedy row)."""
         cols = list(zip(*(_fields(p) for p in params))) if params else [()] * 6
         dtypes = (torch.bool, torch.float32, torch.long, torch.float32, torch.float32, torch.float32)
-        return cls(*(torch.tensor(list(c), dtype=d, device=device) for c, d in zip(cols, dtypes)))
+        rows = cls(*(torch.tensor(list(c), dtype=d, device=device) for c, d in zip(cols, dtypes)))
+        for p in params:
+            rows._use(p)
+        return rows
 
     def set_row(self, row: int, params: SamplingParams | None) -> None:
         """A request with ``params`` now holds ``row`` (in place: the tensors keep their storage)."""
         for tensor, value in zip(self._tensors(), _fields(params)):
             tensor[row] = value
+        self._use(params)
+
+    def _use(self, params: SamplingParams | None) -> None:
+        if params is None or params.greedy:
+            return
+        on = {"top_k": params.top_k > 0, "top_p": params.top_p < 1, "min_p": params.min_p > 0}
+        self.used.update(name for name in _PROCESSORS if on[name])
 
     def index(self, rows) -> "RowParams":
         """The parameters of ``rows`` (a slice, an index tensor or list)."""
         if isinstance(rows, list):
             rows = torch.tensor(rows, dtype=torch.long, device=self.greedy.device)
-        return RowParams(*(t[rows] for t in self._tensors()))
+        return RowParams(*(t[rows] for t in self._tensors()), used=self.used)
 
     def _tensors(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "used")
 
     @property
     def rows(self) -> int:
@@ -96,25 +117,25 @@ def process_rows(logits: torch.Tensor, rows: RowParams, seen: torch.Tensor | Non
         penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
         scores = torch.where(seen & (penalty != 1), penalized, scores)
     scores = scores / _col(rows.temperature, scores)
-    vocab = scores.shape[-1]
-    descending = torch.sort(scores, dim=-1, descending=True)[0]
-    # top-k: below the k-th largest (ties with it kept)
-    k = _col(rows.top_k, scores).clamp(1, vocab)
-    kth = descending.gather(-1, (k - 1).expand(*scores.shape[:-1], 1))
-    scores = torch.where((_col(rows.top_k, scores) > 0) & (scores < kth), neg_inf, scores)
-    # top-p: HF's ascending cumulative sum, the most likely token always kept
-    ascending, order = torch.sort(scores, dim=-1, descending=False)
-    cumulative = ascending.softmax(-1).cumsum(-1)
-    remove = cumulative <= _col(rows.top_p_cut, scores)
-    remove[..., -1:] = False
-    remove = torch.zeros_like(remove).scatter(-1, order, remove)
-    scores = torch.where(remove & (_col(rows.top_p_cut, scores) > 0), neg_inf, scores)
-    # min-p: less likely than min_p times the most likely token (that one stays)
-    probs = scores.softmax(-1)
-    min_p = _col(rows.min_p, scores)
-    remove = probs < min_p * probs.amax(-1, keepdim=True)
-    remove.scatter_(-1, probs.argmax(-1, keepdim=True), False)
-    return torch.where(remove & (min_p > 0), neg_inf, scores)
+    if "top_k" in rows.used:  # below the k-th largest (ties with it kept)
+        k = _col(rows.top_k, scores)
+        descending = torch.sort(scores, dim=-1, descending=True)[0]
+        kth = descending.gather(-1, (k.clamp(1, scores.shape[-1]) - 1).expand(*scores.shape[:-1], 1))
+        scores = torch.where((k > 0) & (scores < kth), neg_inf, scores)
+    if "top_p" in rows.used:  # HF's ascending cumulative sum, the most likely token always kept
+        cut = _col(rows.top_p_cut, scores)
+        ascending, order = torch.sort(scores, dim=-1, descending=False)
+        remove = ascending.softmax(-1).cumsum(-1) <= cut
+        remove[..., -1:] = False
+        remove = torch.zeros_like(remove).scatter(-1, order, remove)
+        scores = torch.where(remove & (cut > 0), neg_inf, scores)
+    if "min_p" in rows.used:  # less likely than min_p times the most likely token (that one stays)
+        min_p = _col(rows.min_p, scores)
+        probs = scores.softmax(-1)
+        remove = probs < min_p * probs.amax(-1, keepdim=True)
+        remove.scatter_(-1, probs.argmax(-1, keepdim=True), False)
+        scores = torch.where(remove & (min_p > 0), neg_inf, scores)
+    return scores
 
 
 def rows_probs(logits: torch.Tensor, rows: RowParams, seen: torch.Tensor | None = None) -> torch.Tensor:

@@ -83,3 +83,18 @@ def test_set_row_in_place_and_index():
     assert one.rows == 1 and one.temperature.item() == 0.5
     rows.set_row(1, SamplingParams(temperature=0.0, top_k=4))
     assert rows.greedy.tolist() == [True, True] and rows.top_k.tolist() == [0, 0]
+
+
+def test_skipping_unused_processors_changes_nothing():
+    """A processor no row uses is skipped; running it anyway gives the same bits (off rows keep
+    their scores), so the skip is only a saving. ``used`` grows as rows take new params."""
+    x, ids, seen = _batch(9)
+    rows = RowParams.of([SamplingParams(temperature=0.8), None, SamplingParams(temperature=1.3, seed=2)], "cpu")
+    assert rows.used == set()
+    forced = RowParams.of([SamplingParams(temperature=0.8), None, SamplingParams(temperature=1.3, seed=2)], "cpu")
+    forced.used.update({"top_k", "top_p", "min_p"})
+    assert torch.equal(process_rows(x[:3], rows, seen[:3]), process_rows(x[:3], forced, seen[:3]))
+    rows.set_row(1, SamplingParams(temperature=1.0, top_p=0.5))
+    assert rows.used == {"top_p"} and rows.index([1]).used == {"top_p"}
+    out = process_rows(x[:3], rows)
+    assert torch.equal(out[1], _hf(SamplingParams(temperature=1.0, top_p=0.5))(ids[1:2], x[1:2].clone())[0])
