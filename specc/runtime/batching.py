@@ -6,11 +6,11 @@ returns its id; each ``step`` first admits queued requests into free slots (each
 prefilled alone into its slot, which yields the request's first token) and then runs one
 speculative step over every slot, so requests at different positions, with different prompt
 lengths, budgets, EOS ids and sampling parameters (``submit(..., sampling=)``: greedy and
-sampled requests mixed), advance together. A request leaves as soon as it finishes (EOS,
-its ``max_new_tokens``, or ``cancel``) and its slot is free for the next queued one. Every request's tokens are those it gets alone
-(greedy verification; sampling: each row's own parameters and counter-based random numbers of
-its seed, ``specc.runtime.policy``): the batch changes what is computed together, never what a
-row computes.
+sampled requests mixed), advance together. A request leaves as soon as it finishes (EOS, its
+``max_new_tokens``, or ``cancel``) and its slot is free for the next queued one. Every request's
+tokens are those it gets alone (greedy verification; sampling: each row's own parameters and the
+counter-based random numbers of its seed, ``specc.runtime.policy``): the batch changes what is
+computed together, never what a row computes.
 
 This is the object a server drives (docs/batching.md)::
 
@@ -245,8 +245,8 @@ class BatchScheduler:
         return rule.choose(alphas, caps, self.capacity), None
 
     def run(self, requests) -> list[GenerationResult]:
-        """Submit ``(prompt, max_new_tokens, eos_token_ids[, seed[, sampling]])`` requests, step until all finish,
-        and return their results in order (``generate_batch``)."""
+        """Submit ``(prompt, max_new_tokens, eos_token_ids[, seed[, sampling]])`` requests, step
+        until all finish, and return their results in order (``generate_batch``)."""
         rids = [self.submit(*request) for request in requests]
         while not self.idle:
             self.step()

@@ -271,7 +271,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             raise ValueError(f"seeds: {len(seeds)} given for {len(prompts)} prompts")
         with torch.inference_mode():
             scheduler = BatchScheduler(self, max(1, min(batch_size or len(prompts), len(prompts))))
-            return scheduler.run([(p, m, eos_token_ids, s, sp) for p, m, s, sp in zip(prompts, budgets, seeds, per_prompt)])
+            requests = zip(prompts, budgets, [eos_token_ids] * len(prompts), seeds, per_prompt)
+            return scheduler.run(list(requests))
 
     def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None):
         from specc.runtime.batching import BatchScheduler

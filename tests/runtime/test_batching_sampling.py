@@ -70,7 +70,8 @@ def test_seeds_and_scheduler_default(qwen3):
     hot = SamplingParams(temperature=1.1, top_p=0.95, seed=3)
     two = loop.generate_batch([PROMPTS[0]] * 2, 10, (), sampling=hot, seeds=[3, 4])
     assert two[0].tokens == loop.generate(PROMPTS[0], 10, (), hot).tokens
-    assert two[1].tokens == loop.generate(PROMPTS[0], 10, (), SamplingParams(temperature=1.1, top_p=0.95, seed=4)).tokens
+    seed4 = SamplingParams(temperature=1.1, top_p=0.95, seed=4)
+    assert two[1].tokens == loop.generate(PROMPTS[0], 10, (), seed4).tokens
     assert two[0].tokens != two[1].tokens
 
     scheduler = BatchScheduler(loop, 2, sampling=hot)
@@ -81,7 +82,7 @@ def test_seeds_and_scheduler_default(qwen3):
     got = [scheduler.take(r).tokens for r in rids]
     assert got[0] == two[0].tokens
     assert got[1] == reference(qwen3["target"], 8, prompt=PROMPTS[1])
-    assert got[2] == loop.generate(PROMPTS[2], 9, (), SamplingParams(temperature=1.1, top_p=0.95, seed=4)).tokens
+    assert got[2] == loop.generate(PROMPTS[2], 9, (), seed4).tokens
 
 
 def test_bad_sampling_is_refused(qwen3):
