@@ -3,7 +3,7 @@
 What a sampling step adds around the target's forward, at real vocabulary sizes: the processors
 on the drafter's and the target's logits, drawing k drafts (one position at a time), the chain
 rejection sampling, or the tree's per-node draws and walk; beside greedy chain / tree acceptance
-on the same shapes. Random logits; medians of ``--iters`` timed calls after a warm-up, with a
+on the same shapes, and a batch whose rows have different params (greedy among them). Random logits; medians of ``--iters`` timed calls after a warm-up, with a
 device synchronise around each call (CUDA: includes launch overhead, no CUDA graph).
 
     PYTHONPATH=. python3 examples/bench_sampling_ops.py --device cuda --out $OUT/sampling_ops.json   # H200
@@ -32,6 +32,15 @@ def _time(fn, device: str, iters: int) -> float:
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def _mixed(rows: int) -> list:
+    """Per-row params cycling greedy / T=0.7 top-p 0.9 top-k 50 / T=1 rep 1.1 (one batch)."""
+    from specc.sampling import SamplingParams
+
+    cycle = [None, SamplingParams(temperature=0.7, top_p=0.9, top_k=50),
+             SamplingParams(temperature=1.0, repetition_penalty=1.1)]
+    return [cycle[i % 3] for i in range(rows)] if rows > 1 else [cycle[1]]
 
 
 def main() -> None:
@@ -75,7 +84,8 @@ def main() -> None:
 
         for name, params in (("greedy", None), ("T=1", SamplingParams(temperature=1.0)),
                              ("T=0.7 top-p 0.9 top-k 50", SamplingParams(temperature=0.7, top_p=0.9, top_k=50)),
-                             ("T=1 rep 1.1", SamplingParams(temperature=1.0, repetition_penalty=1.1))):
+                             ("T=1 rep 1.1", SamplingParams(temperature=1.0, repetition_penalty=1.1)),
+                             ("mixed per row", _mixed(b))):
             policy = GreedyPolicy() if params is None else SamplingPolicy(
                 params, torch.arange(b, device=dev), prompts, V)
 

@@ -5,9 +5,11 @@ opened with ``capacity`` slots (rows of its decoding state). ``submit`` queues a
 returns its id; each ``step`` first admits queued requests into free slots (each prompt is
 prefilled alone into its slot, which yields the request's first token) and then runs one
 speculative step over every slot, so requests at different positions, with different prompt
-lengths, budgets and EOS ids, advance together. A request leaves as soon as it finishes (EOS,
-its ``max_new_tokens``, or ``cancel``) and its slot is free for the next queued one. Greedy
-verification makes every request's tokens those it gets alone: the batch changes what is
+lengths, budgets, EOS ids and sampling parameters (``submit(..., sampling=)``: greedy and
+sampled requests mixed), advance together. A request leaves as soon as it finishes (EOS, its
+``max_new_tokens``, or ``cancel``) and its slot is free for the next queued one. Every request's
+tokens are those it gets alone (greedy verification; sampling: each row's own parameters and the
+counter-based random numbers of its seed, ``specc.runtime.policy``): the batch changes what is
 computed together, never what a row computes.
 
 This is the object a server drives (docs/batching.md)::
@@ -31,6 +33,7 @@ import torch
 
 from specc.result import GenerationResult, GenerationStats, clip_committed
 from specc.runtime.adaptive import AcceptanceEstimate
+from specc.sampling.params import SamplingParams
 
 __all__ = ["StepEvent", "BatchScheduler"]
 
@@ -57,14 +60,16 @@ class _Request:
     slot: int | None = None
     draft_forwards_at_join: int = 0
     acceptance: AcceptanceEstimate = dataclasses.field(default_factory=AcceptanceEstimate)
-    seed: int | None = None  # sampling seed (None: the scheduler's)
+    seed: int | None = None  # sampling seed (None: the params')
+    sampling: SamplingParams | None = None  # the request's params (None: greedy)
 
 
 class BatchScheduler:
     """Requests over the slots of one device loop (module doc). ``capacity``: slots, the most
     requests decoded together; more wait in a FIFO queue. ``eos_token_ids``: the EOS ids of a
     request submitted without its own (the engine passes the model's). ``draft_length``: a
-    goodput rule (``specc.runtime.adaptive``) choosing each step's drafts, or None."""
+    goodput rule (``specc.runtime.adaptive``) choosing each step's drafts, or None. ``sampling``:
+    the ``SamplingParams`` of a request submitted without its own (None: greedy)."""
 
     def __init__(self, loop, capacity: int, eos_token_ids=(), draft_length=None, sampling=None):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
@@ -77,7 +82,8 @@ class BatchScheduler:
         self.last_num_draft: int | None = None  # the rule's drafts last step (per-row: the largest)
         self.last_row_drafts: list[int] | None = None  # per slot, when the rule chose per request
         with torch.inference_mode():  # the loop's state lives in inference mode
-            loop.open_slots(capacity, sampling)  # one SamplingParams for every request (None: greedy)
+            loop.open_slots(capacity, sampling)  # the default params; a request may bring its own
+        self.sampling = _check_sampling(sampling)
         self._ids = itertools.count()
         self._queue: collections.deque[_Request] = collections.deque()
         self._slots: list[_Request | None] = [None] * capacity
@@ -85,11 +91,14 @@ class BatchScheduler:
 
     # --- the server-facing surface -----------------------------------------------------------
 
-    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=None, seed: int | None = None) -> int:
+    def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=None, seed: int | None = None,
+               sampling: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. ``eos_token_ids``: an id, ids, () for none, or None
-        for the scheduler's default. ``seed``: the request's sampling seed (None: the scheduler's
-        ``SamplingParams.seed``; unused when greedy). Raises ValueError for an empty prompt, a negative budget,
-        or a prompt + budget that does not fit the loop's ``max_len``."""
+        for the scheduler's default. ``sampling``: the request's ``SamplingParams`` (None: the
+        scheduler's; temperature 0: greedy), its own whatever the other requests use. ``seed``:
+        its sampling seed (None: the params' ``seed``; unused when greedy). Raises ValueError for
+        an empty prompt, a negative budget, or a prompt + budget that does not fit the loop's
+        ``max_len``; TypeError for ``sampling`` that is not a SamplingParams."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("empty prompt")
@@ -106,7 +115,9 @@ class BatchScheduler:
             eos = tuple(int(e) for e in eos_token_ids)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2 ** 63):
             raise ValueError(f"seed must be an integer in [0, 2**63), got {seed!r}")
-        request = _Request(next(self._ids), prompt, max_new_tokens, eos, seed=seed)
+        params = self.sampling if sampling is None else _check_sampling(sampling)
+        request = _Request(next(self._ids), prompt, max_new_tokens, eos, seed=seed,
+                           sampling=None if params is None or params.greedy else params)
         self._queue.append(request)
         return request.rid
 
@@ -183,7 +194,8 @@ class BatchScheduler:
             slot = self._slots.index(None)
             request.slot, self._slots[slot] = slot, request
             request.draft_forwards_at_join = self._draft_forwards()
-            first = self.loop.prefill_slot(slot, request.prompt, request.seed)
+            first = self.loop.prefill_slot(slot, request.prompt, request.seed,
+                                           request.sampling or SamplingParams())  # greedy: explicit
             request.stats.target_forwards += 1
             events.append(self._commit(request, [first]))
         return events
@@ -233,8 +245,8 @@ class BatchScheduler:
         return rule.choose(alphas, caps, self.capacity), None
 
     def run(self, requests) -> list[GenerationResult]:
-        """Submit ``(prompt, max_new_tokens, eos_token_ids)`` requests, step until all finish,
-        and return their results in order (``generate_batch``)."""
+        """Submit ``(prompt, max_new_tokens, eos_token_ids[, seed[, sampling]])`` requests, step
+        until all finish, and return their results in order (``generate_batch``)."""
         rids = [self.submit(*request) for request in requests]
         while not self.idle:
             self.step()
@@ -265,3 +277,9 @@ class BatchScheduler:
     def _draft_forwards(self) -> int:
         drafter = self.loop.drafter
         return drafter.forwards if drafter is not None else 0
+
+
+def _check_sampling(sampling) -> SamplingParams | None:
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise TypeError(f"sampling must be a SamplingParams or None, got {type(sampling).__name__}")
+    return sampling

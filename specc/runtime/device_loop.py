@@ -46,10 +46,10 @@ exactly a one-level verify's (sampling: the same per-position random numbers, th
 device -> host copy per step). Without a ragged step (e.g. a hybrid target, whose recurrent state
 cannot continue from level 1's) the loop verifies in one level.
 
-At temperature > 0 the decoding policy (``specc.runtime.policy``, chosen per scheduler: one set of
-sampling parameters, one seed per request) samples the drafts and verifies by speculative sampling
-(``specc.runtime.sampling_verify``) at the same points of the step; greedy generation makes the
-calls it always made.
+At temperature > 0 the decoding policy (``specc.runtime.policy``: each request's own sampling
+parameters and seed, set at its prefill; greedy requests may share the batch) samples the drafts
+and verifies by speculative sampling (``specc.runtime.sampling_verify``) at the same points of the
+step; while every request is greedy the loop makes the calls it always made.
 
 Same algorithm and statistics as the eager reference loop (``specc.runtime.eager``), which is a
 separate implementation of the same surface, not a base class of this one.
@@ -64,7 +64,7 @@ import torch
 
 from specc.result import GenerationResult, as_prompt_list
 from specc.runtime.loop import SpeculativeLoop
-from specc.runtime.policy import GreedyPolicy, decoding_policy
+from specc.runtime.policy import GreedyPolicy, SamplingPolicy
 from specc.runtime.ragged import PackedRows, ragged_capable
 from specc.runtime.state import DecodingState, reserve_block, slot_view
 from specc.runtime.trees import DraftTree
@@ -255,20 +255,24 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         """Generation for several prompts (any lengths), ``batch_size`` rows at a time (default:
         all at once) with continuous batching (``specc.runtime.batching``): per prompt the same
         tokens as that prompt alone. ``max_new_tokens``: one budget or one per prompt.
-        ``sampling``: ``SamplingParams`` (None: greedy); ``seeds``: one per prompt (default:
-        ``sampling.seed`` for each)."""
+        ``sampling``: one ``SamplingParams`` for every prompt or one per prompt (None: greedy);
+        ``seeds``: one per prompt (default: each prompt's params' seed)."""
         from specc.runtime.batching import BatchScheduler
 
         prompts = [as_prompt_list(p) for p in prompts]
         budgets = max_new_tokens if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
         if len(budgets) != len(prompts):
             raise ValueError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts")
+        per_prompt = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"sampling: {len(per_prompt)} params given for {len(prompts)} prompts")
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"seeds: {len(seeds)} given for {len(prompts)} prompts")
         with torch.inference_mode():
-            scheduler = BatchScheduler(self, max(1, min(batch_size or len(prompts), len(prompts))), sampling=sampling)
-            seeds = list(seeds) if seeds is not None else [None] * len(prompts)
-            if len(seeds) != len(prompts):
-                raise ValueError(f"seeds: {len(seeds)} given for {len(prompts)} prompts")
-            return scheduler.run([(p, m, eos_token_ids, s) for p, m, s in zip(prompts, budgets, seeds)])
+            scheduler = BatchScheduler(self, max(1, min(batch_size or len(prompts), len(prompts))))
+            requests = zip(prompts, budgets, [eos_token_ids] * len(prompts), seeds, per_prompt)
+            return scheduler.run(list(requests))
 
     def _loop(self, input_ids, max_new_tokens: int, eos_token_ids=(), sampling=None):
         from specc.runtime.batching import BatchScheduler
@@ -286,10 +290,12 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     def open_slots(self, rows: int, sampling=None) -> None:
         """Start over with ``rows`` free slots (reallocating the state when the batch changes).
-        ``sampling``: the ``SamplingParams`` every request of these slots decodes with (None or
-        temperature 0: greedy)."""
+        ``sampling``: the ``SamplingParams`` of a request prefilled without its own (None or
+        temperature 0: greedy); each request may bring its own (``prefill_slot``)."""
         self._sampling = None if sampling is None or sampling.greedy else sampling
-        self.policy = GreedyPolicy()  # a SamplingPolicy is made at the first prefill (it needs the vocabulary)
+        # a SamplingPolicy is made at the first sampled request's prefill (it needs the vocabulary);
+        # until then every request is greedy and the greedy path runs unchanged
+        self.policy = GreedyPolicy()
         if rows != self.batch:
             self.resize(self.max_len, rows)
         k_max = self.num_draft if self.drafter is not None else 0
@@ -304,13 +310,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.part_seconds = {}
         self._timer = PartTimer(self.target.device) if self.profile else _NoTimer()
 
-    def prefill_slot(self, slot: int, prompt: list[int], seed: int | None = None) -> int:
+    def prefill_slot(self, slot: int, prompt: list[int], seed: int | None = None, sampling=None) -> int:
         """Run ``prompt`` through the target into ``slot`` alone (a batch-1 forward on views of
         the slot's state rows; the other slots are untouched), start the drafter's sequence
-        there, and return the first generated token (one host sync)."""
+        there, and return the first generated token (one host sync). ``sampling``: the request's
+        ``SamplingParams`` (None: the slots' default, ``open_slots``); ``seed``: its seed (None:
+        the params')."""
         plen = len(prompt)
         if not 0 < plen <= self.max_len:
             raise ValueError(f"prompt of {plen} tokens for a loop of max_len {self.max_len}")
+        params = self._sampling if sampling is None else sampling
+        params = None if params is None or params.greedy else params
         dev = self.target.device
         self._timer.mark("prefill")
         self.seq[slot, :plen] = torch.tensor(prompt, dtype=torch.long)
@@ -320,13 +330,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             out = step(ids, self._arange(plen), torch.zeros(1, dtype=torch.long, device=dev))
         logits, context = out if isinstance(out, tuple) else (out, None)
         self.state.lengths[slot] = plen  # the first generated token's K/V lands with the first verify step
-        if self._sampling is None:
+        if params is None and isinstance(self.policy, GreedyPolicy):
             first = logits[:, -1].argmax(-1)
         else:
-            if isinstance(self.policy, GreedyPolicy):
-                self.policy = decoding_policy(self._sampling, self.batch, self.seq[:, :1], logits.shape[-1],
-                                              [self._sampling.seed] * self.batch)
-            self.policy.start_row(slot, self._sampling.seed if seed is None else seed, self.seq[slot, :plen])
+            if isinstance(self.policy, GreedyPolicy):  # the first sampled request: every other row greedy
+                self.policy = SamplingPolicy([None] * self.batch, torch.zeros(self.batch, dtype=torch.long, device=dev),
+                                             self.seq[:, :1], logits.shape[-1])
+            self.policy.start_row(slot, (params.seed if params is not None else 0) if seed is None else seed,
+                                  self.seq[slot, :plen], params)
             first = self.policy.first_row(slot, logits[:, -1], torch.tensor([plen], device=dev))
         self.seq[slot, plen] = first[0]
         self.n[slot], self.live[slot], self._live_mask = plen + 1, True, None

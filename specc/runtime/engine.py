@@ -89,12 +89,20 @@ class Engine:
                        sampling: SamplingParams | None = None, seeds=None, **sampling_fields) -> list[GenerationResult]:
         """Generation for several prompts of any lengths, decoded ``batch_size`` at a time
         (default: all together) with continuous batching; one result per prompt, in order, each
-        equal to that prompt run alone (greedy; sampling: the same seed gives the same tokens).
+        equal to that prompt run alone (greedy; sampling: the same params and seed give the same
+        tokens).
         ``max_new_tokens``: one budget or one per prompt; ``eos_token_id`` as in ``generate``;
-        sampling as in ``generate``, one seed per prompt in ``seeds`` (default: the params'
-        seed). ``last_stats``: seconds and tokens/s of the batch."""
-        params = SamplingParams.coerce(sampling, **sampling_fields)
+        sampling as in ``generate`` (one ``SamplingParams`` for every prompt), or a list of one
+        ``SamplingParams`` (or None: greedy) per prompt, greedy and sampled mixed in one batch
+        (keywords override each); one seed per prompt in ``seeds`` (default: the params' seed).
+        ``last_stats``: seconds and tokens/s of the batch."""
         prompts = [list(p) for p in prompts]
+        if isinstance(sampling, (list, tuple)):
+            if len(sampling) != len(prompts):
+                raise ValueError(f"sampling: {len(sampling)} params given for {len(prompts)} prompts")
+            params = [SamplingParams.coerce(s, **sampling_fields) for s in sampling]
+        else:
+            params = SamplingParams.coerce(sampling, **sampling_fields)
         budgets = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [max_new_tokens] * len(prompts)
         if len(budgets) != len(prompts):
             raise ValueError(f"{len(budgets)} max_new_tokens for {len(prompts)} prompts")

@@ -5,8 +5,19 @@ where greedy decoding and speculative sampling differ: the prefill's token, draf
 verification, the draft tree's scores, tree verification, and after each commit. ``decoding_policy``
 returns :class:`GreedyPolicy` for temperature 0 / no params, which makes exactly the calls the
 greedy loop always made (same ops, same results); :class:`SamplingPolicy` otherwise, which holds
-the request's params, one seed per row and, with a repetition penalty, the set of tokens each
-row has seen (on the device, [B, V + 1] bool: the last column absorbs masked-out writes).
+each row's params (``specc.sampling.rows.RowParams``: a continuous batch mixes requests with
+different temperatures, top-k / top-p / min-p, penalties and seeds, greedy rows among them), one
+seed per row and, when some row has a repetition penalty, the set of tokens each row has seen (on
+the device, [B, V + 1] bool: the last column absorbs masked-out writes). A greedy row of a
+SamplingPolicy has a one-hot distribution at its argmax: speculative sampling then commits its
+greedy tokens exactly.
+
+Graph safety: a row's parameters are tensor entries written when its request enters the slot
+(``start_row``), so a step's shapes and its device values do not steer Python. Three things are
+decided on the host from the requests' params, and only when a request enters: the loop switches
+from GreedyPolicy to a SamplingPolicy at the first sampled request, the seen set is allocated at
+the first request with a repetition penalty (until then the penalty's ops are skipped), and top-k /
+top-p / min-p run once some request has used them (``RowParams.used``).
 
 Positions: ``lengths`` [B] (the decoding state's lengths) is the sequence index of each row's last
 committed token, so a step decides positions lengths + 1, ...; ``first`` gets the prefill token's
@@ -19,7 +30,7 @@ import torch
 
 from specc.sampling import rng
 from specc.sampling.params import SamplingParams
-from specc.sampling.processors import process_logits
+from specc.sampling.rows import RowParams, process_rows, rows_probs
 from specc.runtime.sampling_verify import SamplingChainVerifier, SamplingTreeVerifier
 
 __all__ = ["GreedyPolicy", "SamplingPolicy", "decoding_policy"]
@@ -63,16 +74,22 @@ class GreedyPolicy:
 
 
 class SamplingPolicy:
-    """Speculative sampling (``specc.runtime.sampling_verify``) for one generation's rows."""
+    """Speculative sampling (``specc.runtime.sampling_verify``) for one generation's rows.
+    ``params``: one SamplingParams for every row, or one per row (None or greedy: a greedy row)."""
 
-    def __init__(self, params: SamplingParams, seeds: torch.Tensor, prompts: torch.Tensor, vocab: int,
+    def __init__(self, params, seeds: torch.Tensor, prompts: torch.Tensor, vocab: int,
                  chain_verifier: SamplingChainVerifier | None = None):
+        rows = prompts.shape[0]
+        per_row = list(params) if isinstance(params, (list, tuple)) else [params] * rows
+        if len(per_row) != rows:
+            raise ValueError(f"sampling params: {len(per_row)} given for {rows} rows")
         self.sampling, self.seeds, self.vocab = params, seeds, vocab
+        self.rows = RowParams.of(per_row, prompts.device)
         self.chain = chain_verifier or SamplingChainVerifier()
         self.tree = SamplingTreeVerifier()
         self.seen = None
-        if params.uses_history:
-            self.seen = torch.zeros(prompts.shape[0], vocab + 1, dtype=torch.bool, device=prompts.device)
+        if any(p is not None and not p.greedy and p.uses_history for p in per_row):
+            self.seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=prompts.device)
             self.seen.scatter_(1, prompts.clamp(max=vocab), True)
 
     def _base(self, shape_mid: int | None = None):
@@ -86,9 +103,10 @@ class SamplingPolicy:
         extra = torch.zeros_like(self.seen).scatter_(1, tokens, True)
         return (self.seen | extra)[:, : self.vocab]
 
-    def probs(self, logits: torch.Tensor, seen) -> torch.Tensor:
-        """A drafter's logits may carry padding columns past the target's vocabulary: cut."""
-        return process_logits(logits[..., : self.vocab], self.sampling, seen).softmax(-1)
+    def probs(self, logits: torch.Tensor, seen, rows: RowParams | None = None) -> torch.Tensor:
+        """Each row's distribution (``rows``: the parameters of ``logits``' rows; default every
+        row's). A drafter's logits may carry padding columns past the target's vocabulary: cut."""
+        return rows_probs(logits[..., : self.vocab], self.rows if rows is None else rows, seen)
 
     def first(self, logits_last, position):
         token = rng.sample(self.probs(logits_last, self._base()), rng.uniform(self.seeds, position, rng.TARGET))
@@ -117,7 +135,7 @@ class SamplingPolicy:
                 extra = torch.zeros(before.shape[0], self.vocab + 1, dtype=torch.bool, device=seq.device)
                 extra.scatter_(1, torch.where(before >= 0, before, torch.full_like(before, self.vocab)), True)
                 seen = (self.seen[index] | extra)[:, : self.vocab]
-            q = self.probs(logits, seen)
+            q = self.probs(logits, seen, None if rows is None else self.rows.index(index))
             token = rng.sample(q, rng.uniform(self.seeds[index], start[index] + j, rng.DRAFT))
             picked[index, j] = token
             return token, q
@@ -143,7 +161,7 @@ class SamplingPolicy:
         return res.accepted, res.committed
 
     def tree_logprobs(self, draft_logits, lengths):
-        return process_logits(draft_logits[..., : self.vocab], self.sampling, self._base(draft_logits.shape[1])).log_softmax(-1)
+        return self.tree_logits(draft_logits, lengths).log_softmax(-1)
 
     def _tree_seen(self, tree):
         if self.seen is None:
@@ -160,7 +178,7 @@ class SamplingPolicy:
     def tree_logits(self, draft_logits, lengths):
         """Processed logits (-inf where a token cannot be sampled): the planner's log_softmax of
         them is ``tree_logprobs``."""
-        return process_logits(draft_logits[..., : self.vocab], self.sampling, self._base(draft_logits.shape[1]))
+        return process_rows(draft_logits[..., : self.vocab], self.rows, self._base(draft_logits.shape[1]))
 
     def accept_tree(self, greedy_accept, tokens, parents, depths, mask, logits, caps, depth, lengths):
         from specc.runtime.trees import DraftTree
@@ -170,9 +188,14 @@ class SamplingPolicy:
         self.observe(res.committed, res.accepted)
         return res.accepted, res.committed, res.path
 
-    def start_row(self, slot: int, seed: int, prompt: torch.Tensor) -> None:
-        """A request enters ``slot`` (continuous batching): its seed, and its prompt as the seen set."""
+    def start_row(self, slot: int, seed: int, prompt: torch.Tensor, params=None) -> None:
+        """A request enters ``slot`` (continuous batching): its seed, its params (None: a greedy
+        row) and, when it has a repetition penalty, its prompt as the seen set."""
         self.seeds[slot] = int(seed)
+        self.rows.set_row(slot, params)
+        if self.seen is None and params is not None and not params.greedy and params.uses_history:
+            # the first request with a penalty: the other rows' sets are never read (penalty off)
+            self.seen = torch.zeros(self.rows.rows, self.vocab + 1, dtype=torch.bool, device=prompt.device)
         if self.seen is not None:
             self.seen[slot] = False
             self.seen[slot].scatter_(0, prompt.clamp(max=self.vocab), True)
@@ -180,7 +203,8 @@ class SamplingPolicy:
     def first_row(self, slot: int, logits_last: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """``first`` for one slot's prefill: ``logits_last`` [1, V], ``position`` [1]."""
         seen = None if self.seen is None else self.seen[slot:slot + 1, : self.vocab]
-        token = rng.sample(self.probs(logits_last, seen), rng.uniform(self.seeds[slot:slot + 1], position, rng.TARGET))
+        probs = self.probs(logits_last, seen, self.rows.index(slice(slot, slot + 1)))
+        token = rng.sample(probs, rng.uniform(self.seeds[slot:slot + 1], position, rng.TARGET))
         if self.seen is not None:
             self.seen[slot, token[0]] = True
         return token

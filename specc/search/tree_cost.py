@@ -16,12 +16,12 @@ Two costs that a causal verify of the same size does not have are calibrated on 
   mask; acceptance; KV compaction), ~80 dependent small kernels: 0.21 ms at 16 nodes to 0.39 ms
   at 128, priced as ``TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget`` launch overheads of
   the deployment;
-- the tree-masked verify forward: 1.14x a causal verify of the same rows at 16 rows, 1.39x at 128
-  (``TREE_VERIFY_FACTOR``, interpolated in the row count). Measured with the attention kernel
-  reading the byte mask (the first H200 run; later runs were faster); generated tree steps now
-  pass the mask as packed bit words (``codegen/kernels/tree_mask.py``), not yet measured on a GPU,
-  so the factor stays as measured until ``examples/profile_tree.py`` / ``bench_tree.py --parts
-  steps`` re-measure it.
+- the tree-masked verify forward: 1.09-1.14x a causal verify of the same rows at 16-128 rows
+  (``TREE_VERIFY_FACTOR``, interpolated in the row count; run 3 of
+  docs/benchmarks/tree-steps-h200.md, after the attention tile split). Measured with the
+  attention kernel reading the byte mask; generated tree steps now pass the mask as packed bit
+  words (``codegen/kernels/tree_mask.py``), not yet measured on a GPU, so the factor stays as
+  measured until ``examples/profile_tree.py`` / ``bench_tree.py --parts steps`` re-measure it.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ BUDGETS = (8, 16, 32, 64, 128)
 TREE_STEP_LAUNCHES = 120
 TREE_LAUNCHES_PER_NODE = 1.1
 # Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024;
-# byte mask tiles: to re-measure with the packed mask words, see the module doc).
-TREE_VERIFY_FACTOR = ((16, 1.137), (32, 1.172), (64, 1.324), (128, 1.392))
+# docs/benchmarks/tree-steps-h200-run3.json: tree_over_chain; byte mask tiles). Re-measure when the
+# tree mask changes (the packed words: see the module doc).
+TREE_VERIFY_FACTOR = ((16, 1.117), (32, 1.106), (64, 1.141), (128, 1.088))
 
 
 def tree_verify_factor(rows: int) -> float:

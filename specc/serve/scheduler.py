@@ -131,19 +131,15 @@ class BatchingScheduler:
     """Up to ``capacity`` requests decoded together (``specc.runtime.batching.BatchScheduler``
     over the engine's loop, sequences of up to ``max_len`` tokens); its step events become
     ``StepOutput``s, a finished request's with its ``GenerationResult``. Each request's tokens
-    equal that request run alone (greedy)."""
+    equal that request run alone (greedy, or sampled with its own params and seed)."""
 
     def __init__(self, engine, capacity: int, max_len: int | None = None):
         self._inner = engine.scheduler(capacity, max_len)
 
     def submit(self, prompt_ids, max_new_tokens: int, eos_token_ids=(), sampling=None) -> int:
-        """Greedy requests only for now: the batch decodes with one set of sampling parameters
-        (``BatchScheduler(sampling=)``), so a request with temperature > 0 is refused here (run
-        the server without --batch-size to sample)."""
-        if sampling is not None and not sampling.greedy:
-            raise ValueError("temperature > 0 is not supported with --batch-size yet (one sampling setting per "
-                             "batch); run `specc serve` without --batch-size to sample")
-        return self._inner.submit(list(prompt_ids), int(max_new_tokens), tuple(eos_token_ids))
+        """``sampling``: the request's ``SamplingParams`` (None: greedy); requests with different
+        params (greedy among them) share the batch, each with its own parameters and seed."""
+        return self._inner.submit(list(prompt_ids), int(max_new_tokens), tuple(eos_token_ids), sampling=sampling)
 
     @property
     def num_running(self) -> int:

@@ -33,3 +33,22 @@ def test_seeded_sampling_reproduces_under_graphs(budget):
     assert rows[0].tokens == first and rows[2].tokens == first
     greedy = loop.generate(prompt, 48, ()).tokens
     assert greedy == loop.generate(prompt, 48, (), SamplingParams(temperature=0.0)).tokens
+
+
+@pytest.mark.parametrize("budget", [0, 16])
+def test_mixed_params_batch_equals_each_alone_under_graphs(budget):
+    """Greedy and differently sampled requests in one batch of compiled steps (CUDA graphs): each
+    gives its tokens alone."""
+    import bench_tree as B
+    from specc.pairing import resolve_pair
+
+    pair = resolve_pair("specc-tiny", "specc-tiny-dflash", "dflash")
+    steps, section = B.compiled_tree_steps(pair, torch.bfloat16, "cuda")
+    loop = B.compiled_tree_system(steps, section, pair.impl.strategy, budget, 256)
+    prompts = [list(range(20, 52)), list(range(60, 70)), list(range(20, 52)), list(range(5, 45))]
+    mixed = [SamplingParams(temperature=0.8, top_p=0.95, seed=7), None,
+             SamplingParams(temperature=1.1, top_k=40, repetition_penalty=1.1, seed=8),
+             SamplingParams(temperature=0.6, min_p=0.05, seed=9)]
+    batched = loop.generate_batch(prompts, 48, (), mixed, batch_size=3)
+    for prompt, params, got in zip(prompts, mixed, batched):
+        assert got.tokens == loop.generate(prompt, 48, (), params).tokens

@@ -4,7 +4,8 @@ the target's exact sampling distribution (``distribution.exact_joint``: enumerat
 model and processors) for chains and trees, several temperatures, top-k / top-p / min-p /
 repetition penalty, and drafters that agree with the target fully, partly and not at all. The
 same statistic rejects deliberately biased acceptance rules (the test has power). Plus:
-temperature 0 is greedy, a seed reproduces a run, alone or inside a batch."""
+temperature 0 is greedy, a seed reproduces a run, alone or inside a batch, and rows of one batch
+with different params each follow their own distribution."""
 
 from __future__ import annotations
 
@@ -142,6 +143,20 @@ def test_tree_output_distribution_is_the_targets(tiny, drafter, budget, params, 
     p, what = g_test([r.tokens for r in results], _exact(tiny["target"], params))
     assert p > ALPHA, what
     _check_agreement(loop, params, agreement)
+
+
+@pytest.mark.parametrize("tree", [0, 5])
+def test_rows_with_different_params_in_one_batch_follow_their_own(tiny, tree):
+    """One batch whose rows alternate two sets of params (a partly agreeing PARD drafter, chain
+    and tree steps): each set's rows follow that set's exact distribution."""
+    a = SamplingParams(temperature=1.0, top_k=6)
+    b = SamplingParams(temperature=0.7, min_p=0.05, repetition_penalty=1.3)
+    loop = _loop(tiny, "pard_perturbed", tree=tree, cap=False)
+    results = loop.generate_batch([PROMPT] * ROWS, STEPS, (), [a, b] * (ROWS // 2), seeds=list(range(ROWS)))
+    assert _exact(tiny["target"], a).ne(_exact(tiny["target"], b)).any()
+    for params, rows in ((a, results[0::2]), (b, results[1::2])):
+        p, what = g_test([r.tokens for r in rows], _exact(tiny["target"], params))
+        assert p > ALPHA, (params, what)
 
 
 def _accept_if_drafter_likes_it_more(u, p_x, q_x):

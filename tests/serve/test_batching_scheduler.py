@@ -1,6 +1,7 @@
 """The worker over the continuous-batching scheduler (``specc serve --batch-size N``): concurrent
-requests of different lengths and budgets are decoded together, each equal to one-at-a-time
-``Engine.generate``; a request cancelled half way frees its slot for the next."""
+requests of different lengths, budgets and sampling params (greedy and sampled) are decoded
+together, each equal to one-at-a-time ``Engine.generate``; a request cancelled half way frees its
+slot for the next."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 
 import pytest
 
+from specc.sampling import SamplingParams
 from specc.serve.backend import GenerationRequest
 from specc.serve.scheduler import BatchingScheduler
 from specc.serve.worker import EngineWorker
@@ -66,3 +68,24 @@ def test_concurrent_requests_batched_equal_one_at_a_time(worker, reference):
     stats = worker.stats()
     assert stats.running == stats.waiting == 0 and stats.finished >= len(PROMPTS)
     assert worker.schedulers[0].most == 3  # requests were decoded together
+
+
+SAMPLED = [([5, 6, 7, 8], 10, SamplingParams(temperature=0.8, top_p=0.9, seed=1)),
+           ([100, 200, 300], 8, None),  # greedy among them
+           ([9] * 20, 12, SamplingParams(temperature=1.2, top_k=30, seed=2)),
+           ([7, 70, 700], 9, SamplingParams(temperature=0.7, min_p=0.05, repetition_penalty=1.2, seed=3)),
+           ([5, 6, 7, 8], 10, SamplingParams(temperature=0.8, top_p=0.9, seed=4))]
+
+
+def test_concurrent_sampled_requests_batched_equal_one_at_a_time(worker, reference):
+    """Requests with different sampling params and seeds (and a greedy one) share the batch; each
+    gets exactly what ``Engine.generate`` gives it alone."""
+    async def main():
+        return await asyncio.gather(*(collect(worker, GenerationRequest(f"s{i}", tuple(p), n, sampling=s))
+                                      for i, (p, n, s) in enumerate(SAMPLED)))
+
+    results = asyncio.run(main())
+    alone = [reference.generate(p, n, sampling=s).tokens for p, n, s in SAMPLED]
+    assert [tokens for tokens, _ in results] == alone
+    assert alone[0] != alone[4]  # the seed matters: the same prompt and params, different tokens
+    assert alone[1] == reference.generate([100, 200, 300], 8).tokens
