@@ -32,4 +32,8 @@ def test_bench_sampling_ops_smoke(tmp_path):
     _run("bench_sampling_ops.py", "--device", "cpu", "--vocab", "512", "--k", "3", "--budget", "4", "--batch", "1,2",
          "--iters", "1", "--out", str(out))
     result = json.loads(out.read_text())
-    assert len(result["rows"]) == 8 and all(r["chain_ms"] > 0 and r["tree_ms"] > 0 for r in result["rows"])
+    rows = result["rows"]
+    modes = {r["mode"] for r in rows}
+    assert "greedy" in modes and any("mixed" in m for m in modes) and len(modes) == 5  # greedy, 3 settings, mixed
+    assert len(rows) == 2 * len(modes) and {r["batch"] for r in rows} == {1, 2}
+    assert all(r["chain_ms"] > 0 and r["tree_ms"] > 0 for r in rows)
