@@ -101,7 +101,9 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, par
     bsz, q, _ = idx.shape
     taps = ext.gather(1, idx.reshape(bsz, q * kernel, 1).expand(-1, -1, ext.shape[-1]))
     taps = taps.reshape(bsz, q, kernel, -1)  # [B, Q, K, C]
-    out = (taps.to(weight.dtype) * weight.t()[None, None]).sum(dim=2)
+    # products summed in fp32 and rounded once to the weight's dtype, as F.conv1d does (HF's
+    # causal_conv1d_fn); rounding every product first adds K roundings per output in bf16
+    out = (taps.float() * weight.t().float()[None, None]).sum(dim=2).to(weight.dtype)
     return F.silu(out).to(x.dtype), taps[:, :, 1:].permute(0, 1, 3, 2)
 
 

@@ -80,6 +80,22 @@ def test_tree_conv_reads_ancestors_and_the_committed_window():
     torch.testing.assert_close(chain_out, torch.nn.functional.silu(ref).transpose(1, 2))
 
 
+def test_bf16_conv_rounds_once_as_conv1d():
+    """In bf16 the conv's products are summed in fp32 and rounded once, as torch's conv1d (HF's
+    causal_conv1d_fn, the reference) does; rounding each product to bf16 first (an earlier
+    version) disagreed with it at about a third of the outputs, at Qwen3.5's real shapes too."""
+    g = torch.Generator().manual_seed(4)
+    channels, kernel, length = 256, 4, 9
+    x = torch.randn(1, length, channels, generator=g).bfloat16()
+    window = torch.randn(1, channels, kernel - 1, generator=g).bfloat16()
+    weight = (torch.randn(channels, kernel, generator=g) * 0.3).bfloat16()
+    out, _ = gdn.causal_conv(x, window, weight, gdn.chain_parents(1, length, "cpu"))
+    ext = torch.cat([window, x.transpose(1, 2)], dim=-1)
+    ref = torch.nn.functional.silu(torch.nn.functional.conv1d(ext, weight[:, None], groups=channels)).transpose(1, 2)
+    assert out.dtype == torch.bfloat16
+    assert (out != ref).float().mean().item() < 0.005  # fp32 summation order only
+
+
 def test_parents_from_ancestor_mask():
     parents = _tree()
     depths = torch.zeros_like(parents)

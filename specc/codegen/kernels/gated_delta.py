@@ -108,7 +108,7 @@ def _conv_kernel(x_ptr, state_ptr, w_ptr, cache_len_ptr, parents_ptr, out_ptr,
             wv = tl.load(base + s_se + tl.maximum(e, 0), mask=mc & (at < W), other=0.0)
             val = tl.where(in_block, xv.to(tl.float32), wv.to(tl.float32))
             weight = tl.load(w_ptr + rc * KERNEL + tap, mask=mc, other=0.0).to(tl.float32)
-            acc += rounded(val * weight, out_ptr.dtype.element_ty)
+            acc += val * weight  # fp32 products and sum, rounded once below (as F.conv1d)
             if tap >= 1:
                 if i < SLOTS:  # node i's window: its path's last W inputs, oldest first
                     tl.store(base + (i + 2) * s_se + (tap - 1), val.to(state_ptr.dtype.element_ty), mask=mc)
@@ -118,7 +118,7 @@ def _conv_kernel(x_ptr, state_ptr, w_ptr, cache_len_ptr, parents_ptr, out_ptr,
                 else:
                     par = tl.load(parents_ptr + b * s_pb + tl.maximum(node, 0), mask=in_block, other=0)
                 e = tl.where(in_block, tl.where(par >= 0, par + W, W - 1), tl.maximum(e - 1, 0))
-        acc = rounded(acc, out_ptr.dtype.element_ty)
+        acc = rounded(acc, w_ptr.dtype.element_ty)  # the conv's result in the weight's dtype
         y = acc / (1.0 + precise_exp(-acc))
         tl.store(out_ptr + b * s_ob + i * s_oq + rc, round_to(y, out_ptr.dtype.element_ty), mask=mc)
     if CHAIN:

@@ -90,7 +90,7 @@ def test_bf16_gpu(kind, q, cache_len):
     ref_rec, ref_conv = rec.clone(), conv.clone()
     ref_mixed = gdn.conv_step(mixed, ref_conv, weight, lens, parents)
     got_mixed = K.conv_step(mixed, conv, weight, lens, parents)
-    assert (got_mixed != ref_mixed).float().mean().item() < 0.02
+    assert (got_mixed != ref_mixed).float().mean().item() < 0.005
     torch.testing.assert_close(got_mixed, ref_mixed, rtol=2e-2, atol=2e-2)
     assert torch.equal(conv, ref_conv)
     ref = gdn.delta_rule_step(ref_mixed, decay, beta, ref_rec, lens, HK, parents)
@@ -102,7 +102,8 @@ def test_bf16_gpu(kind, q, cache_len):
 @pytest.mark.parametrize("kind, q, cache_len", [("chain", 5, [3, 0]), ("tree", 5, [6, 0])])
 def test_bf16_inputs_match_the_model_op(dev, kind, q, cache_len):
     """bf16 activations and conv window (fp32 state): the kernels widen every load to fp32 and
-    round where the reference rounds, so they agree with it (interpreted or compiled)."""
+    round where the reference rounds (the conv: once, after an fp32 sum of its taps), so they
+    agree with it (interpreted or compiled)."""
     rec, conv = _state(dev, 9, torch.bfloat16)
     mixed, decay, beta, weight = _block(dev, q, 10, torch.bfloat16)
     lens = torch.tensor(cache_len, device=dev)
@@ -111,7 +112,8 @@ def test_bf16_inputs_match_the_model_op(dev, kind, q, cache_len):
     cpu_parents = None if parents is None else parents.cpu()
     ref_mixed = gdn.conv_step(mixed.cpu(), ref_conv, weight.cpu(), lens.cpu(), cpu_parents)
     got_mixed = K.conv_step(mixed, conv, weight, lens, parents)
-    assert (got_mixed.cpu() != ref_mixed).float().mean().item() < 0.02  # rounding of near-ties only
+    # both sum the taps in fp32 and round once (as F.conv1d): only summation order may differ
+    assert (got_mixed.cpu() != ref_mixed).float().mean().item() < 0.005
     torch.testing.assert_close(got_mixed.cpu(), ref_mixed, rtol=2e-2, atol=2e-2)
     assert torch.equal(conv.cpu(), ref_conv)
     ref = gdn.delta_rule_step(ref_mixed, decay.cpu(), beta.cpu(), ref_rec, lens.cpu(), HK, cpu_parents)
