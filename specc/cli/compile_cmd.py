@@ -85,8 +85,9 @@ def register(sub) -> None:
     v.add_argument("--tokens", type=int, default=24, metavar="N", help="tokens per prompt (default 24)")
     v.add_argument("--tolerance", type=float, help="tie margin (default: the artifact's)")
     v.add_argument("--fp32-audit", action="store_true",
-                   help="ask stock again in fp32 about each mismatch above the tolerance: one within stock's own "
-                        "rounding error on the two logits is reported as an fp32-audited tie, not a failure")
+                   help="ask stock again in fp32 about each mismatch above the tolerance: one where fp32 prefers "
+                        "stock's token by no more than stock's own rounding error on the two logits (or prefers the "
+                        "compiled token) is reported as an fp32-audited tie, not a failure")
     v.add_argument("--expect-hash", metavar="SHA256", help="refuse the artifact unless its manifest.json has this sha256")
     v.add_argument("--json", action="store_true", help="print the report as JSON")
     v.set_defaults(handler=run_verify)

@@ -10,10 +10,13 @@ up to the first tie position.
 
 Optional fp32 audit (``referee=Fp32Referee(stock_target)``, ``specc verify --fp32-audit``): a
 mismatch above the tolerance is asked again of the same stock model run in fp32 on the same
-weights. When fp32's gap between stock's token and the system's token is no larger than stock's
-own low-precision error on those two logits, stock's choice is within its own rounding noise:
-the position is reported as an *audited tie* (a list of its own, with both numbers), not folded
-into the ordinary ties. Every other mismatch still fails. In fp32 stock this never applies.
+weights. When fp32 prefers stock's token over the system's by no more than stock's own
+low-precision error on those two logits (or prefers the system's token), stock's choice is
+within its own rounding noise: the position is reported as an *audited tie* (a list of its own,
+with both numbers), not folded into the ordinary ties. Every other mismatch still fails. The
+ordinary ties get both numbers too (for the record; they are ties either way). In fp32 stock
+this never applies. ``ForcingReport.audit`` says whether the audit ran, and why not where an
+fp32 copy of stock does not fit (:func:`fp32_referee`).
 
 A system is anything with ``forced_argmax(prompt, tokens) -> list[int]`` and
 ``generate(prompt, max_new_tokens, eos_token_ids) -> GenerationResult`` (the eager decoder and
@@ -55,8 +58,8 @@ class Mismatch:
     expected: int
     got: int
     margin: float
-    fp32_margin: float | None = None  # fp32 logit(expected) - logit(got), when audited
-    stock_error: float | None = None  # max |stock logit - fp32 logit| over the two tokens, when audited
+    fp32_margin: float | None = None  # fp32 logit(expected) - logit(got), with an fp32 referee
+    stock_error: float | None = None  # max |stock logit - fp32 logit| over the two tokens, with a referee
 
 
 @dataclasses.dataclass
@@ -69,6 +72,7 @@ class ForcingReport:
     failures: list[Mismatch] = dataclasses.field(default_factory=list)
     generation_failures: list[str] = dataclasses.field(default_factory=list)
     nonfinite: list[str] = dataclasses.field(default_factory=list)  # positions with NaN/inf logits
+    audit: str | None = None  # whether an fp32 audit ran, and why not (None: not asked)
 
     @property
     def passed(self) -> bool:
@@ -90,6 +94,8 @@ class ForcingReport:
             text += f"; non-finite logits: {self.nonfinite[0]}"
         if self.positions == 0:
             text += "; nothing was checked (0 positions)"
+        if self.audit:
+            text += f"; {self.audit}"
         return text
 
     def to_json(self) -> dict:
@@ -97,7 +103,8 @@ class ForcingReport:
                 "positions": self.positions, "ties": [dataclasses.asdict(m) for m in self.ties],
                 "audited_ties": [dataclasses.asdict(m) for m in self.audited_ties],
                 "failures": [dataclasses.asdict(m) for m in self.failures],
-                "generation_failures": list(self.generation_failures), "nonfinite": list(self.nonfinite)}
+                "generation_failures": list(self.generation_failures), "nonfinite": list(self.nonfinite),
+                "audit": self.audit}
 
 
 @torch.inference_mode()
@@ -123,19 +130,55 @@ class Fp32Referee:
         import copy
 
         self.stock = stock_target
-        self.fp32 = copy.deepcopy(stock_target).float()
+        self.fp32 = copy.deepcopy(stock_target).float()  # .float() converts tensor by tensor
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    @torch.inference_mode()
-    def __call__(self, index: int, run: StockRun, position: int, expected: int, got: int) -> tuple[float, float]:
+    def logits(self, index: int, run: StockRun) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stock's, fp32's) logits [T, V] at run ``index``'s generated positions."""
         if index not in self._cache:
-            ids = torch.tensor([list(run.prompt) + list(run.tokens)], device=self.stock.device)
-            start = len(run.prompt) - 1
-            self._cache[index] = (self.stock(input_ids=ids).logits[0, start:-1].float(),
-                                  self.fp32(input_ids=ids).logits[0, start:-1].float())
-        low, ref = (t[position] for t in self._cache[index])
+            with torch.inference_mode():
+                ids = torch.tensor([list(run.prompt) + list(run.tokens)], device=self.stock.device)
+                start = len(run.prompt) - 1
+                self._cache[index] = (self.stock(input_ids=ids).logits[0, start:-1].float(),
+                                      self.fp32(input_ids=ids).logits[0, start:-1].float())
+        return self._cache[index]
+
+    def __call__(self, index: int, run: StockRun, position: int, expected: int, got: int) -> tuple[float, float]:
+        low, ref = (t[position] for t in self.logits(index, run))
         error = max(abs(low[expected] - ref[expected]).item(), abs(low[got] - ref[got]).item())
         return (ref[expected] - ref[got]).item(), error
+
+
+def fp32_referee(stock_target, free_bytes: int | None = None) -> tuple[Fp32Referee | None, str]:
+    """An :class:`Fp32Referee` of ``stock_target`` when its fp32 copy fits in the free memory of
+    the target's device (``free_bytes``: override, for tests), else None; and the one line a
+    forcing report carries about it (``verify_system(..., audit=)``). Why ask first: a stock
+    model too large to copy in fp32 would otherwise end the run in an out-of-memory error instead
+    of a report that says its mismatches went unaudited."""
+    params = list(stock_target.parameters())
+    if params and all(p.dtype == torch.float32 for p in params):
+        return None, "fp32 audit: not needed (stock runs in fp32)"
+    need = sum(p.numel() for p in params) * 4  # parameters() lists a shared tensor once
+    if free_bytes is None:
+        free_bytes = _free_bytes(params[0].device if params else torch.device("cpu"))
+    if free_bytes is not None and need > free_bytes:
+        return None, (f"fp32 audit: off (an fp32 copy of stock needs {need / 2**30:.1f} GiB, "
+                      f"{free_bytes / 2**30:.1f} GiB free): mismatches are not audited")
+    return Fp32Referee(stock_target), f"fp32 audit: on (stock in fp32 on the same weights, {need / 2**30:.1f} GiB)"
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Free memory on ``device``: the CUDA allocator's view, or MemAvailable on a Linux host."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int, num_draft=None,
@@ -158,10 +201,13 @@ def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int,
 
 def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eos_token_ids=(),
                   referee: Fp32Referee | None = None,
-                  progress: Callable[[int, int], None] | None = None) -> ForcingReport:
+                  progress: Callable[[int, int], None] | None = None, audit: str | None = None) -> ForcingReport:
     """Force stock's tokens through ``system`` on every run and decode freely; ``progress(done,
-    total)`` after each prompt."""
-    report = ForcingReport(tolerance=tolerance, prompts=len(runs))
+    total)`` after each prompt; ``audit``: the report's line about the fp32 audit (default: says
+    it ran when a referee is given)."""
+    if audit is None and referee is not None:
+        audit = "fp32 audit: on"
+    report = ForcingReport(tolerance=tolerance, prompts=len(runs), audit=audit)
     for index, run in enumerate(runs):
         got = system.forced_argmax(run.prompt, run.tokens)
         report.positions += len(run.tokens)
@@ -174,11 +220,13 @@ def verify_system(system: System, runs: Sequence[StockRun], tolerance: float, eo
             if want == have:
                 continue
             m = Mismatch(index, pos, want, int(have), float(run.margins[pos]))
+            if referee is not None:
+                m.fp32_margin, m.stock_error = referee(index, run, pos, want, int(have))
             if m.margin < tolerance:
                 kind = report.ties
             elif referee is not None:
-                m.fp32_margin, m.stock_error = referee(index, run, pos, want, int(have))
-                kind = report.audited_ties if abs(m.fp32_margin) <= m.stock_error else report.failures
+                # fp32 prefers stock's token by no more than stock's own error, or the system's
+                kind = report.audited_ties if m.fp32_margin <= m.stock_error else report.failures
             else:
                 kind = report.failures
             kind.append(m)

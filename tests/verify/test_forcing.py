@@ -52,8 +52,9 @@ def _broken(pair):
 
 
 def test_fp32_audit_moves_only_mismatches_within_stock_error(checkpoints):
-    """An audited tie needs |fp32 margin| <= stock's own error; it is listed apart from the
-    ordinary ties, with both numbers, and every other mismatch still fails."""
+    """An audited tie needs fp32 to prefer stock's token by no more than stock's own error (or
+    to prefer the system's); it is listed apart from the ordinary ties, with both numbers, and
+    every other mismatch still fails."""
     pair = resolve_pair(checkpoints["target"])
     runs = run_stock_reference(pair, [PROMPT], 16)
     plain = verify_system(_broken(pair), runs, tolerance=1e-3)
@@ -62,8 +63,35 @@ def test_fp32_audit_moves_only_mismatches_within_stock_error(checkpoints):
     assert not inside.failures and len(inside.audited_ties) == len(plain.failures) and inside.passed
     assert inside.audited_ties[0].fp32_margin == 0.1 and inside.audited_ties[0].stock_error == 0.2
     assert "fp32-audited ties" in inside.summary() and inside.to_json()["audited_ties"]
-    outside = verify_system(_broken(pair), runs, tolerance=1e-3, referee=lambda *a: (-0.3, 0.2))
+    outside = verify_system(_broken(pair), runs, tolerance=1e-3, referee=lambda *a: (0.3, 0.2))
     assert len(outside.failures) == len(plain.failures) and not outside.audited_ties and not outside.passed
+    assert outside.failures[0].fp32_margin == 0.3 and "fp32 audit: on" in outside.summary()
+    # fp32 prefers the system's token by more than stock's error: stock's pick was the rounding artifact
+    system_right = verify_system(_broken(pair), runs, tolerance=1e-3, referee=lambda *a: (-0.3, 0.2))
+    assert len(system_right.audited_ties) == len(plain.failures) and system_right.passed
+
+
+def test_ties_carry_fp32_numbers_and_the_report_says_whether_it_audited(checkpoints):
+    """With a referee the ordinary ties get the fp32 numbers too (they stay ties); the report
+    says whether the audit ran and, when an fp32 copy of stock does not fit, why not."""
+    from specc.stock.runner import StockSystem
+    from specc.verify import fp32_referee
+
+    pair = resolve_pair(checkpoints["target"])
+    runs = run_stock_reference(pair, [PROMPT], 16)
+    ties = verify_system(_broken(pair), runs, tolerance=1e9, referee=lambda *a: (5.0, 0.1))
+    assert ties.ties and not ties.audited_ties and not ties.failures
+    assert all(m.fp32_margin == 5.0 and m.stock_error == 0.1 for m in ties.ties)
+    assert verify_system(_broken(pair), runs, tolerance=1e9).audit is None
+    stock = StockSystem(pair, None, torch.bfloat16, "cpu")
+    referee, note = fp32_referee(stock.target, free_bytes=1024)
+    assert referee is None and note.startswith("fp32 audit: off") and "GiB free" in note
+    report = verify_system(_broken(pair), runs, tolerance=1e-3, audit=note)
+    assert report.failures and note in report.summary() and report.to_json()["audit"] == note
+    referee, note = fp32_referee(stock.target, free_bytes=2**40)
+    assert referee is not None and note.startswith("fp32 audit: on")
+    assert next(referee.fp32.parameters()).dtype == torch.float32
+    assert fp32_referee(StockSystem(pair, None, torch.float32, "cpu").target)[0] is None  # fp32 stock
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
