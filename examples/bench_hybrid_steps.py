@@ -3,13 +3,20 @@ and step times (random weights).
 
 1. Token forcing in bf16: a Qwen3.5-shaped target (transformers' ``Qwen3_5TextConfig``
    defaults: hidden 4096, 32 layers of which 24 GDN, Hk 16 / Hv 32 heads of dk = dv = 128,
-   about 9B parameters) with random weights, compiled in memory with the default pipeline
-   (verify and tree verify steps) and driven by a random PARD drafter (Qwen3-0.6B shapes, the
-   target's vocabulary) through the engine's loop, chain (k = 7) and tree (16 nodes). The
-   reference is HF transformers' greedy generation on the same tensors; forcing compares the
-   compiled argmax at every position (ties below the bf16 tolerance are reported, not failed)
-   and the free speculative generation. Random drafters accept little: this checks the verify
-   paths and the GDN state commits (mostly of 0 or 1 accepted tokens), not acceptance.
+   about 9B parameters; ``--layers N`` keeps the first N) with random weights, compiled in
+   memory with the default pipeline (verify and tree verify steps) and driven by a random PARD
+   drafter (Qwen3-0.6B shapes, the target's vocabulary) through the engine's loop, chain (k = 7)
+   and tree (16 nodes). The reference is HF transformers' greedy generation on the same
+   tensors; forcing compares the compiled argmax at every position (ties below the bf16
+   tolerance are reported, not failed) and the free speculative generation, with the fp32
+   audit (``specc.verify.fp32_referee``: HF again in fp32 on the same weights; the report says
+   when it does not fit). Random drafters accept little: this checks the verify paths and the
+   GDN state commits (mostly of 0 or 1 accepted tokens), not acceptance.
+   Before forcing, the precision probe: logits at every stock position (prompt + stock's
+   tokens, one forward each) of HF in bf16 (stock), HF in fp32, the compiled target step and
+   the eager model definition, and how far each is from fp32 and from stock. Compiled about as
+   far from fp32 as stock is: the forcing mismatches are bf16 noise (which this deep random
+   hybrid amplifies); clearly farther: a precision or correctness problem in the compiled step.
 2. Step times with CUDA graphs (median of replays, CUDA events), bs1, context 1024: the compiled
    target at Q = 1 (AR step, GDN decode), Q = 16 (chain verify) and a 16-node tree verify; per
    GDN layer the delta-rule and conv kernels at the same shapes; and the commit strategies of
@@ -18,6 +25,7 @@ and step times (random weights).
    state before the step) for 0..16 accepted tokens.
 
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --out $OUT/hybrid_steps.json
+    PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --layers 4 --out $OUT/hybrid_l4.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --tiny --device cpu    # a CPU smoke run
 """
 
@@ -37,12 +45,16 @@ TINY_HYBRID = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hi
                    linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=4096, eos_token_id=511)
 
 
-def hybrid_raw(small: bool) -> dict:
-    """config.json of the target: transformers' Qwen3.5 defaults (real shapes) or a tiny one."""
+def hybrid_raw(small: bool, layers: int | None = None) -> dict:
+    """config.json of the target: transformers' Qwen3.5 defaults (real shapes) or a tiny one;
+    ``layers``: keep only the first N layers (the same per-layer shapes)."""
     from transformers import Qwen3_5TextConfig
 
     raw = Qwen3_5TextConfig(**(TINY_HYBRID if small else {})).to_dict()
     raw["model_type"] = "qwen3_5_text"
+    if layers:
+        raw["num_hidden_layers"] = layers
+        raw["layer_types"] = raw["layer_types"][:layers]
     return raw
 
 
@@ -120,12 +132,57 @@ def compiled_steps(target, draft, k: int, tree: int):
     return {role: instantiate(e) for role, e in built.emitted.items()}, built
 
 
-def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int) -> dict:
+def precision_probe(target, hf, referee, runs, step, dev, first: int = 4) -> dict:
+    """Logits at every generated position of each stock run (one forward over prompt + stock's
+    tokens) from stock (HF in the run's dtype), HF in fp32 (the referee's copy; absent when stock
+    runs in fp32), the compiled target step and the eager model definition; their deviations
+    (``specc.verify.precision``) from fp32 and from stock."""
+    from specc.verify.precision import deviation_line, logit_deviation
+
+    names = ("stock", "fp32", "compiled", "eager")
+    got = {name: [] for name in names}
+    with torch.inference_mode():
+        for index, run in enumerate(runs):
+            ids = torch.tensor([run.prompt + run.tokens], device=dev)
+            n, start = ids.shape[1], len(run.prompt) - 1
+            pos, fresh = torch.arange(n, device=dev)[None], torch.zeros(1, dtype=torch.long, device=dev)
+            if referee is not None:
+                low, ref = referee.logits(index, run)
+                got["stock"].append(low)
+                got["fp32"].append(ref)
+            else:
+                got["stock"].append(hf(input_ids=ids).logits[0, start:-1].float())
+            step.setup_caches(1, n + 1, device=dev)
+            got["compiled"].append(step(ids, pos, fresh)[0, start:-1].float())
+            target.setup_caches(1, n + 1, device=dev)
+            got["eager"].append(target(ids, pos, fresh)[0, start:-1].float())
+    cat = {name: torch.cat(v) for name, v in got.items() if v}
+    pairs = [("compiled", "stock"), ("eager", "stock")]
+    if "fp32" in cat:
+        pairs = [("stock", "fp32"), ("compiled", "fp32"), ("eager", "fp32")] + pairs
+    out = {}
+    for a, b in pairs:
+        out[f"{a}_vs_{b}"] = dev_ = logit_deviation(cat[a], cat[b], first)
+        print(f"[precision] {deviation_line(f'{a} vs {b}', dev_)}", flush=True)
+    if "fp32" in cat and out["stock_vs_fp32"]["max_abs"] > 0:
+        ratio = out["compiled_vs_fp32"]["max_abs"] / out["stock_vs_fp32"]["max_abs"]
+        out["compiled_over_stock_error"] = ratio
+        print(f"[precision] compiled's max deviation from fp32 is {ratio:.2f}x stock's own (about 1: bf16 noise; "
+              f"clearly above: the compiled step rounds or computes differently)", flush=True)
+    else:
+        print("[precision] stock runs in fp32: no fp32 reference beyond stock itself", flush=True)
+    margins = torch.tensor([m for r in runs for m in r.margins])
+    out["stock_margin"] = {"min": float(margins.min()), "median": float(margins.median())}
+    return out
+
+
+def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int | None = None,
+            cases: tuple[str, ...] = ("chain", "tree")) -> dict:
     from specc.runtime.engine import build_loop
-    from specc.verify import StockRun, stock_margins, verify_system
+    from specc.verify import StockRun, fp32_referee, stock_margins, verify_system
     from specc.verify.forcing import DEFAULT_TOLERANCE
 
-    raw = hybrid_raw(small)
+    raw = hybrid_raw(small, layers)
     target = build_hybrid(raw, dtype, dev, seed=1)
     hf = hf_hybrid_twin(target, raw)
     pcfg = dict(tiny(QWEN3_06B, 2) if small else QWEN3_06B, vocab_size=raw["vocab_size"], pard_token=3)
@@ -141,15 +198,28 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int) -> dict:
             tokens = out[0, len(prompt):].tolist()
             runs.append(StockRun(prompt, tokens, stock_margins(hf, prompt, tokens)))
     print(f"[forcing] HF greedy reference: {time.perf_counter() - t0:.1f} s", flush=True)
-    name = "bfloat16" if dtype == torch.bfloat16 else "float32"
-    res = {}
-    for label, k, tree in (("chain k=7", 7, 0), ("tree 16 nodes", 7, 16)):
+    t0 = time.perf_counter()
+    referee, audit = fp32_referee(hf)
+    print(f"[forcing] {audit} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    name = str(dtype).removeprefix("torch.")
+    res = {"layers": raw["num_hidden_layers"], "audit": audit}
+    wanted = [c for c in (("chain k=7", 7, 0), ("tree 16 nodes", 7, 16)) if c[0].split()[0] in cases]
+    for label, k, tree in wanted:
+        t0 = time.perf_counter()
         steps, _ = compiled_steps(target, draft, k, tree)
+        print(f"[forcing] {label}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
+        if "precision" not in res:
+            res["precision"] = precision_probe(target, hf, referee, runs, steps["target"], dev)
         loop = build_loop(steps, "pard", k, 12 + new_tokens + 2, 3, graphs=dev == "cuda", tree_budget=tree)
+        t0 = time.perf_counter()
         with torch.inference_mode():
-            report = verify_system(loop, runs, DEFAULT_TOLERANCE[name])
+            report = verify_system(loop, runs, DEFAULT_TOLERANCE[name], referee=referee, audit=audit)
         res[label] = report.to_json()
-        print(f"[forcing] {label}: {report.summary()}", flush=True)
+        print(f"[forcing] {label}: {report.summary()} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        for m in report.failures + report.audited_ties:
+            print(f"[forcing]   prompt {m.prompt_index} position {m.position}: stock margin {m.margin:.3f}, "
+                  f"fp32 margin {m.fp32_margin if m.fp32_margin is None else round(m.fp32_margin, 3)}, "
+                  f"stock's own error {m.stock_error if m.stock_error is None else round(m.stock_error, 3)}", flush=True)
         del loop, steps
     return res
 
@@ -242,18 +312,28 @@ def gdn_layer_times(raw: dict, dev) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--layers", type=int, help="keep only the first N target layers (same shapes; default all)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"),
+                    help="default: bfloat16 on CUDA, float32 on the CPU")
+    ap.add_argument("--cases", default="chain,tree", help="forcing cases: chain, tree or both (default chain,tree)")
     ap.add_argument("--skip-forcing", action="store_true")
+    ap.add_argument("--skip-steps", action="store_true", help="forcing and the precision probe only")
     ap.add_argument("--out", help="write the results as JSON")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dev = args.device
-    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if dev == "cuda" else torch.float32)
+    if args.layers is not None and args.layers < 1:
+        ap.error("--layers must be >= 1")
+    cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+    if not cases or any(c not in ("chain", "tree") for c in cases):
+        ap.error(f"--cases takes chain, tree or chain,tree (got {args.cases!r})")
     context = min(args.context, 64) if args.tiny else args.context
     import transformers
     import triton
@@ -262,15 +342,18 @@ def main() -> None:
            "versions": {"torch": torch.__version__, "triton": triton.__version__,
                         "transformers": transformers.__version__}}
     if not args.skip_forcing:
-        res["forcing"] = forcing(dtype, dev, args.tiny, args.prompts, min(args.tokens, 12) if args.tiny else args.tokens)
-    res["steps"] = step_times(dtype, dev, args.tiny, context)
-    ok = all(r["passed"] for r in res.get("forcing", {}).values())
+        res["forcing"] = forcing(dtype, dev, args.tiny, args.prompts, min(args.tokens, 12) if args.tiny else args.tokens,
+                                 args.layers, cases)
+    if not args.skip_steps:
+        res["steps"] = step_times(dtype, dev, args.tiny, context)
+    ok = all(r["passed"] for r in res.get("forcing", {}).values() if isinstance(r, dict) and "passed" in r)
     res["forcing_passed"] = ok if "forcing" in res else None
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2, default=lambda o: o if not isinstance(o, float) or math.isfinite(o) else None)
-    print(json.dumps({"forcing_passed": res["forcing_passed"], "ar_ms": res["steps"]["ar_ms"],
-                      "verify16_ms": res["steps"]["verify16_ms"], "tree16_ms": res["steps"]["tree16_ms"]}))
+    steps = res.get("steps", {})
+    print(json.dumps({"forcing_passed": res["forcing_passed"], "ar_ms": steps.get("ar_ms"),
+                      "verify16_ms": steps.get("verify16_ms"), "tree16_ms": steps.get("tree16_ms")}))
     if not ok:
         raise SystemExit(1)
 
