@@ -40,6 +40,7 @@ def test_compile_run_verify_every_drafter(checkpoints, tmp_path, capsys, drafter
     assert main(["verify", str(out), "--tokens", "8", "--fp32-audit", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] and report["audited_ties"] == []  # fp32 stock: nothing to audit
+    assert report["audit"] == "fp32 audit: not needed (stock runs in fp32)"
 
 
 def test_stream_matches_generate(checkpoints, tmp_path):

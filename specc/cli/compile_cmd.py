@@ -270,7 +270,7 @@ def run_verify(args) -> int:
 
     from specc.pairing import resolve_pair
     from specc.stock.runner import StockSystem
-    from specc.verify import Fp32Referee, calibration_prompts, load_prompts_file, run_stock_reference, verify_system
+    from specc.verify import calibration_prompts, fp32_referee, load_prompts_file, run_stock_reference, verify_system
 
     from specc.cli.progress import Progress
 
@@ -293,10 +293,10 @@ def run_verify(args) -> int:
         progress(f"token forcing on {len(prompts)} prompts x {args.tokens} tokens")
         runs = run_stock_reference(pair, prompts, args.tokens, stock=stock, progress=progress.counter("stock"))
         tol = args.tolerance if args.tolerance is not None else m["tolerances"]["tie_margin"]
-        referee = Fp32Referee(stock.target) if args.fp32_audit else None
+        referee, audit = fp32_referee(stock.target) if args.fp32_audit else (None, None)
         with _ArtifactRuns(args.artifact):
             report = verify_system(engine, runs, tol, pair.eos_token_ids, referee=referee,
-                                   progress=progress.counter("compiled, forced"))
+                                   progress=progress.counter("compiled, forced"), audit=audit)
     if args.json:
         print(json.dumps(report.to_json()))
     else:
