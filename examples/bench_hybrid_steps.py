@@ -180,7 +180,7 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
             cases: tuple[str, ...] = ("chain", "tree")) -> dict:
     from specc.runtime.engine import build_loop
     from specc.verify import StockRun, fp32_referee, stock_margins, verify_system
-    from specc.verify.forcing import DEFAULT_TOLERANCE
+    from specc.verify.forcing import DEFAULT_TOLERANCE, top2_margins
 
     raw = hybrid_raw(small, layers)
     target = build_hybrid(raw, dtype, dev, seed=1)
@@ -194,9 +194,15 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
         for _ in range(prompts):
             prompt = torch.randint(4, raw["vocab_size"], (12,), generator=g).tolist()
             out = hf.generate(torch.tensor([prompt], device=dev), max_new_tokens=new_tokens, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)
-            tokens = out[0, len(prompt):].tolist()
-            runs.append(StockRun(prompt, tokens, stock_margins(hf, prompt, tokens)))
+                              eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+            tokens = out.sequences[0, len(prompt):].tolist()
+            # margins of the logits stock chose its tokens from (prefill, then one-token decodes);
+            # a separate full forward differs from them by bf16 noise (other GDN forms)
+            decoded = top2_margins(torch.cat(out.logits))
+            full = stock_margins(hf, prompt, tokens)
+            runs.append(StockRun(prompt, tokens, decoded))
+            shift = max(abs(a - b) for a, b in zip(decoded, full))
+            print(f"[forcing] stock margins: decode path vs one full forward differ by up to {shift:.3f}", flush=True)
     print(f"[forcing] HF greedy reference: {time.perf_counter() - t0:.1f} s", flush=True)
     t0 = time.perf_counter()
     referee, audit = fp32_referee(hf)

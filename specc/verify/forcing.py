@@ -113,7 +113,14 @@ def stock_margins(hf_target, prompt: list[int], tokens: list[int]) -> list[float
     if not tokens:
         return []
     ids = torch.tensor([prompt + tokens], device=hf_target.device)
-    logits = hf_target(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    return top2_margins(hf_target(input_ids=ids).logits[0, len(prompt) - 1:-1])
+
+
+def top2_margins(logits: torch.Tensor) -> list[float]:
+    """Top-2 margin of each row of ``logits`` [T, V]; NaN where a row is not all finite. Also for
+    the logits stock decoded with (``generate(output_logits=True)``): in bf16 a separate forward
+    over the whole sequence takes other kernels and can move a margin by the rounding noise."""
+    logits = logits.float()
     top2 = logits.topk(2, dim=-1).values
     margins = top2[:, 0] - top2[:, 1]
     # a position whose logits are not all finite has no meaningful argmax: NaN marks it (it fails)

@@ -118,3 +118,14 @@ def test_fp32_referee_measures_margin_and_stock_error(checkpoints, dtype):
         assert error == 0.0  # an fp32 stock is its own reference: the audit can never apply
     else:
         assert error > 0.0
+
+
+def test_top2_margins_of_given_logits():
+    """Margins of the logits stock decoded with (generate's own), NaN where a row is not finite."""
+    import math
+
+    from specc.verify.forcing import top2_margins
+
+    logits = torch.tensor([[1.0, 3.0, 2.5], [0.0, -1.0, 0.0], [float("nan"), 1.0, 0.0]], dtype=torch.bfloat16)
+    got = top2_margins(logits)
+    assert got[:2] == [0.5, 0.0] and math.isnan(got[2])
