@@ -25,6 +25,7 @@ and step times (random weights).
    state before the step) for 0..16 accepted tokens.
 
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --out $OUT/hybrid_steps.json
+    PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --cases chain --out $OUT/hybrid_forcing.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --layers 4 --out $OUT/hybrid_l4.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --tiny --device cpu    # a CPU smoke run
 """
