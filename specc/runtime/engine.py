@@ -284,6 +284,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
     path = Path(path)
     manifest, _ = read_manifest_pinned(path, expect_hash)
     sources = verify_artifact(path, manifest, check)
+    t_verified = time.perf_counter()
     dev = torch.device(device or manifest["deployment"].get("device", "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ArtifactError(f"{path}: compiled for CUDA but no GPU is available (pass device='cpu')")
@@ -296,6 +297,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
         tensors = load_file(str(path / "weights.safetensors"), device=str(dev))
     except Exception as exc:
         raise ArtifactError(f"{path}: weights unreadable ({type(exc).__name__})") from exc
+    t_weights = time.perf_counter()
     unique = uuid.uuid4().hex[:8]
     steps = {}
     for role, info in manifest["steps"].items():
@@ -319,7 +321,8 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
         from specc.models.loading import load_tokenizer
 
         engine.tokenizer = load_tokenizer(path)
-    engine.load_stats = {"read": time.perf_counter() - t_start, "kernel_cache": cache_dir}
+    engine.load_stats = {"read": time.perf_counter() - t_start, "verify": t_verified - t_start,
+                         "weights": t_weights - t_verified, "kernel_cache": cache_dir}
     if progress:
         progress("artifact read, weights bound", engine.load_stats["read"])
     if warmup:
