@@ -83,6 +83,13 @@ def test_bench_linears_cpu_smoke(tmp_path):
     assert set(res["goals"]) == {"off: verify B=1 Q=4 / AR B=1", "on: verify B=1 Q=4 / AR B=1"}
     assert res["lowering_on"] and all([x["impl"] for x in r["ranges"]] == ["triton", "cublas"]
                                       for r in res["lowering_on"])
+    assert "profiles" not in res  # the kernel profile needs CUDA
+    cat = bench_linears.kernel_category
+    assert [cat(n) for n in ("_gemm_kernel", "sm90_xmma_gemm_bf16bf16", "nvjet_tst_128x64", "_attn_split_kernel",
+                             "_rmsnorm_kernel", "_attn_merge_kernel")] == ["linear"] * 3 + ["attention", "other",
+                                                                             "attention"]
+    assert [bench_linears.node_category(k) for k in ("norm_linear", "linear_add", "rope_attention", "swiglu")] == [
+        "linear", "linear", "attention", "other"]
 
 
 def test_bench_bf12_tiny_runs_both_layouts(tmp_path):
