@@ -27,6 +27,13 @@ at ``--deployment``, context = prompt + half the new tokens):
 - ``goodput`` (``--goodput``): the same rule without ``ragged_seconds`` (one k per step, dense
   verify; prediction: the pricer's dense goodput k).
 
+Exactness: batched AR must give the tokens of the first two prompts run alone, and a ``--real``
+pair's every mechanism the tokens of batched AR, up to numerical ties: at a request's first
+differing position the reference run's top-2 logit margin is measured (one forward of the target's
+model definition over that prefix, ``specc.verify.output_equality``); within ``--tie-tolerance``
+the row records the tie (``ties``: request, position, tokens, margin, and with ``--fp32-audit`` the
+fp32 gap between the two tokens) and timing goes on, otherwise the run stops.
+
 One untimed pass precedes every timed one (Triton compiles, CUDA-graph captures per shape).
 Rows go to ``--out-dir``/batching.jsonl as they are measured (one JSON object per line) and
 ``run.json`` (device, versions, acceptance, notice); ``--budget-s`` stops measuring (rows say
@@ -64,6 +71,7 @@ class Pair:
     pricer: object
     prompts: list
     ar: object  # the compiled AR loop over the same target
+    margins: object  # PrefixLogits over the target's model definition: the reference margin where outputs differ
 
 
 def compile_loop(target, draft, impl, spec, section, k, max_len):
@@ -142,7 +150,7 @@ def shaped_pairs(opts, dev) -> list[Pair]:
         loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source,
                                        lengths=lambda loop=loop: loop.state.lengths)
         pairs.append(Pair(f"{opts.shapes}+{shapes}", loop, impl, k, acceptance,
-                          pricer_for(tcfg, dcfg, impl, k, opts, dev), prompts, ar))
+                          pricer_for(tcfg, dcfg, impl, k, opts, dev), prompts, ar, margins_of(target, opts)))
     return pairs
 
 
@@ -170,8 +178,26 @@ def real_pairs(opts, dev) -> list[Pair]:
         loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec,
                             impl.manifest_drafter(pair, loaded), k, max_len)
         pairs.append(Pair(spec, loop, impl, k, None, pricer_for(pair.target.raw, pair.drafter.raw, impl, k, opts, dev),
-                          prompts, ar))
+                          prompts, ar, margins_of(loaded.target, opts)))
     return pairs
+
+
+def margins_of(model, opts):
+    from specc.verify import PrefixLogits
+
+    return PrefixLogits(model, fp32=opts.fp32_audit)
+
+
+def checked(pair, what, prompts, reference, got, opts) -> list[dict]:
+    """The numerical ties (JSON) where ``got`` differs from ``reference`` only at positions whose
+    reference top-2 margin is within ``--tie-tolerance`` (``specc.verify.output_equality``);
+    any other difference stops the run: a wrong system is not timed."""
+    from specc.verify import compare_outputs
+
+    report = compare_outputs(prompts, reference, got, pair.margins, opts.tie_tolerance)
+    if not report.passed:
+        raise SystemExit(f"{pair.label}: {what}: {report.summary()}: not timing a wrong system")
+    return [d.to_json() for d in report.ties]
 
 
 def _sync(dev):
@@ -252,12 +278,21 @@ def main() -> None:
     ap.add_argument("--goodput", action="store_true", help="also run the goodput rule with one k per step")
     ap.add_argument("--deployment", default="h200-bs1", help="deployment whose cost model predicts (any batch size)")
     ap.add_argument("--budget-s", type=float, default=450.0, help="stop measuring after this many seconds")
+    ap.add_argument("--tie-tolerance", type=float,
+                    help="top-2 logit margin below which two outputs may differ (a numerical tie, reported in the "
+                         "row's 'ties'); default: specc.verify's for the dtype (bf16 0.25, fp32 1e-3)")
+    ap.add_argument("--fp32-audit", action="store_true",
+                    help="also measure each tie's gap in an fp32 copy of the target (memory: the weights again, x2)")
     ap.add_argument("--out-dir", help="write batching.jsonl (a row per line, as measured) and run.json here")
     ap.add_argument("--out", help="also write every row in one JSON file")
     opts = ap.parse_args()
     opts.batches = sorted({int(b) for b in opts.batches.split(",") if b.strip()})
     opts.real = [r for r in opts.real.split(",") if r.strip()]
     dev = torch.device(opts.device)
+    if opts.tie_tolerance is None:
+        from specc.verify import DEFAULT_TOLERANCE
+
+        opts.tie_tolerance = DEFAULT_TOLERANCE["bfloat16" if dev.type == "cuda" else "float32"]
     t0 = time.perf_counter()
     out_dir = Path(opts.out_dir) if opts.out_dir else None
     if out_dir:
@@ -277,7 +312,8 @@ def main() -> None:
         pred = row.get("predicted_tokens_per_s")
         print(f"{row['pair']:>28} {row['system']:>12} {row['batch']:>4} {row['tokens_per_s']:>10,.1f} "
               f"{row['tokens_per_step']:>8.2f} " + (f"{pred:>10,.1f}" if pred else f"{'-':>10}")
-              + (f"  {row['note']}" if row.get("note") else ""))
+              + (f"  {row['note']}" if row.get("note") else "")
+              + (f"  {len(row['ties'])} numerical ties" if row.get("ties") else ""))
 
     print(f"{'pair':>28} {'system':>12} {'B':>4} {'tok/s':>10} {'tok/step':>8} {'predicted':>10}")
     ar_tokens_at: dict = {}  # (AR loop, B) -> the AR tokens of each prompt
@@ -296,10 +332,10 @@ def main() -> None:
             if ar_key not in ar_tokens_at and not over_budget("ar"):
                 ar_results, seconds = run_batch(pair.ar, prompts, opts.tokens, dev)
                 alone = [pair.ar.generate(p, opts.tokens, ()).tokens for p in prompts[:2]]
-                if [r.tokens for r in ar_results[:2]] != alone:
-                    raise SystemExit("batched AR output differs from the prompts run alone: not timing a wrong system")
+                ties = checked(pair, f"batched AR (B={b}) against the prompts run alone", prompts[:2], alone,
+                               [r.tokens for r in ar_results[:2]], opts)
                 emit({**base, "system": "ar", "num_draft": 0, **measured(ar_results, seconds, b),
-                      "predicted_tokens_per_s": b / pair.pricer.ar_seconds(b)})
+                      "predicted_tokens_per_s": b / pair.pricer.ar_seconds(b), "ties": ties})
                 ar_tokens_at[ar_key] = [r.tokens for r in ar_results]
             elif ar_key not in ar_tokens_at:
                 continue
@@ -312,11 +348,18 @@ def main() -> None:
             results, seconds = run_batch(loop, prompts, opts.tokens, dev)
             acc = acceptance_of(pair, results)
             exact = pair.acceptance is None
-            if exact and [r.tokens for r in results] != ar_tokens:
-                raise SystemExit(f"{pair.label}: speculative output differs from AR at B={b}")
+
+            def exact_ties(system, results):
+                """Where the target decides: the output against compiled AR's, tie-aware."""
+                if not exact:
+                    return {}
+                return {"ties": checked(pair, f"{system} against AR at B={b}", prompts, ar_tokens,
+                                        [r.tokens for r in results], opts)}
+
+            ties = exact_ties("one-level", results)
             one = pair.pricer.one_level(b, acc)
             emit({**base, "system": "one-level", **measured(results, seconds, b),
-                  "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source})
+                  "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source, **ties})
 
             two = best_k1(pair.pricer, b, acc)
             # both mechanisms need a packed verify; without one the loop would time one level under their name
@@ -333,9 +376,8 @@ def main() -> None:
                     loop.two_level_k1 = two.two_level_k1
                     results, seconds = run_batch(loop, prompts, opts.tokens, dev)
                     loop.two_level_k1 = None
-                    if exact and [r.tokens for r in results] != ar_tokens:
-                        raise SystemExit(f"{pair.label}: two-level output differs from AR at B={b}")
-                    emit({**base, "system": "two-level", **measured(results, seconds, b),
+                    ties = exact_ties("two-level", results)
+                    emit({**base, "system": "two-level", **measured(results, seconds, b), **ties,
                           "two_level_k1": two.two_level_k1, "predicted_tokens_per_s": two.tokens_per_s,
                           "predicted_level2_rows": two.level2_rows, "note": f"k1={two.two_level_k1}"})
 
@@ -363,13 +405,13 @@ def main() -> None:
                           "ragged_seconds (no per-row draft length)", "predicted_tokens_per_s": predicted})
                     continue
                 (results, ks), seconds = run_scheduler(loop, prompts, opts.tokens, dev, rule)
-                if exact and [r.tokens for r in results] != ar_tokens:
-                    raise SystemExit(f"{pair.label}: {system} output differs from AR at B={b}")
-                emit({**base, "system": system, **measured(results, seconds, b), "predicted_tokens_per_s": predicted,
+                ties = exact_ties(system, results)
+                emit({**base, "system": system, **measured(results, seconds, b), "predicted_tokens_per_s": predicted, **ties,
                       "mean_k": sum(ks) / len(ks) if ks else 0.0, "note": f"mean k {sum(ks) / max(len(ks), 1):.1f}"})
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "real": opts.real, "tokens": opts.tokens,
               "prompt_len": opts.prompt_len, "deployment": opts.deployment, "acceptance": opts.acceptance,
+              "tie_tolerance": opts.tie_tolerance,
               "seconds": time.perf_counter() - t0,
               "notice": "random weights: speculative acceptance replayed from the stated model, tokens are not the "
                         "model's output; --real pairs decide with the target (output checked equal to AR)"}
