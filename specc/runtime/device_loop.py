@@ -156,6 +156,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self._tree_graphs = None  # the tree step's graphs (commit holds the state's buffers)
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
+        if getattr(self.ragged_target, "token_buckets", False):  # room for a bucketed verify's padding
+            length += self.ragged_target.pad_room(self.batch * (self.num_draft + 1))
         reserve_block(self.target, max(self.num_draft, self.tree_budget) + 1)  # hybrid targets' per-node states
         state = self.target.setup_caches(self.batch, length)
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
@@ -519,7 +521,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             return self._target_rows(block)
         if self.ragged_target is None:
             raise RuntimeError("a verify past the rows' lengths needs a ragged step")
-        packed = PackedRows.of(counts, width, block.device)
+        # a graphed ragged step (``token_buckets``) takes every slot as a row and T padded to a bucket
+        packed = PackedRows.of(counts, width, block.device, bucket=getattr(self.ragged_target, "token_buckets", False))
         if packed.num_tokens == 0:
             raise RuntimeError("a packed verify with no tokens")
         lengths = self.state.lengths

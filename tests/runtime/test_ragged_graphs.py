@@ -1,0 +1,45 @@
+"""GraphedRaggedStep: the loop packs verifies bucketed for it (every slot a row, T padded to a
+token-count bucket with padding on the last slot's row). Run eagerly on the CPU, the padded
+verifies give every request the tokens of HF greedy alone and of the unpadded loop, with the
+same per-step decisions, for per-request draft lengths and two-level verification."""
+
+import pytest
+from lossless import reference
+from ragged_helpers import BUDGETS, PROMPTS, RowPattern, StepSpy, run_requests
+
+from specc.pairing import resolve_pair
+from specc.runtime.device_loop import DeviceSpeculativeDecoder
+from specc.runtime.eager import build_eager
+from specc.runtime.ragged import token_bucket
+from specc.runtime.ragged_graphs import GraphedRaggedStep
+
+
+def _loop(checkpoints, method, target_key, drafter_key, num_draft, bucketed):
+    pair = resolve_pair(checkpoints[target_key], checkpoints.get(drafter_key), method)
+    eager = build_eager(pair, num_draft, max_len=40)
+    ragged = GraphedRaggedStep(eager.target) if bucketed else None
+    loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len, ragged_target=ragged)
+    loop.ragged_target = StepSpy(loop.ragged_target)
+    return loop
+
+
+@pytest.mark.parametrize("method,target_key,drafter_key,num_draft,k1", [
+    ("ar-draft", "target", "ar_perturbed", 3, None),
+    ("pard", "const_target", "const_pard", 4, 2),  # drafts accepted: rows go on to level 2
+])
+def test_bucketed_verifies_give_the_unpadded_tokens(checkpoints, method, target_key, drafter_key, num_draft, k1):
+    runs = {}
+    for bucketed in (False, True):
+        loop = _loop(checkpoints, method, target_key, drafter_key, num_draft, bucketed)
+        loop.two_level_k1 = k1
+        rule = RowPattern([[num_draft, 0, 2], [1, num_draft, 0], [2, 2, num_draft]])
+        results, _ = run_requests(loop, rule)
+        runs[bucketed] = ([(r.tokens, r.stats.accepted_lengths) for r in results], loop.ragged_target.calls, loop)
+    (plain, plain_calls, _), (padded, padded_calls, loop) = runs[False], runs[True]
+    assert padded == plain  # the same tokens and the same decisions step by step
+    for prompt, budget, (tokens, _) in zip(PROMPTS, BUDGETS, padded):
+        assert tokens == reference(checkpoints[target_key], budget, prompt=prompt)
+    real = [sum(counts) for _, counts, _ in plain_calls]
+    assert [sum(counts) for _, counts, _ in padded_calls] == [token_bucket(t) for t in real]
+    assert any(token_bucket(t) != t for t in real)  # some verifies were padded
+    assert all(slots == list(range(loop.batch)) for slots, _, _ in padded_calls)  # a fixed descriptor shape
