@@ -43,3 +43,57 @@ def test_bucketed_verifies_give_the_unpadded_tokens(checkpoints, method, target_
     assert [sum(counts) for _, counts, _ in padded_calls] == [token_bucket(t) for t in real]
     assert any(token_bucket(t) != t for t in real)  # some verifies were padded
     assert all(slots == list(range(loop.batch)) for slots, _, _ in padded_calls)  # a fixed descriptor shape
+
+
+def _compiled_loop(graphs: bool, k1):
+    """Tiny Qwen3 shapes + PARD on CUDA, compiled (the ragged step has no host sync there, so it
+    can be captured); acceptance replayed by position so both loops make the same decisions."""
+    import types
+
+    import torch
+
+    from specc.bench.shapes import build_causal, drafter_config, target_config
+    from specc.codegen.build import build_step, build_steps
+    from specc.methods import get_method
+    from specc.passes.pipelines import DEFAULT_PIPELINE
+    from specc.runtime.compiled import instantiate
+    from specc.runtime.engine import build_loop
+    from specc.runtime.replay import ReplayVerifier
+
+    dev = torch.device("cuda")
+    tcfg = target_config("tiny-qwen3")
+    method, dcfg = drafter_config("tiny-qwen3", "pard")
+    impl = get_method(method)
+    loaded = impl.bind(build_causal(tcfg, torch.float32, dev, 1), build_causal(dcfg, torch.float32, dev, 2))
+    loaded.target.setup_caches(1, 16)
+    loaded.draft.setup_caches(1, 16)
+    emitted = dict(build_steps(loaded.target, loaded.draft, DEFAULT_PIPELINE, loaded.draft_spec).emitted)
+    loaded.target.setup_caches(1, 16)
+    emitted["target_ragged"] = build_step(loaded.target, "target_ragged", DEFAULT_PIPELINE).emitted
+    steps = {role: instantiate(e, loaded.draft_spec if role == "drafter" else None) for role, e in emitted.items()}
+    section = impl.manifest_drafter(types.SimpleNamespace(drafter=types.SimpleNamespace(raw=dcfg)), loaded)
+    loop = build_loop(steps, impl.strategy, 4, 48, drafter_section=section, graphs=graphs)
+    loop.cap_to_budget = False  # the same drafts in both loops at the end of a budget
+    loop.two_level_k1 = k1
+    loop.verifier = ReplayVerifier([0.9, 0.8, 0.7, 0.6], seed=0, lengths=lambda: loop.state.lengths)
+    return loop
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k1", [None, 2])
+def test_graphed_ragged_step_gives_the_eager_tokens_on_cuda(k1):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    got = {}
+    for graphs in (False, True):
+        loop = _compiled_loop(graphs, k1)
+        rule = RowPattern([[4, 0, 2], [1, 4, 0], [2, 2, 4]])
+        results, _ = run_requests(loop, rule)
+        got[graphs] = [(r.tokens, r.stats.accepted_lengths) for r in results]
+        if graphs:
+            stats = loop.ragged_target.stats()
+            assert stats["captures"] > 0 and stats["replays"] > stats["captures"], stats
+            assert not stats["eager_reasons"], stats
+    assert got[True] == got[False]
