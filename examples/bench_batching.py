@@ -34,6 +34,10 @@ model definition over that prefix, ``specc.verify.output_equality``); within ``-
 the row records the tie (``ties``: request, position, tokens, margin, and with ``--fp32-audit`` the
 fp32 gap between the two tokens) and timing goes on, otherwise the run stops.
 
+Each row gives tokens/s end to end (prefills included) and ``step_ms``, the mean wall time of a
+decode step alone (each ends in the step's host read, so it is the device's step time plus the
+host's glue), the figure to set beside a bs1 loop's ms/step.
+
 One untimed pass precedes every timed one (Triton compiles, CUDA-graph captures per shape).
 Rows go to ``--out-dir``/batching.jsonl as they are measured (one JSON object per line) and
 ``run.json`` (device, versions, acceptance, notice); ``--budget-s`` stops measuring (rows say
@@ -217,34 +221,61 @@ def timed(run, loop, dev):
     return out, time.perf_counter() - start
 
 
-def measured(results, seconds, batch):
+@dataclasses.dataclass
+class Run:
+    """One pass of continuous batching: results per prompt, the draft lengths a rule chose, and
+    the wall time of the decode steps alone (each ends in the step's host read, so it is the
+    device's step time plus the host's glue; admissions, i.e. prefills, are outside it)."""
+
+    results: list
+    ks: list
+    decode_seconds: float
+    decode_steps: int
+
+
+def drive(loop, prompts, tokens, rule=None) -> Run:
+    """``prompts`` through a BatchScheduler of len(prompts) slots (what ``generate_batch`` does),
+    under the draft-length ``rule`` (None: the loop's k), timing the decode steps apart."""
+    from specc.runtime.batching import BatchScheduler
+
+    scheduler = BatchScheduler(loop, len(prompts), (), rule)
+    rids = [scheduler.submit(p, tokens, ()) for p in prompts]
+    ks, seconds, steps = [], 0.0, 0
+    while not scheduler.idle:
+        scheduler.admit()
+        if not scheduler.num_running:
+            continue
+        start = time.perf_counter()
+        scheduler.decode()
+        seconds += time.perf_counter() - start
+        steps += 1
+        k = scheduler.last_num_draft
+        if rule is not None and k is not None:
+            ks.extend(k if isinstance(k, (list, tuple)) else [k])
+    return Run([scheduler.take(r) for r in rids], ks, seconds, steps)
+
+
+def measured(run: Run, seconds, batch):
+    results = run.results
     new = sum(len(r.tokens) for r in results)
     steps = sum(r.stats.steps for r in results)
     return {"batch": batch, "seconds": seconds, "tokens": new, "tokens_per_s": new / seconds,
             "tokens_per_s_per_request": new / seconds / batch,
-            "tokens_per_step": (new - len(results)) / steps if steps else 0.0}
+            "tokens_per_step": (new - len(results)) / steps if steps else 0.0,
+            "decode_steps": run.decode_steps, "decode_seconds": run.decode_seconds,
+            "step_ms": 1e3 * run.decode_seconds / max(run.decode_steps, 1)}
 
 
-def run_batch(loop, prompts, tokens, dev):
-    return timed(lambda: loop.generate_batch(prompts, tokens, (), batch_size=len(prompts)), loop, dev)
+def run_batch(loop, prompts, tokens, dev, rule=None):
+    """(Run of the timed pass, its seconds)."""
+    return timed(lambda: drive(loop, prompts, tokens, rule), loop, dev)
 
 
-def run_scheduler(loop, prompts, tokens, dev, rule):
-    """The loop under a draft-length rule through a BatchScheduler: (results, ks chosen), seconds."""
-    from specc.runtime.batching import BatchScheduler
-
-    def once():
-        scheduler = BatchScheduler(loop, len(prompts), (), rule)
-        rids = [scheduler.submit(p, tokens, ()) for p in prompts]
-        ks = []
-        while not scheduler.idle:
-            scheduler.step()
-            k = scheduler.last_num_draft
-            if k is not None:
-                ks.extend(k if isinstance(k, (list, tuple)) else [k])
-        return [scheduler.take(r) for r in rids], ks
-
-    return timed(once, loop, dev)
+def graph_stats(loop) -> dict:
+    """Per step role of the loop: CUDA graphs captured, replays, eager calls, why not captured
+    (so far in the run; empty on the CPU): which steps a row's time ran graphed."""
+    return {"graphs": {role: step.stats() for role, step in getattr(loop, "steps", {}).items()
+                       if hasattr(step, "stats") and step.device.type == "cuda"}}
 
 
 def acceptance_of(pair, results):
@@ -311,11 +342,11 @@ def main() -> None:
             return
         pred = row.get("predicted_tokens_per_s")
         print(f"{row['pair']:>28} {row['system']:>12} {row['batch']:>4} {row['tokens_per_s']:>10,.1f} "
-              f"{row['tokens_per_step']:>8.2f} " + (f"{pred:>10,.1f}" if pred else f"{'-':>10}")
+              f"{row['tokens_per_step']:>8.2f} {row['step_ms']:>8.2f} " + (f"{pred:>10,.1f}" if pred else f"{'-':>10}")
               + (f"  {row['note']}" if row.get("note") else "")
               + (f"  {len(row['ties'])} numerical ties" if row.get("ties") else ""))
 
-    print(f"{'pair':>28} {'system':>12} {'B':>4} {'tok/s':>10} {'tok/step':>8} {'predicted':>10}")
+    print(f"{'pair':>28} {'system':>12} {'B':>4} {'tok/s':>10} {'tok/step':>8} {'ms/step':>8} {'predicted':>10}")
     ar_tokens_at: dict = {}  # (AR loop, B) -> the AR tokens of each prompt
     for pair in pairs:
         for b in opts.batches:
@@ -330,11 +361,12 @@ def main() -> None:
 
             ar_key = (id(pair.ar), b)
             if ar_key not in ar_tokens_at and not over_budget("ar"):
-                ar_results, seconds = run_batch(pair.ar, prompts, opts.tokens, dev)
+                ar_run, seconds = run_batch(pair.ar, prompts, opts.tokens, dev)
+                ar_results = ar_run.results
                 alone = [pair.ar.generate(p, opts.tokens, ()).tokens for p in prompts[:2]]
                 ties = checked(pair, f"batched AR (B={b}) against the prompts run alone", prompts[:2], alone,
                                [r.tokens for r in ar_results[:2]], opts)
-                emit({**base, "system": "ar", "num_draft": 0, **measured(ar_results, seconds, b),
+                emit({**base, "system": "ar", "num_draft": 0, **measured(ar_run, seconds, b),
                       "predicted_tokens_per_s": b / pair.pricer.ar_seconds(b), "ties": ties})
                 ar_tokens_at[ar_key] = [r.tokens for r in ar_results]
             elif ar_key not in ar_tokens_at:
@@ -345,7 +377,8 @@ def main() -> None:
             loop = pair.loop
             if hasattr(loop, "two_level_k1"):
                 loop.two_level_k1 = None
-            results, seconds = run_batch(loop, prompts, opts.tokens, dev)
+            run, seconds = run_batch(loop, prompts, opts.tokens, dev)
+            results = run.results
             acc = acceptance_of(pair, results)
             exact = pair.acceptance is None
 
@@ -358,7 +391,7 @@ def main() -> None:
 
             ties = exact_ties("one-level", results)
             one = pair.pricer.one_level(b, acc)
-            emit({**base, "system": "one-level", **measured(results, seconds, b),
+            emit({**base, "system": "one-level", **measured(run, seconds, b), **graph_stats(loop),
                   "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source, **ties})
 
             two = best_k1(pair.pricer, b, acc)
@@ -374,10 +407,10 @@ def main() -> None:
                           "predicted_tokens_per_s": two.tokens_per_s, "two_level_k1": two.two_level_k1})
                 else:
                     loop.two_level_k1 = two.two_level_k1
-                    results, seconds = run_batch(loop, prompts, opts.tokens, dev)
+                    run, seconds = run_batch(loop, prompts, opts.tokens, dev)
                     loop.two_level_k1 = None
-                    ties = exact_ties("two-level", results)
-                    emit({**base, "system": "two-level", **measured(results, seconds, b), **ties,
+                    ties = exact_ties("two-level", run.results)
+                    emit({**base, "system": "two-level", **measured(run, seconds, b), **ties, **graph_stats(loop),
                           "two_level_k1": two.two_level_k1, "predicted_tokens_per_s": two.tokens_per_s,
                           "predicted_level2_rows": two.level2_rows, "note": f"k1={two.two_level_k1}"})
 
@@ -404,9 +437,11 @@ def main() -> None:
                     emit({**base, "system": system, "skipped": "the runtime's GoodputDraftLength takes no "
                           "ragged_seconds (no per-row draft length)", "predicted_tokens_per_s": predicted})
                     continue
-                (results, ks), seconds = run_scheduler(loop, prompts, opts.tokens, dev, rule)
-                ties = exact_ties(system, results)
-                emit({**base, "system": system, **measured(results, seconds, b), "predicted_tokens_per_s": predicted, **ties,
+                run, seconds = run_batch(loop, prompts, opts.tokens, dev, rule)
+                ks = run.ks
+                ties = exact_ties(system, run.results)
+                emit({**base, "system": system, **measured(run, seconds, b), "predicted_tokens_per_s": predicted, **ties,
+                      **graph_stats(loop),
                       "mean_k": sum(ks) / len(ks) if ks else 0.0, "note": f"mean k {sum(ks) / max(len(ks), 1):.1f}"})
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "real": opts.real, "tokens": opts.tokens,

@@ -25,23 +25,24 @@ def test_bench_batching_cpu_smoke(tmp_path, monkeypatch):
         assert ("skipped" in row) != ("tokens_per_s" in row)
         if "tokens_per_s" in row:
             assert row["tokens"] == 8 and row["tokens_per_s"] > 0
+            assert row["decode_steps"] > 0 and 0 < row["decode_seconds"] < row["seconds"]
     run = json.loads((out / "run.json").read_text())
     assert "replayed" in run["notice"] and run["acceptance"] == "tau:3"
 
 
 def _flip_batched_ar(monkeypatch):
     """Batched AR's request 0 gets a different token at position 1 (a forced divergence)."""
-    from specc.runtime.device_loop import DeviceSpeculativeDecoder
+    from examples import bench_batching
 
-    real = DeviceSpeculativeDecoder.generate_batch
+    real = bench_batching.drive
 
-    def flipped(self, prompts, *args, **kwargs):
-        results = real(self, prompts, *args, **kwargs)
-        if self.drafter is None and len(prompts) > 1:
-            results[0].tokens[1] = (results[0].tokens[1] + 1) % 500
-        return results
+    def flipped(loop, prompts, *args, **kwargs):
+        run = real(loop, prompts, *args, **kwargs)
+        if loop.drafter is None and len(prompts) > 1:
+            run.results[0].tokens[1] = (run.results[0].tokens[1] + 1) % 500
+        return run
 
-    monkeypatch.setattr(DeviceSpeculativeDecoder, "generate_batch", flipped)
+    monkeypatch.setattr(bench_batching, "drive", flipped)
 
 
 def _argv(out, *extra):
