@@ -9,7 +9,10 @@ both can be counted on the CPU, where the tests run.
 
 :class:`StepAudit` counts, while active: ``host_reads`` (value reads of tensors by the loop's own
 code), ``glue_ops`` (aten ops outside the steps that are not views: an upper bound on the glue's
-kernel launches), ``forwards`` (calls of the step modules; inside them nothing is counted:
+kernel launches), ``blocking_uploads`` (host values copied to the device by a blocking copy,
+which on CUDA waits for the stream to drain like a host read: ``torch.tensor(..., device=)``
+anywhere, and ``.to()`` / ``.cuda()`` of a host tensor to a CUDA device without
+``non_blocking``; ``specc.runtime.uploads.upload`` queues them instead), ``forwards`` (calls of the step modules; inside them nothing is counted:
 on a GPU a graphed step is one replay, and a compiled step has no host reads) and
 ``glue_seconds`` (wall time outside the step forwards: the host time a GPU waits through after
 each step's host read, since the next step's first launch comes only after it). Steps are found
@@ -53,10 +56,22 @@ class _Reads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if self.audit._depth == 0 and (name in HOST_READS or (name == "to" and _to_host(args, kwargs))):
-            self.audit.host_reads += 1
-            self.audit.reads_by[name] += 1
+        if self.audit._depth == 0:
+            if name in HOST_READS or (name == "to" and _to_host(args, kwargs)):
+                self.audit.host_reads += 1
+                self.audit.reads_by[name] += 1
+            elif _blocking_upload(name, args, kwargs or {}):
+                self.audit.blocking_uploads += 1
         return func(*args, **(kwargs or {}))
+
+
+def _blocking_upload(name: str, args, kwargs: dict) -> bool:
+    if name in ("tensor", "as_tensor"):
+        return kwargs.get("device") is not None
+    if name in ("to", "cuda") and torch.is_tensor(args[0]) and not args[0].is_cuda and not kwargs.get("non_blocking"):
+        wanted = [a for a in list(args[1:]) + list(kwargs.values()) if isinstance(a, (str, torch.device))]
+        return name == "cuda" or any(torch.device(a).type == "cuda" for a in wanted)
+    return False
 
 
 def _to_host(args, kwargs) -> bool:
@@ -82,7 +97,7 @@ class StepAudit:
 
     def __init__(self, loop):
         self.loop = loop
-        self.host_reads = self.glue_ops = self.forwards = 0
+        self.host_reads = self.glue_ops = self.forwards = self.blocking_uploads = 0
         self.reads_by: collections.Counter = collections.Counter()
         self.ops_by: collections.Counter = collections.Counter()
         self.glue_seconds = 0.0
@@ -119,5 +134,6 @@ class StepAudit:
         self._stack = None
 
     def counts(self) -> dict:
-        return {"host_reads": self.host_reads, "glue_ops": self.glue_ops, "forwards": self.forwards,
+        return {"host_reads": self.host_reads, "blocking_uploads": self.blocking_uploads, "glue_ops": self.glue_ops,
+                "forwards": self.forwards,
                 "glue_seconds": self.glue_seconds}

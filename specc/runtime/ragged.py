@@ -12,7 +12,8 @@ read there because each row's draft cap stops it first).
 
 The packing is decided on the host from per-row token counts the loop already knows (its host
 mirrors of the rows' lengths and caps); the gathers and scatters run on the device, so a packed
-verify adds one small host -> device copy of index tensors and no device -> host sync.
+verify adds one small host -> device copy of index tensors (queued, ``specc.runtime.uploads``) and no
+device -> host sync.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import dataclasses
 import itertools
 
 import torch
+
+from specc.runtime.uploads import upload
 
 __all__ = ["PackedRows", "bucket_slack", "ragged_capable", "token_bucket"]
 
@@ -91,7 +94,7 @@ class PackedRows:
         r, t = len(slots), len(rows)
         if not bucket:
             # one host -> device copy for the descriptor and the token index
-            flat = torch.tensor(slots + rows + cols + starts, dtype=torch.long).to(device)
+            flat = upload(slots + rows + cols + starts, device)
             return cls(len(counts), width, flat[:r], flat[r + 2 * t:], flat[r:r + t], flat[r + t:r + 2 * t])
         pad = token_bucket(t) - t if t else 0
         last = len(counts) - 1
@@ -100,7 +103,7 @@ class PackedRows:
         gcols = cols + [0] * pad
         offs = cols + list(range(counts[last], counts[last] + pad))
         n = t + pad
-        flat = torch.tensor(slots + starts + rows + cols + grows + gcols + offs, dtype=torch.long).to(device)
+        flat = upload(slots + starts + rows + cols + grows + gcols + offs, device)
         parts = list(itertools.accumulate([r, r + 1, t, t, n, n, n]))
         cut = [flat[a:b] for a, b in zip([0, *parts[:-1]], parts)]
         return cls(len(counts), width, *cut)
