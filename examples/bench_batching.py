@@ -53,6 +53,7 @@ so) past that many seconds, so a run fits its slot.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import time
@@ -231,28 +232,37 @@ class Run:
     ks: list
     decode_seconds: float
     decode_steps: int
+    audit: dict | None = None  # per decode step: host reads, blocking uploads, glue ops, forwards (mean)
 
 
-def drive(loop, prompts, tokens, rule=None) -> Run:
+def drive(loop, prompts, tokens, rule=None, audit: bool = False) -> Run:
     """``prompts`` through a BatchScheduler of len(prompts) slots (what ``generate_batch`` does),
-    under the draft-length ``rule`` (None: the loop's k), timing the decode steps apart."""
+    under the draft-length ``rule`` (None: the loop's k), timing the decode steps apart.
+    ``audit``: count each decode step's host reads, blocking uploads, glue ops and forwards
+    (``specc.bench.step_audit``; slows the steps: never on a timed pass)."""
+    from specc.bench.step_audit import StepAudit
     from specc.runtime.batching import BatchScheduler
 
     scheduler = BatchScheduler(loop, len(prompts), (), rule)
     rids = [scheduler.submit(p, tokens, ()) for p in prompts]
     ks, seconds, steps = [], 0.0, 0
+    totals: dict = {}
     while not scheduler.idle:
         scheduler.admit()
         if not scheduler.num_running:
             continue
         start = time.perf_counter()
-        scheduler.decode()
+        with StepAudit(loop) if audit else contextlib.nullcontext() as counted:
+            scheduler.decode()
         seconds += time.perf_counter() - start
         steps += 1
+        for key, value in (counted.counts() if audit else {}).items():
+            totals[key] = totals.get(key, 0) + value
         k = scheduler.last_num_draft
         if rule is not None and k is not None:
             ks.extend(k if isinstance(k, (list, tuple)) else [k])
-    return Run([scheduler.take(r) for r in rids], ks, seconds, steps)
+    mean = {f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()} if audit else None
+    return Run([scheduler.take(r) for r in rids], ks, seconds, steps, mean)
 
 
 def measured(run: Run, seconds, batch):
@@ -263,12 +273,17 @@ def measured(run: Run, seconds, batch):
             "tokens_per_s_per_request": new / seconds / batch,
             "tokens_per_step": (new - len(results)) / steps if steps else 0.0,
             "decode_steps": run.decode_steps, "decode_seconds": run.decode_seconds,
-            "step_ms": 1e3 * run.decode_seconds / max(run.decode_steps, 1)}
+            "step_ms": 1e3 * run.decode_seconds / max(run.decode_steps, 1),
+            **({"audit": run.audit} if run.audit is not None else {})}
 
 
-def run_batch(loop, prompts, tokens, dev, rule=None):
-    """(Run of the timed pass, its seconds)."""
-    return timed(lambda: drive(loop, prompts, tokens, rule), loop, dev)
+def run_batch(loop, prompts, tokens, dev, rule=None, audit: bool = False):
+    """(Run of the timed pass, its seconds); ``audit``: a third, audited pass after the timed
+    one, whose per-step counts land in the Run's ``audit``."""
+    run, seconds = timed(lambda: drive(loop, prompts, tokens, rule), loop, dev)
+    if audit:
+        run.audit = drive(loop, prompts, tokens, rule, audit=True).audit
+    return run, seconds
 
 
 def graph_stats(loop) -> dict:
@@ -314,6 +329,9 @@ def main() -> None:
                          "row's 'ties'); default: specc.verify's for the dtype (bf16 0.25, fp32 1e-3)")
     ap.add_argument("--fp32-audit", action="store_true",
                     help="also measure each tie's gap in an fp32 copy of the target (memory: the weights again, x2)")
+    ap.add_argument("--audit", action="store_true",
+                    help="after each timed pass, one more pass counting each decode step's host reads, blocking "
+                         "host -> device copies, eager glue ops and forwards (the row's 'audit')")
     ap.add_argument("--out-dir", help="write batching.jsonl (a row per line, as measured) and run.json here")
     ap.add_argument("--out", help="also write every row in one JSON file")
     opts = ap.parse_args()
@@ -361,7 +379,7 @@ def main() -> None:
 
             ar_key = (id(pair.ar), b)
             if ar_key not in ar_tokens_at and not over_budget("ar"):
-                ar_run, seconds = run_batch(pair.ar, prompts, opts.tokens, dev)
+                ar_run, seconds = run_batch(pair.ar, prompts, opts.tokens, dev, audit=opts.audit)
                 ar_results = ar_run.results
                 alone = [pair.ar.generate(p, opts.tokens, ()).tokens for p in prompts[:2]]
                 ties = checked(pair, f"batched AR (B={b}) against the prompts run alone", prompts[:2], alone,
@@ -377,7 +395,7 @@ def main() -> None:
             loop = pair.loop
             if hasattr(loop, "two_level_k1"):
                 loop.two_level_k1 = None
-            run, seconds = run_batch(loop, prompts, opts.tokens, dev)
+            run, seconds = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
             results = run.results
             acc = acceptance_of(pair, results)
             exact = pair.acceptance is None
@@ -407,7 +425,7 @@ def main() -> None:
                           "predicted_tokens_per_s": two.tokens_per_s, "two_level_k1": two.two_level_k1})
                 else:
                     loop.two_level_k1 = two.two_level_k1
-                    run, seconds = run_batch(loop, prompts, opts.tokens, dev)
+                    run, seconds = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
                     loop.two_level_k1 = None
                     ties = exact_ties("two-level", run.results)
                     emit({**base, "system": "two-level", **measured(run, seconds, b), **ties, **graph_stats(loop),
@@ -437,7 +455,7 @@ def main() -> None:
                     emit({**base, "system": system, "skipped": "the runtime's GoodputDraftLength takes no "
                           "ragged_seconds (no per-row draft length)", "predicted_tokens_per_s": predicted})
                     continue
-                run, seconds = run_batch(loop, prompts, opts.tokens, dev, rule)
+                run, seconds = run_batch(loop, prompts, opts.tokens, dev, rule, audit=opts.audit)
                 ks = run.ks
                 ties = exact_ties(system, run.results)
                 emit({**base, "system": system, **measured(run, seconds, b), "predicted_tokens_per_s": predicted, **ties,

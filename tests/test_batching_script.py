@@ -15,7 +15,7 @@ def test_bench_batching_cpu_smoke(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setattr(sys, "argv", ["bench_batching.py", "--device", "cpu", "--shapes", "tiny-qwen3",
                                       "--drafter-shapes", "pard", "--acceptance", "tau:3", "--tokens", "4",
-                                      "--batches", "2", "--out-dir", str(out)])
+                                      "--batches", "2", "--out-dir", str(out), "--audit"])
     bench_batching.main()
     rows = [json.loads(line) for line in (out / "batching.jsonl").read_text().splitlines()]
     assert [r["system"] for r in rows] == ["ar", "one-level", "two-level", "per-request"]
@@ -26,6 +26,9 @@ def test_bench_batching_cpu_smoke(tmp_path, monkeypatch):
         if "tokens_per_s" in row:
             assert row["tokens"] == 8 and row["tokens_per_s"] > 0
             assert row["decode_steps"] > 0 and 0 < row["decode_seconds"] < row["seconds"]
+            audit = row["audit"]  # one device -> host read per step (two-level: up to two), no blocking upload
+            assert 1 <= audit["host_reads_per_step"] <= 2 and audit["blocking_uploads_per_step"] == 0
+            assert audit["forwards_per_step"] >= 1
     run = json.loads((out / "run.json").read_text())
     assert "replayed" in run["notice"] and run["acceptance"] == "tau:3"
 
