@@ -79,9 +79,10 @@ class Pair:
     margins: object  # PrefixLogits over the target's model definition: the reference margin where outputs differ
 
 
-def compile_loop(target, draft, impl, spec, section, k, max_len):
+def compile_loop(target, draft, impl, spec, section, k, max_len, linear_choice=None):
     """The device loop of compiled steps (AR when ``draft`` is None); a ``target_ragged`` step too
-    where codegen builds one."""
+    where codegen builds one. ``linear_choice``: which linears run cuBLAS (``specc compile`` uses
+    the deployment's calibrated table; None: Triton everywhere)."""
     from specc.codegen.build import ROLE_STEP, build_step, build_steps
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
@@ -93,16 +94,30 @@ def compile_loop(target, draft, impl, spec, section, k, max_len):
         target.setup_caches(1, 16)
         if draft is not None:
             draft.setup_caches(1, 16)
-        built = build_steps(target, draft, DEFAULT_PIPELINE, spec if draft is not None else None)
+        built = build_steps(target, draft, DEFAULT_PIPELINE, spec if draft is not None else None,
+                            linear_choice=linear_choice)
         emitted = dict(built.emitted)
         if draft is not None and "target_ragged" in ROLE_STEP and getattr(target, "ragged_rows", False):
             target.setup_caches(1, 16)
-            emitted["target_ragged"] = build_step(target, "target_ragged", DEFAULT_PIPELINE).emitted
+            emitted["target_ragged"] = build_step(target, "target_ragged", DEFAULT_PIPELINE,
+                                                  linear_choice=linear_choice).emitted
     finally:
         target.capture_layers = saved
     steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in emitted.items()}
     return build_loop(steps, impl.strategy if draft is not None else None, k if draft is not None else 0, max_len,
                       drafter_section=section if draft is not None else None)
+
+
+def linears_of(opts, dev):
+    """The linear choice table the steps are built with: the deployment's, as ``specc compile``
+    lowers (on CUDA; ``--linears triton``: none)."""
+    if dev.type != "cuda" or opts.linears == "triton":
+        return None
+    from specc.search.calibrate import calibration_for
+    from specc.search.deployments import get_deployment
+
+    record = calibration_for(get_deployment(opts.deployment))
+    return None if record is None else record.choice_table()
 
 
 def random_prompts(count, mean_len, vocab, seed):
@@ -136,7 +151,8 @@ def shaped_pairs(opts, dev) -> list[Pair]:
     tcfg = target_config(opts.shapes)
     target = build_causal(tcfg, dtype, dev, seed=1)
     max_len = int(opts.prompt_len * 1.25) + opts.tokens + 4
-    ar = compile_loop(target, None, get_method("ar"), None, None, 0, max_len)
+    linears = linears_of(opts, dev)
+    ar = compile_loop(target, None, get_method("ar"), None, None, 0, max_len, linears)
     prompts = random_prompts(max(opts.batches), opts.prompt_len, tcfg["vocab_size"], opts.seed)
     pairs = []
     for shapes in [d for d in opts.drafter_shapes.split(",") if d.strip() and d != "none"]:
@@ -150,7 +166,7 @@ def shaped_pairs(opts, dev) -> list[Pair]:
         acceptance = parse_acceptance(opts.acceptance, k)
         if acceptance is None:
             raise SystemExit("random weights accept nothing: give --acceptance (e.g. dflash-qwen3-8b:humaneval)")
-        loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec, section, k, max_len)
+        loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec, section, k, max_len, linears)
         # draws by absolute position: a function of the verify's inputs, as two-level verification needs
         loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source,
                                        lengths=lambda loop=loop: loop.state.lengths)
@@ -179,9 +195,10 @@ def real_pairs(opts, dev) -> list[Pair]:
         prompts = [tok(t)["input_ids"] for t in texts] if tok is not None else random_prompts(
             max(opts.batches), 16, int(pair.target.raw["vocab_size"]), opts.seed)
         max_len = max(len(p) for p in prompts) + opts.tokens + 4
-        ar = compile_loop(loaded.target, None, get_method("ar"), None, None, 0, max_len)
+        linears = linears_of(opts, dev)
+        ar = compile_loop(loaded.target, None, get_method("ar"), None, None, 0, max_len, linears)
         loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec,
-                            impl.manifest_drafter(pair, loaded), k, max_len)
+                            impl.manifest_drafter(pair, loaded), k, max_len, linears)
         pairs.append(Pair(spec, loop, impl, k, None, pricer_for(pair.target.raw, pair.drafter.raw, impl, k, opts, dev),
                           prompts, ar, margins_of(loaded.target, opts)))
     return pairs
@@ -323,6 +340,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--goodput", action="store_true", help="also run the goodput rule with one k per step")
     ap.add_argument("--deployment", default="h200-bs1", help="deployment whose cost model predicts (any batch size)")
+    ap.add_argument("--linears", choices=("auto", "triton"), default="auto",
+                    help="auto: the deployment's calibrated Triton/cuBLAS choice per linear, as specc compile "
+                         "builds (CUDA); triton: Triton linears everywhere")
     ap.add_argument("--budget-s", type=float, default=450.0, help="stop measuring after this many seconds")
     ap.add_argument("--tie-tolerance", type=float,
                     help="top-2 logit margin below which two outputs may differ (a numerical tie, reported in the "
@@ -464,7 +484,7 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "real": opts.real, "tokens": opts.tokens,
               "prompt_len": opts.prompt_len, "deployment": opts.deployment, "acceptance": opts.acceptance,
-              "tie_tolerance": opts.tie_tolerance,
+              "tie_tolerance": opts.tie_tolerance, "linears": opts.linears if dev.type == "cuda" else "triton",
               "seconds": time.perf_counter() - t0,
               "notice": "random weights: speculative acceptance replayed from the stated model, tokens are not the "
                         "model's output; --real pairs decide with the target (output checked equal to AR)"}
