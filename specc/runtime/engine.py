@@ -234,9 +234,10 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     older way to give its one field).
 
     On CUDA (or ``graphs=True``) every step is wrapped in ``GraphedStep`` sharing one memory
-    pool (the ragged step in ``GraphedRaggedStep``: a graph per token-count bucket), drafting is uncapped at the end of the budget (one verify shape; the surplus is
-    clipped) and all drafter input shapes are captured before the first step, so no graph is
-    captured while tokens are being timed.
+    pool (the ragged step in ``GraphedRaggedStep``: a graph per token-count bucket, captured when
+    a bucket first occurs), drafting is uncapped at the end of the budget (one verify shape; the
+    surplus is clipped) and all drafter input shapes are captured before the first step, so no
+    dense step's graph is captured while tokens are being timed.
 
     ``tree_budget`` N > 0 (an artifact with a ``target_tree`` step): tree verification of N
     drafted nodes per step through that step (sharing the target's decoding state)."""
