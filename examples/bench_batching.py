@@ -36,7 +36,10 @@ fp32 gap between the two tokens) and timing goes on, otherwise the run stops.
 
 Each row gives tokens/s end to end (prefills included) and ``step_ms``, the mean wall time of a
 decode step alone (each ends in the step's host read, so it is the device's step time plus the
-host's glue), the figure to set beside a bs1 loop's ms/step.
+host's glue), the figure to set beside a bs1 loop's ms/step; ``prefill_seconds`` is the rest
+(admissions). ``--audit`` adds each step's host reads, blocking host -> device copies, eager glue
+ops and forwards (``specc.bench.step_audit``), from an extra untimed pass; ``graphs`` says which
+steps replayed CUDA graphs.
 
 One untimed pass precedes every timed one (Triton compiles, CUDA-graph captures per shape).
 Rows go to ``--out-dir``/batching.jsonl as they are measured (one JSON object per line) and
@@ -290,6 +293,7 @@ def measured(run: Run, seconds, batch):
             "tokens_per_s_per_request": new / seconds / batch,
             "tokens_per_step": (new - len(results)) / steps if steps else 0.0,
             "decode_steps": run.decode_steps, "decode_seconds": run.decode_seconds,
+            "prefill_seconds": seconds - run.decode_seconds,  # admissions: prefills (and first tokens)
             "step_ms": 1e3 * run.decode_seconds / max(run.decode_steps, 1),
             **({"audit": run.audit} if run.audit is not None else {})}
 
