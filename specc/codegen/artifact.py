@@ -10,7 +10,8 @@
       tokenizer files       copied from the target checkpoint when present
 
 Written into a temporary sibling directory and renamed into place, so nothing partial is ever
-left behind; ``check_files`` refuses a tampered or incomplete artifact with a one-line reason.
+left behind; ``artifact_trust.verify_artifact`` refuses a tampered or incomplete artifact with a
+one-line reason.
 """
 
 from __future__ import annotations
@@ -246,8 +247,3 @@ def read_manifest(path: Path) -> dict:
         raise ArtifactError(f"{path}: artifact format {manifest.get('format_version')} is not {FORMAT_VERSION}")
     return manifest
 
-
-def check_files(path: Path, manifest: dict) -> None:
-    from specc.codegen.artifact_trust import verify_artifact
-
-    verify_artifact(Path(path), manifest, check=True)
