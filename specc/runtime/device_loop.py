@@ -79,7 +79,9 @@ def greedy_accept(drafts: torch.Tensor, posterior: torch.Tensor):
 
 
 class PartTimer:
-    """Wall time per loop part (prefill / draft / verify / accept). Synchronises the device at
+    """Wall time per loop part (prefill / draft / verify / accept; a tree step also splits off
+    plan, the tree's construction, and commit, the KV compaction, DFlash context and host copy
+    after acceptance). Synchronises the device at
     each boundary, so it perturbs what it measures a little: on only when asked (profile=True)."""
 
     def __init__(self, device: torch.device):
@@ -547,6 +549,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         lengths = self.state.lengths
         root = seq.gather(1, lengths[:, None])[:, 0]  # the last committed token (not yet in the cache)
         draft_logits = self._draft_rows(seq, n, k, drafting, logits=True)  # [B, k, V], one forward
+        timer.mark("plan")
         tree_fns = self._tree_fns()
         policy = self.policy
         tokens, parents, depths, positions, mask = tree_fns["plan"](policy.tree_logits(draft_logits, lengths), root,
@@ -559,6 +562,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             caps = torch.full_like(lengths, k)
         accepted, committed, path = policy.accept_tree(tree_fns["accept"], tokens, parents, depths, mask, logits, caps,
                                                        k, lengths)
+        timer.mark("commit")
         if active is not None:
             accepted = accepted * active
         seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)
