@@ -27,6 +27,20 @@ at ``--deployment``, context = prompt + half the new tokens):
 - ``goodput`` (``--goodput``): the same rule without ``ragged_seconds`` (one k per step, dense
   verify; prediction: the pricer's dense goodput k).
 
+Exactness: batched AR must give the tokens of the first two prompts run alone, and a ``--real``
+pair's every mechanism the tokens of batched AR, up to numerical ties: at a request's first
+differing position the reference run's top-2 logit margin is measured (one forward of the target's
+model definition over that prefix, ``specc.verify.output_equality``); within ``--tie-tolerance``
+the row records the tie (``ties``: request, position, tokens, margin, and with ``--fp32-audit`` the
+fp32 gap between the two tokens) and timing goes on, otherwise the run stops.
+
+Each row gives tokens/s end to end (prefills included) and ``step_ms``, the mean wall time of a
+decode step alone (each ends in the step's host read, so it is the device's step time plus the
+host's glue), the figure to set beside a bs1 loop's ms/step; ``prefill_seconds`` is the rest
+(admissions). ``--audit`` adds each step's host reads, blocking host -> device copies, eager glue
+ops and forwards (``specc.bench.step_audit``), from an extra untimed pass; ``graphs`` says which
+steps replayed CUDA graphs.
+
 One untimed pass precedes every timed one (Triton compiles, CUDA-graph captures per shape).
 Rows go to ``--out-dir``/batching.jsonl as they are measured (one JSON object per line) and
 ``run.json`` (device, versions, acceptance, notice); ``--budget-s`` stops measuring (rows say
@@ -42,6 +56,7 @@ so) past that many seconds, so a run fits its slot.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import time
@@ -64,11 +79,13 @@ class Pair:
     pricer: object
     prompts: list
     ar: object  # the compiled AR loop over the same target
+    margins: object  # PrefixLogits over the target's model definition: the reference margin where outputs differ
 
 
-def compile_loop(target, draft, impl, spec, section, k, max_len):
+def compile_loop(target, draft, impl, spec, section, k, max_len, linear_choice=None):
     """The device loop of compiled steps (AR when ``draft`` is None); a ``target_ragged`` step too
-    where codegen builds one."""
+    where codegen builds one. ``linear_choice``: which linears run cuBLAS (``specc compile`` uses
+    the deployment's calibrated table; None: Triton everywhere)."""
     from specc.codegen.build import ROLE_STEP, build_step, build_steps
     from specc.runtime.compiled import instantiate
     from specc.runtime.engine import build_loop
@@ -80,16 +97,30 @@ def compile_loop(target, draft, impl, spec, section, k, max_len):
         target.setup_caches(1, 16)
         if draft is not None:
             draft.setup_caches(1, 16)
-        built = build_steps(target, draft, DEFAULT_PIPELINE, spec if draft is not None else None)
+        built = build_steps(target, draft, DEFAULT_PIPELINE, spec if draft is not None else None,
+                            linear_choice=linear_choice)
         emitted = dict(built.emitted)
         if draft is not None and "target_ragged" in ROLE_STEP and getattr(target, "ragged_rows", False):
             target.setup_caches(1, 16)
-            emitted["target_ragged"] = build_step(target, "target_ragged", DEFAULT_PIPELINE).emitted
+            emitted["target_ragged"] = build_step(target, "target_ragged", DEFAULT_PIPELINE,
+                                                  linear_choice=linear_choice).emitted
     finally:
         target.capture_layers = saved
     steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in emitted.items()}
     return build_loop(steps, impl.strategy if draft is not None else None, k if draft is not None else 0, max_len,
                       drafter_section=section if draft is not None else None)
+
+
+def linears_of(opts, dev):
+    """The linear choice table the steps are built with: the deployment's, as ``specc compile``
+    lowers (on CUDA; ``--linears triton``: none)."""
+    if dev.type != "cuda" or opts.linears == "triton":
+        return None
+    from specc.search.calibrate import calibration_for
+    from specc.search.deployments import get_deployment
+
+    record = calibration_for(get_deployment(opts.deployment))
+    return None if record is None else record.choice_table()
 
 
 def random_prompts(count, mean_len, vocab, seed):
@@ -123,7 +154,8 @@ def shaped_pairs(opts, dev) -> list[Pair]:
     tcfg = target_config(opts.shapes)
     target = build_causal(tcfg, dtype, dev, seed=1)
     max_len = int(opts.prompt_len * 1.25) + opts.tokens + 4
-    ar = compile_loop(target, None, get_method("ar"), None, None, 0, max_len)
+    linears = linears_of(opts, dev)
+    ar = compile_loop(target, None, get_method("ar"), None, None, 0, max_len, linears)
     prompts = random_prompts(max(opts.batches), opts.prompt_len, tcfg["vocab_size"], opts.seed)
     pairs = []
     for shapes in [d for d in opts.drafter_shapes.split(",") if d.strip() and d != "none"]:
@@ -137,12 +169,12 @@ def shaped_pairs(opts, dev) -> list[Pair]:
         acceptance = parse_acceptance(opts.acceptance, k)
         if acceptance is None:
             raise SystemExit("random weights accept nothing: give --acceptance (e.g. dflash-qwen3-8b:humaneval)")
-        loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec, section, k, max_len)
+        loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec, section, k, max_len, linears)
         # draws by absolute position: a function of the verify's inputs, as two-level verification needs
         loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source,
                                        lengths=lambda loop=loop: loop.state.lengths)
         pairs.append(Pair(f"{opts.shapes}+{shapes}", loop, impl, k, acceptance,
-                          pricer_for(tcfg, dcfg, impl, k, opts, dev), prompts, ar))
+                          pricer_for(tcfg, dcfg, impl, k, opts, dev), prompts, ar, margins_of(target, opts)))
     return pairs
 
 
@@ -166,12 +198,31 @@ def real_pairs(opts, dev) -> list[Pair]:
         prompts = [tok(t)["input_ids"] for t in texts] if tok is not None else random_prompts(
             max(opts.batches), 16, int(pair.target.raw["vocab_size"]), opts.seed)
         max_len = max(len(p) for p in prompts) + opts.tokens + 4
-        ar = compile_loop(loaded.target, None, get_method("ar"), None, None, 0, max_len)
+        linears = linears_of(opts, dev)
+        ar = compile_loop(loaded.target, None, get_method("ar"), None, None, 0, max_len, linears)
         loop = compile_loop(loaded.target, loaded.draft, impl, loaded.draft_spec,
-                            impl.manifest_drafter(pair, loaded), k, max_len)
+                            impl.manifest_drafter(pair, loaded), k, max_len, linears)
         pairs.append(Pair(spec, loop, impl, k, None, pricer_for(pair.target.raw, pair.drafter.raw, impl, k, opts, dev),
-                          prompts, ar))
+                          prompts, ar, margins_of(loaded.target, opts)))
     return pairs
+
+
+def margins_of(model, opts):
+    from specc.verify import PrefixLogits
+
+    return PrefixLogits(model, fp32=opts.fp32_audit)
+
+
+def checked(pair, what, prompts, reference, got, opts) -> list[dict]:
+    """The numerical ties (JSON) where ``got`` differs from ``reference`` only at positions whose
+    reference top-2 margin is within ``--tie-tolerance`` (``specc.verify.output_equality``);
+    any other difference stops the run: a wrong system is not timed."""
+    from specc.verify import compare_outputs
+
+    report = compare_outputs(prompts, reference, got, pair.margins, opts.tie_tolerance)
+    if not report.passed:
+        raise SystemExit(f"{pair.label}: {what}: {report.summary()}: not timing a wrong system")
+    return [d.to_json() for d in report.ties]
 
 
 def _sync(dev):
@@ -191,34 +242,76 @@ def timed(run, loop, dev):
     return out, time.perf_counter() - start
 
 
-def measured(results, seconds, batch):
+@dataclasses.dataclass
+class Run:
+    """One pass of continuous batching: results per prompt, the draft lengths a rule chose, and
+    the wall time of the decode steps alone (each ends in the step's host read, so it is the
+    device's step time plus the host's glue; admissions, i.e. prefills, are outside it)."""
+
+    results: list
+    ks: list
+    decode_seconds: float
+    decode_steps: int
+    audit: dict | None = None  # per decode step: host reads, blocking uploads, glue ops, forwards (mean)
+
+
+def drive(loop, prompts, tokens, rule=None, audit: bool = False) -> Run:
+    """``prompts`` through a BatchScheduler of len(prompts) slots (what ``generate_batch`` does),
+    under the draft-length ``rule`` (None: the loop's k), timing the decode steps apart.
+    ``audit``: count each decode step's host reads, blocking uploads, glue ops and forwards
+    (``specc.bench.step_audit``; slows the steps: never on a timed pass)."""
+    from specc.bench.step_audit import StepAudit
+    from specc.runtime.batching import BatchScheduler
+
+    scheduler = BatchScheduler(loop, len(prompts), (), rule)
+    rids = [scheduler.submit(p, tokens, ()) for p in prompts]
+    ks, seconds, steps = [], 0.0, 0
+    totals: dict = {}
+    while not scheduler.idle:
+        scheduler.admit()
+        if not scheduler.num_running:
+            continue
+        start = time.perf_counter()
+        with StepAudit(loop) if audit else contextlib.nullcontext() as counted:
+            scheduler.decode()
+        seconds += time.perf_counter() - start
+        steps += 1
+        for key, value in (counted.counts() if audit else {}).items():
+            totals[key] = totals.get(key, 0) + value
+        k = scheduler.last_num_draft
+        if rule is not None and k is not None:
+            ks.extend(k if isinstance(k, (list, tuple)) else [k])
+    mean = {f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()} if audit else None
+    return Run([scheduler.take(r) for r in rids], ks, seconds, steps, mean)
+
+
+def measured(run: Run, seconds, batch):
+    results = run.results
     new = sum(len(r.tokens) for r in results)
     steps = sum(r.stats.steps for r in results)
     return {"batch": batch, "seconds": seconds, "tokens": new, "tokens_per_s": new / seconds,
             "tokens_per_s_per_request": new / seconds / batch,
-            "tokens_per_step": (new - len(results)) / steps if steps else 0.0}
+            "tokens_per_step": (new - len(results)) / steps if steps else 0.0,
+            "decode_steps": run.decode_steps, "decode_seconds": run.decode_seconds,
+            "prefill_seconds": seconds - run.decode_seconds,  # admissions: prefills (and first tokens)
+            "step_ms": 1e3 * run.decode_seconds / max(run.decode_steps, 1),
+            **({"audit": run.audit} if run.audit is not None else {})}
 
 
-def run_batch(loop, prompts, tokens, dev):
-    return timed(lambda: loop.generate_batch(prompts, tokens, (), batch_size=len(prompts)), loop, dev)
+def run_batch(loop, prompts, tokens, dev, rule=None, audit: bool = False):
+    """(Run of the timed pass, its seconds); ``audit``: a third, audited pass after the timed
+    one, whose per-step counts land in the Run's ``audit``."""
+    run, seconds = timed(lambda: drive(loop, prompts, tokens, rule), loop, dev)
+    if audit:
+        run.audit = drive(loop, prompts, tokens, rule, audit=True).audit
+    return run, seconds
 
 
-def run_scheduler(loop, prompts, tokens, dev, rule):
-    """The loop under a draft-length rule through a BatchScheduler: (results, ks chosen), seconds."""
-    from specc.runtime.batching import BatchScheduler
-
-    def once():
-        scheduler = BatchScheduler(loop, len(prompts), (), rule)
-        rids = [scheduler.submit(p, tokens, ()) for p in prompts]
-        ks = []
-        while not scheduler.idle:
-            scheduler.step()
-            k = scheduler.last_num_draft
-            if k is not None:
-                ks.extend(k if isinstance(k, (list, tuple)) else [k])
-        return [scheduler.take(r) for r in rids], ks
-
-    return timed(once, loop, dev)
+def graph_stats(loop) -> dict:
+    """Per step role of the loop: CUDA graphs captured, replays, eager calls, why not captured
+    (so far in the run; empty on the CPU): which steps a row's time ran graphed."""
+    return {"graphs": {role: step.stats() for role, step in getattr(loop, "steps", {}).items()
+                       if hasattr(step, "stats") and step.device.type == "cuda"}}
 
 
 def acceptance_of(pair, results):
@@ -251,13 +344,28 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--goodput", action="store_true", help="also run the goodput rule with one k per step")
     ap.add_argument("--deployment", default="h200-bs1", help="deployment whose cost model predicts (any batch size)")
+    ap.add_argument("--linears", choices=("auto", "triton"), default="auto",
+                    help="auto: the deployment's calibrated Triton/cuBLAS choice per linear, as specc compile "
+                         "builds (CUDA); triton: Triton linears everywhere")
     ap.add_argument("--budget-s", type=float, default=450.0, help="stop measuring after this many seconds")
+    ap.add_argument("--tie-tolerance", type=float,
+                    help="top-2 logit margin below which two outputs may differ (a numerical tie, reported in the "
+                         "row's 'ties'); default: specc.verify's for the dtype (bf16 0.25, fp32 1e-3)")
+    ap.add_argument("--fp32-audit", action="store_true",
+                    help="also measure each tie's gap in an fp32 copy of the target (memory: the weights again, x2)")
+    ap.add_argument("--audit", action="store_true",
+                    help="after each timed pass, one more pass counting each decode step's host reads, blocking "
+                         "host -> device copies, eager glue ops and forwards (the row's 'audit')")
     ap.add_argument("--out-dir", help="write batching.jsonl (a row per line, as measured) and run.json here")
     ap.add_argument("--out", help="also write every row in one JSON file")
     opts = ap.parse_args()
     opts.batches = sorted({int(b) for b in opts.batches.split(",") if b.strip()})
     opts.real = [r for r in opts.real.split(",") if r.strip()]
     dev = torch.device(opts.device)
+    if opts.tie_tolerance is None:
+        from specc.verify import DEFAULT_TOLERANCE
+
+        opts.tie_tolerance = DEFAULT_TOLERANCE["bfloat16" if dev.type == "cuda" else "float32"]
     t0 = time.perf_counter()
     out_dir = Path(opts.out_dir) if opts.out_dir else None
     if out_dir:
@@ -276,10 +384,11 @@ def main() -> None:
             return
         pred = row.get("predicted_tokens_per_s")
         print(f"{row['pair']:>28} {row['system']:>12} {row['batch']:>4} {row['tokens_per_s']:>10,.1f} "
-              f"{row['tokens_per_step']:>8.2f} " + (f"{pred:>10,.1f}" if pred else f"{'-':>10}")
-              + (f"  {row['note']}" if row.get("note") else ""))
+              f"{row['tokens_per_step']:>8.2f} {row['step_ms']:>8.2f} " + (f"{pred:>10,.1f}" if pred else f"{'-':>10}")
+              + (f"  {row['note']}" if row.get("note") else "")
+              + (f"  {len(row['ties'])} numerical ties" if row.get("ties") else ""))
 
-    print(f"{'pair':>28} {'system':>12} {'B':>4} {'tok/s':>10} {'tok/step':>8} {'predicted':>10}")
+    print(f"{'pair':>28} {'system':>12} {'B':>4} {'tok/s':>10} {'tok/step':>8} {'ms/step':>8} {'predicted':>10}")
     ar_tokens_at: dict = {}  # (AR loop, B) -> the AR tokens of each prompt
     for pair in pairs:
         for b in opts.batches:
@@ -294,12 +403,13 @@ def main() -> None:
 
             ar_key = (id(pair.ar), b)
             if ar_key not in ar_tokens_at and not over_budget("ar"):
-                ar_results, seconds = run_batch(pair.ar, prompts, opts.tokens, dev)
+                ar_run, seconds = run_batch(pair.ar, prompts, opts.tokens, dev, audit=opts.audit)
+                ar_results = ar_run.results
                 alone = [pair.ar.generate(p, opts.tokens, ()).tokens for p in prompts[:2]]
-                if [r.tokens for r in ar_results[:2]] != alone:
-                    raise SystemExit("batched AR output differs from the prompts run alone: not timing a wrong system")
-                emit({**base, "system": "ar", "num_draft": 0, **measured(ar_results, seconds, b),
-                      "predicted_tokens_per_s": b / pair.pricer.ar_seconds(b)})
+                ties = checked(pair, f"batched AR (B={b}) against the prompts run alone", prompts[:2], alone,
+                               [r.tokens for r in ar_results[:2]], opts)
+                emit({**base, "system": "ar", "num_draft": 0, **measured(ar_run, seconds, b),
+                      "predicted_tokens_per_s": b / pair.pricer.ar_seconds(b), "ties": ties})
                 ar_tokens_at[ar_key] = [r.tokens for r in ar_results]
             elif ar_key not in ar_tokens_at:
                 continue
@@ -309,14 +419,22 @@ def main() -> None:
             loop = pair.loop
             if hasattr(loop, "two_level_k1"):
                 loop.two_level_k1 = None
-            results, seconds = run_batch(loop, prompts, opts.tokens, dev)
+            run, seconds = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
+            results = run.results
             acc = acceptance_of(pair, results)
             exact = pair.acceptance is None
-            if exact and [r.tokens for r in results] != ar_tokens:
-                raise SystemExit(f"{pair.label}: speculative output differs from AR at B={b}")
+
+            def exact_ties(system, results):
+                """Where the target decides: the output against compiled AR's, tie-aware."""
+                if not exact:
+                    return {}
+                return {"ties": checked(pair, f"{system} against AR at B={b}", prompts, ar_tokens,
+                                        [r.tokens for r in results], opts)}
+
+            ties = exact_ties("one-level", results)
             one = pair.pricer.one_level(b, acc)
-            emit({**base, "system": "one-level", **measured(results, seconds, b),
-                  "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source})
+            emit({**base, "system": "one-level", **measured(run, seconds, b), **graph_stats(loop),
+                  "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source, **ties})
 
             two = best_k1(pair.pricer, b, acc)
             # both mechanisms need a packed verify; without one the loop would time one level under their name
@@ -331,11 +449,10 @@ def main() -> None:
                           "predicted_tokens_per_s": two.tokens_per_s, "two_level_k1": two.two_level_k1})
                 else:
                     loop.two_level_k1 = two.two_level_k1
-                    results, seconds = run_batch(loop, prompts, opts.tokens, dev)
+                    run, seconds = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
                     loop.two_level_k1 = None
-                    if exact and [r.tokens for r in results] != ar_tokens:
-                        raise SystemExit(f"{pair.label}: two-level output differs from AR at B={b}")
-                    emit({**base, "system": "two-level", **measured(results, seconds, b),
+                    ties = exact_ties("two-level", run.results)
+                    emit({**base, "system": "two-level", **measured(run, seconds, b), **ties, **graph_stats(loop),
                           "two_level_k1": two.two_level_k1, "predicted_tokens_per_s": two.tokens_per_s,
                           "predicted_level2_rows": two.level2_rows, "note": f"k1={two.two_level_k1}"})
 
@@ -362,14 +479,16 @@ def main() -> None:
                     emit({**base, "system": system, "skipped": "the runtime's GoodputDraftLength takes no "
                           "ragged_seconds (no per-row draft length)", "predicted_tokens_per_s": predicted})
                     continue
-                (results, ks), seconds = run_scheduler(loop, prompts, opts.tokens, dev, rule)
-                if exact and [r.tokens for r in results] != ar_tokens:
-                    raise SystemExit(f"{pair.label}: {system} output differs from AR at B={b}")
-                emit({**base, "system": system, **measured(results, seconds, b), "predicted_tokens_per_s": predicted,
+                run, seconds = run_batch(loop, prompts, opts.tokens, dev, rule, audit=opts.audit)
+                ks = run.ks
+                ties = exact_ties(system, run.results)
+                emit({**base, "system": system, **measured(run, seconds, b), "predicted_tokens_per_s": predicted, **ties,
+                      **graph_stats(loop),
                       "mean_k": sum(ks) / len(ks) if ks else 0.0, "note": f"mean k {sum(ks) / max(len(ks), 1):.1f}"})
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "real": opts.real, "tokens": opts.tokens,
               "prompt_len": opts.prompt_len, "deployment": opts.deployment, "acceptance": opts.acceptance,
+              "tie_tolerance": opts.tie_tolerance, "linears": opts.linears if dev.type == "cuda" else "triton",
               "seconds": time.perf_counter() - t0,
               "notice": "random weights: speculative acceptance replayed from the stated model, tokens are not the "
                         "model's output; --real pairs decide with the target (output checked equal to AR)"}

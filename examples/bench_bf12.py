@@ -15,9 +15,9 @@
    fraction of the deployment's HBM bandwidth each one streams (bytes read / time / HBM B/s;
    bf16 bytes for cuBLAS, packed bytes -- planes, bases, escape table -- for bf12).
 2. ``--steps`` (on by default on CUDA): the compiled Qwen3-8B target step (random weights,
-   context 1024) with the default pipeline and with ``pack_weights_12bit`` (layout 2), at Q = 1
+   context 1024) with the default pipeline and with ``pack_weights_12bit`` (layouts 1 and 2), at Q = 1
    (the AR step) and Q = 16 (the verify step), CUDA-graph medians in the same run, the greedy
-   tokens of both compared, and the cost model's prediction for both (the choice it would
+   logits compared (max difference; each flipped greedy token with its top-2 margin: a tie or a defect), and the cost model's prediction for both (the choice it would
    make) beside the measured winner -- with the deployment's calibration, and with the packed
    linears priced by this run's layout-2 efficiency per M: ``"kind": "step"`` JSON lines.
 
@@ -296,8 +296,20 @@ def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke) ->
     return rows
 
 
+def logit_agreement(unpacked: torch.Tensor, packed: torch.Tensor, tolerance: float = 0.25) -> dict:
+    """Packed weights are the unpacked ones bit for bit, but the kernels sum in another order, so
+    logits may differ by rounding: the max difference, and for each position whose greedy token
+    differs, the unpacked logits' top-2 margin (a tie when within ``tolerance``, else a defect)."""
+    u, p = unpacked.reshape(-1, unpacked.shape[-1]), packed.reshape(-1, packed.shape[-1])
+    flips = (u.argmax(-1) != p.argmax(-1)).nonzero().flatten().tolist()
+    margins = [float(v[0] - v[1]) for v in (u[i].topk(2).values for i in flips)]
+    return {"same_greedy_tokens": not flips, "max_abs_logit_diff": float((u - p).abs().max()),
+            "flipped_positions": flips, "flip_margins": margins,
+            "flips_are_ties": all(m <= tolerance for m in margins)}
+
+
 def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[dict]:
-    """Compiled Qwen3-8B target step, default pipeline vs + pack_weights_12bit (layout 2), with
+    """Compiled Qwen3-8B target step, default pipeline vs + pack_weights_12bit (layouts 1 and 2), with
     the cost model's predictions: the deployment's own, and the same with this run's layout-2
     efficiencies by M (``packed_by_m``, packed bytes / time / HBM) for the packed linears."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -314,26 +326,27 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     context = 64 if smoke else 1024
     target = build_causal(cfg, dtype, dev, seed=1)
     target.setup_caches(1, 16)
-    pipelines = {"unpacked": DEFAULT_PIPELINE, "packed_v2": DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")}
+    packed = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")
+    variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
+                "packed_v2": (packed, {"pack_version": 2})}
     model = CostModel(args.deployment)
     base = model.calibration or Calibration(deployment=model.deployment.name, device="cuda")
     measured = CostModel(model.deployment, calibration=dataclasses.replace(
         base, packed_linear_bandwidth_by_m=packed_by_m)) if packed_by_m else None
     gen = torch.Generator(device=dev).manual_seed(5)
     ids = {q: torch.randint(0, cfg["vocab_size"], (1, q), device=dev, generator=gen) for q in (1, 16)}
-    res, tokens = {}, {}
-    for label, pipeline in pipelines.items():
-        built = build_steps(target, None, pipeline)
+    res, logits_of = {}, {}
+    for label, (pipeline, options) in variants.items():
+        built = build_steps(target, None, pipeline, pass_options=options)
         stats = {r["name"]: r["stats"] for r in built.pass_records["target"]}
         step = instantiate(built.emitted["target"])
         step.setup_caches(1, context + 128)
-        res[label] = {"pipeline": pipeline, "pack_stats": stats.get("pack_weights_12bit")}
+        res[label] = {"pipeline": pipeline, "options": options, "pack_stats": stats.get("pack_weights_12bit")}
         for q in (1, 16):
             pos = torch.arange(context, context + q, device=dev)[None]
             cl = torch.tensor([context], device=dev)
             with torch.inference_mode():
-                logits = step(ids[q], pos, cl)
-                tokens[label, q] = logits.float().argmax(-1).cpu()
+                logits_of[label, q] = step(ids[q], pos, cl).float().cpu()
             vals = {"B": 1, "Q": q, "C": context}
             res[label][q] = {"ms": time_graph(step, (ids[q], pos, cl)),
                              "predicted_ms": model.step(built.irs["target"], vals).time * 1e3,
@@ -344,22 +357,24 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
             torch.cuda.empty_cache()
     out = []
     for q, what in ((1, "AR"), (16, "verify Q=16")):
-        u, p = res["unpacked"][q], res["packed_v2"][q]
-        rec = {"kind": "step", "step": what, "Q": q, "context": context, "unpacked_ms": u["ms"], "packed_ms": p["ms"],
-               "packed_over_unpacked": p["ms"] / u["ms"], "same_greedy_tokens": bool(torch.equal(
-                   tokens["unpacked", q], tokens["packed_v2", q])),
-               "deployment": model.deployment.name, "predicted_unpacked_ms": u["predicted_ms"],
-               "predicted_packed_ms": p["predicted_ms"],
-               "cost_model_packs": p["predicted_ms"] < u["predicted_ms"], "packing_wins": p["ms"] < u["ms"],
-               "pack_stats": res["packed_v2"]["pack_stats"]}
-        rec["cost_model_right"] = rec["cost_model_packs"] == rec["packing_wins"]
-        if measured is not None:  # the same cost model told this run's layout-2 kernel speeds by M
-            rec.update(packed_bandwidth_by_m=packed_by_m,
-                       predicted_packed_ms_measured_eff=p["predicted_measured_eff_ms"],
-                       cost_model_packs_measured_eff=p["predicted_measured_eff_ms"] < u["predicted_measured_eff_ms"])
-            rec["cost_model_right_measured_eff"] = rec["cost_model_packs_measured_eff"] == rec["packing_wins"]
-        out.append(rec)
-        emit(rec)
+        u = res["unpacked"][q]
+        for label in ("packed_v1", "packed_v2"):
+            p = res[label][q]
+            rec = {"kind": "step", "step": what, "layout": int(label[-1]), "Q": q, "context": context,
+                   "unpacked_ms": u["ms"], "packed_ms": p["ms"], "packed_over_unpacked": p["ms"] / u["ms"],
+                   **logit_agreement(logits_of["unpacked", q], logits_of[label, q]),
+                   "deployment": model.deployment.name, "predicted_unpacked_ms": u["predicted_ms"],
+                   "predicted_packed_ms": p["predicted_ms"],
+                   "cost_model_packs": p["predicted_ms"] < u["predicted_ms"], "packing_wins": p["ms"] < u["ms"],
+                   "pack_stats": res[label]["pack_stats"]}
+            rec["cost_model_right"] = rec["cost_model_packs"] == rec["packing_wins"]
+            if measured is not None and label == "packed_v2":  # the same cost model told this run's layout-2 speeds
+                rec.update(packed_bandwidth_by_m=packed_by_m,
+                           predicted_packed_ms_measured_eff=p["predicted_measured_eff_ms"],
+                           cost_model_packs_measured_eff=p["predicted_measured_eff_ms"] < u["predicted_measured_eff_ms"])
+                rec["cost_model_right_measured_eff"] = rec["cost_model_packs_measured_eff"] == rec["packing_wins"]
+            out.append(rec)
+            emit(rec)
     return out
 
 

@@ -108,6 +108,54 @@ def time_steps(steps: dict, model_for: dict, ir, cfg, dev, batches, qs, context,
     return rows
 
 
+LINEAR_KERNELS = ("gemm", "gemv", "xmma", "cutlass", "nvjet", "cublas", "sm90_")
+
+
+def kernel_category(name: str) -> str:
+    """linear / attention / other, from a profiled kernel's name (Triton's or cuBLAS's)."""
+    low = name.lower()
+    if "attn" in low:
+        return "attention"
+    return "linear" if any(k in low for k in LINEAR_KERNELS) else "other"
+
+
+def node_category(kind: str) -> str:
+    return "attention" if "attention" in kind else "linear" if "linear" in kind else "other"
+
+
+def profile_steps(step, model, ir, cfg, dev, points, context) -> list[dict]:
+    """Where the cost model's error at large B x Q lies: per (B, Q), the profiled device time of
+    the step's linears / attention / other kernels beside the cost model's time for the same
+    nodes (launch overhead apart), and the idle time between kernels."""
+    from examples.profile_step import kernel_profile
+
+    out = []
+    for b, q in points:
+        step.setup_caches(b, context + q + 8)
+        ids = torch.randint(0, cfg["vocab_size"], (b, q), device=dev)
+        pos = torch.arange(context, context + q, device=dev)[None].expand(b, -1).contiguous()
+        lens = torch.full((b,), context, dtype=torch.long, device=dev)
+        prof = kernel_profile(step, (ids, pos, lens))
+        measured: dict = {"linear": 0.0, "attention": 0.0, "other": 0.0}
+        for k in prof["kernels"]:
+            measured[kernel_category(k["kernel"])] += k["us_per_step"]
+        pred = model.step(ir, {"B": b, "Q": q, "C": context}, sync=False)
+        predicted: dict = {"linear": 0.0, "attention": 0.0, "other": 0.0}
+        for n in pred.nodes:
+            predicted[node_category(n.kind)] += n.work_time * 1e6
+        row = {"B": b, "Q": q, "measured_us": measured, "predicted_us": predicted,
+               "predicted_launch_us": pred.launch_time * 1e6, "kernel_us": prof["kernel_us_per_step"],
+               "span_us": prof["span_us_per_step"], "launches": prof["launches_per_step"],
+               "top_kernels": prof["kernels"][:12]}
+        out.append(row)
+        print("[profile] B=%d Q=%d " % (b, q) + ", ".join(
+            f"{c} {measured[c]:.0f} us (model {predicted[c]:.0f})" for c in measured)
+            + f", span {row['span_us']:.0f} us, launches {row['launches']:.0f}", flush=True)
+        step.setup_caches(1, 16)
+        torch.cuda.empty_cache()
+    return out
+
+
 def goals(rows: list[dict]) -> dict:
     """The issue's ratios: verify(B, Q=16) / AR(B) per variant and batch."""
     t = {(r["linear_choice"], r["B"], r["Q"]): r["measured_ms"] for r in rows}
@@ -128,6 +176,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--forcing", action="store_true", help="also bf16 token forcing with cuBLAS forced (GPU)")
+    ap.add_argument("--profile", default="16:16,32:8",
+                    help="B:Q steps (choice on) to profile by kernel category against the cost model (CUDA only; '' none)")
     ap.add_argument("--out", default="linears.json")
     args = ap.parse_args(argv)
 
@@ -198,6 +248,9 @@ def main(argv: list[str] | None = None) -> dict:
     result["goals"] = goals(result["steps"])
     for key, value in result["goals"].items():
         print(f"[goal] {key} = {value:.2f}", flush=True)
+    points = [tuple(int(v) for v in p.split(":")) for p in args.profile.split(",") if p.strip()]
+    if dev.type == "cuda" and points:
+        result["profiles"] = profile_steps(steps["on"], model_for["on"], ir, cfg, dev, points, args.context)
     del steps, built, target
     if dev.type == "cuda":
         torch.cuda.empty_cache()

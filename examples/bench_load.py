@@ -86,7 +86,8 @@ def main() -> None:
         report[name]["process_s"] = time.perf_counter() - t0
         st = report[name]["load_stats"]
         print(f"[load] {name}: process {report[name]['process_s']:.1f} s, load {report[name]['load_wall_s']:.1f} s "
-              f"(read {st.get('read', 0):.1f}, kernels {st.get('kernels', 0):.1f}, graphs {st.get('graphs', 0):.1f}), "
+              f"(read {st.get('read', 0):.1f} = verify {st.get('verify', 0):.1f} + weights {st.get('weights', 0):.1f} + rest, "
+              f"kernels {st.get('kernels', 0):.1f}, graphs {st.get('graphs', 0):.1f}), "
               f"decode {report[name]['decode_tokens_per_s']:.0f} tok/s", flush=True)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1, default=str))
 

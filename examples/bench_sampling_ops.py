@@ -8,6 +8,11 @@ device synchronise around each call (CUDA: includes launch overhead, no CUDA gra
 
     PYTHONPATH=. python3 examples/bench_sampling_ops.py --device cuda --out $OUT/sampling_ops.json   # H200
     PYTHONPATH=. python3 examples/bench_sampling_ops.py --device cpu --vocab 4096 --iters 5           # smoke
+    PYTHONPATH=. python3 examples/bench_sampling_ops.py --device cuda --batch 8 --profile --out $OUT/ops.json
+
+``--profile``: after each timing, one chain and one tree call under torch.profiler; the ops that
+took the most time (device time on CUDA, CPU time otherwise; calls, total ms) are printed and
+written into the row: where a step's time goes.
 """
 
 from __future__ import annotations
@@ -34,6 +39,22 @@ def _time(fn, device: str, iters: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def _profile(fn, device: str, top: int = 8) -> list[dict]:
+    """The ``top`` ops of one ``fn()`` call by self time (device time on CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    fn()
+    with profile(activities=activities) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    return [{"op": e.key, "calls": e.count, "ms": getattr(e, key) / 1e3} for e in events]
+
+
 def _mixed(rows: int) -> list:
     """Per-row params cycling greedy / T=0.7 top-p 0.9 top-k 50 / T=1 rep 1.1 (one batch)."""
     from specc.sampling import SamplingParams
@@ -57,6 +78,7 @@ def main() -> None:
     ap.add_argument("--batch", default="1,8", help="batch sizes (default 1,8)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default="sampling_ops.json")
+    ap.add_argument("--profile", action="store_true", help="also profile one call of each (top ops, printed and in the JSON)")
     args = ap.parse_args()
     dev, V, k = torch.device(args.device), args.vocab, args.k
     rows = []
@@ -103,6 +125,11 @@ def main() -> None:
             rows.append(row)
             print(f"B={b} {name:26s} chain accept {row['chain_ms']:8.3f} ms   tree {args.budget} {row['tree_ms']:8.3f} ms",
                   flush=True)
+            if args.profile:
+                for part, fn in (("chain", chain), ("tree", tree)):
+                    row[f"{part}_profile"] = _profile(fn, args.device)
+                    print(f"    {part}: " + ", ".join(f"{o['op']} x{o['calls']} {o['ms']:.3f} ms"
+                                                     for o in row[f"{part}_profile"]), flush=True)
     result = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "vocab": V, "k": k, "budget": args.budget, "rows": rows}
     with open(args.out, "w") as f:

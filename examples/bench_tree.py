@@ -29,7 +29,10 @@ rank 0; trees: ``TreeReplayVerifier`` on every rank; ``--acceptance`` repeatable
 published GSM8K and MT-Bench tau for rank 0, each with the rest split as specc-tiny's DFlash
 ranks split it; one build serves them all). Per row: tokens/s, tokens per step, step time, and the
 cost model's prediction (``specc.search.tree_cost``) beside it; speedups over the chain and over
-AR, measured and predicted. Writes ``--out-dir``/tree-e2e-8b.json.
+AR, measured and predicted. After each system's timed pass, one more pass with the loop's
+per-part profile (ms per step of draft / plan / verify / accept / commit, synchronising) and
+each CUDA-graphed step's captures, replays and eager calls with their reasons: where a step's
+time goes beyond the cost model's figure. Writes ``--out-dir``/tree-e2e-8b.json.
 ``--tiny-check`` runs the same path at tiny shapes on the CPU (a minute): the GPU run's smoke test.
 
     PYTHONPATH=. python3 examples/bench_tree.py --device cuda --out $OUT/tree.json     # on the H200
@@ -195,9 +198,7 @@ def e2e(prompts, new_tokens: int, budgets, dtype, device, methods=METHODS) -> li
             system.profile = True  # one more pass, timed by part (synchronising): where a step goes
             system.generate(prompts[0], new_tokens, ())
             system.profile = False
-            graphs = {role: step.stats() for role, step in system.steps.items() if hasattr(step, "stats")}
-            graphs.update({f"tree_{name}": fn.stats() for name, fn in (getattr(system, "_tree_graphs", None) or {}).items()
-                           if hasattr(fn, "stats")})
+            graphs = graph_stats(system)
             row = {"method": method, "budget": budget, "tokens_per_s": new_tokens * len(prompts) / seconds,
                    "tau": sum(lengths) / len(lengths), "lossless_vs_chain": outs == reference, "seconds": seconds,
                    "part_seconds_one_prompt": dict(system.part_seconds), "graphs": graphs}
@@ -315,6 +316,42 @@ def ranks(prompts, new_tokens: int, dtype, device, out: str | None) -> dict:
     return data
 
 
+def graph_stats(system) -> dict:
+    """Captures, replays, eager calls and ``eager_reasons`` of each CUDA-graphed step of a loop and
+    of its tree functions (plan / accept / commit); empty on the CPU, where nothing is graphed."""
+    stats = {role: step.stats() for role, step in getattr(system, "steps", {}).items() if hasattr(step, "stats")}
+    stats.update({f"tree_{name}": fn.stats() for name, fn in (getattr(system, "_tree_graphs", None) or {}).items()
+                  if hasattr(fn, "stats")})
+    return stats
+
+
+def profiled_pass(system, prompt, new_tokens) -> dict:
+    """One more generation after the timed ones with the loop's per-part profile on (it
+    synchronises at every part boundary, so it is not the timed figure): wall ms per step of
+    each part (draft / verify / accept, and a tree step's plan / commit), the prefill apart, and
+    what each graphed step did (``graph_stats``: is some step running eagerly, and why)."""
+    system.profile = True
+    try:
+        res = system.generate(prompt, new_tokens, ())
+    finally:
+        system.profile = False
+    steps = max(len(res.stats.accepted_lengths), 1)
+    parts = dict(system.part_seconds)
+    return {"steps": steps, "prefill_ms": 1e3 * parts.pop("prefill", 0.0),
+            "part_ms_per_step": {name: 1e3 * sec / steps for name, sec in parts.items()},
+            "graphs": graph_stats(system)}
+
+
+def _print_profile(label: str, profile: dict) -> None:
+    parts = ", ".join(f"{name} {ms:.3f}" for name, ms in profile["part_ms_per_step"].items())
+    print(f"[e2e-8b] {label:9s} profile, ms/step (synchronising): {parts}; prefill {profile['prefill_ms']:.1f} ms",
+          flush=True)
+    for role, st in profile["graphs"].items():
+        if st["eager_calls"] or st["eager_reasons"]:
+            print(f"[e2e-8b] {label:9s}   {role}: {st['captures']} graphs, {st['replays']} replays, "
+                  f"{st['eager_calls']} eager calls {st['eager_reasons'] or ''}", flush=True)
+
+
 def _timed(system, prompts, new_tokens, cuda) -> dict:
     """One warm-up pass (Triton compiles, graph captures), then every prompt once, timed."""
     system.generate(prompts[0], new_tokens, ())
@@ -387,6 +424,8 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
           "predicted": {"tokens_per_s": ar_pred.tokens_per_s, "step_ms": ar_pred.step_time * 1e3, "tokens_per_step": 1.0}}
     print(f"[e2e-8b] AR        {ar['tokens_per_s']:8.1f} tok/s (predicted {ar['predicted']['tokens_per_s']:.1f})",
           flush=True)
+    ar["profile"] = profiled_pass(ar_loop, prompts[0], new_tokens)
+    _print_profile("AR", ar["profile"])
     del ar_loop
     runs = []
     for spec, tree_model in zip(specs, models):
@@ -415,6 +454,8 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
             print(f"[e2e-8b] {row['system']:9s} {row['tokens_per_s']:8.1f} tok/s, {row['tokens_per_step']:.2f} "
                   f"tokens/step, {row['step_ms']:.2f} ms/step (predicted {predicted['tokens_per_s']:.1f} tok/s, "
                   f"{predicted['tokens_per_step']:.2f} tokens/step, {predicted['step_ms']:.2f} ms/step)", flush=True)
+            row["profile"] = profiled_pass(system, prompts[0], new_tokens)
+            _print_profile(row["system"], row["profile"])
             del system
             if cuda:
                 torch.cuda.empty_cache()

@@ -83,18 +83,26 @@ def test_bench_linears_cpu_smoke(tmp_path):
     assert set(res["goals"]) == {"off: verify B=1 Q=4 / AR B=1", "on: verify B=1 Q=4 / AR B=1"}
     assert res["lowering_on"] and all([x["impl"] for x in r["ranges"]] == ["triton", "cublas"]
                                       for r in res["lowering_on"])
+    assert "profiles" not in res  # the kernel profile needs CUDA
+    cat = bench_linears.kernel_category
+    assert [cat(n) for n in ("_gemm_kernel", "sm90_xmma_gemm_bf16bf16", "nvjet_tst_128x64", "_attn_split_kernel",
+                             "_rmsnorm_kernel", "_attn_merge_kernel")] == ["linear"] * 3 + ["attention", "other",
+                                                                             "attention"]
+    assert [bench_linears.node_category(k) for k in ("norm_linear", "linear_add", "rope_attention", "swiglu")] == [
+        "linear", "linear", "attention", "other"]
 
 
 def test_bench_bf12_tiny_runs_both_layouts(tmp_path):
     """examples/bench_bf12.py end to end on the CPU (interpreter, tiny shapes): the GPU run
-    cannot fail on a typo in the kernel sweep; every config it times is checked correct."""
+    cannot fail on a typo in the kernel sweep; every config it times is checked correct, and the
+    step rows time each layout it names (the pass runs with that layout's ``pack_version``)."""
     import os
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "bf12.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root), "SPECC_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(root / "examples" / "bench_bf12.py"), "--tiny", "--quick", "--no-steps",
+    proc = subprocess.run([sys.executable, str(root / "examples" / "bench_bf12.py"), "--tiny", "--quick", "--steps",
                            "--shapes", "o", "--ms", "1,16", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -106,3 +114,7 @@ def test_bench_bf12_tiny_runs_both_layouts(tmp_path):
         assert r["v1_config"] == "table" and r["v2_us"] > 0 and r["v2_rel_err"] < 1e-5
         assert all(c["ok"] for c in r["v2_configs"]), r["v2_configs"]
         assert 0 < r["v2_hbm_frac"] and r["v2_bytes"] < 0.8 * 2 * r["N"] * r["K"] + 200
+    steps = [(r["step"], r["layout"], r["pack_stats"]["format_version"]) for r in res["steps"]]
+    assert steps == [("AR", 1, 1), ("AR", 2, 2), ("verify Q=16", 1, 1), ("verify Q=16", 2, 2)]
+    for r in res["steps"]:  # fp32 on the CPU: the same weights give the same logits
+        assert r["same_greedy_tokens"] and r["flips_are_ties"] and r["max_abs_logit_diff"] < 1e-4

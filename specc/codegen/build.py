@@ -107,7 +107,8 @@ def build_step(module, role: str, pipeline: str | Iterable[str], *, options: dic
 
 
 def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None,
-                tp: tuple[int, int] | None = None, tree: bool = False, linear_choice=None) -> BuiltSteps:
+                tp: tuple[int, int] | None = None, tree: bool = False, linear_choice=None,
+                pass_options: dict | None = None) -> BuiltSteps:
     """Trace the target's verify step (it also serves prefill and AR: same graph, other Q) and
     the drafter's draft step, run the pass pipeline on each, lower and emit them.
 
@@ -118,7 +119,9 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
     ``tree``: also the target's tree verify step (role ``target_tree``: the same weights and
     state, plus the tree mask input), for tree verification.
 
-    ``linear_choice``: a measured ``codegen.linear_choice.LinearChoice`` for every role's linears."""
+    ``linear_choice``: a measured ``codegen.linear_choice.LinearChoice`` for every role's linears.
+
+    ``pass_options``: options every role's passes read (``{"pack_version": 2}``)."""
     modules = {"target": target}
     if draft_module is not None:
         modules["drafter"] = draft_module
@@ -126,10 +129,10 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
         modules["target_tree"] = target
     irs, records, lowering, emitted = {}, {}, {}, {}
     for role, module in modules.items():
-        role_pipeline, options = pipeline, {}
+        role_pipeline, options = pipeline, dict(pass_options or {})
         if tp is not None and role in ("target", "target_tree") and tp[0] > 1:
             role_pipeline = ",".join(p for p in (pipeline, "shard_tensor_parallel") if p)
-            options = {"tp_world_size": int(tp[0]), "tp_rank": int(tp[1])}
+            options.update(tp_world_size=int(tp[0]), tp_rank=int(tp[1]))
         extra = spec.block_size if role == "drafter" and spec is not None else 0
         ir = trace_step(module, role)
         irs[role] = ir

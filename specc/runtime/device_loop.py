@@ -68,6 +68,7 @@ from specc.runtime.policy import GreedyPolicy, SamplingPolicy
 from specc.runtime.ragged import PackedRows, ragged_capable
 from specc.runtime.state import DecodingState, reserve_block, slot_view
 from specc.runtime.trees import DraftTree
+from specc.runtime.uploads import upload
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
 
 
@@ -78,7 +79,9 @@ def greedy_accept(drafts: torch.Tensor, posterior: torch.Tensor):
 
 
 class PartTimer:
-    """Wall time per loop part (prefill / draft / verify / accept). Synchronises the device at
+    """Wall time per loop part (prefill / draft / verify / accept; a tree step also splits off
+    plan, the tree's construction, and commit, the KV compaction, DFlash context and host copy
+    after acceptance). Synchronises the device at
     each boundary, so it perturbs what it measures a little: on only when asked (profile=True)."""
 
     def __init__(self, device: torch.device):
@@ -156,6 +159,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self._tree_graphs = None  # the tree step's graphs (commit holds the state's buffers)
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
+        if getattr(self.ragged_target, "token_buckets", False):  # room for a bucketed verify's padding
+            length += self.ragged_target.pad_room(self.batch * (self.num_draft + 1))
         reserve_block(self.target, max(self.num_draft, self.tree_budget) + 1)  # hybrid targets' per-node states
         state = self.target.setup_caches(self.batch, length)
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
@@ -368,7 +373,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         row_caps = [0] * rows  # drafts each slot may accept this step (free slots: 0)
         if rows > 1:
             if self._live_mask is None:
-                self._live_mask = torch.tensor([int(x) for x in self.live], dtype=torch.long, device=dev)
+                self._live_mask = upload([int(x) for x in self.live], dev)
             active = self._live_mask
         if self.drafter is not None:
             if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
@@ -386,7 +391,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 cap = wanted[b] if per_row else k
                 row_caps[b] = max(0, min(cap, k, budgets[b] - 1) if self.cap_to_budget else min(cap, k))
             if rows > 1:
-                caps = torch.tensor(row_caps, dtype=torch.long, device=dev)
+                caps = upload(row_caps, dev)
         drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
@@ -470,7 +475,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             return (*self._verify_rows(block, counts), None)
         caps1 = [min(c, k1) for c in row_caps]
         logits1, hidden1 = self._verify_rows(block[:, :k1 + 1], [min(c, k1 + 1) for c in counts])
-        caps1_t = torch.tensor(caps1, dtype=torch.long, device=block.device)
+        caps1_t = upload(caps1, block.device)
         if isinstance(self.policy, GreedyPolicy):
             accepted1, committed1 = self.verifier.verify(drafts[:, :k1], logits1, caps1_t)
         else:
@@ -500,8 +505,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if not go:
             return accepted1, committed
         dev = drafts.device
-        go_t = torch.tensor(go, dtype=torch.long, device=dev)
-        caps2 = torch.tensor([row_caps[b] - k1 for b in go], dtype=torch.long, device=dev)
+        go_t = upload(go, dev)
+        caps2 = upload([row_caps[b] - k1 for b in go], dev)
         accepted2, committed2 = self.verifier.verify(drafts[go_t, k1:], logits[go_t, k1:], caps2, start=k1, rows=go_t)
         accepted = accepted1.index_put((go_t,), (k1 + accepted2).to(accepted1.dtype))
         committed = committed.index_put((go_t,), torch.cat([committed[go_t, :k1], committed2.to(committed.dtype)], 1))
@@ -519,7 +524,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             return self._target_rows(block)
         if self.ragged_target is None:
             raise RuntimeError("a verify past the rows' lengths needs a ragged step")
-        packed = PackedRows.of(counts, width, block.device)
+        # a graphed ragged step (``token_buckets``) takes every slot as a row and T padded to a bucket
+        packed = PackedRows.of(counts, width, block.device, bucket=getattr(self.ragged_target, "token_buckets", False))
         if packed.num_tokens == 0:
             raise RuntimeError("a packed verify with no tokens")
         lengths = self.state.lengths
@@ -543,6 +549,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         lengths = self.state.lengths
         root = seq.gather(1, lengths[:, None])[:, 0]  # the last committed token (not yet in the cache)
         draft_logits = self._draft_rows(seq, n, k, drafting, logits=True)  # [B, k, V], one forward
+        timer.mark("plan")
         tree_fns = self._tree_fns()
         policy = self.policy
         tokens, parents, depths, positions, mask = tree_fns["plan"](policy.tree_logits(draft_logits, lengths), root,
@@ -555,6 +562,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             caps = torch.full_like(lengths, k)
         accepted, committed, path = policy.accept_tree(tree_fns["accept"], tokens, parents, depths, mask, logits, caps,
                                                        k, lengths)
+        timer.mark("commit")
         if active is not None:
             accepted = accepted * active
         seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)

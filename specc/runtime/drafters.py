@@ -33,6 +33,7 @@ import torch
 
 from specc.models.dflash import DFlashDrafter
 from specc.runtime.state import slot_view
+from specc.runtime.uploads import upload
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs generated steps
     from specc.models.decoder import CausalLM
@@ -53,7 +54,7 @@ def _rows(starts: list[int], n: int, device) -> tuple[torch.Tensor, torch.Tensor
     if len(set(starts)) == 1:
         return (_positions(starts[0], n, device).expand(len(starts), n).contiguous(),
                 torch.full((len(starts),), starts[0], dtype=torch.long, device=device))
-    cache_len = torch.tensor(starts, dtype=torch.long, device=device)
+    cache_len = upload(starts, device)
     return cache_len[:, None] + torch.arange(n, device=device)[None], cache_len
 
 
@@ -63,7 +64,7 @@ def _window(seq: torch.Tensor, starts: list[int], m: int) -> torch.Tensor:
         return seq[:, starts[0]:starts[0] + m]
     if min(starts) < 0:
         raise RuntimeError(f"a drafting window starts before its sequence (starts {starts})")
-    index = torch.tensor(starts, dtype=torch.long, device=seq.device)[:, None] + torch.arange(m, device=seq.device)
+    index = upload(starts, seq.device)[:, None] + torch.arange(m, device=seq.device)
     return seq.gather(1, index)
 
 
@@ -84,7 +85,7 @@ def _merge_rows(out: torch.Tensor, rows: dict[int, torch.Tensor]) -> torch.Tenso
     """``out`` with row b replaced by ``rows[b]`` (out of place: ``out`` may be a graph's buffer)."""
     if not rows:
         return out
-    index = torch.tensor(list(rows), dtype=torch.long, device=out.device)
+    index = upload(list(rows), out.device)
     return out.index_put((index,), torch.cat(list(rows.values()), dim=0))
 
 
@@ -506,7 +507,7 @@ class DFlashDraft(Drafter):
             if self.window is None:
                 self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
             joined = torch.cat([self.window, context], dim=1)
-            shift = torch.tensor([a + 1 for a in accepted], dtype=torch.long, device=context.device)
+            shift = upload([a + 1 for a in accepted], context.device)
             index = (shift[:, None] + torch.arange(width, device=context.device)[None])
             self.window = joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1]))
 

@@ -234,9 +234,10 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     older way to give its one field).
 
     On CUDA (or ``graphs=True``) every step is wrapped in ``GraphedStep`` sharing one memory
-    pool, drafting is uncapped at the end of the budget (one verify shape; the surplus is
-    clipped) and all drafter input shapes are captured before the first step, so no graph is
-    captured while tokens are being timed.
+    pool (the ragged step in ``GraphedRaggedStep``: a graph per token-count bucket, captured when
+    a bucket first occurs), drafting is uncapped at the end of the budget (one verify shape; the
+    surplus is clipped) and all drafter input shapes are captured before the first step, so no
+    dense step's graph is captured while tokens are being timed.
 
     ``tree_budget`` N > 0 (an artifact with a ``target_tree`` step): tree verification of N
     drafted nodes per step through that step (sharing the target's decoding state)."""
@@ -248,9 +249,11 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
 
         pool = torch.cuda.graph_pool_handle()
         rows = {"target": num_draft + 1, "target_tree": tree_budget + 1}
-        # the ragged step stays eager: its token count T changes from step to step
-        steps = {role: step if role == "target_ragged" else GraphedStep(step, rows.get(role, 2 * num_draft + 2), pool=pool)
-                 for role, step in steps.items()}
+        from specc.runtime.ragged_graphs import GraphedRaggedStep
+
+        # the ragged step's token count changes from step to step: graphed per token-count bucket
+        steps = {role: GraphedRaggedStep(step, pool=pool) if role == "target_ragged" else
+                 GraphedStep(step, rows.get(role, 2 * num_draft + 2), pool=pool) for role, step in steps.items()}
     section = dict(drafter_section or {})
     if pard_token is not None:
         section["pard_token"] = pard_token
@@ -284,6 +287,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
     path = Path(path)
     manifest, _ = read_manifest_pinned(path, expect_hash)
     sources = verify_artifact(path, manifest, check)
+    t_verified = time.perf_counter()
     dev = torch.device(device or manifest["deployment"].get("device", "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ArtifactError(f"{path}: compiled for CUDA but no GPU is available (pass device='cpu')")
@@ -296,6 +300,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
         tensors = load_file(str(path / "weights.safetensors"), device=str(dev))
     except Exception as exc:
         raise ArtifactError(f"{path}: weights unreadable ({type(exc).__name__})") from exc
+    t_weights = time.perf_counter()
     unique = uuid.uuid4().hex[:8]
     steps = {}
     for role, info in manifest["steps"].items():
@@ -319,7 +324,8 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
         from specc.models.loading import load_tokenizer
 
         engine.tokenizer = load_tokenizer(path)
-    engine.load_stats = {"read": time.perf_counter() - t_start, "kernel_cache": cache_dir}
+    engine.load_stats = {"read": time.perf_counter() - t_start, "verify": t_verified - t_start,
+                         "weights": t_weights - t_verified, "kernel_cache": cache_dir}
     if progress:
         progress("artifact read, weights bound", engine.load_stats["read"])
     if warmup:

@@ -28,9 +28,13 @@ class GraphedStep:
         self.eager_first, self._seen = eager_first, set()
         self.graphs: dict = {}
         self.eager_reasons: dict = {}
-        self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+        self.pool = pool  # None: a pool of its own, made at the first capture
         self.replays = 0
         self.eager_calls = 0
+
+    def _run(self, *args):
+        """Call the wrapped step (a subclass may map the positional signature onto its own)."""
+        return self.step(*args)
 
     @property
     def captures(self) -> int:
@@ -45,7 +49,7 @@ class GraphedStep:
         """Run the step without a graph: for one-off shapes (a drafter's first call over a
         whole prompt) that would otherwise cost a capture each."""
         self.eager_calls += 1
-        return self.step(*args)
+        return self._run(*args)
 
     def _graphable(self, args) -> bool:
         tensors = [a for a in args if torch.is_tensor(a)]
@@ -68,17 +72,17 @@ class GraphedStep:
         key = self._key(args) if self._graphable(args) else None
         if key is None or key in self.eager_reasons:
             self.eager_calls += 1
-            return self.step(*args)
+            return self._run(*args)
         entry = self.graphs.get(key)
         if entry is None and self.eager_first and key not in self._seen:
             self._seen.add(key)
             self.eager_calls += 1
-            return self.step(*args)
+            return self._run(*args)
         if entry is None:
             entry = self._capture(args, key)
             if entry is None:
                 self.eager_calls += 1
-                return self.step(*args)
+                return self._run(*args)
         static_in, graph, out = entry
         for buf, a in zip(static_in, args):
             if torch.is_tensor(a):
@@ -94,11 +98,13 @@ class GraphedStep:
         try:
             with torch.cuda.stream(stream):
                 for _ in range(self.warmup):
-                    self.step(*static_in)
+                    self._run(*static_in)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=self.pool):
-                out = self.step(*static_in)
+                out = self._run(*static_in)
         except Exception as exc:  # a host sync or an unsupported op inside the step
             torch.cuda.synchronize()
             self.eager_reasons[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

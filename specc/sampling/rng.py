@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import torch
 
+from specc.sampling import scan
+
 __all__ = ["DRAFT", "ACCEPT", "TARGET", "uniform", "sample"]
 
 DRAFT, ACCEPT, TARGET = 0, 1, 2  # draws: a drafter's sample, an acceptance test, a sample from the target
 
 _MASK = 0xFFFFFFFF
+_TWO52 = float(2 ** 52)
 _M1, _M2 = 0x7FEB352D, 0x046CA68B  # odd multipliers below 2**31: products of 32-bit words fit in int64
 
 
@@ -55,10 +58,45 @@ def uniform(seed: torch.Tensor, position: torch.Tensor, draw: int) -> torch.Tens
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw from ``probs`` [..., V] (need not be normalised) with uniforms ``u``
     [...]: the first token whose cumulative mass exceeds u * total. Tokens of mass 0 are never
-    drawn."""
-    cdf = probs.double().cumsum(-1)  # float64: a 150k-token cumsum keeps its last bits
-    x = u.double()[..., None] * cdf[..., -1:]
-    index = (cdf <= x).sum(-1)
-    nonzero = probs > 0
-    last = probs.shape[-1] - 1 - nonzero.flip(-1).to(torch.int8).argmax(-1)  # the last token with mass
-    return torch.minimum(index, last)
+    drawn.
+
+    In exact arithmetic, with no scan over a whole row. Each row's masses are rounded to whole
+    numbers of 2**-52 of a power of two above the row's total (:func:`_grid`): float64 holds
+    them and all their partial sums exactly (integers below 2**53), so every sum is the same in
+    any order, whatever kernel (device, batch shape) computes it. The row is searched in two
+    levels (``specc.sampling.scan``): the chunk where the cumulative mass passes u * total, then
+    the token inside it. A mass below about 2**-52 of the row's total rounds to 0: such a token
+    is never drawn (a float64 running sum would absorb it too). Against one float64 running sum
+    (the definition computed directly) a draw can differ only where u * total falls within
+    rounding (~2**-50 of the total) of a token boundary."""
+    vocab = probs.shape[-1]
+    blocks = scan.chunks(_grid(probs))  # [..., C, L] whole numbers
+    totals = blocks.sum(-1)  # exact
+    ends = totals.cumsum(-1)  # the cumulative mass at each chunk's end (exact, increasing)
+    x = u.double()[..., None] * ends[..., -1:]  # [..., 1]; x < total when total > 0
+    chunk = (ends <= x).sum(-1, keepdim=True).clamp(max=blocks.shape[-2] - 1)  # [..., 1]
+    inside = blocks.gather(-2, chunk[..., None].expand(*chunk.shape, blocks.shape[-1]))[..., 0, :]
+    before = (ends.gather(-1, chunk) - totals.gather(-1, chunk))  # mass before the chunk (exact)
+    index = chunk[..., 0] * blocks.shape[-1] + (inside.cumsum(-1) + before <= x).sum(-1)
+    # a row of total 0 counts every token (and the padding): its last token, as a full scan gives
+    return index.clamp(max=vocab - 1)
+
+
+def _grid(probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` [..., V] >= 0 as float64 whole numbers: each mass times 2**(52 - e), rounded,
+    where 2**e is the power of two above 4/3 of the row's total. The row then sums below 2**52
+    plus V / 2 (the roundings), under 2**53 for any vocabulary below 2**51.
+
+    The total is a float64 sum whose last bits may depend on the reduction order (device, batch
+    shape), so ``e`` is read from 4/3 of it: ``e`` changes only where the total crosses 3/4 of a
+    power of two, far from the total of a normalised row (1). The scale is built from its
+    exponent bits, so it is exactly a power of two on every device."""
+    total = probs.sum(-1, keepdim=True, dtype=torch.float64) * (4.0 / 3.0)
+    biased = total.view(torch.int64) >> 52  # 4/3 * total >= 0 lies in [2**(biased - 1023), 2**(biased - 1022))
+    # scale 2**(52 - (biased - 1022)) from its exponent bits; a zero total (every mass 0) takes any
+    # scale, so the exponent is kept in range
+    scale = ((2097 - biased).clamp(max=2023) << 52).view(torch.float64)
+    # p * scale < 2**52 (float64, exact: a power of two): adding 2**52 leaves a spacing of 1, so the
+    # sum rounds it to the nearest whole number (ties to even, as torch.round; exact, and cheaper
+    # than round on the CPU)
+    return (probs * scale).add_(_TWO52).sub_(_TWO52)

@@ -88,11 +88,11 @@ class Calibration:
 
     def linear_flops_at(self, rows: float) -> float:
         """Flops efficiency of a linear with ``rows`` = M, log-linear between measured M."""
-        return _interpolate_log(self.linear_flops_by_m, rows, "flops")
+        return interpolate_log(self.linear_flops_by_m, rows, "flops")
 
     def linear_bandwidth_at(self, rows: float) -> float:
         """Bandwidth efficiency of a linear with ``rows`` = M, log-linear between measured M."""
-        return _interpolate_log(self.linear_bandwidth_by_m, rows, "bandwidth")
+        return interpolate_log(self.linear_bandwidth_by_m, rows, "bandwidth")
 
     def choice_table(self) -> LinearChoice | None:
         """The measured per-shape linear implementations (None: not measured, Triton everywhere)."""
@@ -102,7 +102,7 @@ class Calibration:
         """Bandwidth efficiency (on packed bytes) of a bf12 linear with ``rows`` = M: the packed
         kernels' efficiency falls with M much faster than bf16's, so one figure cannot say where
         packing wins."""
-        return _interpolate_log(self.packed_linear_bandwidth_by_m, rows, "packed bandwidth")
+        return interpolate_log(self.packed_linear_bandwidth_by_m, rows, "packed bandwidth")
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -164,7 +164,8 @@ class Calibration:
         return cls(**kwargs)
 
 
-def _interpolate_log(by_m: dict[int, float], rows: float, what: str) -> float:
+def interpolate_log(by_m: dict[int, float], rows: float, what: str) -> float:
+    """An efficiency at ``rows`` = M from a per-M table: log-linear between measured M, flat outside."""
     table = sorted((int(m), float(e)) for m, e in by_m.items())
     if not table:
         raise ValueError(f"no linear {what} table")

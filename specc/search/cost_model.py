@@ -178,6 +178,10 @@ class CostModel:
             eff = cal.kind_efficiency.get(eclass, {}).get("bandwidth")
             if eff:
                 return float(eff)
+        if kind == "packed_linear" and rows is not None and self.deployment.packed_linear_bandwidth_by_m:
+            from specc.search.calibrate import interpolate_log
+
+            return interpolate_log(dict(self.deployment.packed_linear_bandwidth_by_m), rows, "packed bandwidth")
         return self.deployment.bandwidth_efficiency
 
     def flops_efficiency(self, eclass: str, rows: float | None = None, kind: str | None = None) -> float:

@@ -25,7 +25,10 @@ GPUS: dict[str, dict[str, Any]] = {
     # H200 SXM: 4.8 TB/s datasheet; 4.26 TB/s read+write measured by a D2D copy here (DESIGN.md).
     "h200": dict(gpu="NVIDIA H200", hbm_bandwidth=4.8e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
                  memory_bytes=141e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
-                 bandwidth_efficiency=0.72, flops_efficiency=0.78, link_bandwidth=450e9, link_latency_s=3e-6),
+                 bandwidth_efficiency=0.72, flops_efficiency=0.78, link_bandwidth=450e9, link_latency_s=3e-6,
+                 # measured: bf12 layout-1 linears of a Qwen3-8B layer (qkv, o, gate_up, down), packed
+                 # bytes / time / HBM per M (docs/benchmarks/bf12-h200.md, examples/bench_bf12.py)
+                 packed_linear_bandwidth_by_m=((1, 0.634), (4, 0.295), (16, 0.286), (64, 0.172))),
     "h100": dict(gpu="NVIDIA H100 SXM", hbm_bandwidth=3.35e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
                  memory_bytes=80e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
                  bandwidth_efficiency=0.80, flops_efficiency=0.75, link_bandwidth=450e9, link_latency_s=3e-6),
@@ -56,6 +59,11 @@ class Deployment:
     # all-reduce nodes of tensor-parallel steps. 0 = no link (single GPU, CPU).
     link_bandwidth: float = 0.0
     link_latency_s: float = 0.0
+    # Bandwidth efficiency (on packed bytes) of the bf12 linears per row count M, where measured:
+    # they lose efficiency with M much faster than bf16 ones, so ``bandwidth_efficiency`` would
+    # have the cost model pack where packing loses. A calibration record's table replaces it.
+    # ((M, efficiency), ...), sorted by M; a file may give {"1": 0.63, "16": 0.29}.
+    packed_linear_bandwidth_by_m: tuple = ()
     context_min: int = 0
     context_max: int = 4096
     calibrated: bool = False
@@ -178,14 +186,32 @@ def from_dict(data: dict[str, Any], source: str) -> Deployment:
                      if f.name not in fields and f.default is dataclasses.MISSING)
     if missing:
         raise UserError(f"{source}: deployment misses fields {missing} (or give base = \"h200\")")
+    for f in dataclasses.fields(Deployment):  # a GPU base names its figures, not every default
+        if f.name not in fields and f.default is not dataclasses.MISSING:
+            fields[f.name] = f.default
     if fields["device"] not in ("cuda", "cpu"):
         raise UserError(f"{source}: device must be 'cuda' or 'cpu'")
     for name in ("memory_bytes", "l2_bytes", "hbm_bandwidth", "bf16_flops", "link_bandwidth"):
         # TOML/JSON users write 141e9: an integral float is fine for the integer fields
         if isinstance(fields.get(name), float) and name == "l2_bytes" and fields[name].is_integer():
             fields[name] = int(fields[name])
+    if "packed_linear_bandwidth_by_m" in fields:
+        fields["packed_linear_bandwidth_by_m"] = _packed_table(fields["packed_linear_bandwidth_by_m"], source)
     _check_fields(fields, source)
     return Deployment(**fields)
+
+
+def _packed_table(value, source: str) -> tuple:
+    """``{"1": 0.63, ...}`` or ``[[1, 0.63], ...]`` -> ((1, 0.63), ...) sorted by M, checked."""
+    pairs = value.items() if isinstance(value, dict) else value
+    try:
+        table = tuple(sorted((int(m), float(e)) for m, e in pairs))
+    except (TypeError, ValueError):
+        raise UserError(f"{source}: packed_linear_bandwidth_by_m must map row counts M to efficiencies "
+                        f"(e.g. {{\"1\": 0.63, \"16\": 0.29}})") from None
+    if any(m < 1 or not 0 < e <= 1 for m, e in table):
+        raise UserError(f"{source}: packed_linear_bandwidth_by_m needs M >= 1 and efficiencies in (0, 1]")
+    return table
 
 
 def get_deployment(name_or_path: str) -> Deployment:

@@ -16,12 +16,12 @@ Two costs that a causal verify of the same size does not have are calibrated on 
   mask; acceptance; KV compaction), ~80 dependent small kernels: 0.21 ms at 16 nodes to 0.39 ms
   at 128, priced as ``TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget`` launch overheads of
   the deployment;
-- the tree-masked verify forward: 1.09-1.14x a causal verify of the same rows at 16-128 rows
-  (``TREE_VERIFY_FACTOR``, interpolated in the row count; run 3 of
-  docs/benchmarks/tree-steps-h200.md, after the attention tile split). Measured with the
-  attention kernel reading the byte mask; generated tree steps now pass the mask as packed bit
-  words (``codegen/kernels/tree_mask.py``), not yet measured on a GPU, so the factor stays as
-  measured until ``examples/profile_tree.py`` / ``bench_tree.py --parts steps`` re-measure it.
+- the tree-masked verify forward: 1.004x a causal verify of the same rows at 32 rows and 1.020x
+  at 64 with the mask passed as packed bit words (``codegen/kernels/tree_mask.py``; H200,
+  ``examples/profile_tree.py``, docs/benchmarks/profile-tree-words-h200.json), where the byte
+  mask cost 1.11x / 1.14x in the same run (``TREE_VERIFY_FACTOR``, interpolated in the row
+  count). 16 rows take the 32-row figure; 128 rows keep the byte mask's 1.088x from run 3 of
+  docs/benchmarks/tree-steps-h200.md (not re-measured with words: an upper bound).
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ BUDGETS = (8, 16, 32, 64, 128)
 # 0.206 ms at 16 nodes, 0.220 at 32, 0.264 at 64, 0.390 at 128 measured (2026-12-03).
 TREE_STEP_LAUNCHES = 120
 TREE_LAUNCHES_PER_NODE = 1.1
-# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024;
-# docs/benchmarks/tree-steps-h200-run3.json: tree_over_chain; byte mask tiles). Re-measure when the
-# tree mask changes (the packed words: see the module doc).
-TREE_VERIFY_FACTOR = ((16, 1.117), (32, 1.106), (64, 1.141), (128, 1.088))
+# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024,
+# bit-word mask; see the module doc for where each point comes from).
+TREE_VERIFY_FACTOR = ((16, 1.004), (32, 1.004), (64, 1.020), (128, 1.088))
 
 
 def tree_verify_factor(rows: int) -> float:

@@ -170,3 +170,61 @@ def test_missing_plugin_pass_is_named_in_one_line(artifact, tmp_path, capsys):
     assert main(["run", str(out), "--input-ids", IDS]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "my_plugin.py" in err
+
+
+def _chunk(copy: Path, chunk_bytes: int = 4096) -> dict:
+    """Give weights.safetensors per-chunk digests (as compile does for files over CHUNK_BYTES)."""
+    from specc.codegen.artifact import digests
+
+    f = copy / "weights.safetensors"
+    whole, parts = digests(f, chunk_bytes)
+    assert len(parts) > 2
+    rec = {"chunk_bytes": chunk_bytes, "size": f.stat().st_size, "sha256": parts}
+    _rewrite_manifest(copy, lambda m: m.setdefault("file_chunks", {}).update({"weights.safetensors": rec}))
+    return rec
+
+
+def test_large_files_are_checked_by_chunks_every_byte_counts(copy):
+    """Chunk digests verify in parallel and still refuse any changed byte, a truncated or grown
+    file, and a malformed chunk list."""
+    rec = _chunk(copy)
+    load(copy, device="cpu", warmup=False)  # intact: loads
+    f = copy / "weights.safetensors"
+    data = bytearray(f.read_bytes())
+    for where in (0, len(data) // 2, len(data) - 1):  # first, a middle and the last chunk
+        changed = bytearray(data)
+        changed[where] ^= 1
+        f.write_bytes(changed)
+        with pytest.raises(ArtifactError, match="does not match its manifest hash"):
+            load(copy, device="cpu", warmup=False)
+    for wrong in (data[:-1], data + b"\0"):
+        f.write_bytes(wrong)
+        with pytest.raises(ArtifactError, match="bytes, its manifest says"):
+            load(copy, device="cpu", warmup=False)
+    f.write_bytes(data)
+    for bad in ({**rec, "sha256": rec["sha256"][:-1]}, {**rec, "chunk_bytes": 16}, {**rec, "size": "big"}):
+        _rewrite_manifest(copy, lambda m, bad=bad: m["file_chunks"].update({"weights.safetensors": bad}))
+        with pytest.raises(ArtifactError, match="file_chunks"):
+            load(copy, device="cpu", warmup=False)
+    _rewrite_manifest(copy, lambda m: m.update(file_chunks={"nope.bin": rec}))
+    with pytest.raises(ArtifactError, match="not in 'files'"):
+        load(copy, device="cpu", warmup=False)
+
+
+def test_compile_records_chunks_for_files_over_the_chunk_size(tmp_path, monkeypatch):
+    from model_factory import make_hf_model
+
+    import specc.codegen.artifact as artifact_mod
+
+    monkeypatch.setattr(artifact_mod, "CHUNK_BYTES", 4096)
+    ckpt = tmp_path / "ckpt"
+    make_hf_model("qwen3", seed=0).save_pretrained(ckpt)
+    out = tmp_path / "a.specc"
+    compile_artifact(str(ckpt), out=out, passes="fuse_qkv", max_new_tokens=2)
+    m = json.loads((out / "manifest.json").read_text())
+    rec = m["file_chunks"]["weights.safetensors"]
+    size = (out / "weights.safetensors").stat().st_size
+    assert rec["chunk_bytes"] == 4096 and rec["size"] == size and len(rec["sha256"]) == -(-size // 4096)
+    assert m["files"]["weights.safetensors"] == _sha(out / "weights.safetensors")  # the whole-file hash stays
+    assert "target.py" not in m["file_chunks"] or len(m["file_chunks"]["target.py"]["sha256"]) > 1
+    load(out, device="cpu", warmup=False)

@@ -10,6 +10,7 @@ import pytest
 from specc.cli import main
 from specc.search.calibrate import Calibration, calibration_for, fit, record_path
 from specc.search.cost_model import CostModel
+from specc.errors import UserError
 from specc.search.deployments import BUILTIN, get_deployment
 
 
@@ -162,3 +163,31 @@ def test_packed_linear_is_priced_by_its_rows(tmp_path):
     assert again.packed_linear_bandwidth_by_m == pytest.approx({1: 0.8, 16: 0.3})
     old = {k: v for k, v in cal.to_json().items() if k != "packed_linear_bandwidth_by_m"}
     assert Calibration.from_json(old).packed_linear_bandwidth_by_m == {}  # records from before still load
+
+
+def test_builtin_h200_prices_packed_linears_by_their_measured_rows(tmp_path):
+    """Without a calibration record the built-in H200 still prices bf12 linears per M from the
+    measured table (a Q = 16 verify must not look 0.8x cheaper packed when it measures 1.85x),
+    GPUs without a table fall back to their one bandwidth figure, and a deployment file may give
+    its own table."""
+    h200, h100 = BUILTIN["h200-bs1"], BUILTIN["h100-bs1"]
+    model = CostModel(h200, calibration=None)
+    model.calibration = None  # the built-in table, not a record found on this machine
+    table = dict(h200.packed_linear_bandwidth_by_m)
+    assert model.bandwidth_efficiency("linear", "packed_linear", 1) == pytest.approx(table[1])
+    assert model.bandwidth_efficiency("linear", "packed_linear", 16) == pytest.approx(table[16])
+    assert table[16] < h200.bandwidth_efficiency * 0.75 < table[1]  # packing loses at M = 16 only
+    assert model.bandwidth_efficiency("linear", "linear", 16) == h200.bandwidth_efficiency  # bf16 unchanged
+    other = CostModel(h100, calibration=None)
+    other.calibration = None
+    assert other.bandwidth_efficiency("linear", "packed_linear", 16) == h100.bandwidth_efficiency
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"base": "h200", "packed_linear_bandwidth_by_m": {"16": 0.5, "1": 0.7}}))
+    mine = get_deployment(str(path))
+    assert mine.packed_linear_bandwidth_by_m == ((1, 0.7), (16, 0.5))
+    path.write_text(json.dumps({"base": "h200", "packed_linear_bandwidth_by_m": {"1": 1.5}}))
+    with pytest.raises(UserError, match="packed_linear_bandwidth_by_m"):
+        get_deployment(str(path))
+    path.write_text(json.dumps({"base": "h200", "packed_linear_bandwidth_by_m": "fast"}))
+    with pytest.raises(UserError, match="packed_linear_bandwidth_by_m"):
+        get_deployment(str(path))

@@ -37,6 +37,7 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "tree-e2e-8b.json").read_text())
     assert result["num_draft"] == 15 and result["ar"]["tokens_per_step"] == 1.0 and result["ar"]["tokens_per_s"] > 0
+    assert result["ar"]["profile"]["part_ms_per_step"]["verify"] > 0
     assert [run["spec"].split("+")[0] for run in result["runs"]] == ["dflash-qwen3-8b:gsm8k", "dflash-qwen3-8b:mt-bench"]
     for run in result["runs"]:
         rows = {r["system"]: r for r in run["rows"]}
@@ -45,6 +46,11 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
         model = parse_tree_acceptance(run["spec"], 15)
         assert rows["tree 16"]["predicted"]["tokens_per_step"] == model.expected_tokens(16, 15)
         assert rows["chain"]["predicted"]["tokens_per_step"] == pytest.approx(model.chain_expected_tokens(15))
+        # the profiled pass after the timed one: ms per step by part (a tree step splits plan and commit off)
+        assert {"draft", "verify", "accept"} <= set(rows["chain"]["profile"]["part_ms_per_step"])
+        assert {"draft", "plan", "verify", "accept", "commit"} == set(rows["tree 16"]["profile"]["part_ms_per_step"])
+        assert rows["chain"]["profile"]["graphs"] == {}  # nothing is graphed on the CPU
         for r in rows.values():
+            assert r["profile"]["steps"] >= 1 and all(ms >= 0 for ms in r["profile"]["part_ms_per_step"].values())
             assert r["tokens_per_s"] > 0 and r["tokens_per_step"] >= 1.0
             assert r["speedup_vs_chain"]["predicted"] > 0 and r["speedup_vs_ar"]["measured"] > 0
