@@ -63,12 +63,11 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     In exact arithmetic, with no scan over a whole row. Each row's masses are rounded to whole
     numbers of 2**-52 of a power of two above the row's total (:func:`_grid`): float64 holds
     them and all their partial sums exactly (integers below 2**53), so every sum is the same in
-    any order, whatever kernel (device, batch shape) computes it. The row is searched in two
-    levels (``specc.sampling.scan``): the chunk where the cumulative mass passes u * total, then
-    the token inside it. A mass below about 2**-52 of the row's total rounds to 0: such a token
-    is never drawn (a float64 running sum would absorb it too). Against one float64 running sum
-    (the definition computed directly) a draw can differ only where u * total falls within
-    rounding (~2**-50 of the total) of a token boundary."""
+    any order and the token depends on nothing but ``probs`` and ``u`` (not on the device, the
+    kernels or the batch). The row is searched in two levels (``specc.sampling.scan``): the
+    chunk where the cumulative mass passes u * total, then the token inside it. A mass below
+    2**-53 of the row's total rounds to 0: such a token is never drawn (a float64 running sum
+    would absorb it too)."""
     vocab = probs.shape[-1]
     blocks = scan.chunks(_grid(probs))  # [..., C, L] whole numbers
     totals = blocks.sum(-1)  # exact
@@ -84,19 +83,14 @@ def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def _grid(probs: torch.Tensor) -> torch.Tensor:
     """``probs`` [..., V] >= 0 as float64 whole numbers: each mass times 2**(52 - e), rounded,
-    where 2**e is the power of two above 4/3 of the row's total. The row then sums below 2**52
-    plus V / 2 (the roundings), under 2**53 for any vocabulary below 2**51.
-
-    The total is a float64 sum whose last bits may depend on the reduction order (device, batch
-    shape), so ``e`` is read from 4/3 of it: ``e`` changes only where the total crosses 3/4 of a
-    power of two, far from the total of a normalised row (1). The scale is built from its
-    exponent bits, so it is exactly a power of two on every device."""
-    total = probs.sum(-1, keepdim=True, dtype=torch.float64) * (4.0 / 3.0)
-    biased = total.view(torch.int64) >> 52  # 4/3 * total >= 0 lies in [2**(biased - 1023), 2**(biased - 1022))
-    # scale 2**(52 - (biased - 1022)) from its exponent bits; a zero total (every mass 0) takes any
-    # scale, so the exponent is kept in range
-    scale = ((2097 - biased).clamp(max=2023) << 52).view(torch.float64)
-    # p * scale < 2**52 (float64, exact: a power of two): adding 2**52 leaves a spacing of 1, so the
-    # sum rounds it to the nearest whole number (ties to even, as torch.round; exact, and cheaper
-    # than round on the CPU)
-    return (probs * scale).add_(_TWO52).sub_(_TWO52)
+    where 2**e is the power of two above the row's total. The row then sums below 2**52 plus
+    V / 2 (the roundings), under 2**53 for any vocabulary below 2**52. The scale is built from
+    its exponent bits, so it is exactly a power of two on every device."""
+    p = probs.to(torch.float64, copy=True)  # scaled in place below
+    total = p.sum(-1, keepdim=True)
+    biased = (total.view(torch.int64) >> 52) & 0x7FF  # total in [2**(biased - 1023), 2**(biased - 1022))
+    shift = (52 - (biased - 1022)).clamp(max=1000)  # a zero total (all masses 0): any scale
+    scale = ((shift + 1023) << 52).view(torch.float64)
+    # p * scale < 2**52: adding 2**52 leaves a spacing of 1, so the sum rounds it to the nearest
+    # whole number (ties to even, as torch.round; exact, and cheaper than round on the CPU)
+    return p.mul_(scale).add_(_TWO52).sub_(_TWO52)
