@@ -29,7 +29,6 @@ __all__ = ["DRAFT", "ACCEPT", "TARGET", "uniform", "sample"]
 DRAFT, ACCEPT, TARGET = 0, 1, 2  # draws: a drafter's sample, an acceptance test, a sample from the target
 
 _MASK = 0xFFFFFFFF
-_TWO52 = float(2 ** 52)
 _M1, _M2 = 0x7FEB352D, 0x046CA68B  # odd multipliers below 2**31: products of 32-bit words fit in int64
 
 
@@ -86,11 +85,9 @@ def _grid(probs: torch.Tensor) -> torch.Tensor:
     where 2**e is the power of two above the row's total. The row then sums below 2**52 plus
     V / 2 (the roundings), under 2**53 for any vocabulary below 2**52. The scale is built from
     its exponent bits, so it is exactly a power of two on every device."""
-    p = probs.to(torch.float64, copy=True)  # scaled in place below
+    p = probs.double()
     total = p.sum(-1, keepdim=True)
     biased = (total.view(torch.int64) >> 52) & 0x7FF  # total in [2**(biased - 1023), 2**(biased - 1022))
     shift = (52 - (biased - 1022)).clamp(max=1000)  # a zero total (all masses 0): any scale
     scale = ((shift + 1023) << 52).view(torch.float64)
-    # p * scale < 2**52: adding 2**52 leaves a spacing of 1, so the sum rounds it to the nearest
-    # whole number (ties to even, as torch.round; exact, and cheaper than round on the CPU)
-    return p.mul_(scale).add_(_TWO52).sub_(_TWO52)
+    return torch.round(p * scale)
