@@ -124,24 +124,20 @@ class SamplingPolicy:
             q = self.probs(drafter.propose_logits_rows(seq, n, k, **kw), None)
             positions = start[:, None] + torch.arange(k, device=start.device)[None]
             return rng.sample(q, rng.uniform(self.seeds, positions, rng.DRAFT)), q
-        # each row's context while it drafts: its seen set plus the drafts it has picked so far.
-        # A group of rows (every row, or one solo row) picks j = 0, 1, ... in order, and j = 0
-        # starts the group's rows afresh from their seen sets: a solo row's context holds its own
-        # picks, not those the batched call made for it (which are discarded).
-        context = None if self.seen is None else self.seen.clone()
+        # tokens picked so far per row (-1: none yet): a solo row (drafting alone) picks for itself
+        picked = torch.full((seq.shape[0], k), -1, dtype=torch.long, device=seq.device)
 
         def pick(logits: torch.Tensor, j: int, rows=None):
             index = slice(None) if rows is None else torch.tensor(rows, device=seq.device)
             seen = None
-            if context is not None:
-                if j == 0:
-                    context[index] = self.seen[index]
-                seen = context[:, : self.vocab] if rows is None else context[index, : self.vocab]
+            if self.seen is not None:
+                before = picked[index, :j]
+                extra = torch.zeros(before.shape[0], self.vocab + 1, dtype=torch.bool, device=seq.device)
+                extra.scatter_(1, torch.where(before >= 0, before, torch.full_like(before, self.vocab)), True)
+                seen = (self.seen[index] | extra)[:, : self.vocab]
             q = self.probs(logits, seen, None if rows is None else self.rows.index(index))
             token = rng.sample(q, rng.uniform(self.seeds[index], start[index] + j, rng.DRAFT))
-            if context is not None:
-                which = torch.arange(seq.shape[0], device=seq.device) if rows is None else index
-                context.index_put_((which, token), torch.ones((), dtype=torch.bool, device=seq.device))
+            picked[index, j] = token
             return token, q
 
         return drafter.propose_sampled_rows(seq, n, k, pick, **kw)
@@ -151,16 +147,13 @@ class SamplingPolicy:
         return drafted[0].tolist(), q
 
     def _chain_seen(self, drafts: torch.Tensor):
-        """[B, k + 1, V]: the context after each block input (drafts before it included): one
-        scatter of each draft into the positions after it (no [B, k, V] one-hot and cumsum)."""
+        """[B, k + 1, V]: the context after each block input (drafts before it included)."""
         if self.seen is None:
             return None
         bsz, k = drafts.shape
-        after = torch.arange(k + 1, device=drafts.device)[:, None] > torch.arange(k, device=drafts.device)[None]
-        index = torch.where(after, drafts[:, None, :], self.vocab)  # [B, k + 1, k]; V: the spare column
-        hot = torch.zeros(bsz, k + 1, self.vocab + 1, dtype=torch.bool, device=drafts.device)
-        hot.scatter_(2, index, True)
-        return hot[..., : self.vocab] | self._base(k + 1)
+        hot = torch.nn.functional.one_hot(drafts, self.vocab).cumsum(1) > 0  # [B, k, V]
+        hot = torch.cat([torch.zeros_like(hot[:, :1]) if k else hot.new_zeros(bsz, 1, self.vocab), hot], dim=1)
+        return hot | self._base(k + 1)
 
     def verify_chain(self, verifier, drafts, q, logits, caps, lengths):
         p = self.probs(logits, self._chain_seen(drafts))
@@ -171,18 +164,12 @@ class SamplingPolicy:
         return self.tree_logits(draft_logits, lengths).log_softmax(-1)
 
     def _tree_seen(self, tree):
-        """[B, N, V]: the context after each node: the seen set plus the tokens on the node's
-        path below the root (the root is the last committed token: already seen), by one
-        scatter of the ancestor mask's tokens (no one-hot matmul)."""
         if self.seen is None:
             return None
-        n = tree.num_nodes
-        on_path = tree.ancestor_mask().clone()
-        on_path[..., 0] = False
-        index = torch.where(on_path, tree.tokens[:, None, :], self.vocab)  # [B, N, N]
-        hot = torch.zeros(tree.tokens.shape[0], n, self.vocab + 1, dtype=torch.bool, device=tree.tokens.device)
-        hot.scatter_(2, index, True)
-        return hot[..., : self.vocab] | self._base(n)
+        hot = torch.nn.functional.one_hot(tree.tokens, self.vocab).float()
+        hot[:, 0] = 0  # the root is the last committed token: already seen
+        paths = torch.bmm(tree.ancestor_mask().float(), hot) > 0  # each node's path tokens
+        return paths | self._base(tree.num_nodes)
 
     def verify_tree(self, verifier, tree, logits, caps, depth, lengths):
         p = self.probs(logits, self._tree_seen(tree))

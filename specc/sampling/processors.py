@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from specc.sampling import scan
 from specc.sampling.params import SamplingParams
 
 __all__ = ["process_logits", "sampling_probs", "repetition_penalty", "temperature",
-           "top_k", "top_p", "cumulative_probs", "min_p"]
+           "top_k", "top_p", "min_p"]
 
 
 def _flat(scores: torch.Tensor) -> tuple[torch.Tensor, tuple]:
@@ -49,18 +48,11 @@ def top_p(scores: torch.Tensor, p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose probability reaches ``p`` (at least one)."""
     flat, shape = _flat(scores)
     sorted_logits, sorted_idx = torch.sort(flat, descending=False)
-    cumulative = cumulative_probs(sorted_logits)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove = cumulative <= (1 - p)
     remove[..., -1:] = False
     remove = remove.scatter(1, sorted_idx, remove)
     return flat.masked_fill(remove, float("-inf")).reshape(shape)
-
-
-def cumulative_probs(sorted_scores: torch.Tensor) -> torch.Tensor:
-    """top-p's cumulative probability [..., V] (float32) along scores sorted ascending: HF's
-    ``softmax(-1).cumsum(-1)``, summed in float64 (as torch's CPU cumsum of float32 accumulates)
-    and in chunks (``specc.sampling.scan``: no CUDA scan walks a whole vocabulary row)."""
-    return scan.cumsum(sorted_scores.softmax(dim=-1)).to(torch.float32)
 
 
 def min_p(scores: torch.Tensor, p: float) -> torch.Tensor:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import torch
 
-from specc.sampling import scan
-
 __all__ = ["DRAFT", "ACCEPT", "TARGET", "uniform", "sample"]
 
 DRAFT, ACCEPT, TARGET = 0, 1, 2  # draws: a drafter's sample, an acceptance test, a sample from the target
@@ -57,37 +55,10 @@ def uniform(seed: torch.Tensor, position: torch.Tensor, draw: int) -> torch.Tens
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw from ``probs`` [..., V] (need not be normalised) with uniforms ``u``
     [...]: the first token whose cumulative mass exceeds u * total. Tokens of mass 0 are never
-    drawn.
-
-    In exact arithmetic, with no scan over a whole row. Each row's masses are rounded to whole
-    numbers of 2**-52 of a power of two above the row's total (:func:`_grid`): float64 holds
-    them and all their partial sums exactly (integers below 2**53), so every sum is the same in
-    any order and the token depends on nothing but ``probs`` and ``u`` (not on the device, the
-    kernels or the batch). The row is searched in two levels (``specc.sampling.scan``): the
-    chunk where the cumulative mass passes u * total, then the token inside it. A mass below
-    2**-53 of the row's total rounds to 0: such a token is never drawn (a float64 running sum
-    would absorb it too)."""
-    vocab = probs.shape[-1]
-    blocks = scan.chunks(_grid(probs))  # [..., C, L] whole numbers
-    totals = blocks.sum(-1)  # exact
-    ends = totals.cumsum(-1)  # the cumulative mass at each chunk's end (exact, increasing)
-    x = u.double()[..., None] * ends[..., -1:]  # [..., 1]; x < total when total > 0
-    chunk = (ends <= x).sum(-1, keepdim=True).clamp(max=blocks.shape[-2] - 1)  # [..., 1]
-    inside = blocks.gather(-2, chunk[..., None].expand(*chunk.shape, blocks.shape[-1]))[..., 0, :]
-    before = (ends.gather(-1, chunk) - totals.gather(-1, chunk))  # mass before the chunk (exact)
-    index = chunk[..., 0] * blocks.shape[-1] + (inside.cumsum(-1) + before <= x).sum(-1)
-    # a row of total 0 counts every token (and the padding): its last token, as a full scan gives
-    return index.clamp(max=vocab - 1)
-
-
-def _grid(probs: torch.Tensor) -> torch.Tensor:
-    """``probs`` [..., V] >= 0 as float64 whole numbers: each mass times 2**(52 - e), rounded,
-    where 2**e is the power of two above the row's total. The row then sums below 2**52 plus
-    V / 2 (the roundings), under 2**53 for any vocabulary below 2**52. The scale is built from
-    its exponent bits, so it is exactly a power of two on every device."""
-    p = probs.double()
-    total = p.sum(-1, keepdim=True)
-    biased = (total.view(torch.int64) >> 52) & 0x7FF  # total in [2**(biased - 1023), 2**(biased - 1022))
-    shift = (52 - (biased - 1022)).clamp(max=1000)  # a zero total (all masses 0): any scale
-    scale = ((shift + 1023) << 52).view(torch.float64)
-    return torch.round(p * scale)
+    drawn."""
+    cdf = probs.double().cumsum(-1)  # float64: a 150k-token cumsum keeps its last bits
+    x = u.double()[..., None] * cdf[..., -1:]
+    index = (cdf <= x).sum(-1)
+    nonzero = probs > 0
+    last = probs.shape[-1] - 1 - nonzero.flip(-1).to(torch.int8).argmax(-1)  # the last token with mass
+    return torch.minimum(index, last)

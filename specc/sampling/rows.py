@@ -12,13 +12,9 @@ row's values, so a step stays one CUDA graph whichever requests are in it, and s
 Which processors run at all is decided on the host from the requests' parameters: a processor
 that no row has had on since the rows were made (``RowParams.used``) is skipped, which leaves every
 row's result bit for bit the same (an off row keeps its scores either way) and spares a uniform
-batch (say temperature 1 alone) the full-vocabulary sort of top-p. The set only grows, when a
-request enters with a processor the batch has not used yet (at most three changes per batch), never
-inside a step and never from device values: a CUDA graph of the step is captured per set. In the
-same way ``RowParams.top_k_max`` (the largest top_k any row has had) lets top-k take each row's
-k-th largest score from one ``torch.topk`` of that width instead of a full sort (the same values:
-the k largest, in order), and ``RowParams.had_greedy`` (a greedy row has been set) decides whether
-:func:`rows_probs` builds the one-hot rows at all.
+batch (say temperature 1 alone) the two full-vocabulary sorts. The set only grows, when a request
+enters with a processor the batch has not used yet (at most three changes per batch), never inside
+a step and never from device values: a CUDA graph of the step is captured per set.
 
 A greedy row (temperature 0) keeps its raw scores (temperature 1, every processor off) and its
 distribution (:func:`rows_probs`) is the one-hot of their argmax: speculative sampling over a
@@ -38,13 +34,10 @@ import dataclasses
 import torch
 
 from specc.sampling.params import SamplingParams
-from specc.sampling.processors import cumulative_probs
 
 __all__ = ["RowParams", "process_rows", "rows_probs"]
 
 _PROCESSORS = ("top_k", "top_p", "min_p")
-
-_HOST_FIELDS = ("used", "top_k_max", "had_greedy")  # host-side facts, not per-row tensors
 
 _OFF = SamplingParams()  # greedy: every processor off
 
@@ -71,18 +64,13 @@ class RowParams:
     penalty: torch.Tensor      # float32
     # processors some row has had on since these rows were made (host side, only grows)
     used: set = dataclasses.field(default_factory=set, compare=False)
-    # the largest top_k any sampled row has had (host side, only grows; None: unknown, take V)
-    top_k_max: int | None = dataclasses.field(default=None, compare=False)
-    # whether a greedy row has been set since these rows were made (host side; None: unknown)
-    had_greedy: bool | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def of(cls, params: list[SamplingParams | None], device) -> "RowParams":
         """One row per entry (None or greedy: a greedy row)."""
         cols = list(zip(*(_fields(p) for p in params))) if params else [()] * 6
         dtypes = (torch.bool, torch.float32, torch.long, torch.float32, torch.float32, torch.float32)
-        rows = cls(*(torch.tensor(list(c), dtype=d, device=device) for c, d in zip(cols, dtypes)),
-                   top_k_max=0, had_greedy=False)
+        rows = cls(*(torch.tensor(list(c), dtype=d, device=device) for c, d in zip(cols, dtypes)))
         for p in params:
             rows._use(p)
         return rows
@@ -95,11 +83,7 @@ class RowParams:
 
     def _use(self, params: SamplingParams | None) -> None:
         if params is None or params.greedy:
-            if self.had_greedy is not None:
-                self.had_greedy = True
             return
-        if self.top_k_max is not None:
-            self.top_k_max = max(self.top_k_max, params.top_k)
         on = {"top_k": params.top_k > 0, "top_p": params.top_p < 1, "min_p": params.min_p > 0}
         self.used.update(name for name in _PROCESSORS if on[name])
 
@@ -107,11 +91,10 @@ class RowParams:
         """The parameters of ``rows`` (a slice, an index tensor or list)."""
         if isinstance(rows, list):
             rows = torch.tensor(rows, dtype=torch.long, device=self.greedy.device)
-        return RowParams(*(t[rows] for t in self._tensors()), used=self.used, top_k_max=self.top_k_max,
-                         had_greedy=self.had_greedy)
+        return RowParams(*(t[rows] for t in self._tensors()), used=self.used)
 
     def _tensors(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _HOST_FIELDS)
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "used")
 
     @property
     def rows(self) -> int:
@@ -136,15 +119,13 @@ def process_rows(logits: torch.Tensor, rows: RowParams, seen: torch.Tensor | Non
     scores = scores / _col(rows.temperature, scores)
     if "top_k" in rows.used:  # below the k-th largest (ties with it kept)
         k = _col(rows.top_k, scores)
-        # the k-th largest of each row from the largest k any row has: a top-k, not a full sort
-        widest = scores.shape[-1] if rows.top_k_max is None else min(max(rows.top_k_max, 1), scores.shape[-1])
-        descending = torch.topk(scores, widest, dim=-1).values
-        kth = descending.gather(-1, (k.clamp(1, widest) - 1).expand(*scores.shape[:-1], 1))
+        descending = torch.sort(scores, dim=-1, descending=True)[0]
+        kth = descending.gather(-1, (k.clamp(1, scores.shape[-1]) - 1).expand(*scores.shape[:-1], 1))
         scores = torch.where((k > 0) & (scores < kth), neg_inf, scores)
     if "top_p" in rows.used:  # HF's ascending cumulative sum, the most likely token always kept
         cut = _col(rows.top_p_cut, scores)
         ascending, order = torch.sort(scores, dim=-1, descending=False)
-        remove = cumulative_probs(ascending) <= cut
+        remove = ascending.softmax(-1).cumsum(-1) <= cut
         remove[..., -1:] = False
         remove = torch.zeros_like(remove).scatter(-1, order, remove)
         scores = torch.where(remove & (cut > 0), neg_inf, scores)
@@ -161,7 +142,5 @@ def rows_probs(logits: torch.Tensor, rows: RowParams, seen: torch.Tensor | None 
     """The sampling distribution [B, ..., V] (fp32) of each row: ``process_rows``' softmax, or
     for a greedy row the one-hot of its argmax."""
     scores = process_rows(logits, rows, seen)
-    if rows.had_greedy is False:  # no row has been greedy: every row's softmax
-        return scores.softmax(-1)
     hot = torch.zeros_like(scores).scatter_(-1, scores.argmax(-1, keepdim=True), 1.0)
     return torch.where(_col(rows.greedy, scores), hot, scores.softmax(-1))
