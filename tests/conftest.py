@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Triton fixes interpreter mode at its first import, for the whole process: without a GPU the
+# kernels run under the interpreter (tests/codegen/kernels/conftest.py), so the mode is set here,
+# before any test module (of any directory, collected in any order) imports a kernel.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from model_factory import make_constant, make_dflash_checkpoint, make_hf_model, perturbed, save
 
 # Tiny models: thread start-up costs more than the matmuls (several times faster on 2 cores).
