@@ -307,13 +307,6 @@ def run_batch(loop, prompts, tokens, dev, rule=None, audit: bool = False):
     return run, seconds
 
 
-def graph_stats(loop) -> dict:
-    """Per step role of the loop: CUDA graphs captured, replays, eager calls, why not captured
-    (so far in the run; empty on the CPU): which steps a row's time ran graphed."""
-    return {"graphs": {role: step.stats() for role, step in getattr(loop, "steps", {}).items()
-                       if hasattr(step, "stats") and step.device.type == "cuda"}}
-
-
 def acceptance_of(pair, results):
     """The acceptance the prediction uses: the replayed model, or the one measured in this run."""
     from specc.search.acceptance import AcceptanceModel
@@ -433,7 +426,7 @@ def main() -> None:
 
             ties = exact_ties("one-level", results)
             one = pair.pricer.one_level(b, acc)
-            emit({**base, "system": "one-level", **measured(run, seconds, b), **graph_stats(loop),
+            emit({**base, "system": "one-level", **measured(run, seconds, b), "graphs": loop.graph_stats(),
                   "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source, **ties})
 
             two = best_k1(pair.pricer, b, acc)
@@ -452,9 +445,10 @@ def main() -> None:
                     run, seconds = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
                     loop.two_level_k1 = None
                     ties = exact_ties("two-level", run.results)
-                    emit({**base, "system": "two-level", **measured(run, seconds, b), **ties, **graph_stats(loop),
-                          "two_level_k1": two.two_level_k1, "predicted_tokens_per_s": two.tokens_per_s,
-                          "predicted_level2_rows": two.level2_rows, "note": f"k1={two.two_level_k1}"})
+                    emit({**base, "system": "two-level", **measured(run, seconds, b), **ties,
+                          "graphs": loop.graph_stats(), "two_level_k1": two.two_level_k1,
+                          "predicted_tokens_per_s": two.tokens_per_s, "predicted_level2_rows": two.level2_rows,
+                          "note": f"k1={two.two_level_k1}"})
 
             from specc.runtime.adaptive import GoodputDraftLength
             from specc.search.batch_pricing import ragged_step_seconds, step_seconds
@@ -482,8 +476,8 @@ def main() -> None:
                 run, seconds = run_batch(loop, prompts, opts.tokens, dev, rule, audit=opts.audit)
                 ks = run.ks
                 ties = exact_ties(system, run.results)
-                emit({**base, "system": system, **measured(run, seconds, b), "predicted_tokens_per_s": predicted, **ties,
-                      **graph_stats(loop),
+                emit({**base, "system": system, **measured(run, seconds, b), "predicted_tokens_per_s": predicted,
+                      **ties, "graphs": loop.graph_stats(),
                       "mean_k": sum(ks) / len(ks) if ks else 0.0, "note": f"mean k {sum(ks) / max(len(ks), 1):.1f}"})
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "real": opts.real, "tokens": opts.tokens,

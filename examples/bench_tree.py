@@ -198,7 +198,7 @@ def e2e(prompts, new_tokens: int, budgets, dtype, device, methods=METHODS) -> li
             system.profile = True  # one more pass, timed by part (synchronising): where a step goes
             system.generate(prompts[0], new_tokens, ())
             system.profile = False
-            graphs = graph_stats(system)
+            graphs = system.graph_stats()
             row = {"method": method, "budget": budget, "tokens_per_s": new_tokens * len(prompts) / seconds,
                    "tau": sum(lengths) / len(lengths), "lossless_vs_chain": outs == reference, "seconds": seconds,
                    "part_seconds_one_prompt": dict(system.part_seconds), "graphs": graphs}
@@ -316,20 +316,12 @@ def ranks(prompts, new_tokens: int, dtype, device, out: str | None) -> dict:
     return data
 
 
-def graph_stats(system) -> dict:
-    """Captures, replays, eager calls and ``eager_reasons`` of each CUDA-graphed step of a loop and
-    of its tree functions (plan / accept / commit); empty on the CPU, where nothing is graphed."""
-    stats = {role: step.stats() for role, step in getattr(system, "steps", {}).items() if hasattr(step, "stats")}
-    stats.update({f"tree_{name}": fn.stats() for name, fn in (getattr(system, "_tree_graphs", None) or {}).items()
-                  if hasattr(fn, "stats")})
-    return stats
-
-
 def profiled_pass(system, prompt, new_tokens) -> dict:
     """One more generation after the timed ones with the loop's per-part profile on (it
     synchronises at every part boundary, so it is not the timed figure): wall ms per step of
     each part (draft / verify / accept, and a tree step's plan / commit), the prefill apart, and
-    what each graphed step did (``graph_stats``: is some step running eagerly, and why)."""
+    what each graphed step did (``DeviceSpeculativeDecoder.graph_stats``: is some step running
+    eagerly, and why)."""
     system.profile = True
     try:
         res = system.generate(prompt, new_tokens, ())
@@ -339,7 +331,7 @@ def profiled_pass(system, prompt, new_tokens) -> dict:
     parts = dict(system.part_seconds)
     return {"steps": steps, "prefill_ms": 1e3 * parts.pop("prefill", 0.0),
             "part_ms_per_step": {name: 1e3 * sec / steps for name, sec in parts.items()},
-            "graphs": graph_stats(system)}
+            "graphs": system.graph_stats()}
 
 
 def _print_profile(label: str, profile: dict) -> None:

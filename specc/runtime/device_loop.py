@@ -458,6 +458,16 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         then cost only the tokens each row verifies, and two-level verification is possible."""
         return self.ragged_target is not None
 
+    def graph_stats(self) -> dict:
+        """Per CUDA-graphed step (``steps``, as ``engine.build_loop`` wrapped them) and per tree
+        function (``tree_plan`` / ``tree_accept`` / ``tree_commit``): graphs captured, replays,
+        eager calls and why a shape could not be captured; empty where nothing is graphed (the
+        CPU). What a benchmark reports to show which parts of its steps replayed graphs."""
+        stats = {role: step.stats() for role, step in getattr(self, "steps", {}).items() if hasattr(step, "stats")}
+        stats.update({f"tree_{name}": fn.stats() for name, fn in (self._tree_graphs or {}).items()
+                      if hasattr(fn, "stats")})
+        return stats
+
     def _chain_logits(self, block, drafts, q, row_caps: list[int], caps):
         """The target's logits (and captured hidden states, else None) for the chain block
         ``block`` = [last, drafts] [B, k + 1], row b verifying its first ``row_caps[b] + 1``
