@@ -300,9 +300,11 @@ def logit_agreement(unpacked: torch.Tensor, packed: torch.Tensor, tolerance: flo
     """Packed weights are the unpacked ones bit for bit, but the kernels sum in another order, so
     logits may differ by rounding: the max difference, and for each position whose greedy token
     differs, the unpacked logits' top-2 margin (a tie when within ``tolerance``, else a defect)."""
+    from specc.verify.forcing import top2_margins
+
     u, p = unpacked.reshape(-1, unpacked.shape[-1]), packed.reshape(-1, packed.shape[-1])
     flips = (u.argmax(-1) != p.argmax(-1)).nonzero().flatten().tolist()
-    margins = [float(v[0] - v[1]) for v in (u[i].topk(2).values for i in flips)]
+    margins = top2_margins(u[flips].float()) if flips else []
     return {"same_greedy_tokens": not flips, "max_abs_logit_diff": float((u - p).abs().max()),
             "flipped_positions": flips, "flip_margins": margins,
             "flips_are_ties": all(m <= tolerance for m in margins)}

@@ -24,6 +24,8 @@ from typing import Sequence
 
 import torch
 
+from specc.verify.forcing import top2_margins
+
 __all__ = ["Divergence", "EqualityReport", "PrefixLogits", "compare_outputs"]
 
 
@@ -90,8 +92,7 @@ class PrefixLogits:
     def __call__(self, prompt, tokens, position: int, got: int | None) -> tuple[float, float | None]:
         """(top-2 margin, fp32 logit(expected) - logit(got) or None) at ``position``."""
         low = self.logits(self.model, prompt, tokens, position)
-        top = low.topk(2).values
-        margin = float(top[0] - top[1]) if bool(torch.isfinite(low).all()) else math.nan
+        margin = top2_margins(low[None])[0]  # NaN where the logits are not all finite
         if got is None or position >= len(tokens):
             return margin, None
         expected = int(tokens[position])
