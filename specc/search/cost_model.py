@@ -48,6 +48,7 @@ from specc.codegen.launches import CUBLAS_LAUNCHES, LAUNCHES, register_launches 
 from specc.codegen.linear_choice import KINDS as CHOICE_KINDS
 from specc.ir import STRUCTURAL_KINDS, evaluate
 from specc.ir.meta import TensorMeta, tensors_in
+from specc.search.calibrate import interpolate_log
 
 DEFAULT_CONTEXT = 1024
 
@@ -179,8 +180,6 @@ class CostModel:
             if eff:
                 return float(eff)
         if kind == "packed_linear" and rows is not None and self.deployment.packed_linear_bandwidth_by_m:
-            from specc.search.calibrate import interpolate_log
-
             return interpolate_log(dict(self.deployment.packed_linear_bandwidth_by_m), rows, "packed bandwidth")
         return self.deployment.bandwidth_efficiency
 

@@ -27,7 +27,7 @@ GPUS: dict[str, dict[str, Any]] = {
                  memory_bytes=141e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
                  bandwidth_efficiency=0.72, flops_efficiency=0.78, link_bandwidth=450e9, link_latency_s=3e-6,
                  # measured: bf12 layout-1 linears of a Qwen3-8B layer (qkv, o, gate_up, down), packed
-                 # bytes / time / HBM per M (docs/benchmarks/bf12-h200.md, examples/bench_bf12.py)
+                 # bytes / time / HBM per M (docs/benchmarks/h200-run5.md, examples/bench_bf12.py)
                  packed_linear_bandwidth_by_m=((1, 0.634), (4, 0.295), (16, 0.286), (64, 0.172))),
     "h100": dict(gpu="NVIDIA H100 SXM", hbm_bandwidth=3.35e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
                  memory_bytes=80e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
