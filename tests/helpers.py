@@ -19,6 +19,19 @@ def hf_greedy(model, prompt, max_new_tokens, eos=None) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """[N, N] bool: node i sees itself and its ancestors (``parents[root] == -1``), walked one
+    parent at a time: the reference the tree masks of kernels and steps are checked against."""
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return mask
+
+
 def eos_inside_block(tokens: list[int], block: int) -> int | None:
     """A token whose first occurrence in ``tokens`` falls strictly inside a committed block of
     ``block`` tokens (blocks start after the prefill token), i.e. not on a block's last slot."""

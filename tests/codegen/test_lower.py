@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import ancestor_mask
 
 from specc.bench.shapes import QWEN3_8B, build_causal, tiny
 from specc.codegen.build import build_step
@@ -108,13 +109,9 @@ def test_tree_step_packs_the_mask_once_and_matches_the_model(model):
     g = torch.Generator().manual_seed(3)
     num_q = 9
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, num_q)]
-    mask = torch.zeros(1, num_q, num_q, dtype=torch.bool)
+    mask = ancestor_mask(parents)[None]
     depth = [0] * num_q
     for i in range(num_q):
-        j = i
-        while j >= 0:
-            mask[0, i, j] = True
-            j = parents[j]
         depth[i] = depth[parents[i]] + 1 if parents[i] >= 0 else 0
     ids = torch.randint(0, CFG["vocab_size"], (1, num_q), generator=g)
     pos = 3 + torch.tensor([depth])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import ancestor_mask
 
 from specc.codegen.kernels import attention as A
 from specc.models import ops
@@ -72,14 +73,7 @@ def test_attention_tree_mask(dev, batched):
     q, k, v, ck, cv, cl = _setup(dev, bsz, num_q, num_q, hq, hkv, d, 48, [3, 40], torch.float32, 2)
     _write(ck, cv, k, v, cl)
     # a tree: 0 -> {1, 2}, 1 -> 3, 2 -> 4 (each node sees its ancestors and itself)
-    parent = [-1, 0, 0, 1, 2]
-    tm = torch.zeros(num_q, num_q, dtype=torch.bool)
-    for i in range(num_q):
-        j = i
-        while j >= 0:
-            tm[i, j] = True
-            j = parent[j]
-    tm = tm.to(dev)
+    tm = ancestor_mask([-1, 0, 0, 1, 2]).to(dev)
     tree = tm.expand(bsz, -1, -1).clone() if batched else tm
     out = A.attention(q, ck, cv, cl, num_q, "tree", d ** -0.5, tree_mask=tree, num_splits=2)
     ref = A.attention_reference(q, ck, cv, cl, num_q, "tree", d ** -0.5, tree_mask=tree)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import ancestor_mask
 
 from specc.codegen.kernels import attention as A
 from specc.codegen.kernels.tree_mask import pack_tree_mask
@@ -16,17 +17,6 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def _ancestors(parents: list[int]) -> torch.Tensor:
-    n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-    return mask
-
-
 def _tree(shape: str, n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     if shape == "chain":  # deepest tree: the causal mask
@@ -35,7 +25,7 @@ def _tree(shape: str, n: int, seed: int) -> torch.Tensor:
         parents = [-1] + [0] * (n - 1)
     else:  # random: each node's parent any earlier node
         parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
-    return _ancestors(parents)
+    return ancestor_mask(parents)
 
 
 def _setup(dev, bsz, num_q, hq, hkv, d, lens, dtype, seed):
