@@ -167,25 +167,13 @@ def fp32_referee(stock_target, free_bytes: int | None = None) -> tuple[Fp32Refer
         return None, "fp32 audit: not needed (stock runs in fp32)"
     need = sum(p.numel() for p in params) * 4  # parameters() lists a shared tensor once
     if free_bytes is None:
-        free_bytes = _free_bytes(params[0].device if params else torch.device("cpu"))
+        from specc.models.loading import available_memory_bytes
+
+        free_bytes = available_memory_bytes(params[0].device if params else torch.device("cpu"))
     if free_bytes is not None and need > free_bytes:
         return None, (f"fp32 audit: off (an fp32 copy of stock needs {need / 2**30:.1f} GiB, "
                       f"{free_bytes / 2**30:.1f} GiB free): mismatches are not audited")
     return Fp32Referee(stock_target), f"fp32 audit: on (stock in fp32 on the same weights, {need / 2**30:.1f} GiB)"
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    """Free memory on ``device``: the CUDA allocator's view, or MemAvailable on a Linux host."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def run_stock_reference(pair, prompts: Sequence[list[int]], max_new_tokens: int, num_draft=None,
