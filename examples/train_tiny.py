@@ -157,13 +157,13 @@ PRESETS = {
     # (examples/train_tiny_v2.sh). Budgets: docs/benchmarks/tiny.md "specc-tiny v2".
     "v2": dict(
         hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1280,
-        target_lr=1.5e-3, target_warmup=200, target_steps=100000, target_seconds=340.0,
+        target_lr=1.5e-3, target_warmup=200, target_steps=100000, target_seconds=320.0,
         # the first H200 run (docs/benchmarks/tiny.md) fit one 28 s batch of 1024 sequences in 45 s and
         # its DFlash (190 s on them) reached tau 2.72: three batches, and DFlash gets PARD's spare time
-        distill_batch=1024, distill_max_seqs=16384, distill_seconds=100.0,
+        distill_batch=1024, distill_max_seqs=16384, distill_seconds=95.0,
         pard_hidden=256, pard_layers=4, pard_heads=4, pard_kv_heads=2, pard_intermediate=768,
-        pard_steps=100000, pard_seconds=120.0,
-        dflash_layers=2, dflash_intermediate=1280, dflash_steps=100000, dflash_seconds=250.0,
+        pard_steps=100000, pard_seconds=95.0,
+        dflash_layers=2, dflash_intermediate=1280, dflash_steps=100000, dflash_seconds=230.0,
         eval_blocks=[16],
     ),
     "toy": dict(
