@@ -195,7 +195,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     @torch.inference_mode()
     def forced_argmax(self, prompt, tokens) -> list[int]:
         """Target argmax at each position of ``tokens`` when fed them (token forcing): prefill
-        on the prompt, then verify-sized blocks through the KV cache (row 0)."""
+        on the prompt, then verify-sized blocks through the KV cache (row 0), each committed
+        whole as a step's accepted block is (a hybrid target's GDN state: the snapshot of the
+        block's last token)."""
         prompt, tokens = as_prompt_list(prompt), list(tokens)
         if self.batch != 1:
             self.resize(self.max_len, 1)
@@ -210,7 +212,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         for start in range(0, len(tokens) - 1, block):
             chunk = tokens[start:start + block][: len(tokens) - 1 - start]
             logits, _ = self._target_rows(torch.tensor([chunk], dtype=torch.long, device=dev))
-            self.state.lengths += len(chunk)
+            self.state.commit(torch.full((1,), len(chunk), dtype=torch.long, device=dev))
             out += logits[0].argmax(-1).tolist()
         return out[: len(tokens)]
 

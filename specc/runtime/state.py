@@ -40,10 +40,10 @@ from typing import Iterable
 
 import torch
 
-from specc.models.state import StateSpec, get_attr, layout, set_attr, state_specs_of
+from specc.models.state import StateSpec, get_attr, idempotent_step, layout, set_attr, state_specs_of
 
 __all__ = ["StateSpec", "StateKind", "KVState", "SnapshotState", "STATE_KINDS", "DecodingState", "reserve_block",
-           "state_specs_of", "slot_view"]
+           "state_specs_of", "slot_view", "idempotent_step"]
 
 
 class StateKind:
