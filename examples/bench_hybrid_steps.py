@@ -27,6 +27,7 @@ and step times (random weights).
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --out $OUT/hybrid_steps.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --cases chain --out $OUT/hybrid_forcing.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --layers 4 --out $OUT/hybrid_l4.json
+    PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --cases chain --layers 4 --no-graphs
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --tiny --device cpu    # a CPU smoke run
 """
 
@@ -178,7 +179,10 @@ def precision_probe(target, hf, referee, runs, step, dev, first: int = 4) -> dic
 
 
 def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int | None = None,
-            cases: tuple[str, ...] = ("chain", "tree")) -> dict:
+            cases: tuple[str, ...] = ("chain", "tree"), graphs: bool = True) -> dict:
+    """Token forcing of the compiled chain / tree cases against HF (module doc, 1.); ``graphs``:
+    through CUDA graphs as the engine runs on a GPU (False: every step eager, which tells a
+    graph-capture defect from a kernel one)."""
     from specc.runtime.engine import build_loop
     from specc.verify import StockRun, fp32_referee, stock_margins, verify_system
     from specc.verify.forcing import DEFAULT_TOLERANCE, top2_margins
@@ -209,7 +213,7 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
     referee, audit = fp32_referee(hf)
     print(f"[forcing] {audit} ({time.perf_counter() - t0:.1f} s)", flush=True)
     name = str(dtype).removeprefix("torch.")
-    res = {"layers": raw["num_hidden_layers"], "audit": audit}
+    res = {"layers": raw["num_hidden_layers"], "audit": audit, "cuda_graphs": graphs and dev == "cuda"}
     wanted = [c for c in (("chain k=7", 7, 0), ("tree 16 nodes", 7, 16)) if c[0].split()[0] in cases]
     for label, k, tree in wanted:
         t0 = time.perf_counter()
@@ -217,7 +221,8 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
         print(f"[forcing] {label}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         if "precision" not in res:
             res["precision"] = precision_probe(target, hf, referee, runs, steps["target"], dev)
-        loop = build_loop(steps, "pard", k, 12 + new_tokens + 2, 3, graphs=dev == "cuda", tree_budget=tree)
+        loop = build_loop(steps, "pard", k, 12 + new_tokens + 2, 3, graphs=graphs and dev == "cuda",
+                          tree_budget=tree)
         t0 = time.perf_counter()
         with torch.inference_mode():
             report = verify_system(loop, runs, DEFAULT_TOLERANCE[name], referee=referee, audit=audit)
@@ -331,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="default: bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--cases", default="chain,tree", help="forcing cases: chain, tree or both (default chain,tree)")
     ap.add_argument("--skip-forcing", action="store_true")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="force every step eagerly (default on CUDA: through CUDA graphs, as the engine runs)")
     ap.add_argument("--skip-steps", action="store_true", help="forcing and the precision probe only")
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args(argv)
@@ -350,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
                         "transformers": transformers.__version__}}
     if not args.skip_forcing:
         res["forcing"] = forcing(dtype, dev, args.tiny, args.prompts, min(args.tokens, 12) if args.tiny else args.tokens,
-                                 args.layers, cases)
+                                 args.layers, cases, graphs=not args.no_graphs)
     if not args.skip_steps:
         res["steps"] = step_times(dtype, dev, args.tiny, context)
     ok = all(r["passed"] for r in res.get("forcing", {}).values() if isinstance(r, dict) and "passed" in r)

@@ -151,3 +151,26 @@ def test_eager_first_runs_an_in_place_update_exactly_once_per_call():
     torch.cuda.synchronize()
     assert float(counter) == 15.0
     assert step.eager_calls == 1 and step.captures == 1 and step.replays == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_of_a_hybrid_chain_step_force_as_the_eager_step():
+    """The CPU test above with real CUDA graphs and the GDN Triton kernels: token forcing through
+    a graphed compiled hybrid chain step equals the eager step's, across a second prompt too;
+    and with two warm-ups per capture it does not (the H200 chain forcing failure)."""
+    model = random_hybrid_lm().to("cuda")
+    model.setup_caches(1, 48, device="cuda", max_block=5)
+    step = instantiate(build_step(model, "target", "").emitted)
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 96, (12,), generator=g).tolist()
+    tokens = torch.randint(0, 96, (18,), generator=g).tolist()
+    with torch.inference_mode():
+        want = _loop(step).forced_argmax(prompt, tokens)
+        graphed = GraphedStep(step, max_tokens=5)
+        loop = _loop(graphed)
+        assert loop.forced_argmax(prompt, tokens) == want
+        assert loop.forced_argmax(prompt, tokens) == want
+        assert graphed.captures == 2 and not graphed.eager_reasons
+        warmed = GraphedStep(step, max_tokens=5, warmup=2, eager_first=False)
+        assert _loop(warmed).forced_argmax(prompt, tokens) != want
