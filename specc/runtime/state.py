@@ -141,7 +141,8 @@ def reserve_block(step, block: int) -> None:
     ``max_block``: hybrid targets) for verify blocks of up to ``block`` tokens; call before its
     ``setup_caches``. A compiled step's snapshot capacity is fixed by its artifact: a block
     larger than it is refused (a chain would silently keep only its final state). Steps without
-    snapshot kinds are left alone."""
+    snapshot kinds are left alone. A wrapper (``GraphedStep``) sizes the step it holds."""
+    step = _unwrapped(step)
     if getattr(step, "max_block", None) is not None:
         step.max_block = int(block)
         return
