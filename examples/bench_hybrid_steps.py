@@ -28,6 +28,7 @@ and step times (random weights).
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --cases chain --out $OUT/hybrid_forcing.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --layers 4 --out $OUT/hybrid_l4.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --cases chain --layers 4 --no-graphs
+    PYTHONPATH=. python3 examples/bench_hybrid_steps.py --state-audit --layers 4 --out $OUT/hybrid_state_audit.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --tiny --device cpu    # a CPU smoke run
 """
 
@@ -236,6 +237,48 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
     return res
 
 
+def state_audit(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int | None = None, k: int = 7,
+                tolerance: float = 0.1) -> dict:
+    """Where the compiled chain verify's GDN state first departs (``specc.verify.state_audit``):
+    random tokens forced in blocks of k + 1 through the compiled target step three ways, the
+    recurrent state and conv window of every GDN layer and the logits compared after every
+    block: graphed as the engine runs it (CUDA graphs on a GPU) against the same step eager
+    (about 0 unless capture or replay goes wrong: tolerance 1e-2), and the eager step against
+    the model definition in fp32 on the same bf16-rounded weights (bf16 noise: ``tolerance``)."""
+    from specc.runtime.device_loop import DeviceSpeculativeDecoder
+    from specc.runtime.graphs import GraphedStep
+    from specc.verify.state_audit import block_states, compare_blocks, divergence_line
+
+    raw = hybrid_raw(small, layers)
+    target = build_hybrid(raw, dtype, dev, seed=1)
+    steps, _ = compiled_steps(target, None, k, 0)
+    step = steps["target"]
+    g = torch.Generator().manual_seed(0)
+    vocab = raw["vocab_size"]
+    runs = [(torch.randint(4, vocab, (12,), generator=g).tolist(), torch.randint(4, vocab, (new_tokens,), generator=g).tolist())
+            for _ in range(prompts)]
+    max_len = 12 + new_tokens + 2
+
+    def records(system):  # each loop binds its own state to the step: run it to the end first
+        loop = DeviceSpeculativeDecoder(system, None, k, max_len)
+        with torch.inference_mode():
+            return [block_states(loop, prompt, tokens) for prompt, tokens in runs]
+
+    graphed = records(GraphedStep(step, k + 1) if dev == "cuda" else step)
+    eager = records(step)
+    del target, steps, step
+    reference = build_hybrid(raw, dtype, dev, seed=1).float()
+    fp32 = records(reference)
+    res = {"layers": raw["num_hidden_layers"], "k": k, "cuda_graphs": dev == "cuda", "prompts": []}
+    for index in range(prompts):
+        pair = {"graphed_vs_eager": compare_blocks(graphed[index], eager[index], 1e-2),
+                "eager_vs_fp32": compare_blocks(eager[index], fp32[index], tolerance)}
+        for label, cmp in pair.items():
+            print(f"[state audit] prompt {index}: {divergence_line(label.replace('_', ' '), cmp)}", flush=True)
+        res["prompts"].append(pair)
+    return res
+
+
 def timed(fn, args, dev) -> float:
     from specc.search.calibrate import Timer
 
@@ -336,6 +379,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="default: bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--cases", default="chain,tree", help="forcing cases: chain, tree or both (default chain,tree)")
     ap.add_argument("--skip-forcing", action="store_true")
+    ap.add_argument("--state-audit", action="store_true",
+                    help="only the per-block GDN state audit of the chain verify (graphed vs eager vs fp32)")
     ap.add_argument("--no-graphs", action="store_true",
                     help="force every step eagerly (default on CUDA: through CUDA graphs, as the engine runs)")
     ap.add_argument("--skip-steps", action="store_true", help="forcing and the precision probe only")
@@ -355,6 +400,14 @@ def main(argv: list[str] | None = None) -> None:
     res = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "dtype": str(dtype),
            "versions": {"torch": torch.__version__, "triton": triton.__version__,
                         "transformers": transformers.__version__}}
+    if args.state_audit:
+        res["state_audit"] = audit = state_audit(dtype, dev, args.tiny, args.prompts, args.tokens, args.layers)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=2)
+        if any(p["graphed_vs_eager"]["first"] is not None for p in audit["prompts"]):
+            raise SystemExit(1)
+        return
     if not args.skip_forcing:
         res["forcing"] = forcing(dtype, dev, args.tiny, args.prompts, min(args.tokens, 12) if args.tiny else args.tokens,
                                  args.layers, cases, graphs=not args.no_graphs)

@@ -1,8 +1,8 @@
 """GraphedStep: replays equal eager calls; a non-idempotent step runs once per call.
 
-On a GPU the graphs are real. On the CPU, ``CpuGraphedStep`` keeps GraphedStep's call protocol
-(warm-up calls run the step, a capture records without running it, a replay runs it once) with
-a stand-in for the CUDA graph, so that the protocol's effect on a hybrid target's recurrent
+On a GPU the graphs are real. On the CPU, ``cpu_graphs.CpuGraphedStep`` keeps GraphedStep's call
+protocol (warm-up calls run the step, a capture records without running it, a replay runs it
+once) with a stand-in for the CUDA graph, so that the protocol's effect on a hybrid target's recurrent
 state is checked everywhere: a warmed-up capture of a chain verify block advanced the GDN state
 three times on the H200 (chain token forcing of a Qwen3.5-shaped target failed from its first
 block; trees, whose step is idempotent, passed)."""
@@ -11,51 +11,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cpu_graphs import CpuGraphedStep
 from hybrid_factory import random_hybrid_lm
 
 from specc.codegen.build import build_step
-from specc.models.state import StateSpec, get_attr, idempotent_step, state_specs_of
+from specc.models.state import StateSpec, idempotent_step
 from specc.runtime.compiled import instantiate
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
 from specc.runtime.graphs import GraphedStep
 
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-class _Replay:
-    """The CPU stand-in for a captured graph: replaying runs the step on the static inputs and
-    writes its results into the static outputs."""
-
-    def __init__(self, owner, static_in, out):
-        self.owner, self.static_in, self.out = owner, static_in, out
-
-    def replay(self):
-        got = self.owner._run(*self.static_in)
-        for dst, src in zip(*(x if isinstance(x, tuple) else (x,) for x in (self.out, got))):
-            dst.copy_(src)
-
-
-class CpuGraphedStep(GraphedStep):
-    """GraphedStep's protocol on CPU tensors (module doc): the warm-ups run the step; the
-    capture computes the static outputs and then undoes its state writes (a CUDA capture
-    records kernels without running them)."""
-
-    def _graphable(self, args) -> bool:
-        return all(a.dim() < 2 or a.shape[1] <= self.max_tokens for a in args if torch.is_tensor(a))
-
-    def _capture(self, args, key):
-        static_in = [a.clone() if torch.is_tensor(a) else a for a in args]
-        for _ in range(self.warmup):
-            self._run(*static_in)
-        names = [spec.name for spec in state_specs_of(self.step)]
-        saved = {name: get_attr(self.step, name).clone() for name in names}
-        out = self._run(*static_in)
-        out = tuple(t.clone() for t in out) if isinstance(out, tuple) else out.clone()
-        for name in names:
-            get_attr(self.step, name).copy_(saved[name])
-        entry = (static_in, _Replay(self, static_in, out), out)
-        self.graphs[key] = entry
-        return entry
 
 
 class _Declares(torch.nn.Module):
