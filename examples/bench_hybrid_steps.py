@@ -238,13 +238,15 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
 
 
 def state_audit(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int | None = None, k: int = 7,
-                tolerance: float = 0.1) -> dict:
+                tolerance: float = 0.1, warmups: int | None = None) -> dict:
     """Where the compiled chain verify's GDN state first departs (``specc.verify.state_audit``):
     random tokens forced in blocks of k + 1 through the compiled target step three ways, the
     recurrent state and conv window of every GDN layer and the logits compared after every
     block: graphed as the engine runs it (CUDA graphs on a GPU) against the same step eager
     (about 0 unless capture or replay goes wrong: tolerance 1e-2), and the eager step against
-    the model definition in fp32 on the same bf16-rounded weights (bf16 noise: ``tolerance``)."""
+    the model definition in fp32 on the same bf16-rounded weights (bf16 noise: ``tolerance``).
+    ``warmups``: warm-up calls before each capture (None: GraphedStep's choice for the step; 2
+    replays the protocol that advanced the state of the first block of each shape three times)."""
     from specc.runtime.device_loop import DeviceSpeculativeDecoder
     from specc.runtime.graphs import GraphedStep
     from specc.verify.state_audit import block_states, compare_blocks, divergence_line
@@ -264,12 +266,14 @@ def state_audit(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: 
         with torch.inference_mode():
             return [block_states(loop, prompt, tokens) for prompt, tokens in runs]
 
-    graphed = records(GraphedStep(step, k + 1) if dev == "cuda" else step)
+    wrap = dict(warmup=warmups, eager_first=False) if warmups is not None else {}
+    graphed = records(GraphedStep(step, k + 1, **wrap) if dev == "cuda" else step)
     eager = records(step)
     del target, steps, step
     reference = build_hybrid(raw, dtype, dev, seed=1).float()
     fp32 = records(reference)
-    res = {"layers": raw["num_hidden_layers"], "k": k, "cuda_graphs": dev == "cuda", "prompts": []}
+    res = {"layers": raw["num_hidden_layers"], "k": k, "cuda_graphs": dev == "cuda", "graph_warmups": warmups,
+           "prompts": []}
     for index in range(prompts):
         pair = {"graphed_vs_eager": compare_blocks(graphed[index], eager[index], 1e-2),
                 "eager_vs_fp32": compare_blocks(eager[index], fp32[index], tolerance)}
@@ -381,6 +385,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-forcing", action="store_true")
     ap.add_argument("--state-audit", action="store_true",
                     help="only the per-block GDN state audit of the chain verify (graphed vs eager vs fp32)")
+    ap.add_argument("--graph-warmups", type=int, metavar="N",
+                    help="--state-audit: N warm-up calls before each CUDA-graph capture (default: the engine's choice)")
     ap.add_argument("--no-graphs", action="store_true",
                     help="force every step eagerly (default on CUDA: through CUDA graphs, as the engine runs)")
     ap.add_argument("--skip-steps", action="store_true", help="forcing and the precision probe only")
@@ -401,7 +407,8 @@ def main(argv: list[str] | None = None) -> None:
            "versions": {"torch": torch.__version__, "triton": triton.__version__,
                         "transformers": transformers.__version__}}
     if args.state_audit:
-        res["state_audit"] = audit = state_audit(dtype, dev, args.tiny, args.prompts, args.tokens, args.layers)
+        res["state_audit"] = audit = state_audit(dtype, dev, args.tiny, args.prompts, args.tokens, args.layers,
+                                                 warmups=args.graph_warmups)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(res, f, indent=2)
