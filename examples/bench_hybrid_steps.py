@@ -27,6 +27,8 @@ and step times (random weights).
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --out $OUT/hybrid_steps.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --cases chain --out $OUT/hybrid_forcing.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --layers 4 --out $OUT/hybrid_l4.json
+    PYTHONPATH=. python3 examples/bench_hybrid_steps.py --skip-steps --cases chain --layers 4 --no-graphs
+    PYTHONPATH=. python3 examples/bench_hybrid_steps.py --state-audit --layers 4 --out $OUT/hybrid_state_audit.json
     PYTHONPATH=. python3 examples/bench_hybrid_steps.py --tiny --device cpu    # a CPU smoke run
 """
 
@@ -178,7 +180,10 @@ def precision_probe(target, hf, referee, runs, step, dev, first: int = 4) -> dic
 
 
 def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int | None = None,
-            cases: tuple[str, ...] = ("chain", "tree")) -> dict:
+            cases: tuple[str, ...] = ("chain", "tree"), graphs: bool = True) -> dict:
+    """Token forcing of the compiled chain / tree cases against HF (module doc, 1.); ``graphs``:
+    through CUDA graphs as the engine runs on a GPU (False: every step eager, which tells a
+    graph-capture defect from a kernel one)."""
     from specc.runtime.engine import build_loop
     from specc.verify import StockRun, fp32_referee, stock_margins, verify_system
     from specc.verify.forcing import DEFAULT_TOLERANCE, top2_margins
@@ -209,7 +214,7 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
     referee, audit = fp32_referee(hf)
     print(f"[forcing] {audit} ({time.perf_counter() - t0:.1f} s)", flush=True)
     name = str(dtype).removeprefix("torch.")
-    res = {"layers": raw["num_hidden_layers"], "audit": audit}
+    res = {"layers": raw["num_hidden_layers"], "audit": audit, "cuda_graphs": graphs and dev == "cuda"}
     wanted = [c for c in (("chain k=7", 7, 0), ("tree 16 nodes", 7, 16)) if c[0].split()[0] in cases]
     for label, k, tree in wanted:
         t0 = time.perf_counter()
@@ -217,7 +222,8 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
         print(f"[forcing] {label}: compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         if "precision" not in res:
             res["precision"] = precision_probe(target, hf, referee, runs, steps["target"], dev)
-        loop = build_loop(steps, "pard", k, 12 + new_tokens + 2, 3, graphs=dev == "cuda", tree_budget=tree)
+        loop = build_loop(steps, "pard", k, 12 + new_tokens + 2, 3, graphs=graphs and dev == "cuda",
+                          tree_budget=tree)
         t0 = time.perf_counter()
         with torch.inference_mode():
             report = verify_system(loop, runs, DEFAULT_TOLERANCE[name], referee=referee, audit=audit)
@@ -228,6 +234,52 @@ def forcing(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int 
                   f"fp32 margin {m.fp32_margin if m.fp32_margin is None else round(m.fp32_margin, 3)}, "
                   f"stock's own error {m.stock_error if m.stock_error is None else round(m.stock_error, 3)}", flush=True)
         del loop, steps
+    return res
+
+
+def state_audit(dtype, dev, small: bool, prompts: int, new_tokens: int, layers: int | None = None, k: int = 7,
+                tolerance: float = 0.1, warmups: int | None = None) -> dict:
+    """Where the compiled chain verify's GDN state first departs (``specc.verify.state_audit``):
+    random tokens forced in blocks of k + 1 through the compiled target step three ways, the
+    recurrent state and conv window of every GDN layer and the logits compared after every
+    block: graphed as the engine runs it (CUDA graphs on a GPU) against the same step eager
+    (about 0 unless capture or replay goes wrong: tolerance 1e-2), and the eager step against
+    the model definition in fp32 on the same bf16-rounded weights (bf16 noise: ``tolerance``).
+    ``warmups``: warm-up calls before each capture (None: GraphedStep's choice for the step; 2
+    replays the protocol that advanced the state of the first block of each shape three times)."""
+    from specc.runtime.device_loop import DeviceSpeculativeDecoder
+    from specc.runtime.graphs import GraphedStep
+    from specc.verify.state_audit import block_states, compare_blocks, divergence_line
+
+    raw = hybrid_raw(small, layers)
+    target = build_hybrid(raw, dtype, dev, seed=1)
+    steps, _ = compiled_steps(target, None, k, 0)
+    step = steps["target"]
+    g = torch.Generator().manual_seed(0)
+    vocab = raw["vocab_size"]
+    runs = [(torch.randint(4, vocab, (12,), generator=g).tolist(), torch.randint(4, vocab, (new_tokens,), generator=g).tolist())
+            for _ in range(prompts)]
+    max_len = 12 + new_tokens + 2
+
+    def records(system):  # each loop binds its own state to the step: run it to the end first
+        loop = DeviceSpeculativeDecoder(system, None, k, max_len)
+        with torch.inference_mode():
+            return [block_states(loop, prompt, tokens) for prompt, tokens in runs]
+
+    wrap = dict(warmup=warmups, eager_first=False) if warmups is not None else {}
+    graphed = records(GraphedStep(step, k + 1, **wrap) if dev == "cuda" else step)
+    eager = records(step)
+    del target, steps, step
+    reference = build_hybrid(raw, dtype, dev, seed=1).float()
+    fp32 = records(reference)
+    res = {"layers": raw["num_hidden_layers"], "k": k, "cuda_graphs": dev == "cuda", "graph_warmups": warmups,
+           "prompts": []}
+    for index in range(prompts):
+        pair = {"graphed_vs_eager": compare_blocks(graphed[index], eager[index], 1e-2),
+                "eager_vs_fp32": compare_blocks(eager[index], fp32[index], tolerance)}
+        for label, cmp in pair.items():
+            print(f"[state audit] prompt {index}: {divergence_line(label.replace('_', ' '), cmp)}", flush=True)
+        res["prompts"].append(pair)
     return res
 
 
@@ -331,6 +383,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="default: bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--cases", default="chain,tree", help="forcing cases: chain, tree or both (default chain,tree)")
     ap.add_argument("--skip-forcing", action="store_true")
+    ap.add_argument("--state-audit", action="store_true",
+                    help="only the per-block GDN state audit of the chain verify (graphed vs eager vs fp32)")
+    ap.add_argument("--graph-warmups", type=int, metavar="N",
+                    help="--state-audit: N warm-up calls before each CUDA-graph capture (default: the engine's choice)")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="force every step eagerly (default on CUDA: through CUDA graphs, as the engine runs)")
     ap.add_argument("--skip-steps", action="store_true", help="forcing and the precision probe only")
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args(argv)
@@ -348,9 +406,18 @@ def main(argv: list[str] | None = None) -> None:
     res = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "dtype": str(dtype),
            "versions": {"torch": torch.__version__, "triton": triton.__version__,
                         "transformers": transformers.__version__}}
+    if args.state_audit:
+        res["state_audit"] = audit = state_audit(dtype, dev, args.tiny, args.prompts, args.tokens, args.layers,
+                                                 warmups=args.graph_warmups)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=2)
+        if any(p["graphed_vs_eager"]["first"] is not None for p in audit["prompts"]):
+            raise SystemExit(1)
+        return
     if not args.skip_forcing:
         res["forcing"] = forcing(dtype, dev, args.tiny, args.prompts, min(args.tokens, 12) if args.tiny else args.tokens,
-                                 args.layers, cases)
+                                 args.layers, cases, graphs=not args.no_graphs)
     if not args.skip_steps:
         res["steps"] = step_times(dtype, dev, args.tiny, context)
     ok = all(r["passed"] for r in res.get("forcing", {}).values() if isinstance(r, dict) and "passed" in r)

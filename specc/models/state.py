@@ -18,7 +18,7 @@ from typing import Iterable
 import torch
 
 __all__ = ["StateSpec", "StateLayout", "KVLayout", "SnapshotLayout", "LAYOUTS", "layout", "allocate_buffers", "bind_buffers",
-           "get_attr", "set_attr", "state_specs_of"]
+           "get_attr", "set_attr", "state_specs_of", "idempotent_step"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +59,12 @@ class StateSpec:
 
 
 class StateLayout:
-    """How a kind's buffer is laid out."""
+    """How a kind's buffer is laid out, and whether steps write it idempotently."""
+
+    # Whether a step's writes of this kind depend on its inputs alone, so that running it twice
+    # on the same inputs leaves what running it once does (what CUDA-graph warm-up calls and
+    # benchmark repetitions assume; :func:`idempotent_step`).
+    idempotent = True
 
     def buffer_shape(self, spec: StateSpec, batch: int, max_len: int) -> tuple[int, ...]:
         raise NotImplementedError
@@ -84,7 +89,14 @@ class SnapshotLayout(StateLayout):
     """Per-slot state with no length axis (GDN recurrent state, conv window):
     ``[batch, 1 + extra_len, *shape]``. Entry 0 is the live state; the step writes the state
     before it at entry 1 and the state after its block node i at entry 2 + i
-    (``extra_len`` = the largest verify block + 1), which commit selects from."""
+    (``extra_len`` = the largest verify block + 1), which commit selects from.
+
+    Not idempotent: a chain step (``specc.models.gdn``) reads the live entry 0 and overwrites
+    it with the state after its block, so a second call on the same inputs continues from the
+    first call's result (a tree step writes only entries 1 and 2 + i, but the kind cannot tell
+    the two apart)."""
+
+    idempotent = False
 
     def buffer_shape(self, spec, batch, max_len):
         return (batch, 1 + spec.extra_len, *spec.shape)
@@ -125,6 +137,15 @@ def state_specs_of(module) -> list[StateSpec]:
     """The state a module declares (``state_specs()``), or [] when it declares none."""
     fn = getattr(module, "state_specs", None)
     return list(fn()) if callable(fn) else []
+
+
+def idempotent_step(module) -> bool:
+    """Whether calling ``module`` (a model definition or a compiled step) again on the same
+    inputs leaves the same state and outputs as calling it once: true unless it declares a kind
+    whose layout is not (:attr:`StateLayout.idempotent`: the GDN layers' recurrent state and
+    conv window). ``specc.runtime.graphs.GraphedStep`` asks before warming a step up: a warm-up
+    call of a hybrid chain step would advance its recurrent state once more."""
+    return all(layout(spec.kind).idempotent for spec in state_specs_of(module))
 
 
 def allocate_buffers(specs: Iterable[StateSpec], batch: int, max_len: int, dtype: torch.dtype | None,

@@ -193,9 +193,12 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         return out if isinstance(out, tuple) else (out, None)
 
     @torch.inference_mode()
-    def forced_argmax(self, prompt, tokens) -> list[int]:
+    def forced_argmax(self, prompt, tokens, on_block=None) -> list[int]:
         """Target argmax at each position of ``tokens`` when fed them (token forcing): prefill
-        on the prompt, then verify-sized blocks through the KV cache (row 0)."""
+        on the prompt, then verify-sized blocks through the KV cache (row 0), each committed
+        whole as a step's accepted block is (a hybrid target's GDN state: the snapshot of the
+        block's last token). ``on_block(logits)``: called after the prefill and after each
+        block once it is committed (``specc.verify.state_audit`` reads the state there)."""
         prompt, tokens = as_prompt_list(prompt), list(tokens)
         if self.batch != 1:
             self.resize(self.max_len, 1)
@@ -203,18 +206,22 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.state.lengths.zero_()
         logits, _ = self._target_rows(torch.tensor([prompt], dtype=torch.long, device=dev))
         self.state.lengths += len(prompt)
+        if on_block is not None:
+            on_block(logits)
         out = [int(logits[0, -1].argmax())]
         if self.tree_budget:
-            return out + self._forced_tree(tokens)[: len(tokens) - 1]
+            return out + self._forced_tree(tokens, on_block)[: len(tokens) - 1]
         block = self.num_draft + 1
         for start in range(0, len(tokens) - 1, block):
             chunk = tokens[start:start + block][: len(tokens) - 1 - start]
             logits, _ = self._target_rows(torch.tensor([chunk], dtype=torch.long, device=dev))
-            self.state.lengths += len(chunk)
+            self.state.commit(torch.full((1,), len(chunk), dtype=torch.long, device=dev))
+            if on_block is not None:
+                on_block(logits)
             out += logits[0].argmax(-1).tolist()
         return out[: len(tokens)]
 
-    def _forced_tree(self, tokens: list[int]) -> list[int]:
+    def _forced_tree(self, tokens: list[int], on_block=None) -> list[int]:
         """Token forcing through the tree verify step: each block of stock's tokens is one branch
         of a tree of ``tree_budget + 1`` nodes whose other nodes are distractors (a sibling of
         every branch node, then children of the root), so the mask, the positions and the KV
@@ -252,6 +259,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             out += logits[0, branch].argmax(-1).tolist()
             path = torch.tensor([branch], device=dev)
             self.state.commit(torch.tensor([len(branch)], device=dev), path)
+            if on_block is not None:
+                on_block(logits[:, branch])
             start += len(branch)
         return out
 

@@ -4,8 +4,13 @@ A decode step is dozens of small kernels; launching them one by one costs more t
 at batch 1. ``GraphedStep`` wraps any step callable (a compiled step or a model definition):
 on the first call with a new input signature it runs the step twice on a side stream (warm-up:
 Triton compiles, allocations settle), captures it into a CUDA graph with static input buffers,
-and from then on copies inputs into those buffers and replays. Steps are idempotent in their
-inputs (the KV write lands at the slots ``cache_len`` names), so warm-up calls are harmless.
+and from then on copies inputs into those buffers and replays. Warm-up calls are harmless only
+for a step that is idempotent in its inputs (the KV write lands at the slots ``cache_len``
+names). A step whose state is not (``specc.models.state.idempotent_step``: a hybrid target,
+whose chain step advances the GDN recurrent state and conv window in place) gets no warm-up:
+the first call of a signature runs eagerly (kernels compile there), the second is captured
+without running and replayed once, so every call does its work exactly once. (With warm-ups,
+the first verify block of each shape advanced the GDN state three times: issue #18.)
 A step that cannot be captured (a host sync inside, e.g. reference kernels) runs eagerly for that
 signature, and ``eager_reasons`` says why. Calls whose token dimension (dim 1 of any tensor
 argument of rank >= 2) exceeds ``max_tokens`` run eagerly: prefills and a DFlash drafter's first
@@ -17,15 +22,22 @@ from __future__ import annotations
 
 import torch
 
+from specc.models.state import idempotent_step
+
 
 class GraphedStep:
-    def __init__(self, step, max_tokens: int = 64, warmup: int = 2, pool=None, eager_first: bool = False):
+    def __init__(self, step, max_tokens: int = 64, warmup: int | None = None, pool=None,
+                 eager_first: bool | None = None):
         """``eager_first`` with ``warmup=0``: for a step that is not idempotent (an in-place state
         update such as KV compaction): the first call of a signature runs eagerly (kernels compile
         there), the second is captured without running it and then replayed once, so every call
-        does the work exactly once."""
-        self.step, self.max_tokens, self.warmup = step, max_tokens, warmup
-        self.eager_first, self._seen = eager_first, set()
+        does the work exactly once. Left None, both follow from the step's declared state
+        (``idempotent_step``): 2 warm-ups for an idempotent step, else eager first."""
+        idempotent = idempotent_step(step) if warmup is None or eager_first is None else True
+        self.step, self.max_tokens = step, max_tokens
+        self.warmup = (2 if idempotent else 0) if warmup is None else warmup
+        self.eager_first = (not idempotent) if eager_first is None else eager_first
+        self._seen = set()
         self.graphs: dict = {}
         self.eager_reasons: dict = {}
         self.pool = pool  # None: a pool of its own, made at the first capture

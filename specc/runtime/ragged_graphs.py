@@ -32,7 +32,7 @@ class GraphedRaggedStep(GraphedStep):
     ragged_rows = True
     token_buckets = True  # the loop pads packed verifies to ``token_bucket`` sizes for this step
 
-    def __init__(self, step, max_tokens: int = 1 << 16, pool=None, warmup: int = 2):
+    def __init__(self, step, max_tokens: int = 1 << 16, pool=None, warmup: int | None = None):
         super().__init__(step, max_tokens=max_tokens, warmup=warmup, pool=pool)
 
     def _run(self, ids, positions, cache_len, row_slots, row_starts):

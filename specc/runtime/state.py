@@ -40,10 +40,10 @@ from typing import Iterable
 
 import torch
 
-from specc.models.state import StateSpec, get_attr, layout, set_attr, state_specs_of
+from specc.models.state import StateSpec, get_attr, idempotent_step, layout, set_attr, state_specs_of
 
 __all__ = ["StateSpec", "StateKind", "KVState", "SnapshotState", "STATE_KINDS", "DecodingState", "reserve_block",
-           "state_specs_of", "slot_view"]
+           "state_specs_of", "slot_view", "idempotent_step"]
 
 
 class StateKind:
@@ -141,7 +141,8 @@ def reserve_block(step, block: int) -> None:
     ``max_block``: hybrid targets) for verify blocks of up to ``block`` tokens; call before its
     ``setup_caches``. A compiled step's snapshot capacity is fixed by its artifact: a block
     larger than it is refused (a chain would silently keep only its final state). Steps without
-    snapshot kinds are left alone."""
+    snapshot kinds are left alone. A wrapper (``GraphedStep``) sizes the step it holds."""
+    step = _unwrapped(step)
     if getattr(step, "max_block", None) is not None:
         step.max_block = int(block)
         return

@@ -15,7 +15,9 @@
      shapes via ``Drafter.capture_shapes``, the verify block), CUDA graphs bypassed: Triton
      compiles (or loads from the cache) and autotunes here;
    - ``graphs``: the same again with CUDA graphs on: every step shape is captured now, not
-     while the user's tokens are being timed.
+     while the user's tokens are being timed (a step that is not idempotent, a hybrid target's,
+     at its second call of a shape: ``specc.runtime.graphs``; a shape the dummy generation
+     calls once is captured at its second call later).
 
    On CPU only the first runs (there are no graphs): one short generation, counted and timed.
 

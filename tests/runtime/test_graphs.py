@@ -1,15 +1,98 @@
-"""GraphedStep on a GPU: replays equal eager calls; a non-idempotent step runs once per call."""
+"""GraphedStep: replays equal eager calls; a non-idempotent step runs once per call.
+
+On a GPU the graphs are real. On the CPU, ``cpu_graphs.CpuGraphedStep`` keeps GraphedStep's call
+protocol (warm-up calls run the step, a capture records without running it, a replay runs it
+once) with a stand-in for the CUDA graph, so that the protocol's effect on a hybrid target's recurrent
+state is checked everywhere: a warmed-up capture of a chain verify block advanced the GDN state
+three times on the H200 (chain token forcing of a Qwen3.5-shaped target failed from its first
+block; trees, whose step is idempotent, passed)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from cpu_graphs import CpuGraphedStep
+from hybrid_factory import random_hybrid_lm
 
+from specc.codegen.build import build_step
+from specc.models.state import StateSpec, idempotent_step
+from specc.runtime.compiled import instantiate
+from specc.runtime.device_loop import DeviceSpeculativeDecoder
 from specc.runtime.graphs import GraphedStep
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+class _Declares(torch.nn.Module):
+    def __init__(self, *kinds):
+        super().__init__()
+        self.specs = [StateSpec(f"s{i}", kind, (2, 3), "float32", 3) for i, kind in enumerate(kinds)]
+
+    def state_specs(self):
+        return self.specs
+
+
+def test_warm_up_follows_whether_the_steps_state_is_idempotent():
+    """KV caches are rewritten at the positions cache_len names (warm-ups harmless); GDN
+    snapshot states are advanced in place (no warm-up: the first call of a shape runs eagerly,
+    the second is captured and replayed once). Explicit arguments win."""
+    kv, hybrid = _Declares("kv", "kv"), _Declares("kv", "recurrent", "conv")
+    assert idempotent_step(kv) and not idempotent_step(hybrid) and idempotent_step(torch.nn.Linear(2, 2))
+    assert (GraphedStep(kv).warmup, GraphedStep(kv).eager_first) == (2, False)
+    assert (GraphedStep(hybrid).warmup, GraphedStep(hybrid).eager_first) == (0, True)
+    assert (GraphedStep(hybrid, warmup=3, eager_first=False).warmup, GraphedStep(kv, eager_first=True).eager_first) \
+        == (3, True)
+    assert idempotent_step(GraphedStep(hybrid)) is False  # a wrapper answers for the step it holds
+
+
+@pytest.fixture(scope="module")
+def hybrid_chain():
+    """(model definition, compiled chain verify step) of a tiny hybrid target, blocks up to 5."""
+    model = random_hybrid_lm()
+    model.setup_caches(1, 48, max_block=5)
+    return model, instantiate(build_step(model, "target", "").emitted)
+
+
+def _loop(step, num_draft=4):
+    return DeviceSpeculativeDecoder(step, None, num_draft, 48)
+
+
+def test_a_hybrid_chain_step_is_not_idempotent(hybrid_chain):
+    """What idempotent_step reports is what a second call does: the chain step continues from
+    its own result (so a warm-up call would corrupt the state)."""
+    _, step = hybrid_chain
+    assert not idempotent_step(step)
+    step.setup_caches(1, 32)
+    step(torch.tensor([[3, 9, 27, 4, 50, 61]]), torch.arange(6)[None], torch.tensor([0]))
+    block = (torch.tensor([[7, 8, 21]]), torch.arange(6, 9)[None], torch.tensor([6]))
+    once = step(*block).clone()
+    twice = step(*block)
+    assert not torch.allclose(once, twice, atol=1e-3), "a second call repeated the first: update idempotent_step"
+
+
+def test_graphed_hybrid_chain_forcing_equals_the_eager_step(hybrid_chain):
+    """Token forcing through a graphed hybrid chain step (the protocol of the H200 run: verify
+    blocks of one shape captured at their first occurrence) gives the eager step's argmax; with
+    the two warm-ups every step used to get, it does not (the defect, reproduced on the CPU)."""
+    model, step = hybrid_chain
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 96, (12,), generator=g).tolist()
+    tokens = torch.randint(0, 96, (18,), generator=g).tolist()  # blocks of 5, 5, 5, 2
+    want = _loop(step).forced_argmax(prompt, tokens)
+    assert want == _loop(model).forced_argmax(prompt, tokens)  # the compiled step = the model definition
+    graphed = CpuGraphedStep(step, max_tokens=5)
+    loop = _loop(graphed)
+    assert loop.forced_argmax(prompt, tokens) == want
+    # prefill and the first block of each shape eager, the second block of 5 captured and replayed
+    assert (graphed.captures, graphed.replays, graphed.eager_calls) == (1, 2, 3)
+    assert loop.forced_argmax(prompt, tokens) == want  # a second prompt: replays, and the block of 2 captured
+    assert (graphed.captures, graphed.replays) == (2, 6)
+    warmed = CpuGraphedStep(step, max_tokens=5, warmup=2, eager_first=False)
+    assert _loop(warmed).forced_argmax(prompt, tokens) != want
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_replay_equals_the_eager_step():
     step = GraphedStep(lambda x: (x * 2 + 1).sum(-1))
     for i in range(4):
@@ -18,6 +101,8 @@ def test_replay_equals_the_eager_step():
     assert step.captures == 1 and step.replays == 4  # the capturing call replays too
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_eager_first_runs_an_in_place_update_exactly_once_per_call():
     """warmup=0 + eager_first: call 1 eager, call 2 captured (not run) then replayed once."""
     counter = torch.zeros(1, device="cuda")
@@ -31,3 +116,26 @@ def test_eager_first_runs_an_in_place_update_exactly_once_per_call():
     torch.cuda.synchronize()
     assert float(counter) == 15.0
     assert step.eager_calls == 1 and step.captures == 1 and step.replays == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_of_a_hybrid_chain_step_force_as_the_eager_step():
+    """The CPU test above with real CUDA graphs and the GDN Triton kernels: token forcing through
+    a graphed compiled hybrid chain step equals the eager step's, across a second prompt too;
+    and with two warm-ups per capture it does not (the H200 chain forcing failure)."""
+    model = random_hybrid_lm().to("cuda")
+    model.setup_caches(1, 48, device="cuda", max_block=5)
+    step = instantiate(build_step(model, "target", "").emitted)
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, 96, (12,), generator=g).tolist()
+    tokens = torch.randint(0, 96, (18,), generator=g).tolist()
+    with torch.inference_mode():
+        want = _loop(step).forced_argmax(prompt, tokens)
+        graphed = GraphedStep(step, max_tokens=5)
+        loop = _loop(graphed)
+        assert loop.forced_argmax(prompt, tokens) == want
+        assert loop.forced_argmax(prompt, tokens) == want
+        assert graphed.captures == 2 and not graphed.eager_reasons
+        warmed = GraphedStep(step, max_tokens=5, warmup=2, eager_first=False)
+        assert _loop(warmed).forced_argmax(prompt, tokens) != want

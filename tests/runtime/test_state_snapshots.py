@@ -67,3 +67,18 @@ def test_reserve_block_refuses_blocks_past_a_compiled_capacity():
     with pytest.raises(ValueError, match="blocks of 9 tokens exceed the 8 per-node state entries"):
         reserve_block(step, 9)
     reserve_block(Fixed([StateSpec("k", "kv", (2, 8))]), 100)
+
+
+def test_reserve_block_sizes_the_model_a_graph_wrapper_holds():
+    """A model definition wrapped for CUDA graphs (``build_loop(graphs=True)``) gets its
+    ``max_block`` set, not the wrapper (whose attribute would hide the model's default)."""
+    from specc.runtime.graphs import GraphedStep
+    from specc.runtime.state import reserve_block
+
+    class Model:
+        max_block = 16
+
+    model = Model()
+    wrapped = GraphedStep(model)
+    reserve_block(wrapped, 33)
+    assert model.max_block == 33 and "max_block" not in vars(wrapped)
