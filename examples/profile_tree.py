@@ -21,8 +21,10 @@ runs the engine's loop (``engine.build_loop``: CUDA graphs on a GPU, acceptance 
 DFlash's published GSM8K tau with specc-tiny's rank split) and times, in one process:
 
 - ``loop``: the verify part of the loop's per-part profile (``PartTimer``, ms per step), the
-  verify call's input signatures over every step (one: one graph), the graph stats, and the
-  kernels of the in-loop verify calls (``torch.profiler``; each call in a synchronised range);
+  verify call's input signatures over every step (one: one graph), the graph stats, the loop's
+  glue outside its steps per step (``specc.bench.step_audit.StepAudit``: eager ops, host reads)
+  and the kernels of the in-loop verify calls (``torch.profiler``; each call in a synchronised
+  range);
 - ``alone``: the same graphed tree step called with the inputs the loop gave it at one step
   (recorded by a spy on the loop's tree step; CUDA events, median), and its kernels; the recorded
   call is re-run at once and its logits must equal the loop's (``rerun_max_abs_diff``: 0);
@@ -285,6 +287,7 @@ def loop_gap(args) -> dict:
     """The ``--loop`` measurement (module doc)."""
     from examples.bench_tree import DEFAULT_8B_ACCEPTANCE, build_dflash_system, dflash_num_draft
     from specc.bench.acceptance import parse_tree_acceptance
+    from specc.bench.step_audit import StepAudit
     from specc.runtime.engine import build_loop
     from specc.runtime.graphs import GraphedStep
     from specc.runtime.replay import ReplayVerifier
@@ -329,14 +332,21 @@ def loop_gap(args) -> dict:
         steps, parts = max(len(res.stats.accepted_lengths), 1), dict(loop.part_seconds)
         spy.windowed = True
         in_loop = windowed_kernels(dev, lambda: loop.generate(prompt, min(new_tokens, 24), ()))
-        signatures = dict(spy.signatures)  # every in-loop call of the three passes
+        spy.windowed = False
+        with StepAudit(loop) as audit:  # what the loop runs outside its (graphed) steps, per step
+            audited = max(len(loop.generate(prompt, min(new_tokens, 24), ()).stats.accepted_lengths), 1)
+        signatures = dict(spy.signatures)  # every in-loop call of the four passes
         inputs, rows = spy.inputs, spy.inputs[0].shape[1]
         alone_ms = time_calls(dev, spy.step, inputs, reps)
+        spy.windowed = True
         alone = windowed_kernels(dev, lambda: [spy(*inputs) for _ in range(3)])
         entry = {"budget": budget, "rows": rows, "context": int(inputs[2][0]),
                  "loop": {"verify_ms_per_step": 1e3 * parts.get("verify", 0.0) / steps,
                           "part_ms_per_step": {p: 1e3 * sec / steps for p, sec in parts.items() if p != "prefill"},
-                          "steps": steps, "signatures": signatures, "graphs": loop.graph_stats(),
+                          "steps": steps, "signatures": signatures,
+                          "audit_per_step": {name: n / audited for name, n in audit.counts().items()},
+                          "glue_ops_by_name": dict(audit.ops_by.most_common(12)),
+                          "host_reads_by_name": dict(audit.reads_by), "audited_steps": audited, "graphs": loop.graph_stats(),
                           "profile": in_loop},
                  "alone": {"ms": alone_ms, "rerun_max_abs_diff": spy.rerun_diff, "profile": alone},
                  "chain": {}, "linears": {}}
@@ -364,6 +374,9 @@ def loop_gap(args) -> dict:
               f"{lin[str(rows)]['weight_read_factor']:.2f}x at {rows} rows, "
               f"{lin[str(rows - 1)]['weight_read_factor']:.2f}x at {rows - 1}; input signatures {len(signatures)}",
               flush=True)
+        a = entry["loop"]["audit_per_step"]
+        print(f"[loop]   per step outside the steps: {a['glue_ops']:.1f} glue ops, {a['host_reads']:.1f} host reads, "
+              f"{a['blocking_uploads']:.1f} blocking uploads, {a['forwards']:.1f} step forwards", flush=True)
         print(f"[loop]   kernels per call ({in_loop['what']}): loop {in_loop['us_per_call']:.1f} us "
               f"({in_loop['calls']} calls), alone {alone['us_per_call']:.1f} us, chain "
               f"{same['profile']['us_per_call']:.1f} us", flush=True)

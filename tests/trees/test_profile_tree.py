@@ -49,6 +49,9 @@ def test_profile_tree_loop_cpu_check(tmp_path):
         assert calls >= 3 * 2  # three passes of at least two steps each
         assert set(loop["part_ms_per_step"]) == {"draft", "plan", "verify", "accept", "commit"}
         assert loop["verify_ms_per_step"] > 0 and loop["profile"]["calls"] >= 1 and loop["profile"]["kernels"]
+        # one device -> host copy per step (the CPU's KV compaction reference reads its counts: CPU only)
+        assert loop["host_reads_by_name"]["tolist"] == loop["audited_steps"] >= 1
+        assert loop["audit_per_step"]["blocking_uploads"] == 0 and loop["glue_ops_by_name"]
         assert entry["alone"]["rerun_max_abs_diff"] == 0.0 and entry["alone"]["ms"] > 0
         assert entry["alone"]["profile"]["calls"] == 3
         assert set(entry["chain"]) == {str(rows), str(rows - 1)}
