@@ -31,8 +31,9 @@ DFlash's published GSM8K tau with specc-tiny's rank split) and times, in one pro
 - ``chain``: the compiled chain verify step at the tree's row count N + 1 and at N rows (the
   linears' row buckets change between them), timed and profiled the same way;
 - ``linears``: per linear weight shape at N and N + 1 rows, the config, how often it reads its
-  weight (``kernels.linear.weight_passes``) and its time (CUDA events; at rows > 64 also with the
-  two-64-row-tile config the heuristic used before, ``TWO_TILE_CONFIG``).
+  weight (``kernels.linear.weight_passes``) and its time (CUDA events; at 16 < rows < 64 also with
+  the 64 bucket's tuned config, at rows > 64 with the two-64-row-tile config the heuristic used
+  before, ``TWO_TILE_CONFIG``).
 
 Per budget it prints the three times and the kernels whose time differs most between the loop
 and alone, and alone and the chain. On the CPU it is the script's check: host times, host ops
@@ -260,7 +261,8 @@ def linear_shapes(step) -> dict[tuple[int, int], int]:
 
 def linear_rows(step, rows: int, device: torch.device, reps: int) -> dict:
     """The linears of ``step`` at ``rows`` rows: per weight shape the config, its weight passes and
-    the time of one call (at rows > 64 also with ``TWO_TILE_CONFIG``); the weight traffic factor
+    the time of one call (at 16 < rows < 64 also with the 64 bucket's config, at rows > 64 with
+    ``TWO_TILE_CONFIG``); the weight traffic factor
     (bytes read / weight bytes) over the step's linears."""
     from specc.codegen.kernels import linear as L
 
@@ -275,12 +277,17 @@ def linear_rows(step, rows: int, device: torch.device, reps: int) -> dict:
         w = torch.randn(n, k, device=device, dtype=weight.dtype) * 0.02
         row = {"N": n, "K": k, "count": count, "bucket": L.m_bucket(rows), "kind": cfg.kind, "block_m": cfg.block_m,
                "swap_ab": cfg.swap_ab, "weight_passes": passes, "us": 1e3 * time_calls(device, L.linear, (x, w), reps)}
+        if 16 < rows < 64:  # the 32 bucket has no tuned entry: the 64 bucket's winners (one tile) beside it
+            row["bucket64_us"] = 1e3 * time_calls(device, lambda a, b: L.linear(a, b, config=L.get_config(64, n, k)),
+                                                  (x, w), reps)
         if rows > 64:
             two = L.LinearConfig(**TWO_TILE_CONFIG)
             row["two_tile_us"] = 1e3 * time_calls(device, lambda a, b: L.linear(a, b, config=two), (x, w), reps)
             row["two_tile_weight_passes"] = L.weight_passes(rows, n, k, two)
         out.append(row)
-    return {"rows": rows, "weight_read_factor": read / total if total else None, "shapes": out}
+    sums = {key + "_per_step": sum(r[key] * r["count"] for r in out)
+            for key in ("us", "bucket64_us", "two_tile_us") if out and all(key in r for r in out)}
+    return {"rows": rows, "weight_read_factor": read / total if total else None, **sums, "shapes": out}
 
 
 def loop_gap(args) -> dict:
@@ -374,6 +381,11 @@ def loop_gap(args) -> dict:
               f"{lin[str(rows)]['weight_read_factor']:.2f}x at {rows} rows, "
               f"{lin[str(rows - 1)]['weight_read_factor']:.2f}x at {rows - 1}; input signatures {len(signatures)}",
               flush=True)
+        for n_rows, li in lin.items():
+            alts = ", ".join(f"{key[:-len('_us_per_step')]} config {li[key]:.1f}" for key in li
+                             if key.endswith("_us_per_step") and key != "us_per_step")
+            print(f"[loop]   linears alone at {n_rows} rows: {li['us_per_step']:.1f} us per step"
+                  + (f" ({alts})" if alts else ""), flush=True)
         a = entry["loop"]["audit_per_step"]
         print(f"[loop]   per step outside the steps: {a['glue_ops']:.1f} glue ops, {a['host_reads']:.1f} host reads, "
               f"{a['blocking_uploads']:.1f} blocking uploads, {a['forwards']:.1f} step forwards", flush=True)
