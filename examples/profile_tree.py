@@ -209,8 +209,15 @@ def windowed_kernels(device: torch.device, run) -> dict:
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f).get("traceEvents", [])
-    windows = [(e["ts"], e["ts"] + e["dur"]) for e in events
-               if e.get("name") == WINDOW and e.get("cat") == "user_annotation" and "dur" in e]
+    def ranges(cat):
+        return [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == WINDOW and e.get("cat") == cat
+                and "dur" in e]
+
+    calls = len(ranges("user_annotation"))
+    # on a GPU the ranges as the device ran them (the span of the kernels each range launched, graph
+    # replays included) where the profiler gives them, else the host ranges (synchronised at both ends)
+    windows = ranges("gpu_user_annotation") if cuda else []
+    windows = windows or ranges("user_annotation")
     kind = "kernel" if cuda else "cpu_op"
     groups: dict[str, list] = {}
     for e in events:
@@ -221,10 +228,12 @@ def windowed_kernels(device: torch.device, run) -> dict:
             g = groups.setdefault(key, [0, 0.0])
             g[0] += 1
             g[1] += e["dur"]
-    n = max(len(windows), 1)
+    n = max(calls, 1)
     rows = sorted(({"kernel": k, "calls_per_call": c / n, "us_per_call": t / n} for k, (c, t) in groups.items()),
                   key=lambda r: -r["us_per_call"])
-    return {"calls": len(windows), "what": "device kernels" if cuda else "host ops (nested, CPU check)",
+    if calls and not rows:
+        print(f"[loop] warning: no {kind} events inside the {calls} profiled calls' ranges", flush=True)
+    return {"calls": calls, "what": "device kernels" if cuda else "host ops (nested, CPU check)",
             "us_per_call": sum(r["us_per_call"] for r in rows), "kernels": rows}
 
 
