@@ -31,9 +31,10 @@ DFlash's published GSM8K tau with specc-tiny's rank split) and times, in one pro
 - ``chain``: the compiled chain verify step at the tree's row count N + 1 and at N rows (the
   linears' row buckets change between them), timed and profiled the same way;
 - ``linears``: per linear weight shape at N and N + 1 rows, the config, how often it reads its
-  weight (``kernels.linear.weight_passes``) and its time (CUDA events; at 16 < rows < 64 also with
-  the 64 bucket's tuned config, at rows > 64 with the two-64-row-tile config the heuristic used
-  before, ``TWO_TILE_CONFIG``).
+  weight (``kernels.linear.weight_passes``) and its time (graph replays; beside it at 16 < rows
+  < 64 the 64 bucket's tuned config and at 16 < rows <= 32 the 16 bucket's widened to one 32-row
+  tile, the data for a tuned 32 bucket; at rows > 64 the two-64-row-tile config the heuristic
+  used before, ``TWO_TILE_CONFIG``).
 
 Per budget it prints the three times and the kernels whose time differs most between the loop
 and alone, and alone and the chain. On the CPU it is the script's check: host times, host ops
@@ -270,8 +271,9 @@ def linear_shapes(step) -> dict[tuple[int, int], int]:
 
 def linear_rows(step, rows: int, device: torch.device, reps: int) -> dict:
     """The linears of ``step`` at ``rows`` rows: per weight shape the config, its weight passes and
-    the time of one call (at 16 < rows < 64 also with the 64 bucket's config, at rows > 64 with
-    ``TWO_TILE_CONFIG``); the weight traffic factor
+    the time of one call (at 16 < rows < 64 also with the 64 bucket's config, at 16 < rows <= 32
+    with the 16 bucket's widened to 32 rows, at rows > 64 with ``TWO_TILE_CONFIG``); the weight
+    traffic factor
     (bytes read / weight bytes) over the step's linears."""
     from specc.codegen.kernels import linear as L
     from specc.search.calibrate import Timer
@@ -296,13 +298,16 @@ def linear_rows(step, rows: int, device: torch.device, reps: int) -> dict:
                "swap_ab": cfg.swap_ab, "weight_passes": passes, "us": us(L.linear, x, w)}
         if 16 < rows < 64:  # the 32 bucket has no tuned entry: the 64 bucket's winners (one tile) beside it
             row["bucket64_us"] = us(lambda a, b: L.linear(a, b, config=L.get_config(64, n, k)), x, w)
+        if 16 < rows <= 32:  # and the 16 bucket's winners widened to one 32-row tile
+            wide = L.get_config(16, n, k).replace(block_m=32)
+            row["bucket16_wide_us"] = us(lambda a, b: L.linear(a, b, config=wide), x, w)
         if rows > 64:
             two = L.LinearConfig(**TWO_TILE_CONFIG)
             row["two_tile_us"] = us(lambda a, b: L.linear(a, b, config=two), x, w)
             row["two_tile_weight_passes"] = L.weight_passes(rows, n, k, two)
         out.append(row)
     sums = {key + "_per_step": sum(r[key] * r["count"] for r in out)
-            for key in ("us", "bucket64_us", "two_tile_us") if out and all(key in r for r in out)}
+            for key in ("us", "bucket64_us", "bucket16_wide_us", "two_tile_us") if out and all(key in r for r in out)}
     return {"rows": rows, "weight_read_factor": read / total if total else None, **sums, "shapes": out}
 
 
