@@ -210,6 +210,7 @@ def windowed_kernels(device: torch.device, run) -> dict:
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f).get("traceEvents", [])
+
     def ranges(cat):
         return [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == WINDOW and e.get("cat") == cat
                 and "dur" in e]
@@ -273,8 +274,7 @@ def linear_rows(step, rows: int, device: torch.device, reps: int) -> dict:
     """The linears of ``step`` at ``rows`` rows: per weight shape the config, its weight passes and
     the time of one call (at 16 < rows < 64 also with the 64 bucket's config, at 16 < rows <= 32
     with the 16 bucket's widened to 32 rows, at rows > 64 with ``TWO_TILE_CONFIG``); the weight
-    traffic factor
-    (bytes read / weight bytes) over the step's linears."""
+    traffic factor (bytes read / weight bytes) over the step's linears."""
     from specc.codegen.kernels import linear as L
     from specc.search.calibrate import Timer
 
@@ -311,25 +311,104 @@ def linear_rows(step, rows: int, device: torch.device, reps: int) -> dict:
     return {"rows": rows, "weight_read_factor": read / total if total else None, **sums, "shapes": out}
 
 
-def loop_gap(args) -> dict:
-    """The ``--loop`` measurement (module doc)."""
-    from examples.bench_tree import DEFAULT_8B_ACCEPTANCE, build_dflash_system, dflash_num_draft
-    from specc.bench.acceptance import parse_tree_acceptance
+def budget_gap(system, budget: int, model, chain_model, prompt: list[int], new_tokens: int, dev: torch.device,
+               reps: int) -> dict:
+    """One tree budget of ``--loop`` (module doc): the loop over ``system``'s compiled steps, the
+    tree step alone with the loop's inputs, the chain at the same rows and one fewer, the linears."""
     from specc.bench.step_audit import StepAudit
     from specc.runtime.engine import build_loop
     from specc.runtime.graphs import GraphedStep
     from specc.runtime.replay import ReplayVerifier
     from specc.runtime.tree_replay import TreeReplayVerifier
+
+    cuda = dev.type == "cuda"
+    loop = build_loop(system.steps, system.impl.strategy, system.k, len(prompt) + new_tokens + 2,
+                      drafter_section=system.section, tree_budget=budget)
+    loop.use_verifiers(chain=ReplayVerifier(chain_model.alphas, seed=0), tree=TreeReplayVerifier.from_model(model, seed=0))
+    loop.generate(prompt, new_tokens, ())  # warm-up: kernels compile, graphs are captured
+    spy = VerifySpy(loop.tree_target, dev)
+    loop.tree_target, spy.record = spy, 2  # the second step's inputs: a context the loop really has
+    loop.generate(prompt, new_tokens, ())
+    if spy.inputs is None:
+        raise SystemExit(f"budget {budget}: the loop made {spy.calls} tree verify call(s), fewer than 2")
+    loop.profile = True  # a pass of its own: the recorded call's re-run is not in it
+    res = loop.generate(prompt, new_tokens, ())
+    loop.profile = False
+    steps, parts = max(len(res.stats.accepted_lengths), 1), dict(loop.part_seconds)
+    spy.windowed = True
+    in_loop = windowed_kernels(dev, lambda: loop.generate(prompt, min(new_tokens, 24), ()))
+    spy.windowed = False
+    with StepAudit(loop) as audit:  # what the loop runs outside its (graphed) steps, per step
+        audited = max(len(loop.generate(prompt, min(new_tokens, 24), ()).stats.accepted_lengths), 1)
+    signatures = dict(spy.signatures)  # every in-loop call of the four passes
+    inputs, rows = spy.inputs, spy.inputs[0].shape[1]
+    alone_ms = time_calls(dev, spy.step, inputs, reps)
+    spy.windowed = True
+    alone = windowed_kernels(dev, lambda: [spy(*inputs) for _ in range(3)])
+    entry = {"budget": budget, "rows": rows, "context": int(inputs[2][0]),
+             "loop": {"verify_ms_per_step": 1e3 * parts.get("verify", 0.0) / steps,
+                      "part_ms_per_step": {p: 1e3 * sec / steps for p, sec in parts.items() if p != "prefill"},
+                      "steps": steps, "signatures": signatures,
+                      "audit_per_step": {name: n / audited for name, n in audit.counts().items()},
+                      "glue_ops_by_name": dict(audit.ops_by.most_common(12)),
+                      "host_reads_by_name": dict(audit.reads_by), "audited_steps": audited,
+                      "graphs": loop.graph_stats(), "profile": in_loop},
+             "alone": {"ms": alone_ms, "rerun_max_abs_diff": spy.rerun_diff, "profile": alone},
+             "chain": {}, "linears": {}}
+    tokens, lengths = inputs[0], inputs[2]
+    for n_rows in (rows, rows - 1):
+        chain = GraphedStep(system.steps["target"], max_tokens=n_rows) if cuda else system.steps["target"]
+        chain_spy = VerifySpy(chain, dev)
+        chain_spy.windowed = True
+        chain_args = (tokens[:, :n_rows].clone(), lengths[:, None] + torch.arange(n_rows, device=dev)[None],
+                      lengths.clone())
+        entry["chain"][str(n_rows)] = {
+            "ms": time_calls(dev, chain, chain_args, reps),
+            "profile": windowed_kernels(dev, lambda: [chain_spy(*chain_args) for _ in range(3)])}
+        entry["linears"][str(n_rows)] = linear_rows(spy.step.step if cuda else spy.step, n_rows, dev, reps)
+    entry["diff_us"] = {"loop_minus_alone": kernel_diff(in_loop, alone),
+                        "alone_minus_chain_same_rows": kernel_diff(alone, entry["chain"][str(rows)]["profile"])}
+    return entry
+
+
+def print_gap(entry: dict) -> None:
+    """The lines ``--loop`` prints for one budget."""
+    budget, rows, lin = entry["budget"], entry["rows"], entry["linears"]
+    same, fewer = entry["chain"][str(rows)], entry["chain"][str(rows - 1)]
+    print(f"[loop] tree {budget:3d} ({rows} rows, context {entry['context']}): verify in the loop "
+          f"{entry['loop']['verify_ms_per_step']:.3f} ms/step, alone {entry['alone']['ms']:.3f} ms (rerun diff "
+          f"{entry['alone']['rerun_max_abs_diff']:.3g}), chain at {rows} rows {same['ms']:.3f} ms, at {rows - 1} rows "
+          f"{fewer['ms']:.3f} ms; linears read their weights {lin[str(rows)]['weight_read_factor']:.2f}x at {rows} "
+          f"rows, {lin[str(rows - 1)]['weight_read_factor']:.2f}x at {rows - 1}; input signatures "
+          f"{len(entry['loop']['signatures'])}", flush=True)
+    for n_rows, li in lin.items():
+        alts = ", ".join(f"{key[:-len('_us_per_step')]} config {li[key]:.1f}" for key in li
+                         if key.endswith("_us_per_step") and key != "us_per_step")
+        print(f"[loop]   linears alone at {n_rows} rows: {li['us_per_step']:.1f} us per step"
+              + (f" ({alts})" if alts else ""), flush=True)
+    a = entry["loop"]["audit_per_step"]
+    print(f"[loop]   per step outside the steps: {a['glue_ops']:.1f} glue ops, {a['host_reads']:.1f} host reads, "
+          f"{a['blocking_uploads']:.1f} blocking uploads, {a['forwards']:.1f} step forwards", flush=True)
+    in_loop, alone = entry["loop"]["profile"], entry["alone"]["profile"]
+    print(f"[loop]   kernels per call ({in_loop['what']}): loop {in_loop['us_per_call']:.1f} us "
+          f"({in_loop['calls']} calls), alone {alone['us_per_call']:.1f} us, chain "
+          f"{same['profile']['us_per_call']:.1f} us", flush=True)
+    for label, top in entry["diff_us"].items():
+        print(f"[loop]   {label}: " + ", ".join(f"{r['kernel']} {r['us']:+.1f}" for r in top[:4]), flush=True)
+
+
+def loop_gap(args) -> dict:
+    """The ``--loop`` measurement (module doc)."""
+    from examples.bench_tree import DEFAULT_8B_ACCEPTANCE, build_dflash_system, dflash_num_draft
+    from specc.bench.acceptance import parse_tree_acceptance
+    from specc.search.acceptance import AcceptanceModel
     from specc.search.cost_model import CostModel
     from specc.search.deployments import get_deployment
-    from specc.search.acceptance import AcceptanceModel
 
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     shapes = "tiny-qwen3" if args.tiny else "qwen3-8b"
-    budgets = [int(x) for x in args.budgets.split(",")]
-    reps = 20 if cuda else 2
     t0 = time.perf_counter()
     k = dflash_num_draft(shapes)
     model = parse_tree_acceptance(DEFAULT_8B_ACCEPTANCE[0], k)
@@ -344,80 +423,12 @@ def loop_gap(args) -> dict:
               "acceptance": DEFAULT_8B_ACCEPTANCE[0], "prompt_len": prompt_len, "new_tokens": new_tokens,
               "build_s": time.perf_counter() - t0, "budgets": []}
     print(f"[loop] {shapes} + dflash-b16 built in {result['build_s']:.1f} s", flush=True)
-    for budget in budgets:
-        loop = build_loop(system.steps, system.impl.strategy, k, prompt_len + new_tokens + 2,
-                          drafter_section=system.section, tree_budget=budget)
-        loop.use_verifiers(chain=ReplayVerifier(chain_model.alphas, seed=0), tree=TreeReplayVerifier.from_model(model, seed=0))
-        loop.generate(prompt, new_tokens, ())  # warm-up: kernels compile, graphs are captured
-        spy = VerifySpy(loop.tree_target, dev)
-        loop.tree_target, spy.record = spy, 2  # the second step's inputs: a context the loop really has
-        loop.generate(prompt, new_tokens, ())
-        if spy.inputs is None:
-            raise SystemExit(f"budget {budget}: the loop made {spy.calls} tree verify call(s), fewer than 2")
-        loop.profile = True  # a pass of its own: the recorded call's re-run is not in it
-        res = loop.generate(prompt, new_tokens, ())
-        loop.profile = False
-        steps, parts = max(len(res.stats.accepted_lengths), 1), dict(loop.part_seconds)
-        spy.windowed = True
-        in_loop = windowed_kernels(dev, lambda: loop.generate(prompt, min(new_tokens, 24), ()))
-        spy.windowed = False
-        with StepAudit(loop) as audit:  # what the loop runs outside its (graphed) steps, per step
-            audited = max(len(loop.generate(prompt, min(new_tokens, 24), ()).stats.accepted_lengths), 1)
-        signatures = dict(spy.signatures)  # every in-loop call of the four passes
-        inputs, rows = spy.inputs, spy.inputs[0].shape[1]
-        alone_ms = time_calls(dev, spy.step, inputs, reps)
-        spy.windowed = True
-        alone = windowed_kernels(dev, lambda: [spy(*inputs) for _ in range(3)])
-        entry = {"budget": budget, "rows": rows, "context": int(inputs[2][0]),
-                 "loop": {"verify_ms_per_step": 1e3 * parts.get("verify", 0.0) / steps,
-                          "part_ms_per_step": {p: 1e3 * sec / steps for p, sec in parts.items() if p != "prefill"},
-                          "steps": steps, "signatures": signatures,
-                          "audit_per_step": {name: n / audited for name, n in audit.counts().items()},
-                          "glue_ops_by_name": dict(audit.ops_by.most_common(12)),
-                          "host_reads_by_name": dict(audit.reads_by), "audited_steps": audited, "graphs": loop.graph_stats(),
-                          "profile": in_loop},
-                 "alone": {"ms": alone_ms, "rerun_max_abs_diff": spy.rerun_diff, "profile": alone},
-                 "chain": {}, "linears": {}}
-        tokens, lengths = inputs[0], inputs[2]
-        for n_rows in (rows, rows - 1):
-            chain = GraphedStep(system.steps["target"], max_tokens=n_rows) if cuda else system.steps["target"]
-            chain_spy = VerifySpy(chain, dev)
-            chain_spy.windowed = True
-            chain_args = (tokens[:, :n_rows].clone(), lengths[:, None] + torch.arange(n_rows, device=dev)[None],
-                          lengths.clone())
-            entry["chain"][str(n_rows)] = {
-                "ms": time_calls(dev, chain, chain_args, reps),
-                "profile": windowed_kernels(dev, lambda: [chain_spy(*chain_args) for _ in range(3)])}
-            entry["linears"][str(n_rows)] = linear_rows(spy.step.step if cuda else spy.step, n_rows, dev, reps)
-        loop.tree_target = spy.step
-        same = entry["chain"][str(rows)]
-        entry["diff_us"] = {"loop_minus_alone": kernel_diff(in_loop, alone),
-                            "alone_minus_chain_same_rows": kernel_diff(alone, same["profile"])}
+    for budget in (int(x) for x in args.budgets.split(",")):
+        entry = budget_gap(system, budget, model, chain_model, prompt, new_tokens, dev, reps=20 if cuda else 2)
         result["budgets"].append(entry)
-        lin = entry["linears"]
-        print(f"[loop] tree {budget:3d} ({rows} rows, context {entry['context']}): verify in the loop "
-              f"{entry['loop']['verify_ms_per_step']:.3f} ms/step, alone {alone_ms:.3f} ms (rerun diff "
-              f"{spy.rerun_diff:.3g}), chain at {rows} rows {same['ms']:.3f} ms, at {rows - 1} rows "
-              f"{entry['chain'][str(rows - 1)]['ms']:.3f} ms; linears read their weights "
-              f"{lin[str(rows)]['weight_read_factor']:.2f}x at {rows} rows, "
-              f"{lin[str(rows - 1)]['weight_read_factor']:.2f}x at {rows - 1}; input signatures {len(signatures)}",
-              flush=True)
-        for n_rows, li in lin.items():
-            alts = ", ".join(f"{key[:-len('_us_per_step')]} config {li[key]:.1f}" for key in li
-                             if key.endswith("_us_per_step") and key != "us_per_step")
-            print(f"[loop]   linears alone at {n_rows} rows: {li['us_per_step']:.1f} us per step"
-                  + (f" ({alts})" if alts else ""), flush=True)
-        a = entry["loop"]["audit_per_step"]
-        print(f"[loop]   per step outside the steps: {a['glue_ops']:.1f} glue ops, {a['host_reads']:.1f} host reads, "
-              f"{a['blocking_uploads']:.1f} blocking uploads, {a['forwards']:.1f} step forwards", flush=True)
-        print(f"[loop]   kernels per call ({in_loop['what']}): loop {in_loop['us_per_call']:.1f} us "
-              f"({in_loop['calls']} calls), alone {alone['us_per_call']:.1f} us, chain "
-              f"{same['profile']['us_per_call']:.1f} us", flush=True)
-        for label, rows_ in entry["diff_us"].items():
-            print(f"[loop]   {label}: " + ", ".join(f"{r['kernel']} {r['us']:+.1f}" for r in rows_[:4]), flush=True)
-        del loop, spy
+        print_gap(entry)
         if cuda:
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the budget's loop and graphs are gone with budget_gap's frame
     result["total_s"] = time.perf_counter() - t0
     return result
 
