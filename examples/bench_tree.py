@@ -359,19 +359,50 @@ def _timed(system, prompts, new_tokens, cuda) -> dict:
             "tokens_per_step": sum(lengths) / len(lengths), "step_ms": 1e3 * seconds / len(lengths)}
 
 
-def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, device: str, small: bool,
-           deployment: str, seed: int = 0) -> dict:
-    """Compiled AR, then per acceptance spec of ``specs`` the chain and trees, at Qwen3-8B +
-    DFlash-b16 shapes (random weights), acceptance replayed (see the module doc); each row with
-    the cost model's prediction. One build serves every spec."""
+def dflash_num_draft(shapes: str) -> int:
+    """Drafted positions per step of the DFlash-b16 drafter at ``shapes``."""
+    from specc.bench.shapes import drafter_config
+    from specc.methods import get_method
+
+    return get_method("dflash").num_draft(None, drafter_config(shapes, "dflash-b16")[1])
+
+
+def build_dflash_system(shapes: str, dtype, dev, cost):
+    """``shapes`` (qwen3-8b, or tiny-qwen3: no passes) + DFlash-b16 with random weights, compiled
+    with the tree verify step and the cost model's linear choice (as compile does). Returns a
+    namespace: steps (role -> compiled step), section (the manifest's drafter section), impl (the
+    method), k, target_config, built (``build_steps``' result), pipeline."""
     import types
 
-    from specc.bench.acceptance import parse_tree_acceptance
     from specc.bench.shapes import build_causal, build_dflash, drafter_config, target_config
     from specc.codegen.build import build_steps
     from specc.methods import get_method
     from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
+
+    tcfg = target_config(shapes)
+    _, dcfg = drafter_config(shapes, "dflash-b16")
+    impl = get_method("dflash")
+    target = build_causal(tcfg, dtype, dev, seed=1)
+    draft = build_dflash(dcfg, dtype, dev, seed=3)
+    loaded = impl.bind(target, draft)
+    section = impl.manifest_drafter(types.SimpleNamespace(drafter=types.SimpleNamespace(raw=dcfg)), loaded)
+    loaded.target.setup_caches(1, 16)
+    loaded.draft.setup_caches(1, 16)
+    pipeline = "" if shapes.startswith("tiny") else DEFAULT_PIPELINE
+    built = build_steps(loaded.target, loaded.draft, pipeline, loaded.draft_spec, tree=True,
+                        linear_choice=cost.linear_choice)  # the linears the cost model prices, as compile does
+    steps = {role: instantiate(e, loaded.draft_spec if role == "drafter" else None) for role, e in built.emitted.items()}
+    return types.SimpleNamespace(steps=steps, section=section, impl=impl, k=impl.num_draft(None, dcfg),
+                                 target_config=tcfg, built=built, pipeline=pipeline)
+
+
+def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, device: str, small: bool,
+           deployment: str, seed: int = 0) -> dict:
+    """Compiled AR, then per acceptance spec of ``specs`` the chain and trees, at Qwen3-8B +
+    DFlash-b16 shapes (random weights), acceptance replayed (see the module doc); each row with
+    the cost model's prediction. One build serves every spec."""
+    from specc.bench.acceptance import parse_tree_acceptance
     from specc.runtime.engine import build_loop
     from specc.runtime.replay import REPLAY_NOTICE, TREE_REPLAY_NOTICE, ReplayVerifier
     from specc.runtime.tree_replay import TreeReplayVerifier
@@ -385,22 +416,11 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
     cuda = dev.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     t_start = time.perf_counter()
-    tcfg = target_config(shapes)
-    _, dcfg = drafter_config(shapes, "dflash-b16")
-    impl = get_method("dflash")
-    k = impl.num_draft(None, dcfg)
+    k = dflash_num_draft(shapes)
     models = [parse_tree_acceptance(spec, k) for spec in specs]  # bad specs fail before the build
-    target = build_causal(tcfg, dtype, dev, seed=1)
-    draft = build_dflash(dcfg, dtype, dev, seed=3)
-    loaded = impl.bind(target, draft)
-    section = impl.manifest_drafter(types.SimpleNamespace(drafter=types.SimpleNamespace(raw=dcfg)), loaded)
-    loaded.target.setup_caches(1, 16)
-    loaded.draft.setup_caches(1, 16)
-    pipeline = "" if small else DEFAULT_PIPELINE
     cost = CostModel(get_deployment(deployment))
-    built = build_steps(loaded.target, loaded.draft, pipeline, loaded.draft_spec, tree=True,
-                        linear_choice=cost.linear_choice)  # the linears the cost model prices, as compile does
-    steps = {role: instantiate(e, loaded.draft_spec if role == "drafter" else None) for role, e in built.emitted.items()}
+    b = build_dflash_system(shapes, dtype, dev, cost)
+    steps, section, impl, tcfg, built, pipeline = b.steps, b.section, b.impl, b.target_config, b.built, b.pipeline
     build_s = time.perf_counter() - t_start
     print(f"[e2e-8b] {shapes} + dflash-b16 built and compiled in {build_s:.1f} s (k = {k})", flush=True)
 

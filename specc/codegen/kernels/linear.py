@@ -10,7 +10,9 @@ config of the shape (:func:`get_config`, keyed by (M bucket, N, K)):
   ``evict_first`` (streamed once), and with K a multiple of BLOCK_K the loads are unmasked
   16-byte vectors.
 * ``kind="dot"`` (M = 2 .. 64 and beyond): tensor-core tiles through ``tl.dot`` with fp32
-  accumulation, ``BLOCK_M >= 16`` (rows past M are clamped and never stored). ``swap_ab``
+  accumulation, ``BLOCK_M >= 16`` (rows past M are clamped and never stored). Up to
+  ``ONE_TILE_MAX_M`` rows the default configs cover M with one row tile: each row tile reads the
+  whole weight (:func:`weight_passes`), so a second tile doubles a memory-bound GEMM's traffic. ``swap_ab``
   computes ``W_tile @ x_tile^T`` so the wide weight tile is the MMA's M side and the skinny
   activation block its N side (Hopper's wgmma wants M = 64 per warpgroup). ``tma`` loads both
   tiles with TMA bulk copies from host-built tensor descriptors (zero fill past the edges)
@@ -78,10 +80,14 @@ __all__ = [
     "clear_configs",
     "m_bucket",
     "M_BUCKETS",
+    "ONE_TILE_MAX_M",
+    "weight_passes",
     "DEFAULT_CONFIGS",
 ]
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# up to this many rows the heuristic config covers all rows with one tile (weights read once)
+ONE_TILE_MAX_M = 128
 
 
 # ------------------------------------------------------------------------------------------
@@ -331,6 +337,16 @@ def m_bucket(m: int) -> int:
     return bucket_of(m, M_BUCKETS)
 
 
+def weight_passes(m: int, n: int, k: int, config: LinearConfig | None = None) -> int:
+    """How many times a linear of ``m`` rows reads its ``[n, k]`` weight from memory: one pass
+    per row tile of the config (``get_config`` unless given; the GEMV's tile is one row), since
+    the grid finishes every weight tile of one row tile before starting the next. A step whose
+    row count crosses a bucket edge into a multi-tile config pays this factor on its weight
+    traffic."""
+    cfg = config if config is not None else get_config(m, n, k)
+    return m if cfg.kind == "gemv" else -(-m // cfg.block_m)
+
+
 def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
     if mb == 1:  # the H200 sweep: (4, 1024) was within 3% of the best config on every shape
         bn, bk = (4, 1024) if k % 1024 == 0 else ((8, 512) if k % 512 == 0 else (16, 256))
@@ -338,6 +354,14 @@ def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
                             num_stages=1)
     if mb <= 64:
         return LinearConfig("dot", block_m=max(16, mb), block_n=64, block_k=128, split_k=0,
+                            num_warps=4, num_stages=4, swap_ab=True)
+    if mb <= ONE_TILE_MAX_M:
+        # 65..128 rows (a 64-node draft tree plus its root, 8 rows x 16 tokens) in ONE row tile:
+        # the grid runs every N tile of one row tile before the next, so two 64-row tiles read
+        # every weight from HBM twice (the H200 step at 65-128 rows took 8.5 ms where 64 rows
+        # took 5.4, docs/benchmarks/tree-steps-h200.json). block_k 64 keeps 4 stages of the
+        # [64 x 64] weight and [128 x 64] activation tiles in 96 KB of shared memory.
+        return LinearConfig("dot", block_m=ONE_TILE_MAX_M, block_n=64, block_k=64, split_k=0,
                             num_warps=4, num_stages=4, swap_ab=True)
     return LinearConfig("dot", block_m=64, block_n=128, block_k=64, split_k=0, num_warps=4,
                         num_stages=4, swap_ab=False)
