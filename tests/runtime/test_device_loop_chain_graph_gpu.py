@@ -13,8 +13,8 @@ from specc.runtime.eager import build_eager
 from specc.runtime.replay import ReplayVerifier
 from specc.runtime.verifiers import ChainVerifier
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.parametrize("family", ["qwen3"], indirect=True)]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+QWEN3 = pytest.mark.parametrize("family", ["qwen3"], indirect=True)
 
 
 def _loop(checkpoints, graphed: bool, drafter_key="ar_perturbed", method="ar-draft", k=3):
@@ -31,6 +31,7 @@ def _replays(loop) -> int:
     return stats["replays"]
 
 
+@QWEN3
 def test_graphed_greedy_chain_equals_the_eager_loop(checkpoints):
     graphed, eager = _loop(checkpoints, True), _loop(checkpoints, False)
     got, want = graphed.generate(PROMPT, 40, ()), eager.generate(PROMPT, 40, ())
@@ -45,6 +46,7 @@ def test_graphed_greedy_chain_equals_the_eager_loop(checkpoints):
     assert _replays(graphed) > 0
 
 
+@QWEN3
 @pytest.mark.parametrize("by_position", [False, True])
 def test_graphed_replay_draws_fresh_numbers_every_step(checkpoints, by_position):
     """The replay's step counter (or the rows' lengths) advances inside the graph: the replayed
@@ -67,6 +69,7 @@ def test_graphed_replay_draws_fresh_numbers_every_step(checkpoints, by_position)
     assert [r.stats.accepted_lengths for r in got] == [r.stats.accepted_lengths for r in want]
 
 
+@QWEN3
 def test_recording_replay_runs_the_chain_accept_eagerly_and_says_why(checkpoints):
     """``record=True`` keeps a clone per call, which a replay would not make: the capture is
     refused, the function runs eagerly and every step is recorded."""
