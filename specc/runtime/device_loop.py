@@ -13,8 +13,8 @@ through it. Drafters read ``seq`` and return drafts [B, k] as device tensors
 (``specc.runtime.verifiers.ChainVerifier``: greedy acceptance, one batched kernel) decides per
 row on the device, the committed tokens are written back into ``seq`` and the state's lengths
 advance on the device (greedy, one level: decision and commit are one function of device tensors,
-``_accept_chain``, one CUDA graph on a GPU as the tree step's functions are); the host learns the step's outcome from one copy of B x (k + 2)
-integers. An AR drafter feeds each draft to the next forward without leaving the GPU. A free
+``_accept_chain``, one CUDA graph on a GPU as the tree step's functions are); the host learns the
+step's outcome from one copy of B x (k + 2) integers. An AR drafter feeds each draft to the next forward without leaving the GPU. A free
 slot stays in the batch but commits nothing (its draft cap is 0 and its length is frozen).
 
 Tree mode (``tree_budget`` N > 0 with a drafter that gives per-position distributions,

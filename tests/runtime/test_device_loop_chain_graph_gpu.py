@@ -62,6 +62,7 @@ def test_graphed_replay_draws_fresh_numbers_every_step(checkpoints, by_position)
     assert len(set(got.stats.accepted_lengths)) > 2 and _replays(graphed) > 0
     graphed.verifier.reset()
     assert graphed.generate(PROMPT, 40, ()).stats.accepted_lengths == got.stats.accepted_lengths
+    graphed.verifier.reset()
     eager.verifier.reset()
     prompts, budgets = [PROMPT, PROMPT[:4], PROMPT[2:], PROMPT[1:6]], [30, 5, 22, 12]
     got = graphed.generate_batch(prompts, budgets, (), batch_size=3)
