@@ -318,7 +318,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         k_max = self.num_draft if self.drafter is not None else 0
         shape = (rows, self.max_len + k_max + 2)
         seq = getattr(self, "seq", None)
-        if seq is not None and tuple(seq.shape) == shape and seq.device == self.target.device:
+        if (seq is not None and tuple(seq.shape) == shape and seq.device == self.target.device
+                and (torch.is_inference_mode_enabled() or not seq.is_inference())):
             seq.zero_()  # the same buffer: the chain step's graph writes into it
         else:
             self.seq = torch.zeros(shape, dtype=torch.long, device=self.target.device)

@@ -118,8 +118,9 @@ class ReplayVerifier(Verifier):
         key = str(device)
         if key not in self._counters:
             _refuse_in_capture("its step counter on a new device")
-            self._counters[key] = torch.zeros(1, dtype=torch.long, device=device)
-            self._seed_words[key] = torch.full((1,), self._word(), dtype=torch.long, device=device)
+            with torch.inference_mode(False):  # normal tensors: ``reset`` may run outside inference mode
+                self._counters[key] = torch.zeros(1, dtype=torch.long, device=device)
+                self._seed_words[key] = torch.full((1,), self._word(), dtype=torch.long, device=device)
         return self._counters[key], self._seed_words[key]
 
     def _alpha(self, k: int, device) -> torch.Tensor:

@@ -164,3 +164,15 @@ def test_graph_stats_list_the_chain_accept_and_its_graph_is_dropped_with_what_it
     assert "chain_accept" not in new.graph_stats()
     new.generate(PROMPT, 4, ())
     assert "chain_accept" not in new.graph_stats()  # a plain function: nothing graphed
+
+
+def test_open_slots_keeps_seq_for_the_graph_and_works_outside_inference_mode(checkpoints):
+    """A new generation of the same batch reuses ``seq`` (the chain graph writes into it); one
+    made under inference mode is replaced, not written, when slots open outside it."""
+    new, _ = _loops(checkpoints)
+    new.generate(PROMPT, 5, ())  # under inference mode
+    seq = new.seq
+    new.generate(PROMPT, 5, ())
+    assert new.seq is seq
+    new.open_slots(1)  # outside inference mode: a fresh buffer
+    assert new.seq is not seq and not new.seq.is_inference() and int(new.seq.abs().sum()) == 0

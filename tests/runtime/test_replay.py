@@ -183,3 +183,15 @@ def test_reset_restarts_and_reseeds_the_device_words_in_place():
     assert torch.equal(by_position.draw(64, 6, "cpu"), ReplayVerifier([0.5], seed=9, lengths=lambda: lengths).draw(64, 6, "cpu"))
     by_position.reset(seed=1)
     assert torch.equal(by_position.draw(64, 6, "cpu"), before)
+
+
+def test_draws_started_in_inference_mode_reset_outside_it():
+    """Benchmarks warm a loop up under inference mode and reset its replay outside it."""
+    v = ReplayVerifier([0.6], seed=2)
+    with torch.inference_mode():
+        first = v.draw(8, 4, "cpu")
+    v.reset(seed=2)
+    assert torch.equal(v.draw(8, 4, "cpu"), first)
+    with torch.inference_mode():
+        v.draw(8, 4, "cpu")
+    assert v.step == 2
