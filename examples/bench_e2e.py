@@ -91,7 +91,7 @@ def main() -> None:
                 reference = outs
             figures.update(method=method, engine=engine, lossless=outs == reference)
             if engine == "compiled":
-                figures["graphs"] = {role: step.stats() for role, step in system.steps.items() if hasattr(step, "stats")}
+                figures["graphs"] = system.graph_stats()  # steps, and the chain step's accept + commit
                 system.profile = True  # one more prompt, timed per loop part (synchronising)
                 system.generate(prompts[-1], args.new_tokens, ())
                 system.profile = False

@@ -12,8 +12,9 @@ through it. Drafters read ``seq`` and return drafts [B, k] as device tensors
 (``Drafter.propose_rows``), the verify input is assembled on the device, the verifier
 (``specc.runtime.verifiers.ChainVerifier``: greedy acceptance, one batched kernel) decides per
 row on the device, the committed tokens are written back into ``seq`` and the state's lengths
-advance on the device; the host learns the step's outcome from one copy of B x (k + 2)
-integers. An AR drafter feeds each draft to the next forward without leaving the GPU. A free
+advance on the device (greedy, one level: decision and commit are one function of device tensors,
+``_accept_chain``, one CUDA graph on a GPU as the tree step's functions are); the host learns the
+step's outcome from one copy of B x (k + 2) integers. An AR drafter feeds each draft to the next forward without leaving the GPU. A free
 slot stays in the batch but commits nothing (its draft cap is 0 and its length is frozen).
 
 Tree mode (``tree_budget`` N > 0 with a drafter that gives per-position distributions,
@@ -150,13 +151,24 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         """Swap the chain and/or tree verifier (e.g. an acceptance replay,
         ``specc.runtime.replay``); the tree step's graphs hold the old one, so they are dropped."""
         if chain is not None:
-            self.verifier = chain
+            self.verifier = chain  # drops the chain step's graph (the ``verifier`` setter)
         if tree is not None:
             self.tree_verifier, self._tree_graphs = tree, None
+
+    @property
+    def verifier(self) -> Verifier:
+        """The chain verifier (greedy decisions; sampling's acceptance tests). Setting it drops
+        the chain step's graph, which holds the old one."""
+        return self._verifier
+
+    @verifier.setter
+    def verifier(self, verifier: Verifier) -> None:
+        self._verifier, self._chain_graph = verifier, None
 
     def resize(self, max_len: int, batch: int | None = None) -> None:
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
         self._tree_graphs = None  # the tree step's graphs (commit holds the state's buffers)
+        self._chain_graph = None  # the chain step's accept + commit graph (likewise)
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
         if getattr(self.ragged_target, "token_buckets", False):  # room for a bucketed verify's padding
@@ -313,7 +325,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if rows != self.batch:
             self.resize(self.max_len, rows)
         k_max = self.num_draft if self.drafter is not None else 0
-        self.seq = torch.zeros(rows, self.max_len + k_max + 2, dtype=torch.long, device=self.target.device)
+        shape = (rows, self.max_len + k_max + 2)
+        seq = getattr(self, "seq", None)
+        if (seq is not None and tuple(seq.shape) == shape and seq.device == self.target.device
+                and (torch.is_inference_mode_enabled() or not seq.is_inference())):
+            seq.zero_()  # the same buffer: the chain step's graph writes into it
+        else:
+            self.seq = torch.zeros(shape, dtype=torch.long, device=self.target.device)
         self.n = [0] * rows  # committed tokens per slot (host mirror of state.lengths + 1)
         self.live = [False] * rows
         self._live_mask = None
@@ -427,19 +445,16 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             self._packing = per_row or bool(self.two_level_k1)  # a packed verify where rows differ
             logits, context, level1 = self._chain_logits(torch.cat([last, drafts], dim=1), drafts, q, row_caps, caps)
             timer.mark("accept")
-            if isinstance(policy, GreedyPolicy) and level1 is not None:
-                accepted, committed = self._accept_level2(drafts, logits, row_caps, level1)
-            elif isinstance(policy, GreedyPolicy):
-                accepted, committed = self.verifier.verify(drafts, logits, caps)
+            if isinstance(policy, GreedyPolicy) and level1 is None:  # decision + commit: one graph on CUDA
+                accepted, committed = self._chain_accept_fn()(drafts, logits, caps, active)
             else:
-                accepted, committed = policy.verify_chain(self.verifier, drafts, q, logits, caps, self.state.lengths)
-                policy.observe(committed, accepted * active if active is not None else accepted)
-            if rows == 1:
-                seq[:, n[0]:n[0] + k + 1] = committed
-                self.state.commit(accepted + 1)
-            else:
-                seq.scatter_(1, self.state.lengths[:, None] + self._arange(k + 2)[:, 1:], committed)
-                self.state.commit((accepted + 1) * active)
+                if isinstance(policy, GreedyPolicy):
+                    accepted, committed = self._accept_level2(drafts, logits, row_caps, level1)
+                else:
+                    accepted, committed = policy.verify_chain(self.verifier, drafts, q, logits, caps,
+                                                              self.state.lengths)
+                    policy.observe(committed, accepted * active if active is not None else accepted)
+                self._commit_chain(accepted, committed, active)
             host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
         acc = [row[0] if self.live[b] else 0 for b, row in enumerate(host)]
         if self.drafter is not None:
@@ -468,13 +483,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         return self.ragged_target is not None
 
     def graph_stats(self) -> dict:
-        """Per CUDA-graphed step (``steps``, as ``engine.build_loop`` wrapped them) and per tree
-        function (``tree_plan`` / ``tree_accept`` / ``tree_commit``): graphs captured, replays,
+        """Per CUDA-graphed step (``steps``, as ``engine.build_loop`` wrapped them), per tree
+        function (``tree_plan`` / ``tree_accept`` / ``tree_commit``) and the greedy chain step's
+        accept + commit (``chain_accept``, once a chain step ran): graphs captured, replays,
         eager calls and why a shape could not be captured; empty where nothing is graphed (the
         CPU). What a benchmark reports to show which parts of its steps replayed graphs."""
         stats = {role: step.stats() for role, step in getattr(self, "steps", {}).items() if hasattr(step, "stats")}
         stats.update({f"tree_{name}": fn.stats() for name, fn in (self._tree_graphs or {}).items()
                       if hasattr(fn, "stats")})
+        chain = getattr(self, "_chain_graph", None)
+        if hasattr(chain, "stats"):
+            stats["chain_accept"] = chain.stats()
         return stats
 
     def _chain_logits(self, block, drafts, q, row_caps: list[int], caps):
@@ -560,6 +579,43 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         when some are not (drafters written before slots take no ``active``)."""
         fn = self.drafter.propose_logits_rows if logits else self.drafter.propose_rows
         return fn(seq, n, k) if drafting is None else fn(seq, n, k, active=drafting)
+
+    def _chain_accept_fn(self):
+        """``_accept_chain``, wrapped in a ``GraphedStep`` on CUDA (``capture_shapes``): the greedy
+        chain decision and commit are dozens of small launches (argmax, acceptance, the seq
+        scatter, the state's commit, replay draws), one graph replay instead. The commit advances
+        the state's lengths (and selects hybrid targets' snapshots), so it is not idempotent:
+        no warm-up, the first call of a shape eager, the second captured and replayed (as the tree
+        commit). The graph holds the verifier, the state's buffers and ``seq``: dropped with
+        them (``resize``, a new chain verifier, a new ``seq``)."""
+        fn = getattr(self, "_chain_graph", None)
+        if fn is None or self._chain_graph_seq is not self.seq:
+            fn = self._accept_chain
+            if self.capture_shapes:
+                from specc.runtime.graphs import GraphedStep
+
+                fn = GraphedStep(fn, max_tokens=1 << 30, warmup=0, eager_first=True)
+            self._chain_graph, self._chain_graph_seq = fn, self.seq
+        return fn
+
+    def _accept_chain(self, drafts, logits, caps, active):
+        """The greedy chain step after the verify forward, device tensors only (no host sync, so
+        it can be one CUDA graph): the verifier's decision over ``drafts`` [B, k] and ``logits``
+        [B, k + 1, V] (``caps`` [B]: drafts each row may accept, None: all k), then the commit
+        (``_commit_chain``; ``active`` [B]: live rows, None: every row). Returns (accepted [B],
+        committed [B, k + 1])."""
+        accepted, committed = self.verifier.verify(drafts, logits, caps)
+        self._commit_chain(accepted, committed, active)
+        return accepted, committed
+
+    def _commit_chain(self, accepted, committed, active):
+        """Write row b's committed tokens into ``seq`` right after its last committed token
+        (positions ``state.lengths[b] + 1`` onward, on the device) and commit ``accepted + 1``
+        positions of the state (0 for a free row: ``active`` [B] 0/1, None: every row live)."""
+        lengths = self.state.lengths
+        self.seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:],
+                          committed.to(self.seq.dtype))
+        self.state.commit(accepted + 1 if active is None else (accepted + 1) * active)
 
     def _tree_step(self, seq, n, k, caps, active, timer, drafting=None):
         """One tree step on the device (see the module doc): returns (the step's one host copy,

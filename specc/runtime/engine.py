@@ -169,8 +169,9 @@ class Engine:
         return self.loop.forced_argmax(prompt, tokens)
 
     def graph_stats(self) -> dict:
-        """Per step role: CUDA graphs captured, replays, eager calls (empty on CPU)."""
-        return {role: step.stats() for role, step in self.steps.items() if hasattr(step, "stats")}
+        """Per step role, and per graphed function of the loop around the verify forward
+        (``chain_accept``, ``tree_*``): CUDA graphs captured, replays, eager calls (empty on CPU)."""
+        return self.loop.graph_stats()
 
     def set_max_len(self, max_len: int) -> None:
         if max_len > self.loop.max_len:

@@ -25,6 +25,14 @@ reproducible. Which words, two modes:
   is used twice; one-level and two-level runs of the same requests replay the same acceptance.
 - without: u_{b,i} is a function of the seed, a step counter (one per step), b and i.
 
+Both modes are device work with no host sync and no host value baked into the launches (the
+seed word and the step counter are long tensors on the device, updated in place: the counter
+by ``draw``, both by :meth:`ReplayVerifier.reset`), so the device loop's greedy chain
+step, graphed on CUDA (``device_loop._accept_chain``), replays fresh draws every step.
+``record=True`` keeps a history of host-visible clones per call, which a graph cannot replay:
+a capture of a recording verifier is refused (the loop then runs that function eagerly and
+``graph_stats`` says why), so recording still works, ungraphed.
+
 **Two-level verification** (the device loop's ``two_level_k1``): level 1 calls ``verify`` with the
 first k1 drafts of every row (``start=0``: a new step); level 2 calls it for the rows that accepted
 all k1, with their remaining drafts, ``start=k1`` and ``rows=`` their indices in the step's batch:
@@ -59,6 +67,13 @@ TREE_REPLAY_NOTICE = ("per depth the rank the target picks is drawn from the per
                       "own top candidates; the draft, tree verify forward, KV compaction and drafter context are real")
 
 
+def _refuse_in_capture(what: str) -> None:
+    """Raise when called inside a CUDA graph capture: ``what`` needs host work that a replay
+    would not repeat (``GraphedStep`` then runs the step eagerly and records the reason)."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"ReplayVerifier cannot be captured in a CUDA graph with {what}")
+
+
 class ReplayVerifier(Verifier):
     """``alphas``: per-position conditional acceptance probabilities (alpha_1, alpha_2, ...);
     ``seed``: the draws' seed (:meth:`reset` starts the steps over); ``lengths``: the rows'
@@ -74,21 +89,45 @@ class ReplayVerifier(Verifier):
             raise ValueError("acceptance probabilities must lie in [0, 1]")
         self.alphas, self.seed, self.source, self.record = alphas, int(seed), source, record
         self.lengths = lengths
-        self.step = 0  # calls so far (the draws' counter when no ``lengths`` is given)
+        self._counters: dict = {}  # per device: [1] long, steps begun so far (the draws' counter)
+        self._seed_words: dict = {}  # per device: [1] long, the seed's word of the draws
         self._alpha_cache: dict = {}
         self.history: list[torch.Tensor] = []
 
+    @property
+    def step(self) -> int:
+        """Steps begun so far (verify calls with ``start`` 0); reads the device counter (a sync)."""
+        return max((int(c) for c in self._counters.values()), default=0)
+
     def reset(self, seed: int | None = None) -> None:
-        """Restart the draws (same sequence again unless a new ``seed`` is given)."""
+        """Restart the draws (same sequence again unless a new ``seed`` is given), in place so
+        that captured graphs draw the restarted sequence."""
         if seed is not None:
             self.seed = int(seed)
-        self.step = 0
+        for counter in self._counters.values():
+            counter.zero_()
+        for word in self._seed_words.values():
+            word.fill_(self._word())
         self.history.clear()
+
+    def _word(self) -> int:
+        return (self.seed & 0x7FFFFFFF) << 32
+
+    def _device_words(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(step counter, seed word) on ``device``, made at its first draw there."""
+        key = str(device)
+        if key not in self._counters:
+            _refuse_in_capture("its step counter on a new device")
+            with torch.inference_mode(False):  # normal tensors: ``reset`` may run outside inference mode
+                self._counters[key] = torch.zeros(1, dtype=torch.long, device=device)
+                self._seed_words[key] = torch.full((1,), self._word(), dtype=torch.long, device=device)
+        return self._counters[key], self._seed_words[key]
 
     def _alpha(self, k: int, device) -> torch.Tensor:
         key = (k, str(device))
         t = self._alpha_cache.get(key)
         if t is None:
+            _refuse_in_capture(f"the acceptance probabilities of {k} drafts")  # a host -> device copy
             last = self.alphas[-1] if self.alphas else 0.0
             vals = [self.alphas[i] if i < len(self.alphas) else last for i in range(k)]
             t = torch.tensor(vals, dtype=torch.float32, device=device)
@@ -97,13 +136,13 @@ class ReplayVerifier(Verifier):
 
     def _uniforms(self, rows: int, k: int, device: torch.device, start: int, ids: torch.Tensor) -> torch.Tensor:
         offsets = torch.arange(start + 1, start + k + 1, device=device, dtype=torch.long)[None]
-        seed = self.seed & 0x7FFFFFFF
+        counter, word = self._device_words(device)
         if self.lengths is not None:
             lengths = self.lengths().to(device=device, dtype=torch.long)
             if lengths.dim() != 1 or (start == 0 and lengths.shape[0] != rows):
                 raise ValueError(f"ReplayVerifier: {rows} rows but lengths of shape {tuple(lengths.shape)}")
-            return uniform(seed << 32 | ids, lengths[ids][:, None] + offsets, ACCEPT)  # (seed, row), position
-        seeds = torch.full((rows,), seed << 32 | (self.step & 0xFFFFFFFF), dtype=torch.long, device=device)
+            return uniform(word | ids, lengths[ids][:, None] + offsets, ACCEPT)  # (seed, row), position
+        seeds = (word | (counter & 0xFFFFFFFF)).expand(rows)
         return uniform(seeds, (ids[:, None] << 12) + offsets, ACCEPT)  # (seed, step), (row, draft)
 
     def draw(self, rows: int, k: int, device, max_drafts: torch.Tensor | None = None, *, start: int = 0,
@@ -112,14 +151,15 @@ class ReplayVerifier(Verifier):
         start + 1 .. start + k: ``start`` 0 begins a step, > 0 continues the current one (level 2
         of a two-level step); ``row_ids`` [rows]: the rows' indices in the step's batch (default
         0 .. rows - 1)."""
+        device = torch.device(device)
+        alpha = self._alpha(start + k, device)[start:] if k else None  # before the counter moves: may refuse a capture
         if start == 0:
-            self.step += 1
+            self._device_words(device)[0].add_(1)  # in place: a graph replay advances it too
         if k == 0:
             return torch.zeros(rows, dtype=torch.long, device=device)
-        device = torch.device(device)
         ids = torch.arange(rows, device=device) if row_ids is None else row_ids.to(device=device, dtype=torch.long)
         u = self._uniforms(rows, k, device, int(start), ids)
-        ok = (u < self._alpha(start + k, device)[start:]).to(torch.long)
+        ok = (u < alpha).to(torch.long)
         accepted = ok.cumprod(dim=1).sum(dim=1)
         if max_drafts is not None:
             accepted = torch.minimum(accepted, max_drafts.to(accepted.device))
@@ -131,6 +171,8 @@ class ReplayVerifier(Verifier):
     def verify_tokens(self, drafts, target_tokens, max_drafts=None, *, start: int = 0,
                       rows: torch.Tensor | None = None):
         """``start`` / ``rows``: level 2 of a two-level step (the module docstring)."""
+        if self.record:
+            _refuse_in_capture("a recorded history (record=True)")
         n, k = drafts.shape
         accepted = self.draw(n, k, drafts.device, max_drafts, start=start, row_ids=rows)
         committed = target_tokens.clone()

@@ -8,6 +8,7 @@ from specc.pairing import resolve_pair
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
 from specc.runtime.eager import build_eager
 from specc.runtime.replay import ReplayVerifier
+from specc.sampling.rng import ACCEPT, uniform
 from specc.search.acceptance import AcceptanceModel
 
 
@@ -139,3 +140,58 @@ def test_replay_composes_with_the_loops_two_level_verification(checkpoints):
     two = loop.generate_batch(prompts, budgets, (), batch_size=3)
     assert [r.stats.accepted_lengths for r in two] == [r.stats.accepted_lengths for r in one]
     assert sum(r.stats.level2_steps for r in two) > 0 and len({n for r in one for n in r.stats.accepted_lengths}) > 2
+
+
+def _former_draws(alphas, seed, rows, k, steps):
+    """The draws without ``lengths`` as the documented formula gives them: u from (seed, step),
+    (row << 12) + draft position, the step counting from 1; accepted = leading u < alpha."""
+    out = []
+    alpha = torch.tensor([alphas[min(i, len(alphas) - 1)] for i in range(k)])
+    for step in range(1, steps + 1):
+        seeds = torch.full((rows,), (seed & 0x7FFFFFFF) << 32 | step, dtype=torch.long)
+        u = uniform(seeds, (torch.arange(rows)[:, None] << 12) + torch.arange(1, k + 1)[None], ACCEPT)
+        out.append((u < alpha).long().cumprod(1).sum(1).tolist())
+    return out
+
+
+def test_step_draws_differ_across_steps_and_keep_their_values():
+    """The step counter lives on the device now (a graph replay advances it): the draws are
+    still the formula's, step after step, and pinned values of a fixed seed do not move."""
+    v = ReplayVerifier([0.8, 0.7, 0.6], seed=11)
+    draws = [v.draw(6, 5, "cpu").tolist() for _ in range(4)]
+    assert draws == [[1, 1, 1, 2, 2, 1], [1, 0, 4, 1, 0, 3], [3, 2, 0, 1, 5, 5], [1, 1, 0, 1, 1, 2]]
+    assert draws == _former_draws([0.8, 0.7, 0.6], 11, 6, 5, 4) and v.step == 4
+    by_position = ReplayVerifier([0.8, 0.7, 0.6], seed=11, lengths=lambda: torch.tensor([3, 9, 20, 4]))
+    assert by_position.draw(4, 5, "cpu").tolist() == [2, 1, 1, 2]
+
+
+def test_reset_restarts_and_reseeds_the_device_words_in_place():
+    v = ReplayVerifier([0.5], seed=1)
+    first = [v.draw(64, 6, "cpu") for _ in range(3)]
+    counter, word = v._device_words(torch.device("cpu"))
+    v.reset()
+    assert v.step == 0 and all(torch.equal(a, v.draw(64, 6, "cpu")) for a in first)
+    v.reset(seed=9)
+    assert v._device_words(torch.device("cpu")) == (counter, word)  # the same tensors: graphs keep them
+    fresh = ReplayVerifier([0.5], seed=9)
+    assert torch.equal(v.draw(64, 6, "cpu"), fresh.draw(64, 6, "cpu"))
+    assert not torch.equal(v.draw(64, 6, "cpu"), first[1])
+    lengths = torch.arange(64)
+    by_position = ReplayVerifier([0.5], seed=1, lengths=lambda: lengths)
+    before = by_position.draw(64, 6, "cpu")
+    by_position.reset(seed=9)
+    assert torch.equal(by_position.draw(64, 6, "cpu"), ReplayVerifier([0.5], seed=9, lengths=lambda: lengths).draw(64, 6, "cpu"))
+    by_position.reset(seed=1)
+    assert torch.equal(by_position.draw(64, 6, "cpu"), before)
+
+
+def test_draws_started_in_inference_mode_reset_outside_it():
+    """Benchmarks warm a loop up under inference mode and reset its replay outside it."""
+    v = ReplayVerifier([0.6], seed=2)
+    with torch.inference_mode():
+        first = v.draw(8, 4, "cpu")
+    v.reset(seed=2)
+    assert torch.equal(v.draw(8, 4, "cpu"), first)
+    with torch.inference_mode():
+        v.draw(8, 4, "cpu")
+    assert v.step == 2
