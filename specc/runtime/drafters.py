@@ -382,6 +382,7 @@ class DFlashDraft(Drafter):
         self.context_lens = [0]
         self.window: torch.Tensor | None = None
         self.fresh: dict[int, torch.Tensor] = {}
+        self._mask_blocks: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def length(self) -> int:
@@ -399,6 +400,32 @@ class DFlashDraft(Drafter):
         self.fresh[slot] = context
         if len(self.lengths) > 1:
             self._window_rows(slot, context)
+            self._prefill_context(slot, context)
+            self.fresh.pop(slot)  # its unfed entry is the newest in the window
+
+    def _prefill_context(self, slot: int, context: torch.Tensor) -> None:
+        """Feed all but the last of the prompt's hidden states into ``slot``'s drafter cache now,
+        at the request's prefill (one forward over its whole prompt, a one-off like the target's
+        prefill), so that its first draft has one new context entry, like a row that accepted
+        nothing, and joins the batch's drafting forward instead of drafting alone over its whole
+        prompt. The context K/V do not depend on the block, so the drafts are those of one
+        forward over the whole prompt. The forward's block (two mask tokens) is discarded: its
+        K/V land right after the fed entries, where the first draft writes the rest."""
+        head = context.shape[1] - 1
+        if head <= 0:
+            return
+        block = self._masks(1, 2)
+        _solo(self.drafter, slot, block, context[:, :head], *_rows([0], head + block.shape[1], self.drafter.device))
+        self.lengths[slot], self.context_lens[slot] = head, 1
+
+    def _masks(self, rows: int, width: int) -> torch.Tensor:
+        """[rows, width] of the mask token, kept per shape (drafting asks for the same every step)."""
+        key = (rows, width)
+        masks = self._mask_blocks.get(key)
+        if masks is None:
+            masks = torch.full(key, self.spec.mask_token_id, dtype=torch.long, device=self.drafter.device)
+            self._mask_blocks[key] = masks
+        return masks
 
     def release_slot(self, slot) -> None:
         self.lengths[slot], self.context_lens[slot] = 0, 0
@@ -429,7 +456,7 @@ class DFlashDraft(Drafter):
         width = self.spec.block_size
         c, solo = _split_rows(list(self.context_lens), list(self.lengths), active, width)
         batched = [b for b in live if b not in solo]
-        masks = torch.full((rows, k), self.spec.mask_token_id, dtype=torch.long, device=dev)
+        masks = self._masks(rows, k)
         block = torch.cat([_window(seq, [max(st, 0) for st in starts], 1), masks], dim=1)  # free slots: n = 0
         out = None
         if batched:
@@ -459,17 +486,18 @@ class DFlashDraft(Drafter):
         return _merge_rows(out, solo_rows)
 
     def _batched_context(self, batched: list[int], c: int) -> torch.Tensor:
-        """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). Batched
-        rows that have just joined all have exactly c (a row short of history drafts alone)."""
-        if self.fresh and all(b in self.fresh and self.context_lens[b] == c for b in batched):  # started together
-            if len(self.lengths) == 1:
-                return self.fresh[0][:, :c]
-            filler = next(iter(self.fresh.values())).new_zeros(1, c, self.fresh[batched[0]].shape[-1])
-            return torch.cat([self.fresh[b][:, :c] if b in batched else filler
-                              for b in range(len(self.lengths))], dim=0)
-        if not self.fresh and all(self.context_lens[b] == c for b in batched):
-            return self.context if self.context.shape[1] == c else self.context[:, :c]
-        return self.window[:, self.spec.block_size - c:]
+        """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). With one
+        row: its unfed entries. With more, the window holds every row's W newest (a row that
+        has just joined has one new entry, ``_prefill_context``), unless c > W: then every
+        batched row holds exactly c unfed entries in ``fresh`` (steps without drafting)."""
+        width = self.spec.block_size
+        if len(self.lengths) == 1:
+            fresh = self.fresh.get(0)
+            return (fresh if fresh is not None else self.context)[:, :c]
+        if c <= width:
+            return self.window[:, width - c:]
+        filler = self.window.new_zeros(1, c, self.window.shape[-1])
+        return torch.cat([self.fresh[b][:, :c] if b in batched else filler for b in range(len(self.lengths))], dim=0)
 
     def _hold_pending(self, accepted: list[int], context: torch.Tensor) -> None:
         """Keep each row's unfed hidden states (those of earlier steps without drafting, then
@@ -485,13 +513,15 @@ class DFlashDraft(Drafter):
             self.fresh[b] = torch.cat([earlier, context[b:b + 1, :a + 1]], dim=1)
 
     def capture_shapes(self, seq, k):
+        """Every batched drafting shape, written at each row's cached length: past every context
+        entry a row keeps (a prompt's, ``_prefill_context``), where its next draft writes first."""
         dev = self.drafter.device
         rows = seq.shape[0]
-        source = self.context if self.context is not None else next(iter(self.fresh.values()))
-        block = torch.full((rows, k + 1), self.spec.mask_token_id, dtype=torch.long, device=dev)
+        source = next(t for t in (self.context, self.window, *self.fresh.values()) if t is not None)
+        block = self._masks(rows, k + 1)
         for n_ctx in range(1, k + 2):  # context rows after a step: accepted + 1 = 1 .. k + 1
             context = source[:1, :1].expand(rows, n_ctx, -1).contiguous()
-            self.drafter(block, context, *_rows([0] * rows, n_ctx + k + 1, dev))
+            self.drafter(block, context, *_rows(list(self.lengths), n_ctx + k + 1, dev))
 
     def accepted_rows(self, n, accepted, k, context) -> None:
         """``context``: the target's hidden states of the committed inputs of the step, in order
