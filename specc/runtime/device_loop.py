@@ -119,6 +119,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     capture_shapes = False
     _shapes_captured = False
     _packing = False  # this step packs rows that verify fewer tokens (per-request k or two levels)
+    _caps: tuple | None = None  # (per-row caps, their device copy) of the last step
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
                  cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,
@@ -328,7 +329,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         params = None if params is None or params.greedy else params
         dev = self.target.device
         self._timer.mark("prefill")
-        self.seq[slot, :plen] = torch.tensor(prompt, dtype=torch.long)
+        self.seq[slot, :plen] = upload(prompt, dev)  # queued: the prefill's one host read is its first token
         ids = self.seq[slot:slot + 1, :plen]
         step = getattr(self.target, "eager", None) or self.target  # a one-off shape: never graphed
         with slot_view(self.target, slot) if self.batch > 1 else contextlib.nullcontext():
@@ -391,7 +392,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 cap = wanted[b] if per_row else k
                 row_caps[b] = max(0, min(cap, k, budgets[b] - 1) if self.cap_to_budget else min(cap, k))
             if rows > 1:
-                caps = upload(row_caps, dev)
+                caps = self._caps_on_device(row_caps)
         drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
@@ -440,6 +441,15 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         timer.mark(None)
         self.part_seconds = dict(timer.parts)
         return host, nodes
+
+    def _caps_on_device(self, row_caps: list[int]) -> torch.Tensor:
+        """The step's per-row draft caps [B] on the device. They change only when a row joins,
+        leaves or nears its budget, so a step with last step's caps reuses its copy (read-only
+        downstream) instead of queueing another host -> device copy."""
+        key = tuple(row_caps)
+        if self._caps is None or self._caps[0] != key:
+            self._caps = (key, upload(row_caps, self.target.device))
+        return self._caps[1]
 
     @property
     def two_level_k1(self) -> int | None:

@@ -47,15 +47,31 @@ def _length(start: int, device) -> torch.Tensor:
     return torch.full((1,), start, dtype=torch.long, device=device)
 
 
+_STEPS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _steps(n: int, device) -> torch.Tensor:
+    """arange(n) as [1, n] on ``device``. Drafting asks for the same few widths every step, so
+    those (n <= 64) are made once; a prompt-sized one is made each time."""
+    key = (n, torch.device(device))
+    steps = _STEPS.get(key)
+    if steps is None:
+        steps = torch.arange(n, device=device)[None]
+        if n <= 64:
+            _STEPS[key] = steps
+    return steps
+
+
 def _rows(starts: list[int], n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, n] (row b: starts[b] ..) and cache_len [B] (= starts) for a batch."""
     if len(starts) == 1:
         return _positions(starts[0], n, device), _length(starts[0], device)
-    if len(set(starts)) == 1:
-        return (_positions(starts[0], n, device).expand(len(starts), n).contiguous(),
-                torch.full((len(starts),), starts[0], dtype=torch.long, device=device))
-    cache_len = upload(starts, device)
-    return cache_len[:, None] + torch.arange(n, device=device)[None], cache_len
+    return _rows_at(upload(starts, device), n)
+
+
+def _rows_at(cache_len: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_rows`` for cache lengths already on the device: one op."""
+    return cache_len[:, None] + _steps(n, cache_len.device), cache_len
 
 
 def _window(seq: torch.Tensor, starts: list[int], m: int) -> torch.Tensor:
@@ -64,8 +80,7 @@ def _window(seq: torch.Tensor, starts: list[int], m: int) -> torch.Tensor:
         return seq[:, starts[0]:starts[0] + m]
     if min(starts) < 0:
         raise RuntimeError(f"a drafting window starts before its sequence (starts {starts})")
-    index = upload(starts, seq.device)[:, None] + torch.arange(m, device=seq.device)
-    return seq.gather(1, index)
+    return seq.gather(1, upload(starts, seq.device)[:, None] + _steps(m, seq.device))
 
 
 def _run(step, first: bool, *args):
@@ -456,18 +471,24 @@ class DFlashDraft(Drafter):
         width = self.spec.block_size
         c, solo = _split_rows(list(self.context_lens), list(self.lengths), active, width)
         batched = [b for b in live if b not in solo]
-        masks = self._masks(rows, k)
-        block = torch.cat([_window(seq, [max(st, 0) for st in starts], 1), masks], dim=1)  # free slots: n = 0
+        # row b re-feeds its last c - context_lens[b] cached entries; other rows write past theirs
+        cache = [self.lengths[b] - (c - self.context_lens[b]) if b in batched else
+                 max(self.lengths[b] + self.context_lens[b] - c, 0) if b not in solo else starts[b]
+                 for b in range(rows)]
+        firsts = [max(st, 0) for st in starts]  # free slots: n = 0
+        if rows == 1:
+            block = torch.cat([_window(seq, firsts, 1), self._masks(rows, k)], dim=1)
+            row_inputs = _rows(cache, c + k + 1, dev) if batched else None
+        else:  # the block's first tokens and the rows' cache lengths: one host -> device copy
+            both = upload([firsts, cache], dev)
+            block = torch.cat([seq.gather(1, both[0][:, None]), self._masks(rows, k)], dim=1)
+            row_inputs = _rows_at(both[1], c + k + 1)
         out = None
         if batched:
             context = self._batched_context(batched, c)
-            # row b re-feeds its last c - context_lens[b] cached entries; other rows write past theirs
-            cache = [self.lengths[b] - (c - self.context_lens[b]) if b in batched else
-                     max(self.lengths[b] + self.context_lens[b] - c, 0) if b not in solo else starts[b]
-                     for b in range(rows)]
             self.forwards += 1
             first = all(self.lengths[b] == 0 for b in batched)
-            out = _run(self.drafter, first, block, context, *_rows(cache, c + block.shape[1], dev))
+            out = _run(self.drafter, first, block, context, *row_inputs)
         solo_rows = {}
         for b in solo:
             cb = self.context_lens[b]
@@ -538,7 +559,7 @@ class DFlashDraft(Drafter):
                 self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
             joined = torch.cat([self.window, context], dim=1)
             shift = upload([a + 1 for a in accepted], context.device)
-            index = (shift[:, None] + torch.arange(width, device=context.device)[None])
+            index = shift[:, None] + _steps(width, context.device)
             self.window = joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1]))
 
 
