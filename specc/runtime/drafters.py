@@ -18,8 +18,10 @@ them; the drafter then feeds every row the same number m of trailing committed t
 m trailing target hidden states, from a window of each row's newest ones), re-feeding (and
 rewriting with the same values) some already-cached ones for rows that are behind by less than
 m. A row that cannot join that one forward drafts *alone* in its slot (``slot_view``: a batch-1
-forward on views of its cache rows): a request that has just joined (its first draft reads the
-whole prompt, exactly as when it runs alone), or a row too short to re-feed m tokens. Rows the
+forward on views of its cache rows): a row too short to re-feed m tokens, or, with the causal
+drafters, a request that has just joined (its first draft reads the whole prompt, exactly as
+when it runs alone). DFlash instead feeds a joining request's prompt context into its slot's
+cache at its prefill (``reset_slot``), so its first draft joins the batched forward. Rows the
 loop marks inactive (finished, free slots) ride along in the batched forward with inputs whose
 cache writes land past anything they keep. Batch 1 takes the same slicing path as before (no
 extra device ops).
@@ -381,8 +383,11 @@ class DFlashDraft(Drafter):
     target hidden states not yet fed. One batched forward feeds every row the same number C of
     trailing context entries: ``context`` (the last step's, when every row has C new ones) or
     ``window`` [B, W, n*H], each row's W newest hidden states right-aligned (W = block size),
-    kept only when B > 1. A row that has just joined keeps its whole prompt's hidden states in
-    ``fresh`` until its first draft (alone in its slot, unless every row started together)."""
+    kept only when B > 1. With one row, a new sequence keeps its whole prompt's hidden states in
+    ``fresh`` until its first draft; with more, all but the last go into the slot's cache at
+    ``reset_slot`` (``_prefill_context``) and the last waits in the window, so the row's first
+    draft joins the batched forward. ``fresh`` also holds rows' unfed entries across steps
+    without drafting (k = 0)."""
 
     name = "dflash"
     needs_target_hidden = True
