@@ -10,10 +10,13 @@ Builds a tiny target and drafter of real architecture (``specc.bench.shapes``, `
 ``--drafter-shapes``; model definitions, not compiled), replays acceptance from a stated model
 (``specc.runtime.replay``: random weights accept nothing), and runs ``--requests`` short requests
 of different prompt lengths through a ``BatchScheduler`` with B slots for each B of ``--batches``,
-so rows join and leave often. Per B it reports, per decode step (admissions apart): wall time,
-the ``StepAudit`` counts (eager glue ops, forwards, host reads, glue seconds: the time outside the
-step forwards) and, with ``--profile N``, cProfile's top N functions by own time over the decode
-steps. Times are the least of ``--repeat`` passes (other work on the machine only adds time).
+so rows join and leave often. Per B it reports, per decode step (admissions apart): wall time
+(``step_ms``), its split into the step forwards and the rest (``forward_ms_per_step``,
+``host_ms_per_step``: the host's glue, forward hooks only), the ``StepAudit`` counts from a
+separate pass (``audit_*``: eager glue ops, forwards, host reads, and its glue seconds, which
+its own per-op hooks inflate), the admission time per joining request (prefills) and, with
+``--profile N``, cProfile's top N functions over the decode steps. Each figure is the least of
+``--repeat`` passes (other work on the machine only adds time).
 
     PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 16,32
     PYTHONPATH=. python3 examples/profile_batching_host.py --batches 16 --profile 25 --out host.json
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import contextlib
 import io
 import json
 import pstats
@@ -72,6 +74,38 @@ def requests(opts, vocab: int) -> list[tuple[list[int], int]]:
              draw(opts.tokens_min, opts.tokens_max)) for _ in range(opts.requests)]
 
 
+class ForwardClock:
+    """Wall time inside the loop's step forwards (forward hooks, no dispatch modes: unlike the
+    StepAudit it adds almost nothing to the glue it leaves out), so a step's host glue time is
+    its wall time minus this."""
+
+    def __init__(self, loop):
+        from specc.bench.step_audit import step_modules
+
+        self.modules, self.seconds, self._depth, self._start = step_modules(loop), 0.0, 0, 0.0
+        self._handles = []
+
+    def _enter(self, module, args):
+        if self._depth == 0:
+            self._start = time.perf_counter()
+        self._depth += 1
+
+    def _leave(self, module, args, out):
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._start
+
+    def __enter__(self) -> "ForwardClock":
+        for module in self.modules:
+            self._handles += [module.register_forward_pre_hook(self._enter), module.register_forward_hook(self._leave)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
 def drive(loop, batch: int, work, audit: bool = False, profiler=None) -> dict:
     """Every request of ``work`` through a scheduler of ``batch`` slots; decode steps timed
     apart from admissions. ``audit``: StepAudit counts summed over the decode steps;
@@ -84,6 +118,7 @@ def drive(loop, batch: int, work, audit: bool = False, profiler=None) -> dict:
         scheduler.submit(prompt, budget, ())
     totals: dict = {}
     steps, decode_s, admit_s, joins = 0, 0.0, 0.0, 0
+    clock = ForwardClock(loop)
     while not scheduler.idle:
         start = time.perf_counter()
         joins += len(scheduler.admit())
@@ -91,7 +126,8 @@ def drive(loop, batch: int, work, audit: bool = False, profiler=None) -> dict:
         if not scheduler.num_running:
             continue
         start = time.perf_counter()
-        with StepAudit(loop) if audit else contextlib.nullcontext() as counted:
+        watch = StepAudit(loop) if audit else clock
+        with watch:
             if profiler is not None:
                 profiler.enable()
             scheduler.decode()
@@ -99,14 +135,21 @@ def drive(loop, batch: int, work, audit: bool = False, profiler=None) -> dict:
                 profiler.disable()
         decode_s += time.perf_counter() - start
         steps += 1
-        for key, value in (counted.counts() if audit else {}).items():
+        for key, value in (watch.counts() if audit else {}).items():
             totals[key] = totals.get(key, 0) + value
-    out = {"decode_steps": steps, "joins": joins, "step_ms": 1e3 * decode_s / max(steps, 1),
+    per_step = 1e3 / max(steps, 1)
+    out = {"decode_steps": steps, "joins": joins, "step_ms": decode_s * per_step,
            "admit_ms_per_join": 1e3 * admit_s / max(joins, 1)}
+    if not audit:  # the step's time outside the forwards: the host's glue (CPU: forwards run synchronously)
+        out.update(forward_ms_per_step=clock.seconds * per_step, host_ms_per_step=(decode_s - clock.seconds) * per_step)
     if audit:
         out.update({f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()})
         out["glue_ms_per_step"] = 1e3 * out.pop("glue_seconds_per_step")
     return out
+
+
+def least(runs: list[dict]) -> dict:
+    return {key: min(run[key] for run in runs) for key in runs[0]}
 
 
 def top_functions(profiler, count: int, sort: str = "tottime") -> str:
@@ -145,15 +188,15 @@ def main(argv=None) -> None:
         work = requests(opts_b, vocab)
         with torch.inference_mode():
             drive(loop, batch, work)  # warm-up (allocations, first shapes)
-            # the least of --repeat passes: other processes on the machine only ever add time
-            timed = min((drive(loop, batch, work) for _ in range(opts.repeat)), key=lambda r: r["step_ms"])
-            counted = min((drive(loop, batch, work, audit=True) for _ in range(opts.repeat)),
-                          key=lambda r: r["glue_ms_per_step"])
+            # per figure the least of --repeat passes: other processes on the machine only add time
+            # (the counts are the same in every pass)
+            timed = least([drive(loop, batch, work) for _ in range(opts.repeat)])
+            counted = least([drive(loop, batch, work, audit=True) for _ in range(opts.repeat)])
             profiler = cProfile.Profile() if opts.profile else None
             if profiler is not None:
                 drive(loop, batch, work, profiler=profiler)
         row = {"batch": batch, "requests": len(work), **timed,
-               **{key: value for key, value in counted.items() if key.endswith("_per_step")}}
+               **{f"audit_{key}": value for key, value in counted.items() if key.endswith("_per_step")}}
         rows.append(row)
         print(json.dumps(row))
         if profiler is not None:
