@@ -59,9 +59,11 @@ def _alone(drafter, rid, inputs) -> list[torch.Tensor]:
     return got
 
 
-def _batched(drafter, inputs, slots: int = 3) -> dict[str, list[torch.Tensor]]:
+def _batched(drafter, inputs, slots: int = 3, capture: bool = False) -> dict[str, list[torch.Tensor]]:
     """Every request through ``slots`` slots on the REQUESTS schedule (joining at their step,
-    leaving after their last): per request its draft logits per step."""
+    leaving after their last): per request its draft logits per step. ``capture``: call the
+    drafter with every batched shape before the first draft, as the loop does on CUDA
+    (``capture_shapes``), after the first requests' prompts are in the cache."""
     width = next(iter(inputs.values()))[1].shape[-1]
     drafter.setup(MAX_LEN + K + 1, slots)
     drafter.open_rows(slots)
@@ -79,6 +81,8 @@ def _batched(drafter, inputs, slots: int = 3) -> dict[str, list[torch.Tensor]]:
                 n[slot], at[rid] = plen + 1, 0
         owner = {REQUESTS[rid][0]: rid for rid in at}
         active = [b in owner for b in range(slots)]
+        if capture and step == 0:
+            drafter.capture_shapes(seq, K)
         logits = drafter.propose_logits_rows(seq, list(n), K, active=active)
         accepted, ctx = [0] * slots, torch.zeros(slots, K + 1, width)
         for b, rid in owner.items():
@@ -98,14 +102,16 @@ def _batched(drafter, inputs, slots: int = 3) -> dict[str, list[torch.Tensor]]:
     return got
 
 
-def test_dflash_rows_joining_a_batch_draft_what_they_draft_alone(checkpoints):
+@pytest.mark.parametrize("capture", [False, True])
+def test_dflash_rows_joining_a_batch_draft_what_they_draft_alone(checkpoints, capture):
+    """``capture``: the up-front shape capture's writes land past every prompt entry in the cache."""
     if "qwen3" not in checkpoints["target"]:
         pytest.skip("one family is enough")
     drafter = _dflash(checkpoints)
     inputs = _inputs(drafter.drafter.draft.fc.weight.shape[1])
     with torch.inference_mode():
         forwards = drafter.forwards
-        batched = _batched(drafter, inputs)
+        batched = _batched(drafter, inputs, capture=capture)
         batched_forwards = drafter.forwards - forwards
         for rid in REQUESTS:
             alone = _alone(drafter, rid, inputs)
