@@ -175,8 +175,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 state.bind(step.step if graphed else step)
                 if graphed:
                     step.graphs.clear()  # captured graphs point at the old buffers
-        if self.drafter is not None:
-            self.drafter.setup(max_len + self.num_draft + 1, self.batch)
+        if self.drafter is not None:  # room for the shape capture's writes past a full-length prompt
+            self.drafter.setup(max_len + 2 * (self.num_draft + 1), self.batch)
         self._shapes_captured = False  # graphed steps drop their graphs with the old caches
 
     def _arange(self, n: int) -> torch.Tensor:
@@ -349,6 +349,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.n[slot], self.live[slot], self._live_mask = plen + 1, True, None
         if self.drafter is not None:
             self.drafter.reset_slot(slot, plen, context)
+            if self.batch > 1 and hasattr(self.drafter, "feed_prompt"):
+                self.drafter.feed_prompt(slot, ids)
         return int(first[0])
 
     def release_slot(self, slot: int) -> None:

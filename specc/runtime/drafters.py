@@ -178,6 +178,11 @@ class Drafter:
         states of the prompt (DFlash), else None."""
         self.lengths[slot] = 0
 
+    def feed_prompt(self, slot: int, tokens: torch.Tensor) -> None:
+        """``tokens`` [1, P]: the prompt of the sequence ``reset_slot`` just started in ``slot``
+        (the device loop calls it at the request's prefill). A drafter may read it into its
+        cache now so that the row's first draft joins the batch's drafting forward."""
+
     def release_slot(self, slot: int) -> None:
         """``slot``'s sequence is over (its request finished or was cancelled)."""
         self.lengths[slot] = 0
@@ -256,16 +261,29 @@ class CausalDrafter(Drafter):
         return self.model.device
 
     def capture_shapes(self, seq, k):
+        """Every batched drafting shape, written at each row's cached length: past the prompt a
+        row keeps (``feed_prompt``), where its next draft writes first."""
         dev = self.model.device
         extra = self.mask_slots(k)
         rows = seq.shape[0]
         for fed in range(1, k + 2):  # newly committed tokens: 1 .. k + 1
             feed = seq[:, :1].expand(rows, fed + extra).contiguous()
-            self.model(feed, *_rows([0] * rows, feed.shape[1], dev))
+            self.model(feed, *_rows(list(self.lengths), feed.shape[1], dev))
 
     def mask_slots(self, k: int) -> int:
         """Mask tokens appended after the newly committed ones in one drafting forward."""
         return 0
+
+    def feed_prompt(self, slot, tokens) -> None:
+        """With more than one slot, run the prompt through the drafter into ``slot``'s cache now,
+        at the request's prefill (one forward, a one-off like the target's prefill; its logits
+        are not used), so that its first draft feeds one token, like a row that has just
+        drafted, and joins the batched forward instead of drafting alone over its whole prompt.
+        Causal attention: the prompt's K/V do not depend on what follows them."""
+        if len(self.lengths) == 1:
+            return
+        _solo(self.model, slot, tokens, *_rows([0], tokens.shape[1], self.model.device))
+        self.lengths[slot] = tokens.shape[1]
 
     def _fed(self, n: list[int], k: int = 1, active: list[bool] | None = None) -> tuple[list[int], int, list[int]]:
         """(per-row start, m, solo rows): the batched forward feeds every row its last m
