@@ -18,10 +18,10 @@ them; the drafter then feeds every row the same number m of trailing committed t
 m trailing target hidden states, from a window of each row's newest ones), re-feeding (and
 rewriting with the same values) some already-cached ones for rows that are behind by less than
 m. A row that cannot join that one forward drafts *alone* in its slot (``slot_view``: a batch-1
-forward on views of its cache rows): a row too short to re-feed m tokens, or, with the causal
-drafters, a request that has just joined (its first draft reads the whole prompt, exactly as
-when it runs alone). DFlash instead feeds a joining request's prompt context into its slot's
-cache at its prefill (``reset_slot``), so its first draft joins the batched forward. Rows the
+forward on views of its cache rows): a row too short to re-feed m tokens. A request that joins
+a batch has its prompt read into its slot's cache at its prefill (DFlash: the prompt's hidden
+states, in ``reset_slot``; the causal drafters: its tokens, ``feed_prompt``), so its first draft
+joins the batched forward instead of reading the whole prompt alone. Rows the
 loop marks inactive (finished, free slots) ride along in the batched forward with inputs whose
 cache writes land past anything they keep. Batch 1 takes the same slicing path as before (no
 extra device ops).
