@@ -30,13 +30,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["StepAudit", "HOST_READS"]
+__all__ = ["StepAudit", "HOST_READS", "step_modules"]
 
 # Tensor methods that copy a value to the host (a device sync on CUDA)
 HOST_READS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy"})
 
 
-def _modules(loop) -> list[torch.nn.Module]:
+def step_modules(loop) -> list[torch.nn.Module]:
+    """The loop's step modules (target, ragged and tree steps, the drafter's model), unwrapped
+    from graph wrappers: what counts as a forward rather than glue."""
     found = []
     drafter = getattr(loop, "drafter", None)
     candidates = [getattr(loop, "target", None), getattr(loop, "ragged_target", None),
@@ -118,7 +120,7 @@ class StepAudit:
 
     def __enter__(self) -> "StepAudit":
         stack = contextlib.ExitStack()
-        for module in _modules(self.loop):
+        for module in step_modules(self.loop):
             stack.callback(module.register_forward_pre_hook(self._enter_step).remove)
             stack.callback(module.register_forward_hook(self._leave_step).remove)
         stack.enter_context(_Reads(self))

@@ -120,6 +120,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     capture_shapes = False
     _shapes_captured = False
     _packing = False  # this step packs rows that verify fewer tokens (per-request k or two levels)
+    _caps: tuple | None = None  # (per-row caps, their device copy) of the last step
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
                  cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,
@@ -186,8 +187,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 state.bind(step.step if graphed else step)
                 if graphed:
                     step.graphs.clear()  # captured graphs point at the old buffers
-        if self.drafter is not None:
-            self.drafter.setup(max_len + self.num_draft + 1, self.batch)
+        if self.drafter is not None:  # room for the shape capture's writes past a full-length prompt
+            self.drafter.setup(max_len + 2 * (self.num_draft + 1), self.batch)
         self._shapes_captured = False  # graphed steps drop their graphs with the old caches
 
     def _arange(self, n: int) -> torch.Tensor:
@@ -355,7 +356,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         params = None if params is None or params.greedy else params
         dev = self.target.device
         self._timer.mark("prefill")
-        self.seq[slot, :plen] = torch.tensor(prompt, dtype=torch.long)
+        self.seq[slot, :plen] = upload(prompt, dev)  # queued: the prefill's one host read is its first token
         ids = self.seq[slot:slot + 1, :plen]
         step = getattr(self.target, "eager", None) or self.target  # a one-off shape: never graphed
         with slot_view(self.target, slot) if self.batch > 1 else contextlib.nullcontext():
@@ -375,6 +376,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.n[slot], self.live[slot], self._live_mask = plen + 1, True, None
         if self.drafter is not None:
             self.drafter.reset_slot(slot, plen, context)
+            if self.batch > 1 and hasattr(self.drafter, "feed_prompt"):
+                self.drafter.feed_prompt(slot, ids)
         return int(first[0])
 
     def release_slot(self, slot: int) -> None:
@@ -418,7 +421,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 cap = wanted[b] if per_row else k
                 row_caps[b] = max(0, min(cap, k, budgets[b] - 1) if self.cap_to_budget else min(cap, k))
             if rows > 1:
-                caps = upload(row_caps, dev)
+                caps = self._caps_on_device(row_caps)
         drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
@@ -464,6 +467,15 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         timer.mark(None)
         self.part_seconds = dict(timer.parts)
         return host, nodes
+
+    def _caps_on_device(self, row_caps: list[int]) -> torch.Tensor:
+        """The step's per-row draft caps [B] on the device. They change only when a row joins,
+        leaves or nears its budget, so a step with last step's caps reuses its copy (read-only
+        downstream) instead of queueing another host -> device copy."""
+        key = tuple(row_caps)
+        if self._caps is None or self._caps[0] != key:
+            self._caps = (key, upload(row_caps, self.target.device))
+        return self._caps[1]
 
     @property
     def two_level_k1(self) -> int | None:

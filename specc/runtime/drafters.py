@@ -18,8 +18,10 @@ them; the drafter then feeds every row the same number m of trailing committed t
 m trailing target hidden states, from a window of each row's newest ones), re-feeding (and
 rewriting with the same values) some already-cached ones for rows that are behind by less than
 m. A row that cannot join that one forward drafts *alone* in its slot (``slot_view``: a batch-1
-forward on views of its cache rows): a request that has just joined (its first draft reads the
-whole prompt, exactly as when it runs alone), or a row too short to re-feed m tokens. Rows the
+forward on views of its cache rows): a row too short to re-feed m tokens. A request that joins
+a batch has its prompt read into its slot's cache at its prefill (DFlash: the prompt's hidden
+states, in ``reset_slot``; the causal drafters: its tokens, ``feed_prompt``), so its first draft
+joins the batched forward instead of reading the whole prompt alone. Rows the
 loop marks inactive (finished, free slots) ride along in the batched forward with inputs whose
 cache writes land past anything they keep. Batch 1 takes the same slicing path as before (no
 extra device ops).
@@ -47,15 +49,31 @@ def _length(start: int, device) -> torch.Tensor:
     return torch.full((1,), start, dtype=torch.long, device=device)
 
 
+_STEPS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _steps(n: int, device) -> torch.Tensor:
+    """arange(n) as [1, n] on ``device``. Drafting asks for the same few widths every step, so
+    those (n <= 64) are made once; a prompt-sized one is made each time."""
+    key = (n, torch.device(device))
+    steps = _STEPS.get(key)
+    if steps is None:
+        steps = torch.arange(n, device=device)[None]
+        if n <= 64:
+            _STEPS[key] = steps
+    return steps
+
+
 def _rows(starts: list[int], n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, n] (row b: starts[b] ..) and cache_len [B] (= starts) for a batch."""
     if len(starts) == 1:
         return _positions(starts[0], n, device), _length(starts[0], device)
-    if len(set(starts)) == 1:
-        return (_positions(starts[0], n, device).expand(len(starts), n).contiguous(),
-                torch.full((len(starts),), starts[0], dtype=torch.long, device=device))
-    cache_len = upload(starts, device)
-    return cache_len[:, None] + torch.arange(n, device=device)[None], cache_len
+    return _rows_at(upload(starts, device), n)
+
+
+def _rows_at(cache_len: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_rows`` for cache lengths already on the device: one op."""
+    return cache_len[:, None] + _steps(n, cache_len.device), cache_len
 
 
 def _window(seq: torch.Tensor, starts: list[int], m: int) -> torch.Tensor:
@@ -64,8 +82,7 @@ def _window(seq: torch.Tensor, starts: list[int], m: int) -> torch.Tensor:
         return seq[:, starts[0]:starts[0] + m]
     if min(starts) < 0:
         raise RuntimeError(f"a drafting window starts before its sequence (starts {starts})")
-    index = upload(starts, seq.device)[:, None] + torch.arange(m, device=seq.device)
-    return seq.gather(1, index)
+    return seq.gather(1, upload(starts, seq.device)[:, None] + _steps(m, seq.device))
 
 
 def _run(step, first: bool, *args):
@@ -161,6 +178,11 @@ class Drafter:
         states of the prompt (DFlash), else None."""
         self.lengths[slot] = 0
 
+    def feed_prompt(self, slot: int, tokens: torch.Tensor) -> None:
+        """``tokens`` [1, P]: the prompt of the sequence ``reset_slot`` just started in ``slot``
+        (the device loop calls it at the request's prefill). A drafter may read it into its
+        cache now so that the row's first draft joins the batch's drafting forward."""
+
     def release_slot(self, slot: int) -> None:
         """``slot``'s sequence is over (its request finished or was cancelled)."""
         self.lengths[slot] = 0
@@ -239,16 +261,29 @@ class CausalDrafter(Drafter):
         return self.model.device
 
     def capture_shapes(self, seq, k):
+        """Every batched drafting shape, written at each row's cached length: past the prompt a
+        row keeps (``feed_prompt``), where its next draft writes first."""
         dev = self.model.device
         extra = self.mask_slots(k)
         rows = seq.shape[0]
         for fed in range(1, k + 2):  # newly committed tokens: 1 .. k + 1
             feed = seq[:, :1].expand(rows, fed + extra).contiguous()
-            self.model(feed, *_rows([0] * rows, feed.shape[1], dev))
+            self.model(feed, *_rows(list(self.lengths), feed.shape[1], dev))
 
     def mask_slots(self, k: int) -> int:
         """Mask tokens appended after the newly committed ones in one drafting forward."""
         return 0
+
+    def feed_prompt(self, slot, tokens) -> None:
+        """With more than one slot, run the prompt through the drafter into ``slot``'s cache now,
+        at the request's prefill (one forward, a one-off like the target's prefill; its logits
+        are not used), so that its first draft feeds one token, like a row that has just
+        drafted, and joins the batched forward instead of drafting alone over its whole prompt.
+        Causal attention: the prompt's K/V do not depend on what follows them."""
+        if len(self.lengths) == 1:
+            return
+        _solo(self.model, slot, tokens, *_rows([0], tokens.shape[1], self.model.device))
+        self.lengths[slot] = tokens.shape[1]
 
     def _fed(self, n: list[int], k: int = 1, active: list[bool] | None = None) -> tuple[list[int], int, list[int]]:
         """(per-row start, m, solo rows): the batched forward feeds every row its last m
@@ -366,8 +401,11 @@ class DFlashDraft(Drafter):
     target hidden states not yet fed. One batched forward feeds every row the same number C of
     trailing context entries: ``context`` (the last step's, when every row has C new ones) or
     ``window`` [B, W, n*H], each row's W newest hidden states right-aligned (W = block size),
-    kept only when B > 1. A row that has just joined keeps its whole prompt's hidden states in
-    ``fresh`` until its first draft (alone in its slot, unless every row started together)."""
+    kept only when B > 1. With one row, a new sequence keeps its whole prompt's hidden states in
+    ``fresh`` until its first draft; with more, all but the last go into the slot's cache at
+    ``reset_slot`` (``_prefill_context``) and the last waits in the window, so the row's first
+    draft joins the batched forward. ``fresh`` also holds rows' unfed entries across steps
+    without drafting (k = 0)."""
 
     name = "dflash"
     needs_target_hidden = True
@@ -382,6 +420,7 @@ class DFlashDraft(Drafter):
         self.context_lens = [0]
         self.window: torch.Tensor | None = None
         self.fresh: dict[int, torch.Tensor] = {}
+        self._mask_blocks: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def length(self) -> int:
@@ -399,6 +438,32 @@ class DFlashDraft(Drafter):
         self.fresh[slot] = context
         if len(self.lengths) > 1:
             self._window_rows(slot, context)
+            self._prefill_context(slot, context)
+            self.fresh.pop(slot)  # its unfed entry is the newest in the window
+
+    def _prefill_context(self, slot: int, context: torch.Tensor) -> None:
+        """Feed all but the last of the prompt's hidden states into ``slot``'s drafter cache now,
+        at the request's prefill (one forward over its whole prompt, a one-off like the target's
+        prefill), so that its first draft has one new context entry, like a row that accepted
+        nothing, and joins the batch's drafting forward instead of drafting alone over its whole
+        prompt. The context K/V do not depend on the block, so the drafts are those of one
+        forward over the whole prompt. The forward's block (two mask tokens) is discarded: its
+        K/V land right after the fed entries, where the first draft writes the rest."""
+        head = context.shape[1] - 1
+        if head <= 0:
+            return
+        block = self._masks(1, 2)
+        _solo(self.drafter, slot, block, context[:, :head], *_rows([0], head + block.shape[1], self.drafter.device))
+        self.lengths[slot], self.context_lens[slot] = head, 1
+
+    def _masks(self, rows: int, width: int) -> torch.Tensor:
+        """[rows, width] of the mask token, kept per shape (drafting asks for the same every step)."""
+        key = (rows, width)
+        masks = self._mask_blocks.get(key)
+        if masks is None:
+            masks = torch.full(key, self.spec.mask_token_id, dtype=torch.long, device=self.drafter.device)
+            self._mask_blocks[key] = masks
+        return masks
 
     def release_slot(self, slot) -> None:
         self.lengths[slot], self.context_lens[slot] = 0, 0
@@ -429,18 +494,24 @@ class DFlashDraft(Drafter):
         width = self.spec.block_size
         c, solo = _split_rows(list(self.context_lens), list(self.lengths), active, width)
         batched = [b for b in live if b not in solo]
-        masks = torch.full((rows, k), self.spec.mask_token_id, dtype=torch.long, device=dev)
-        block = torch.cat([_window(seq, [max(st, 0) for st in starts], 1), masks], dim=1)  # free slots: n = 0
+        # row b re-feeds its last c - context_lens[b] cached entries; other rows write past theirs
+        cache = [self.lengths[b] - (c - self.context_lens[b]) if b in batched else
+                 max(self.lengths[b] + self.context_lens[b] - c, 0) if b not in solo else starts[b]
+                 for b in range(rows)]
+        firsts = [max(st, 0) for st in starts]  # free slots: n = 0
+        if rows == 1:
+            block = torch.cat([_window(seq, firsts, 1), self._masks(rows, k)], dim=1)
+            row_inputs = _rows(cache, c + k + 1, dev) if batched else None
+        else:  # the block's first tokens and the rows' cache lengths: one host -> device copy
+            both = upload([firsts, cache], dev)
+            block = torch.cat([seq.gather(1, both[0][:, None]), self._masks(rows, k)], dim=1)
+            row_inputs = _rows_at(both[1], c + k + 1)
         out = None
         if batched:
             context = self._batched_context(batched, c)
-            # row b re-feeds its last c - context_lens[b] cached entries; other rows write past theirs
-            cache = [self.lengths[b] - (c - self.context_lens[b]) if b in batched else
-                     max(self.lengths[b] + self.context_lens[b] - c, 0) if b not in solo else starts[b]
-                     for b in range(rows)]
             self.forwards += 1
             first = all(self.lengths[b] == 0 for b in batched)
-            out = _run(self.drafter, first, block, context, *_rows(cache, c + block.shape[1], dev))
+            out = _run(self.drafter, first, block, context, *row_inputs)
         solo_rows = {}
         for b in solo:
             cb = self.context_lens[b]
@@ -459,17 +530,18 @@ class DFlashDraft(Drafter):
         return _merge_rows(out, solo_rows)
 
     def _batched_context(self, batched: list[int], c: int) -> torch.Tensor:
-        """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). Batched
-        rows that have just joined all have exactly c (a row short of history drafts alone)."""
-        if self.fresh and all(b in self.fresh and self.context_lens[b] == c for b in batched):  # started together
-            if len(self.lengths) == 1:
-                return self.fresh[0][:, :c]
-            filler = next(iter(self.fresh.values())).new_zeros(1, c, self.fresh[batched[0]].shape[-1])
-            return torch.cat([self.fresh[b][:, :c] if b in batched else filler
-                              for b in range(len(self.lengths))], dim=0)
-        if not self.fresh and all(self.context_lens[b] == c for b in batched):
-            return self.context if self.context.shape[1] == c else self.context[:, :c]
-        return self.window[:, self.spec.block_size - c:]
+        """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). With one
+        row: its unfed entries. With more, the window holds every row's W newest (a row that
+        has just joined has one new entry, ``_prefill_context``), unless c > W: then every
+        batched row holds exactly c unfed entries in ``fresh`` (steps without drafting)."""
+        width = self.spec.block_size
+        if len(self.lengths) == 1:
+            fresh = self.fresh.get(0)
+            return (fresh if fresh is not None else self.context)[:, :c]
+        if c <= width:
+            return self.window[:, width - c:]
+        filler = self.window.new_zeros(1, c, self.window.shape[-1])
+        return torch.cat([self.fresh[b][:, :c] if b in batched else filler for b in range(len(self.lengths))], dim=0)
 
     def _hold_pending(self, accepted: list[int], context: torch.Tensor) -> None:
         """Keep each row's unfed hidden states (those of earlier steps without drafting, then
@@ -485,13 +557,15 @@ class DFlashDraft(Drafter):
             self.fresh[b] = torch.cat([earlier, context[b:b + 1, :a + 1]], dim=1)
 
     def capture_shapes(self, seq, k):
+        """Every batched drafting shape, written at each row's cached length: past every context
+        entry a row keeps (a prompt's, ``_prefill_context``), where its next draft writes first."""
         dev = self.drafter.device
         rows = seq.shape[0]
-        source = self.context if self.context is not None else next(iter(self.fresh.values()))
-        block = torch.full((rows, k + 1), self.spec.mask_token_id, dtype=torch.long, device=dev)
+        source = next(t for t in (self.context, self.window, *self.fresh.values()) if t is not None)
+        block = self._masks(rows, k + 1)
         for n_ctx in range(1, k + 2):  # context rows after a step: accepted + 1 = 1 .. k + 1
             context = source[:1, :1].expand(rows, n_ctx, -1).contiguous()
-            self.drafter(block, context, *_rows([0] * rows, n_ctx + k + 1, dev))
+            self.drafter(block, context, *_rows(list(self.lengths), n_ctx + k + 1, dev))
 
     def accepted_rows(self, n, accepted, k, context) -> None:
         """``context``: the target's hidden states of the committed inputs of the step, in order
@@ -508,7 +582,7 @@ class DFlashDraft(Drafter):
                 self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
             joined = torch.cat([self.window, context], dim=1)
             shift = upload([a + 1 for a in accepted], context.device)
-            index = (shift[:, None] + torch.arange(width, device=context.device)[None])
+            index = shift[:, None] + _steps(width, context.device)
             self.window = joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1]))
 
 

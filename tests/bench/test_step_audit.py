@@ -52,13 +52,14 @@ def test_per_request_drafts_pack_without_a_blocking_upload(checkpoints):
 def test_a_blocking_upload_in_the_glue_is_counted(checkpoints, monkeypatch):
     import torch
 
-    from specc.runtime import device_loop
+    from specc.runtime import device_loop, drafters
 
     if "qwen3" not in checkpoints["target"]:
         pytest.skip("one family is enough")
-    monkeypatch.setattr(device_loop, "upload", lambda values, device: torch.tensor(values, device=device))
+    for module in (device_loop, drafters):
+        monkeypatch.setattr(module, "upload", lambda values, device: torch.tensor(values, device=device))
     audit = _steady_step(make_loop(checkpoints, "pard", "const_target", "const_pard", 4), 3)
-    assert audit.blocking_uploads >= 1  # the step's draft caps, uploaded the blocking way
+    assert audit.blocking_uploads >= 1  # the drafter's positions, uploaded the blocking way
 
 
 def test_a_host_read_in_the_glue_is_counted(checkpoints):

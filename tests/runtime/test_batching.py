@@ -71,8 +71,11 @@ def test_batch_of_ragged_prompts_equals_each_alone(checkpoints, method, target_k
     for prompt, budget, result in zip(PROMPTS, BUDGETS, results):
         assert result.tokens == reference(target, budget, prompt=prompt)
         assert result.finished_by == "length" and sum(result.stats.accepted_lengths) == budget - 1
-    if loop.drafter is not None:
-        assert probe.ragged  # rows did feed the drafter different amounts in one step
+    if loop.drafter is not None:  # rows did feed the drafter different amounts in one step, except where they
+        # can stay alike: a joining row's prompt is read at its prefill, so it starts one token (DFlash: one
+        # context entry) behind, and rows that joined together, or that never accept a draft, feed alike
+        alike = capacity >= len(PROMPTS) or all(set(r.stats.accepted_lengths) <= {1} for r in results)
+        assert probe.ragged or alike
     alone = loop.generate(PROMPTS[3], BUDGETS[3])  # the same loop, back to one row
     assert loop.batch == 1 and alone.tokens == results[3].tokens
 

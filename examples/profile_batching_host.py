@@ -1,0 +1,211 @@
+"""Host time of the batched speculative step, per decode step, on any device (CPU included).
+
+Why: on the GPU a batched step of continuous batching measured several times its cost-model
+prediction, and the step audit showed host glue and extra eager drafter forwards as the cause
+(docs/benchmarks/h200-run5.md, "Batched speculation"). At tiny model sizes on the CPU the
+forwards are cheap, so the host's share of a step (Python per-row loops, tensor construction,
+uploads, the scheduler's bookkeeping) is what a timing shows.
+
+Builds a tiny target and drafter of real architecture (``specc.bench.shapes``, ``--shapes`` /
+``--drafter-shapes``; model definitions, not compiled), replays acceptance from a stated model
+(``specc.runtime.replay``: random weights accept nothing), and runs ``--requests`` short requests
+of different prompt lengths through a ``BatchScheduler`` with B slots for each B of ``--batches``,
+so rows join and leave often. Per B it reports, per decode step (admissions apart): wall time
+(``step_ms``), its split into the step forwards and the rest (``forward_ms_per_step``,
+``host_ms_per_step``: the host's glue, forward hooks only), the ``StepAudit`` counts from a
+separate pass (``audit_*``: eager glue ops, forwards, host reads, and its glue seconds, which
+its own per-op hooks inflate), the admission time per joining request (prefills) and, with
+``--profile N``, cProfile's top N functions over the decode steps. Each figure is the least of
+``--repeat`` passes (other work on the machine only adds time).
+
+    PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 16,32
+    PYTHONPATH=. python3 examples/profile_batching_host.py --batches 16 --profile 25 --out host.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import torch
+
+
+def build_loop(opts):
+    """(device loop over model definitions with replayed acceptance, vocabulary size)."""
+    from specc.bench.acceptance import parse_acceptance
+    from specc.bench.shapes import build_causal, build_dflash, drafter_config, target_config
+    from specc.methods import get_method
+    from specc.runtime.device_loop import DeviceSpeculativeDecoder
+    from specc.runtime.replay import ReplayVerifier
+
+    dev = torch.device(opts.device)
+    tcfg = target_config(opts.shapes)
+    method, dcfg = drafter_config(opts.shapes, opts.drafter_shapes)
+    impl = get_method(method)
+    target = build_causal(tcfg, torch.float32, dev, seed=1)
+    draft = build_dflash(dcfg, torch.float32, dev, seed=3) if impl.name == "dflash" else \
+        build_causal(dcfg, torch.float32, dev, seed=2)
+    loaded = impl.bind(target, draft)
+    section = {"pard_token": dcfg.get("pard_token")} if impl.name == "pard" else None
+    from specc.runtime.drafters import drafter_from_manifest
+
+    drafter = drafter_from_manifest(impl.strategy, loaded.draft, section)
+    k = impl.num_draft(opts.num_draft, dcfg)
+    max_len = opts.prompt_max + opts.tokens_max + 4
+    loop = DeviceSpeculativeDecoder(loaded.target, drafter, k, max_len)
+    acceptance = parse_acceptance(opts.acceptance, k)
+    loop.verifier = ReplayVerifier(acceptance.alphas, seed=opts.seed, source=acceptance.source,
+                                   lengths=lambda: loop.state.lengths)
+    return loop, tcfg["vocab_size"]
+
+
+def requests(opts, vocab: int) -> list[tuple[list[int], int]]:
+    """``--requests`` (prompt, budget) pairs, lengths uniform in their ranges (seeded)."""
+    g = torch.Generator().manual_seed(opts.seed)
+
+    def draw(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    return [(torch.randint(10, vocab - 10, (draw(opts.prompt_min, opts.prompt_max),), generator=g).tolist(),
+             draw(opts.tokens_min, opts.tokens_max)) for _ in range(opts.requests)]
+
+
+class ForwardClock:
+    """Wall time inside the loop's step forwards (forward hooks, no dispatch modes: unlike the
+    StepAudit it adds almost nothing to the glue it leaves out), so a step's host glue time is
+    its wall time minus this."""
+
+    def __init__(self, loop):
+        from specc.bench.step_audit import step_modules
+
+        self.modules, self.seconds, self._depth, self._start = step_modules(loop), 0.0, 0, 0.0
+        self._handles = []
+
+    def _enter(self, module, args):
+        if self._depth == 0:
+            self._start = time.perf_counter()
+        self._depth += 1
+
+    def _leave(self, module, args, out):
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._start
+
+    def __enter__(self) -> "ForwardClock":
+        for module in self.modules:
+            self._handles += [module.register_forward_pre_hook(self._enter), module.register_forward_hook(self._leave)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def drive(loop, batch: int, work, audit: bool = False, profiler=None) -> dict:
+    """Every request of ``work`` through a scheduler of ``batch`` slots; decode steps timed
+    apart from admissions. ``audit``: StepAudit counts summed over the decode steps;
+    ``profiler``: enabled around the decode steps only."""
+    from specc.bench.step_audit import StepAudit
+    from specc.runtime.batching import BatchScheduler
+
+    scheduler = BatchScheduler(loop, batch)
+    for prompt, budget in work:
+        scheduler.submit(prompt, budget, ())
+    totals: dict = {}
+    steps, decode_s, admit_s, joins = 0, 0.0, 0.0, 0
+    clock = ForwardClock(loop)
+    while not scheduler.idle:
+        start = time.perf_counter()
+        joins += len(scheduler.admit())
+        admit_s += time.perf_counter() - start
+        if not scheduler.num_running:
+            continue
+        start = time.perf_counter()
+        watch = StepAudit(loop) if audit else clock
+        with watch:
+            if profiler is not None:
+                profiler.enable()
+            scheduler.decode()
+            if profiler is not None:
+                profiler.disable()
+        decode_s += time.perf_counter() - start
+        steps += 1
+        for key, value in (watch.counts() if audit else {}).items():
+            totals[key] = totals.get(key, 0) + value
+    per_step = 1e3 / max(steps, 1)
+    out = {"decode_steps": steps, "joins": joins, "step_ms": decode_s * per_step,
+           "admit_ms_per_join": 1e3 * admit_s / max(joins, 1)}
+    if not audit:  # the step's time outside the forwards: the host's glue (CPU: forwards run synchronously)
+        out.update(forward_ms_per_step=clock.seconds * per_step, host_ms_per_step=(decode_s - clock.seconds) * per_step)
+    if audit:
+        out.update({f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()})
+        out["glue_ms_per_step"] = 1e3 * out.pop("glue_seconds_per_step")
+    return out
+
+
+def least(runs: list[dict]) -> dict:
+    return {key: min(run[key] for run in runs) for key in runs[0]}
+
+
+def top_functions(profiler, count: int, sort: str = "tottime") -> str:
+    buf = io.StringIO()
+    pstats.Stats(profiler, stream=buf).sort_stats(sort).print_stats(count)
+    return buf.getvalue()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--shapes", default="tiny-qwen3")
+    ap.add_argument("--drafter-shapes", default="dflash-b16")
+    ap.add_argument("--num-draft", type=int, default=None, help="drafts per step (default: the method's)")
+    ap.add_argument("--acceptance", default="dflash-qwen3-8b:humaneval")
+    ap.add_argument("--batches", default="16,32")
+    ap.add_argument("--requests", type=int, default=0, help="requests per batch size (default: 3 B)")
+    ap.add_argument("--prompt-min", type=int, default=24)
+    ap.add_argument("--prompt-max", type=int, default=160)
+    ap.add_argument("--tokens-min", type=int, default=8)
+    ap.add_argument("--tokens-max", type=int, default=48)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=3, help="passes per figure; the least time is reported")
+    ap.add_argument("--profile", type=int, default=0, help="print cProfile's top N functions by own time")
+    ap.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative, ...)")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    opts = ap.parse_args(argv)
+    if torch.device(opts.device).type == "cpu":
+        from specc.threads import configure_threads
+
+        configure_threads()  # SPECC_THREADS, else the idle cores
+    loop, vocab = build_loop(opts)
+    rows = []
+    for batch in [int(b) for b in opts.batches.split(",")]:
+        opts_b = argparse.Namespace(**{**vars(opts), "requests": opts.requests or 3 * batch})
+        work = requests(opts_b, vocab)
+        with torch.inference_mode():
+            drive(loop, batch, work)  # warm-up (allocations, first shapes)
+            # per figure the least of --repeat passes: other processes on the machine only add time
+            # (the counts are the same in every pass)
+            timed = least([drive(loop, batch, work) for _ in range(opts.repeat)])
+            counted = least([drive(loop, batch, work, audit=True) for _ in range(opts.repeat)])
+            profiler = cProfile.Profile() if opts.profile else None
+            if profiler is not None:
+                drive(loop, batch, work, profiler=profiler)
+        row = {"batch": batch, "requests": len(work), **timed,
+               **{f"audit_{key}": value for key, value in counted.items() if key.endswith("_per_step")}}
+        rows.append(row)
+        print(json.dumps(row))
+        if profiler is not None:
+            print(top_functions(profiler, opts.profile, opts.sort))
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump({"device": opts.device, "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes,
+                       "acceptance": opts.acceptance, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
