@@ -24,7 +24,7 @@ Three parts, each printed as a table and written to one JSON file:
 ``--e2e-8b`` (one H200 call, a few minutes): Qwen3-8B-shaped target + DFlash-b16 drafter with
 random bf16 weights (``specc.bench.shapes``), compiled (chain and tree verify steps) and run under
 the engine's loop with CUDA graphs: compiled AR, the chain and trees of ``--budgets`` (default
-16,32,64) drafted nodes, acceptance replayed from ``--acceptance`` (chain: ``ReplayVerifier`` on
+15,31,63: N nodes verify N + 1 rows, on the linears' row-tile edges) drafted nodes, acceptance replayed from ``--acceptance`` (chain: ``ReplayVerifier`` on
 rank 0; trees: ``TreeReplayVerifier`` on every rank; ``--acceptance`` repeatable, default: DFlash's
 published GSM8K and MT-Bench tau for rank 0, each with the rest split as specc-tiny's DFlash
 ranks split it; one build serves them all). Per row: tokens/s, tokens per step, step time, and the
@@ -495,7 +495,7 @@ def main() -> None:
     ap.add_argument("--parts", default="acceptance,steps,e2e")
     ap.add_argument("--prompts", type=int, default=None, help="held-out-style prompts (default 32; --tiny 1)")
     ap.add_argument("--new-tokens", type=int, default=None, help="tokens per prompt (default 128; --tiny 8)")
-    ap.add_argument("--budgets", default=None, help="tree budgets (default 8,16,32,64; --tiny 8)")
+    ap.add_argument("--budgets", default=None, help="tree budgets (default 8,16,32,64; --e2e-8b 15,31,63; --tiny 8)")
     ap.add_argument("--sizes", default=None, help="step query rows (default 16,32,64,128; --tiny 4,8)")
     ap.add_argument("--context", type=int, default=None, help="KV context of the step timings (default 1024)")
     ap.add_argument("--deployment", default=None, help="cost model deployment for predictions (default h200-bs1 on "
@@ -518,7 +518,7 @@ def main() -> None:
         device = "cpu" if small else args.device
         if device == "cpu":
             torch.set_num_threads(args.threads)
-        budgets = [int(x) for x in (args.budgets or "16,32,64").split(",")]
+        budgets = [int(x) for x in (args.budgets or "15,31,63").split(",")]
         result = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.startswith("cuda")
                   else "cpu", "torch": torch.__version__, "python": sys.version.split()[0]}
         result.update(e2e_8b(args.acceptance or DEFAULT_8B_ACCEPTANCE, budgets, args.prompts or (1 if small else 8),

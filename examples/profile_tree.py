@@ -33,8 +33,8 @@ DFlash's published GSM8K tau with specc-tiny's rank split) and times, in one pro
 - ``linears``: per linear weight shape at N and N + 1 rows, the config, how often it reads its
   weight (``kernels.linear.weight_passes``) and its time (graph replays; beside it at 16 < rows
   < 64 the 64 bucket's tuned config and at 16 < rows <= 32 the 16 bucket's widened to one 32-row
-  tile, the data for a tuned 32 bucket; at rows > 64 the two-64-row-tile config the heuristic
-  used before, ``TWO_TILE_CONFIG``).
+  tile, the data behind the tuned 32 bucket; at rows > 64 one 128-row tile that reads each
+  weight once, ``ONE_TILE_CONFIG``, beside the default two 64-row tiles).
 
 Per budget it prints the three times and the kernels whose time differs most between the loop
 and alone, and alone and the chain. On the CPU it is the script's check: host times, host ops
@@ -112,9 +112,10 @@ def logits_of(step, args) -> torch.Tensor:
 
 
 WINDOW = "specc.verify_call"  # the profiler range around each timed verify call
-# the config rows 65..128 got before they ran in one tile: two 64-row tiles (weights read twice)
-TWO_TILE_CONFIG = dict(kind="dot", block_m=64, block_n=128, block_k=64, split_k=0, num_warps=4, num_stages=4,
-                       swap_ab=False)
+# an alternative for rows 65..128: one 128-row tile that reads each weight once (measured slower than the
+# default two 64-row tiles at 65 rows on the H200, docs/benchmarks/h200-run6.md)
+ONE_TILE_CONFIG = dict(kind="dot", block_m=128, block_n=64, block_k=64, split_k=0, num_warps=4, num_stages=4,
+                       swap_ab=True)
 
 
 def signature(args) -> str:
@@ -273,7 +274,7 @@ def linear_shapes(step) -> dict[tuple[int, int], int]:
 def linear_rows(step, rows: int, device: torch.device, reps: int) -> dict:
     """The linears of ``step`` at ``rows`` rows: per weight shape the config, its weight passes and
     the time of one call (at 16 < rows < 64 also with the 64 bucket's config, at 16 < rows <= 32
-    with the 16 bucket's widened to 32 rows, at rows > 64 with ``TWO_TILE_CONFIG``); the weight
+    with the 16 bucket's widened to 32 rows, at rows > 64 with ``ONE_TILE_CONFIG``); the weight
     traffic factor (bytes read / weight bytes) over the step's linears."""
     from specc.codegen.kernels import linear as L
     from specc.search.calibrate import Timer
@@ -296,18 +297,18 @@ def linear_rows(step, rows: int, device: torch.device, reps: int) -> dict:
         w = torch.randn(n, k, device=device, dtype=weight.dtype) * 0.02
         row = {"N": n, "K": k, "count": count, "bucket": L.m_bucket(rows), "kind": cfg.kind, "block_m": cfg.block_m,
                "swap_ab": cfg.swap_ab, "weight_passes": passes, "us": us(L.linear, x, w)}
-        if 16 < rows < 64:  # the 32 bucket has no tuned entry: the 64 bucket's winners (one tile) beside it
+        if 16 < rows < 64:  # the 64 bucket's winners (one tile) beside it
             row["bucket64_us"] = us(lambda a, b: L.linear(a, b, config=L.get_config(64, n, k)), x, w)
         if 16 < rows <= 32:  # and the 16 bucket's winners widened to one 32-row tile
             wide = L.get_config(16, n, k).replace(block_m=32)
             row["bucket16_wide_us"] = us(lambda a, b: L.linear(a, b, config=wide), x, w)
         if rows > 64:
-            two = L.LinearConfig(**TWO_TILE_CONFIG)
-            row["two_tile_us"] = us(lambda a, b: L.linear(a, b, config=two), x, w)
-            row["two_tile_weight_passes"] = L.weight_passes(rows, n, k, two)
+            one = L.LinearConfig(**ONE_TILE_CONFIG)
+            row["one_tile_us"] = us(lambda a, b: L.linear(a, b, config=one), x, w)
+            row["one_tile_weight_passes"] = L.weight_passes(rows, n, k, one)
         out.append(row)
     sums = {key + "_per_step": sum(r[key] * r["count"] for r in out)
-            for key in ("us", "bucket64_us", "bucket16_wide_us", "two_tile_us") if out and all(key in r for r in out)}
+            for key in ("us", "bucket64_us", "bucket16_wide_us", "one_tile_us") if out and all(key in r for r in out)}
     return {"rows": rows, "weight_read_factor": read / total if total else None, **sums, "shapes": out}
 
 
@@ -437,7 +438,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--loop", action="store_true", help="the tree verify inside the engine's loop vs alone vs the "
                     "chain at the same rows, at each of --budgets (DFlash-b16 drafter; module doc)")
-    ap.add_argument("--budgets", default="16,32,64", help="with --loop: tree budgets (drafted nodes)")
+    ap.add_argument("--budgets", default="15,16,31,32,63,64",
+                    help="with --loop: tree budgets (drafted nodes; N + 1 rows are verified)")
     ap.add_argument("--prompt-len", type=int, default=None, help="with --loop: prompt tokens (default 128; --tiny 16)")
     ap.add_argument("--new-tokens", type=int, default=None, help="with --loop: tokens per pass (default 64; --tiny 24)")
     ap.add_argument("--q", default="16,32,64,128", help="node counts (query rows), comma-separated")

@@ -63,12 +63,19 @@ def test_profile_tree_loop_cpu_check(tmp_path):
         assert entry["diff_us"]["loop_minus_alone"] and entry["diff_us"]["alone_minus_chain_same_rows"]
 
 
-def test_qwen3_8b_tree_rows_read_each_weight_once():
-    """The row counts the 8B tree runs verify (N + 1 for N = 16 / 32 / 64, and the chain's 16) read
-    every Qwen3-8B linear weight once with the default configs: none lands in a multi-tile config
-    (65 rows took two 64-row tiles before, which doubled the tree-64 verify's weight traffic)."""
+def test_qwen3_8b_tree_rows_and_weight_passes():
+    """The row counts the 8B tree runs verify: N + 1 rows for the default budgets N = 15 / 31 / 63
+    (and the chain's 16) read every Qwen3-8B linear weight once with the default configs; one row
+    past 64 takes two 64-row tiles (two passes: on the H200 still faster than one 128-row tile,
+    which is why the budgets keep N + 1 on the tile edges)."""
     from specc.codegen.kernels import linear as L
+    from specc.search.tree_cost import BUDGETS
 
     shapes = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)]
-    for rows in (16, 17, 32, 33, 64, 65):
+    for rows in [16] + [n + 1 for n in BUDGETS if n + 1 <= 64]:
         assert [L.weight_passes(rows, n, k) for n, k in shapes] == [1] * len(shapes), rows
+    assert [L.weight_passes(65, n, k) for n, k in shapes] == [2] * len(shapes)
+    for n in BUDGETS:  # every default budget's rows are a power of two
+        assert (n + 1) & n == 0, n
+    for n, k in shapes[:4]:  # the 32 bucket: the 16 bucket's winners widened to one 32-row tile
+        assert L.get_config(17, n, k) == L.get_config(16, n, k).replace(block_m=32)

@@ -10,9 +10,10 @@ config of the shape (:func:`get_config`, keyed by (M bucket, N, K)):
   ``evict_first`` (streamed once), and with K a multiple of BLOCK_K the loads are unmasked
   16-byte vectors.
 * ``kind="dot"`` (M = 2 .. 64 and beyond): tensor-core tiles through ``tl.dot`` with fp32
-  accumulation, ``BLOCK_M >= 16`` (rows past M are clamped and never stored). Up to
-  ``ONE_TILE_MAX_M`` rows the default configs cover M with one row tile: each row tile reads the
-  whole weight (:func:`weight_passes`), so a second tile doubles a memory-bound GEMM's traffic. ``swap_ab``
+  accumulation, ``BLOCK_M >= 16`` (rows past M are clamped and never stored). Each row tile
+  reads the whole weight (:func:`weight_passes`): a row count just past a tile (17, 33, 65 rows)
+  pays a second pass or a wider tile, which is why draft trees verify 2^k rows (``BUDGETS`` in
+  ``specc.search.tree_cost``). ``swap_ab``
   computes ``W_tile @ x_tile^T`` so the wide weight tile is the MMA's M side and the skinny
   activation block its N side (Hopper's wgmma wants M = 64 per warpgroup). ``tma`` loads both
   tiles with TMA bulk copies from host-built tensor descriptors (zero fill past the edges)
@@ -80,14 +81,11 @@ __all__ = [
     "clear_configs",
     "m_bucket",
     "M_BUCKETS",
-    "ONE_TILE_MAX_M",
     "weight_passes",
     "DEFAULT_CONFIGS",
 ]
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# up to this many rows the heuristic config covers all rows with one tile (weights read once)
-ONE_TILE_MAX_M = 128
 
 
 # ------------------------------------------------------------------------------------------
@@ -355,14 +353,10 @@ def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
     if mb <= 64:
         return LinearConfig("dot", block_m=max(16, mb), block_n=64, block_k=128, split_k=0,
                             num_warps=4, num_stages=4, swap_ab=True)
-    if mb <= ONE_TILE_MAX_M:
-        # 65..128 rows (a 64-node draft tree plus its root, 8 rows x 16 tokens) in ONE row tile:
-        # the grid runs every N tile of one row tile before the next, so two 64-row tiles read
-        # every weight from HBM twice (the H200 step at 65-128 rows took 8.5 ms where 64 rows
-        # took 5.4, docs/benchmarks/tree-steps-h200.json). block_k 64 keeps 4 stages of the
-        # [64 x 64] weight and [128 x 64] activation tiles in 96 KB of shared memory.
-        return LinearConfig("dot", block_m=ONE_TILE_MAX_M, block_n=64, block_k=64, split_k=0,
-                            num_warps=4, num_stages=4, swap_ab=True)
+    # 65+ rows: 64-row tiles, the weight read once per tile. One 128-row tile (block_k 64, read
+    # once) measured slower on the H200 at 65 rows: 14.09 ms of linears per Qwen3-8B step against
+    # 11.65 ms for two 64-row tiles, where 64 rows take 5.82 ms (examples/profile_tree.py --loop,
+    # docs/benchmarks/h200-run6.md): a verify should not cross 64 rows by one.
     return LinearConfig("dot", block_m=64, block_n=128, block_k=64, split_k=0, num_warps=4,
                         num_stages=4, swap_ab=False)
 
@@ -407,6 +401,13 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
     for (mb, n, k), c in list(t.items()):
         if mb in (4, 16):
             t[(mb // 2, n, k)] = c
+    # M = 17 .. 32 (a 31-node draft tree and its root, 2 x 16 tokens): the M = 16 winners widened
+    # to one 32-row tile beat the heuristic's at 32 rows on the H200 (per Qwen3-8B step's linears
+    # without the LM head: qkv 22.4 / o 16.1 / gate_up 55.6 / down 35.1 us against 25.9 / 16.2 /
+    # 57.0 / 36.5; examples/profile_tree.py --loop, docs/benchmarks/h200-run6.md); the LM head
+    # stays on the heuristic (299.5 against 310.4 us)
+    for shape in (qkv, o, gate_up, down):
+        t[(32, *shape)] = t[(16, *shape)].replace(block_m=32)
     return t
 
 

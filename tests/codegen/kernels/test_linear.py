@@ -212,28 +212,28 @@ def test_config_table():
     assert L.get_config(1, 100, 200) != c
 
 
-def test_rows_up_to_128_read_each_weight_once():
-    """Row counts a draft tree of 64 nodes (65 rows) or a batch of 8 x 16 tokens give land in the
-    128 bucket; its default config covers them with one row tile, so the weight is read once
-    (two 64-row tiles read it twice, the H200 tree-64 verify's extra cost)."""
-    for m in (65, 100, 128):
-        for n, k in ((6144, 4096), (151936, 4096), (1000, 2048)):
-            assert L.weight_passes(m, n, k) == 1, (m, n, k, L.get_config(m, n, k))
-    assert L.weight_passes(129, 4096, 4096) == 3  # past ONE_TILE_MAX_M: 64-row tiles
-    assert L.weight_passes(3, 4096, 4096, config=GEMV) == 3  # the GEMV streams W once per row
-    assert L.weight_passes(65, 4096, 4096, config=L.LinearConfig("dot", block_m=64, block_n=128,
-                                                                  block_k=64, swap_ab=False)) == 2
+def test_weight_passes_count_row_tiles():
+    """One weight pass per row tile: the default configs cover up to 64 rows in one tile and
+    65..128 rows in two 64-row tiles (one 128-row tile measured slower on the H200); the GEMV
+    streams the weight once per row."""
+    for m in (2, 16, 17, 32, 33, 64):
+        assert L.weight_passes(m, 6144, 4096) == 1, (m, L.get_config(m, 6144, 4096))
+    assert L.weight_passes(65, 4096, 4096) == L.weight_passes(128, 4096, 4096) == 2
+    assert L.weight_passes(129, 4096, 4096) == 3
+    assert L.weight_passes(3, 4096, 4096, config=GEMV) == 3
+    one = L.LinearConfig("dot", block_m=128, block_n=64, block_k=64, swap_ab=True)
+    assert L.weight_passes(65, 4096, 4096, config=one) == 1
 
 
-@pytest.mark.parametrize("m", [65, 128])
-def test_linear_one_row_tile_config_fp32(dev, m):
-    """The 65..128-row default config (one 128-row tile, swap_ab) computes the linear exactly."""
+@pytest.mark.parametrize("m", [17, 65])
+def test_linear_one_row_tile_configs_fp32(dev, m):
+    """A 32-row tile over 17 rows (the tuned 32 bucket's form) and a 128-row tile over 65 rows
+    (the one-tile alternative profile_tree times) compute the linear exactly."""
     torch.manual_seed(m)
-    n, k = 72, 192
+    n, k = 72, 256
     x = torch.randn(m, k, device=dev)
     w = torch.randn(n, k, device=dev) * 0.1
-    cfg = L.get_config(m, n, k)
-    assert (cfg.kind, cfg.block_m, cfg.swap_ab) == ("dot", L.ONE_TILE_MAX_M, True)
+    cfg = L.LinearConfig("dot", block_m=32 if m <= 32 else 128, block_n=64, block_k=64, swap_ab=True)
     y = L.linear(x, w, None, config=cfg)
     assert _rel(y, L.linear_reference(x.double(), w.double())) < 2e-6
 
