@@ -1,12 +1,19 @@
 """Sweep the attention kernel's launch plan (row block, KV splits, fused or separate merge) at
-Qwen3-8B head shapes, bs1, on the GPU; prints the fastest plan per (Q, cache capacity) beside
-what ``launch_plan`` picks today.
+Qwen3-8B head shapes on the GPU, at batch 1 or more (``--batch``); prints the fastest plan per
+(B, Q, cache capacity) beside what ``launch_plan`` picks today.
 
 Each figure is the median of CUDA-graph replays of 36 calls over 36 distinct KV caches (one per
 layer, as in a step: the caches do not fit in L2), divided by 36. The caches hold ``capacity -
 128`` committed tokens, as the step benchmarks do (context 1024 in a 1152-slot cache).
 
     PYTHONPATH=. python3 examples/sweep_attention.py --out $OUT/attention_sweep.json
+    PYTHONPATH=. python3 examples/sweep_attention.py --batch 16,32 --q 4,8,16 --capacity 1152 --out $OUT/attention_sweep_batched.json
+
+Batch 1's fastest plans go to ``best`` (keyed ``Q@capacity``, what ``profile_step.py
+--attention-sweep`` reads), larger batches' to ``best_batched`` (keyed ``BxQ@capacity``). At a
+batch of 16 x 16 query tokens the step profile (docs/benchmarks/h200-run6.md) spent 1085 us in the
+split kernel and 877 us in the separate merge per step: the plan rule (``pick_splits``, tuned at
+bs1) is what this decides.
 """
 
 from __future__ import annotations
@@ -41,20 +48,21 @@ def main() -> None:
     ap.add_argument("--q", default="1,4,8,16,32,64")
     ap.add_argument("--capacity", default="1152,4224")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--batch", default="1", help="batch sizes, comma separated (default 1)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     timer = Timer("cuda", reps=args.reps)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
            "heads": [HQ, HKV, D], "rows": []}
-    best = {}
-    for cap in (int(c) for c in args.capacity.split(",")):
+    best, best_batched = {}, {}
+    for bsz, cap in ((int(b), int(c)) for b in args.batch.split(",") for c in args.capacity.split(",")):
         ctx = cap - 128
-        caches = [(torch.randn(1, HKV, cap, D, device=dev).bfloat16(), torch.randn(1, HKV, cap, D, device=dev).bfloat16())
-                  for _ in range(LAYERS)]
-        cl = torch.tensor([ctx], device=dev)
+        caches = [(torch.randn(bsz, HKV, cap, D, device=dev).bfloat16(),
+                   torch.randn(bsz, HKV, cap, D, device=dev).bfloat16()) for _ in range(LAYERS)]
+        cl = torch.full((bsz,), ctx, device=dev)
         for num_q in (int(v) for v in args.q.split(",")):
-            q = torch.randn(1, num_q, HQ, D, device=dev).bfloat16()
-            default = A.launch_plan(1, num_q, HQ, HKV, D, cap, dev)
+            q = torch.randn(bsz, num_q, HQ, D, device=dev).bfloat16()
+            default = A.launch_plan(bsz, num_q, HQ, HKV, D, cap, dev)
 
             def run(plan):
                 for ck, cv in caches:
@@ -68,18 +76,23 @@ def main() -> None:
                 try:
                     us = timer(lambda: run(plan), inner=LAYERS) * 1e6
                 except Exception as e:  # noqa: BLE001 - a plan that does not compile is a data point
-                    rows.append({"capacity": cap, "Q": num_q, **plan, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                    rows.append({"B": bsz, "capacity": cap, "Q": num_q, **plan,
+                                 "error": f"{type(e).__name__}: {str(e)[:200]}"})
                     continue
-                rows.append({"capacity": cap, "Q": num_q, **plan, "us": us})
+                rows.append({"B": bsz, "capacity": cap, "Q": num_q, **plan, "us": us})
             ok = [r for r in rows if "us" in r]
             top = min(ok, key=lambda r: r["us"])
-            best[f"{num_q}@{cap}"] = {k: top[k] for k in ("block_m", "num_splits", "fused_merge", "us")}
-            res["rows"] += rows + [{"capacity": cap, "Q": num_q, **base, "us": t_default, "default": True}]
-            print(f"[attention] cap={cap} Q={num_q:3d}: default {t_default:6.2f} us {base} | best {top['us']:6.2f} us "
+            pick = {k: top[k] for k in ("block_m", "num_splits", "fused_merge", "us")}
+            if bsz == 1:
+                best[f"{num_q}@{cap}"] = pick
+            else:
+                best_batched[f"{bsz}x{num_q}@{cap}"] = {**pick, "default_us": t_default}
+            res["rows"] += rows + [{"B": bsz, "capacity": cap, "Q": num_q, **base, "us": t_default, "default": True}]
+            print(f"[attention] B={bsz} cap={cap} Q={num_q:3d}: default {t_default:6.2f} us {base} | best {top['us']:6.2f} us "
                   f"bm={top['block_m']} splits={top['num_splits']} fused={top['fused_merge']}", flush=True)
         del caches
         torch.cuda.empty_cache()
-    res["best"] = best
+    res["best"], res["best_batched"] = best, best_batched
     with open(args.out, "w") as f:
         json.dump(res, f, indent=1)
 
