@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Train specc's small real model family: a Qwen3 target, a PARD drafter and a DFlash drafter.
+"""Train specc's small real model families: a Qwen3 target with a PARD and a DFlash drafter
+(specc-tiny), or a hybrid Qwen3.5-style target with a DFlash drafter (specc-tiny-hybrid).
 
 Everything is made here from Python source code found on the machine (the interpreter's standard
 library and installed site-packages), reproducibly from one seed:
@@ -17,6 +18,12 @@ library and installed site-packages), reproducibly from one seed:
   eval       held-out perplexity; acceptance length tau and per-position acceptance of
              AR-draft / PARD / DFlash at blocks 8 and 16 through specc's stock loops (fp32);
              greedy samples of the built-in and held-out prompts (eval/samples.json)
+
+The hybrid family (``--preset hybrid``, Config.family "hybrid"; examples/train_tiny_hybrid.sh runs
+it in one GPU call) takes the same corpus and tokenizer stages; its target is a transformers
+Qwen3_5ForCausalLM (gated DeltaNet layers, gated attention every 4th layer) trained through HF's
+own forward, there is no PARD stage, and eval runs the stock DFlash loop (chain verification)
+against plain AR; the models land in WORKDIR/models/{specc-tiny-hybrid,specc-tiny-hybrid-dflash}.
 
 and, to split a run over machines (examples/train_tiny_v2.sh runs --preset v2 in two GPU calls):
 
@@ -54,6 +61,7 @@ import site
 import sys
 import sysconfig
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +71,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 EOS, MASK = "<|endoftext|>", "<|mask|>"
 NAMES = {"target": "specc-tiny", "pard": "specc-tiny-pard", "dflash": "specc-tiny-dflash"}
+# the hybrid family (Config.family "hybrid"): a Qwen3.5-style target and its DFlash drafter
+HYBRID_NAMES = {"target": "specc-tiny-hybrid", "dflash": "specc-tiny-hybrid-dflash"}
 STAGES = ("corpus", "tokenizer", "restore", "target", "distill", "pard", "dflash", "eval", "export")
 MAX_ZOO_BYTES = 30_000_000  # above this the models are saved in bf16 instead of fp32
 MAX_PACKED_ZOO_BYTES = 60_000_000  # the shipped family in bf12 (1.5 bytes a weight) must fit this
@@ -72,6 +82,7 @@ EXPORT_PART_BYTES = 15 * 2**20  # export archives are split into parts of this s
 @dataclasses.dataclass
 class Config:
     seed: int = 0
+    family: str = "qwen3"  # qwen3: specc-tiny (+ PARD, DFlash); hybrid: specc-tiny-hybrid (+ DFlash)
     # corpus
     source_dirs: list = dataclasses.field(default_factory=list)  # empty: stdlib + site-packages
     heldout_permille: int = 20
@@ -89,6 +100,12 @@ class Config:
     intermediate: int = 768
     context: int = 512
     rope_theta: float = 10000.0
+    # hybrid target (family "hybrid"): gated DeltaNet layers, gated attention every 4th layer
+    linear_key_heads: int = 4
+    linear_value_heads: int = 8
+    linear_key_dim: int = 32
+    linear_value_dim: int = 32
+    linear_conv_kernel: int = 4
     target_batch: int = 128
     target_seq: int = 512
     target_lr: float = 2e-3
@@ -186,6 +203,24 @@ PRESETS["v2-smoke"] = {**PRESETS["toy"], **{k: v for k, v in PRESETS["v2"].items
     ("_steps", "_seconds", "_warmup", "_lr")) and not k.startswith("distill_")},
     "head_dim": 64, "eval_new_tokens": 24, "dflash_block": 16, "pard_k": 16, "pard_seq": 32, "dflash_seq": 48, "eval_blocks": [16], "save_bf16": True}
 
+# specc-tiny-hybrid (issue #18): a ~14M-parameter Qwen3.5-style target (6 gated DeltaNet layers,
+# gated attention at layers 3 and 7) and a 2-layer DFlash drafter, family ~27 MB in bf12 (<= 30 MB),
+# on the same corpus and tokenizer settings as specc-tiny (the same recipe builds the same
+# tokenizer), in ONE 10-minute GPU call (examples/train_tiny_hybrid.sh): corpus, tokenizer,
+# target, distill, dflash, eval. Budgets: docs/benchmarks/tiny.md "specc-tiny-hybrid: prepared".
+PRESETS["hybrid"] = dict(
+    family="hybrid",
+    hidden=384, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=896,
+    linear_key_heads=4, linear_value_heads=8, linear_key_dim=48, linear_value_dim=48,
+    target_batch=64, target_seq=512, target_lr=2e-3, target_warmup=150, target_steps=100000, target_seconds=190.0,
+    distill_batch=1024, distill_max_seqs=8192, distill_seconds=25.0,
+    dflash_layers=2, dflash_intermediate=896, dflash_steps=100000, dflash_seconds=130.0,
+    eval_blocks=[16], save_bf16=True,
+)
+# the hybrid family at toy scale: every stage on a CPU in about a minute
+PRESETS["hybrid-toy"] = {**PRESETS["toy"], "family": "hybrid", "layers": 4, "linear_key_heads": 2,
+                         "linear_value_heads": 4, "linear_key_dim": 8, "linear_value_dim": 8, "save_bf16": True}
+
 
 # ----------------------------------------------------------------------------------------------
 # small utilities
@@ -231,8 +266,29 @@ def versions() -> dict:
     return out
 
 
+def names(cfg: Config) -> dict:
+    """The family's model names by role (target, drafters)."""
+    if cfg.family not in ("qwen3", "hybrid"):
+        raise SystemExit(f"unknown family {cfg.family!r} (choose qwen3 or hybrid)")
+    return HYBRID_NAMES if cfg.family == "hybrid" else NAMES
+
+
+def workdir_names(work: Path) -> dict:
+    """The model names of the family a workdir was set up for (its config.json)."""
+    saved = work / "config.json"
+    family = read_json(saved).get("family", "qwen3") if saved.is_file() else "qwen3"
+    return HYBRID_NAMES if family == "hybrid" else NAMES
+
+
 def param_count(kind: str, cfg: Config) -> int:
     """Parameters of each model as configured (tied embeddings counted once)."""
+    if kind == "target" and cfg.family == "hybrid":
+        import torch
+        from transformers import Qwen3_5ForCausalLM
+
+        with torch.device("meta"):  # exact, and nothing allocated
+            return sum(p.numel() for p in Qwen3_5ForCausalLM(hybrid_config(cfg)).parameters())
+
     def block(h, heads, kv, hd, inter):
         return h * heads * hd * 2 + h * kv * hd * 2 + 2 * hd + 3 * h * inter + 2 * h
 
@@ -251,7 +307,7 @@ def save_dtype(cfg: Config):
     """fp32 when the three models fit the zoo budget in fp32 (and bf16 is not asked for), else bf16."""
     import torch
 
-    total = sum(param_count(k, cfg) for k in NAMES)
+    total = sum(param_count(k, cfg) for k in names(cfg))
     return torch.float32 if 4 * total <= MAX_ZOO_BYTES - 2_000_000 and not cfg.save_bf16 else torch.bfloat16
 
 
@@ -383,6 +439,22 @@ def lm_hidden(model, ids, positions, mask=None, capture=(), cache=None, start=0)
         if i in capture:
             captured[i] = x
     return inner.norm(x), captured
+
+
+def is_hybrid(model) -> bool:
+    """Whether an HF causal LM has gated DeltaNet (linear attention) layers: a Qwen3.5-style target."""
+    return "linear_attention" in (getattr(model.config, "layer_types", None) or ())
+
+
+def target_hidden(model, ids, positions, capture=()):
+    """``lm_hidden`` for any target: Qwen3 through the explicit forward above, a hybrid
+    (Qwen3.5-style) target through HF's own forward (causal; its gated DeltaNet layers run HF's
+    chunked form), capturing HF's hidden_states[i + 1] as the stock DFlash loop reads them."""
+    if not is_hybrid(model):
+        return lm_hidden(model, ids, positions, capture=capture)
+    out = model.model(input_ids=ids, position_ids=positions, output_hidden_states=bool(capture))
+    captured = {i: out.hidden_states[i + 1] for i in capture}
+    return out.last_hidden_state, captured
 
 
 def dflash_hidden(draft, noise, ctx_features, positions, mask):
@@ -602,6 +674,32 @@ def qwen3_config(cfg: Config, hidden, layers, heads, kv_heads, intermediate, ext
     return conf
 
 
+def hybrid_config(cfg: Config):
+    """The hybrid target's HF config: Qwen3.5 text, gated attention every 4th layer (HF's
+    default layer_types), gated DeltaNet elsewhere; tokens and context as qwen3_config."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim, linear_num_key_heads=cfg.linear_key_heads, linear_num_value_heads=cfg.linear_value_heads,
+        linear_key_head_dim=cfg.linear_key_dim, linear_value_head_dim=cfg.linear_value_dim,
+        linear_conv_kernel_dim=cfg.linear_conv_kernel, max_position_embeddings=cfg.context, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=0, pad_token_id=None, initializer_range=0.02,
+    )
+
+
+def new_target(cfg: Config):
+    """A freshly initialised target of the configured family."""
+    if cfg.family == "hybrid":
+        from transformers import Qwen3_5ForCausalLM
+
+        return Qwen3_5ForCausalLM(hybrid_config(cfg))
+    from transformers import Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(qwen3_config(cfg, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate))
+
+
 def save_hf(model, path: Path, cfg: Config, work: Path, extra: dict | None = None) -> None:
     import copy
 
@@ -624,7 +722,7 @@ def load_target(work: Path, dev, dtype=None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(work / "models" / NAMES["target"]),
+    model = AutoModelForCausalLM.from_pretrained(str(work / "models" / workdir_names(work)["target"]),
                                                  dtype=dtype or torch.float32)
     return model.to(dev).eval()
 
@@ -644,7 +742,7 @@ def heldout_loss(model, held: list[np.ndarray], seq: int, max_tokens: int, dev, 
         for i in range(0, n, batch):
             x = torch.tensor(np.stack(rows[i:i + batch]), device=dev)
             pos = torch.arange(seq, device=dev)[None].expand(x.shape[0], -1)
-            h, _ = lm_hidden(model, x[:, :-1], pos)
+            h, _ = target_hidden(model, x[:, :-1], pos)
             logits = model.lm_head(h).float()
             total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum"))
             count += x[:, 1:].numel()
@@ -654,12 +752,11 @@ def heldout_loss(model, held: list[np.ndarray], seq: int, max_tokens: int, dev, 
 def stage_target(cfg: Config, work: Path) -> dict:
     import torch
     import torch.nn.functional as F
-    from transformers import Qwen3ForCausalLM
 
     dev = device()
     rng = seeded(cfg, "target")
     tokens = load_train_tokens(work)
-    model = Qwen3ForCausalLM(qwen3_config(cfg, cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.intermediate))
+    model = new_target(cfg)
     model.to(dev).train()
     nparams = sum(p.numel() for p in model.parameters())
     log(f"target: {nparams / 1e6:.2f}M params, batch {cfg.target_batch}x{cfg.target_seq}, device {dev}")
@@ -673,7 +770,7 @@ def stage_target(cfg: Config, work: Path) -> dict:
             g["lr"] = lr
         x = torch.from_numpy(windows(tokens, cfg.target_batch, cfg.target_seq + 1, rng)).to(dev, non_blocking=True)
         with autocast(dev):
-            h, _ = lm_hidden(model, x[:, :-1], pos)
+            h, _ = target_hidden(model, x[:, :-1], pos)
             logits = model.lm_head(h)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -689,7 +786,7 @@ def stage_target(cfg: Config, work: Path) -> dict:
                 f"{step * cfg.target_batch * cfg.target_seq / el / 1e6:.2f}M tok/s {el:.0f}s")
     seconds = time.time() - t0
     model.eval()
-    save_hf(model, work / "models" / NAMES["target"], cfg, work)
+    save_hf(model, work / "models" / names(cfg)["target"], cfg, work)
     shutil.rmtree(work / "distill", ignore_errors=True)  # generations of an older target
     saved = load_target(work, dev)
     held_nll, held_n = heldout_loss(saved, load_heldout(work), cfg.target_seq, min(cfg.ppl_tokens, 65536), dev)
@@ -710,6 +807,8 @@ def generate_batch(model, prompts, total_len: int, dev):
     """Greedy continuation of equal-length prompts to ``total_len`` tokens, own KV cache."""
     import torch
 
+    if is_hybrid(model):
+        return generate_batch_hf(model, prompts, total_len, dev)
     bsz, plen = prompts.shape
     conf = model.config
     cache_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -726,6 +825,31 @@ def generate_batch(model, prompts, total_len: int, dev):
             h, _ = lm_hidden(model, ids, pos, cache=cache, start=start)
             nxt = model.lm_head(h[:, -1]).argmax(-1)
             start += q
+            out[:, start] = nxt
+            ids = nxt[:, None]
+    return out
+
+
+def generate_batch_hf(model, prompts, total_len: int, dev):
+    """``generate_batch`` through HF's own forward and cache (the hybrid target's recurrent
+    gated DeltaNet states and attention KV): prefill, then one token a step."""
+    import torch
+
+    from specc.stock import hf as stock_hf
+
+    bsz, plen = prompts.shape
+    cache = stock_hf.new_cache(model)
+    out = torch.empty(bsz, total_len, dtype=torch.long, device=dev)
+    out[:, :plen] = prompts
+    ids, start = prompts, 0
+    with torch.no_grad(), autocast(dev):
+        while start + ids.shape[1] < total_len:
+            pos = torch.arange(start, start + ids.shape[1], device=dev)[None].expand(bsz, -1)
+            with warnings.catch_warnings():  # transformers >= 5.2x renames past_key_values -> cache
+                warnings.simplefilter("ignore", FutureWarning)
+                logits = model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
+            nxt = logits[:, -1].argmax(-1)
+            start += ids.shape[1]
             out[:, start] = nxt
             ids = nxt[:, None]
     return out
@@ -848,6 +972,9 @@ def stage_pard(cfg: Config, work: Path) -> dict:
     import torch.nn.functional as F
     from transformers import Qwen3ForCausalLM
 
+    if "pard" not in names(cfg):
+        log(f"pard: the {cfg.family} family has no PARD drafter; skipped")
+        return {}
     dev = device()
     generated = ensure_distill(cfg, work) if cfg.distill_fraction > 0 else None
     rng = seeded(cfg, "pard")
@@ -901,7 +1028,7 @@ def stage_pard(cfg: Config, work: Path) -> dict:
                 f"acc@depth{cfg.pard_k - 1} {depth_acc[-1]:.3f} lr {lr:.2e} {time.time() - t0:.0f}s")
     seconds = time.time() - t0
     model.eval()
-    save_hf(model, work / "models" / NAMES["pard"], cfg, work, {"pard_token": int(pard_token), "spd_type": "pard"})
+    save_hf(model, work / "models" / names(cfg)["pard"], cfg, work, {"pard_token": int(pard_token), "spd_type": "pard"})
     metrics = {"params": nparams, "steps": step, "steps_capped_by_time": budget.capped, "seconds": round(seconds, 1),
                "elements_per_row": width, "final_loss": curve[-1][1] if curve else None, "loss_curve": curve,
                "last_batch_loss_by_depth": depth_loss.round(4).tolist(),
@@ -991,15 +1118,23 @@ def new_dflash(cfg: Config, mask_token_id: int):
 
 
 def init_from_target(draft, target) -> None:
-    """Copy the target's last layers into the drafter's layers (same shapes, same names)."""
+    """Copy the target's last layers into the drafter's layers (same shapes, same names).
+
+    A hybrid target's last layers are gated DeltaNet or gated attention layers: only the
+    parameters of the drafter's name and shape are copied (MLP, norms, k/v/o projections), and
+    its norms, stored zero-centred (scale 1 + w), are converted to the drafter's plain scales."""
     import torch
 
+    hybrid = is_hybrid(target)
     src = target.model.layers[len(target.model.layers) - len(draft.layers):]
     with torch.no_grad():
         for mine, theirs in zip(draft.layers, src):
             ref = dict(theirs.named_parameters())
             for name, p in mine.named_parameters():
-                p.copy_(ref[name])
+                if not hybrid:
+                    p.copy_(ref[name])
+                elif name in ref and ref[name].shape == p.shape:
+                    p.copy_(ref[name] + 1.0 if "norm" in name else ref[name])
 
 
 def stage_dflash(cfg: Config, work: Path) -> dict:
@@ -1041,7 +1176,7 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
         n = anchors.shape[1]
         with torch.no_grad(), autocast(dev):
             pos = torch.arange(seq, device=dev)[None].expand(bsz, -1)
-            h, cap = lm_hidden(target, rows, pos, capture=ids_layers)
+            h, cap = target_hidden(target, rows, pos, capture=ids_layers)
             greedy = head(h).argmax(-1)  # greedy[t]: the target's next token after position t
             ctx = torch.cat([cap[i] for i in ids_layers], dim=-1)
         labels, valid = dflash_labels(greedy, anchors, lengths, b)
@@ -1076,7 +1211,7 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
                 f"acc@slot{b - 1} {acc_slot[b - 1]:.3f} lr {lr:.2e} {time.time() - t0:.0f}s")
     seconds = time.time() - t0
     draft.eval()
-    path = work / "models" / NAMES["dflash"]
+    path = work / "models" / names(cfg)["dflash"]
     if path.exists():
         shutil.rmtree(path)
     path.mkdir(parents=True)
@@ -1114,9 +1249,16 @@ def eval_prompts(cfg: Config, work: Path) -> list[list[int]]:
 
 
 _EVAL = {}
+# the speculative methods evaluated per family, and the stock loops that run them
+EVAL_METHODS = {"qwen3": ("ar-draft", "pard", "dflash"), "hybrid": ("dflash",)}
+EVAL_LOOPS = {
+    "qwen3": "specc.stock generate_chain (ar-draft: PARD model as plain AR drafter), generate_pard, generate_dflash",
+    "hybrid": "specc.stock generate_dflash (chain verification; the stock loops have no tree for hybrid targets), "
+              "generate_ar as the reference",
+}
 
 
-def _eval_init(models_dir: str) -> None:
+def _eval_init(models_dir: str, family: str = "qwen3") -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -1129,19 +1271,23 @@ def _eval_init(models_dir: str) -> None:
     hf_logging.set_verbosity_error()
     root = Path(models_dir)
     load = lambda name: AutoModelForCausalLM.from_pretrained(str(root / name), dtype=torch.float32).eval()
-    _EVAL["target"] = load(NAMES["target"])
-    _EVAL["pard"] = load(NAMES["pard"])
-    _EVAL["pard_token"] = read_json(root / NAMES["pard"] / "config.json")["pard_token"]
-    _EVAL["dflash"] = DFlashReference.from_pretrained(root / NAMES["dflash"], torch.float32, "cpu")
+    family_names = HYBRID_NAMES if family == "hybrid" else NAMES
+    _EVAL["target"] = load(family_names["target"])
+    if "pard" in family_names:
+        _EVAL["pard"] = load(family_names["pard"])
+        _EVAL["pard_token"] = read_json(root / family_names["pard"] / "config.json")["pard_token"]
+    _EVAL["dflash"] = DFlashReference.from_pretrained(root / family_names["dflash"], torch.float32, "cpu")
 
 
 def _eval_run(task):
-    from specc.stock import generate_chain, generate_dflash, generate_pard
+    from specc.stock import generate_ar, generate_chain, generate_dflash, generate_pard
 
     method, block, index, prompt, max_new = task
     target = _EVAL["target"]
     t0 = time.time()
-    if method == "ar-draft":
+    if method == "ar":
+        res = generate_ar(target, prompt, max_new)
+    elif method == "ar-draft":
         res = generate_chain(target, _EVAL["pard"], prompt, max_new, num_draft=block - 1)
     elif method == "pard":
         res = generate_pard(target, _EVAL["pard"], _EVAL["pard_token"], prompt, max_new, num_draft=block - 1)
@@ -1216,10 +1362,12 @@ def stage_eval(cfg: Config, work: Path) -> dict:
     for sample in samples[:2]:
         log(f"eval: sample {sample['prompt']!r} -> {sample['completion']!r}")
     del target
-    methods = ("ar-draft", "pard", "dflash")
+    methods = EVAL_METHODS[cfg.family]
     # longest tasks first so the pool stays busy
     tasks = [(m, b, i, p, cfg.eval_new_tokens) for b in sorted(cfg.eval_blocks, reverse=True)
              for m in methods for i, p in enumerate(prompts)]
+    if cfg.family == "hybrid":  # plain AR greedy: the reference every method's tokens must equal
+        tasks += [("ar", 1, i, p, cfg.eval_new_tokens) for i, p in enumerate(prompts)]
     workers = cfg.eval_workers
     if workers < 0:
         workers = min(15, (os.cpu_count() or 1) - 1) if (os.cpu_count() or 1) > 2 else 0
@@ -1227,14 +1375,19 @@ def stage_eval(cfg: Config, work: Path) -> dict:
     if workers > 0:
         import multiprocessing as mp
 
-        with mp.get_context("spawn").Pool(workers, initializer=_eval_init, initargs=(str(models),)) as pool:
+        with mp.get_context("spawn").Pool(workers, initializer=_eval_init,
+                                             initargs=(str(models), cfg.family)) as pool:
             results = pool.map(_eval_run, tasks, chunksize=1)
     else:
-        _eval_init(str(models))
+        _eval_init(str(models), cfg.family)
         results = [_eval_run(t) for t in tasks]
     seconds = time.time() - t0
-    # every method and block must produce the target's greedy output: compare per prompt
-    lossless = all(r["tokens"] == next(s for s in results if s["prompt"] == r["prompt"])["tokens"] for r in results)
+    # every method and block must produce the target's greedy output: compare per prompt (with
+    # plain AR's tokens where AR ran, else with the prompt's first run)
+    reference = {}
+    for r in sorted(results, key=lambda r: r["method"] != "ar"):
+        reference.setdefault(r["prompt"], r["tokens"])
+    lossless = all(r["tokens"] == reference[r["prompt"]] for r in results)
     table = {}
     for m in methods:
         for b in cfg.eval_blocks:
@@ -1252,7 +1405,7 @@ def stage_eval(cfg: Config, work: Path) -> dict:
         "heldout_ppl": math.exp(nll), "heldout_nll": nll, "heldout_tokens": n,
         "prompts": len(prompts), "prompt_len_range": [cfg.eval_prompt_min, cfg.eval_prompt_max],
         "new_tokens": cfg.eval_new_tokens, "eos_stops": False, "dtype": "float32", "device": "cpu",
-        "loops": "specc.stock generate_chain (ar-draft: PARD model as plain AR drafter), generate_pard, generate_dflash",
+        "loops": EVAL_LOOPS[cfg.family], "family": cfg.family, "target": names(cfg)["target"],
         "lossless_all_methods_equal": lossless, "eval_seconds": round(seconds, 1), "workers": workers,
         "samples_distinct_4grams_min": min(x["distinct_4grams"] for x in samples), "results": table,
     }
@@ -1286,7 +1439,7 @@ def plot_acceptance(metrics: dict, path: Path) -> None:
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"specc-tiny on held-out Python, {metrics['prompts']} prompts x {metrics['new_tokens']} tokens "
+    fig.suptitle(f"{metrics.get('target', 'specc-tiny')} on held-out Python, {metrics['prompts']} prompts x {metrics['new_tokens']} tokens "
                  f"(ppl {metrics['heldout_ppl']:.2f})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -1305,7 +1458,7 @@ def stage_distill(cfg: Config, work: Path) -> dict:
 
 def packed_zoo_bytes(cfg: Config) -> int:
     """Approximate size of the family stored in bf12 (1.5 bytes a weight, escapes ignored)."""
-    return int(1.5 * sum(param_count(k, cfg) for k in NAMES))
+    return int(1.5 * sum(param_count(k, cfg) for k in names(cfg)))
 
 
 EXPORT_FILES = ("config.json", "commands.json", "timings.json", "corpus/manifest.json", "tokens/info.json",
@@ -1329,7 +1482,7 @@ def stage_export(cfg: Config, work: Path, dest: Path | None = None) -> dict:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     packed = {}
-    for name in NAMES.values():
+    for name in names(cfg).values():
         src = work / "models" / name
         if (src / "config.json").is_file():
             packed[name] = pack_checkpoint(src, staging / "models" / name)
@@ -1389,7 +1542,7 @@ def stage_restore(cfg: Config, work: Path, src: Path | None = None) -> dict:
     tree = _export_tree(src.resolve(), work)
     mine = read_json(work / "tokenizer" / "tokenizer.json")
     restored = []
-    for name in NAMES.values():
+    for name in names(cfg).values():
         packed = tree / "models" / name
         if not (packed / "config.json").is_file():
             continue
@@ -1410,7 +1563,7 @@ def stage_restore(cfg: Config, work: Path, src: Path | None = None) -> dict:
         else:
             save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
         restored.append(name)
-    target_conf = work / "models" / NAMES["target"] / "config.json"
+    target_conf = work / "models" / names(cfg)["target"] / "config.json"
     if target_conf.is_file():
         raw = read_json(target_conf)
         want = {"hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers, "intermediate_size": cfg.intermediate,
@@ -1439,7 +1592,7 @@ def write_manifest(cfg: Config, work: Path, argv: list[str]) -> None:
     ev = work / "eval" / "metrics.json"
     evm = read_json(ev) if ev.is_file() else None
     files = {}
-    for name in NAMES.values():
+    for name in names(cfg).values():
         d = work / "models" / name
         if d.is_dir():
             files[name] = {f.name: f.stat().st_size for f in sorted(d.iterdir())}
@@ -1522,9 +1675,9 @@ def main(argv=None) -> int:
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    log(f"train_tiny: {versions()}; workdir {work}; seed {cfg.seed}; save dtype {save_dtype(cfg)}; "
-        f"params target {param_count('target', cfg) / 1e6:.2f}M pard {param_count('pard', cfg) / 1e6:.2f}M "
-        f"dflash {param_count('dflash', cfg) / 1e6:.2f}M; ~{packed_zoo_bytes(cfg) / 1e6:.1f} MB in bf12")
+    sizes = " ".join(f"{role} {param_count(role, cfg) / 1e6:.2f}M" for role in names(cfg))
+    log(f"train_tiny: {versions()}; workdir {work}; family {cfg.family}; seed {cfg.seed}; save dtype {save_dtype(cfg)}; "
+        f"params {sizes}; ~{packed_zoo_bytes(cfg) / 1e6:.1f} MB in bf12")
     timings_path = work / "timings.json"
     timings = read_json(timings_path) if timings_path.is_file() else {}
     fns = {"corpus": stage_corpus, "tokenizer": stage_tokenizer, "target": stage_target, "distill": stage_distill,
