@@ -218,8 +218,10 @@ PRESETS["hybrid"] = dict(
     eval_blocks=[16], save_bf16=True,
 )
 # the hybrid family at toy scale: every stage on a CPU in about a minute
+# (enough target and DFlash steps that the drafter is accepted on some prompts and rejected on others)
 PRESETS["hybrid-toy"] = {**PRESETS["toy"], "family": "hybrid", "layers": 4, "linear_key_heads": 2,
-                         "linear_value_heads": 4, "linear_key_dim": 8, "linear_value_dim": 8, "save_bf16": True}
+                         "linear_value_heads": 4, "linear_key_dim": 8, "linear_value_dim": 8,
+                         "target_steps": 20, "dflash_steps": 40, "save_bf16": True}
 
 
 # ----------------------------------------------------------------------------------------------

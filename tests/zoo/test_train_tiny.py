@@ -325,3 +325,100 @@ def test_dflash_labels_are_the_targets_next_tokens(tt):
                 assert bool(valid[r, j, i]) == expect
                 if expect and a + i <= 19:
                     assert int(labels[r, j, i]) == int(seq[r, a + i])
+
+
+HYBRID_SCRIPT = ROOT / "examples" / "train_tiny_hybrid.sh"
+
+
+def test_hybrid_family_end_to_end_toy(tt, tmp_path, monkeypatch):
+    """specc-tiny-hybrid's one-call flow (examples/train_tiny_hybrid.sh) at toy scale on CPU:
+    corpus, tokenizer, a Qwen3.5-style target, distillation data, DFlash, eval, export. The
+    exported bf12 checkpoints load through specc's loading path; specc's HybridLM gives HF's
+    logits; the DFlash drafter runs through the stock hybrid loop and every output equals AR's."""
+    pytest.importorskip("matplotlib", reason="examples/train_tiny.py plots need matplotlib (pip install -e '.[train]')")
+    pytest.importorskip("tokenizers", reason="examples/train_tiny.py trains a tokenizer (pip install -e '.[train]')")
+    from transformers import AutoModelForCausalLM
+
+    from specc.models.hybrid import HybridLM
+    from specc.models.loading import resolve_checkpoint
+    from specc.models.packed_checkpoint import is_packed
+    from specc.models.registry import load_model
+    from specc.pairing import resolve_pair
+    from specc.stock import DFlashReference, generate_ar, generate_dflash
+
+    src, out, work = _toy_sources(tmp_path), tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "OUT": str(out),
+           "TINY_WORKDIR": str(work), "TINY_PRESET": "hybrid-toy"}
+    proc = subprocess.run(["bash", str(HYBRID_SCRIPT), "--source-dir", str(src)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "pard: the hybrid family has no PARD drafter; skipped" not in proc.stdout  # no pard stage asked
+    assert "=== stage eval done" in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["tiny-export.tar.part-00", "train-hybrid.log"]
+
+    exported = tt._export_tree(out, tmp_path)
+    models = exported / "models"
+    assert sorted(p.name for p in models.iterdir()) == ["MANIFEST.json", "specc-tiny-hybrid", "specc-tiny-hybrid-dflash"]
+    monkeypatch.setenv("SPECC_UNPACK_CACHE", str(tmp_path / "unpacked"))
+    for name, kind in (("specc-tiny-hybrid", "hybrid"), ("specc-tiny-hybrid-dflash", "dflash")):
+        assert is_packed(models / name)
+        assert _same_tensors(resolve_checkpoint(models / name) / "model.safetensors",
+                             work / "models" / name / "model.safetensors")  # bf12 is lossless
+        assert load_model(models / name).kind == kind
+    target_dir = resolve_checkpoint(models / "specc-tiny-hybrid")
+    raw = json.loads((target_dir / "config.json").read_text())
+    assert raw["model_type"] == "qwen3_5_text" and raw["layer_types"].count("full_attention") == 1
+    assert resolve_pair(str(models / "specc-tiny-hybrid"), str(models / "specc-tiny-hybrid-dflash")).method == "dflash"
+
+    # specc's hybrid model equals HF transformers on a few tokens (fp32, CPU)
+    hf = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    ours = load_model(models / "specc-tiny-hybrid").model
+    assert isinstance(ours, HybridLM)
+    ids = torch.tensor([[5, 17, 33, 2, 61, 40, 8, 71, 12, 250, 3]])
+    with torch.no_grad():
+        ours.setup_caches(1, 32, max_block=4)
+        mine = ours(ids, torch.arange(ids.shape[1])[None], torch.zeros(1, dtype=torch.long))
+        torch.testing.assert_close(mine, hf(ids).logits, rtol=1e-4, atol=1e-4)
+
+    # the DFlash drafter through the stock hybrid loop: AR's tokens, with full blocks accepted
+    # on some prompts and drafts rejected on others (both roll-back paths of the hybrid cache)
+    draft = DFlashReference.from_pretrained(resolve_checkpoint(models / "specc-tiny-hybrid-dflash"))
+    gen = torch.Generator().manual_seed(0)
+    lengths = []
+    for _ in range(6):
+        prompt = torch.randint(2, 300, (10,), generator=gen).tolist()
+        got = generate_dflash(hf, draft, prompt, 24, 8)
+        assert got.tokens == generate_ar(hf, prompt, 24).tokens
+        lengths += got.stats.accepted_lengths[:-1]
+    assert 1 in lengths and 8 in lengths, lengths
+
+    metrics = json.loads((exported / "eval" / "metrics.json").read_text())
+    assert metrics["lossless_all_methods_equal"] and metrics["family"] == "hybrid"
+    assert set(metrics["results"]) == {"dflash@4", "dflash@8"}
+    manifest = json.loads((models / "MANIFEST.json").read_text())
+    assert set(manifest["files"]) == {"specc-tiny-hybrid", "specc-tiny-hybrid-dflash"}
+    assert manifest["config"]["family"] == "hybrid" and manifest["eval"]["lossless_all_methods_equal"]
+
+
+def test_hybrid_preset_fits_the_zoo_and_one_call(tt):
+    """The hybrid preset's target is the ~12-15M-parameter model of issue #18, its family
+    (target + DFlash) fits 30 MB in bf12, it shares specc-tiny's corpus and tokenizer recipe, and
+    its stage budgets leave room for the fixed costs in one 10-minute device call."""
+    cfg = tt.Config()
+    for k, v in tt.PRESETS["hybrid"].items():
+        assert hasattr(cfg, k), k
+        setattr(cfg, k, v)
+    assert tt.names(cfg) == {"target": "specc-tiny-hybrid", "dflash": "specc-tiny-hybrid-dflash"}
+    assert 12e6 < tt.param_count("target", cfg) < 16e6
+    assert tt.packed_zoo_bytes(cfg) + 1_000_000 <= 30_000_000  # + tokenizer files, configs
+    assert tt.save_dtype(cfg) == torch.bfloat16  # what bf12 stores losslessly
+    v2 = {**dataclasses.asdict(tt.Config()), **tt.PRESETS["v2"]}
+    for key in ("source_dirs", "heldout_permille", "max_file_kb", "max_corpus_mb", "vocab_size", "tokenizer_mb", "seed"):
+        assert getattr(cfg, key) == v2[key], key  # the same corpus and tokenizer as specc-tiny
+    conf = tt.hybrid_config(cfg)
+    assert conf.layer_types == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    assert max(tt.layer_ids(cfg)) < cfg.layers - 1  # DFlash never reads the last layer's output
+    # train_tiny_hybrid.sh stops training after 530 s; stages stop at 1.15x their budgets; fixed
+    # costs (specc-tiny's H200 timings): imports, corpus 7 s, tokenizer 20 s, saving and quick
+    # held-out loss, eval (v1: 48 s at two blocks for three methods; here one method at block 16)
+    assert 1.15 * (cfg.target_seconds + cfg.distill_seconds + cfg.dflash_seconds) < 530 - 110
