@@ -422,3 +422,55 @@ def test_hybrid_preset_fits_the_zoo_and_one_call(tt):
     # costs (specc-tiny's H200 timings): imports, corpus 7 s, tokenizer 20 s, saving and quick
     # held-out loss, eval (v1: 48 s at two blocks for three methods; here one method at block 16)
     assert 1.15 * (cfg.target_seconds + cfg.distill_seconds + cfg.dflash_seconds) < 530 - 110
+
+
+def test_hybrid_cached_generation_matches_hf_greedy(tt):
+    """The distillation generator on a hybrid target (HF's forward and cache, a batch at once)
+    gives each row's HF greedy continuation."""
+    from hybrid_factory import make_hybrid
+
+    model = make_hybrid("qwen3_5", 1)
+    prompts = torch.randint(2, 90, (3, 7), generator=torch.Generator().manual_seed(0))
+    got = tt.generate_batch(model, prompts, 19, torch.device("cpu"))
+    for row in range(3):
+        want = model.generate(prompts[row:row + 1], max_new_tokens=12, do_sample=False, pad_token_id=0,
+                              eos_token_id=None, attention_mask=torch.ones(1, 7, dtype=torch.long))
+        assert got[row].tolist() == want[0].tolist()
+
+
+def test_hybrid_target_hidden_is_hfs(tt):
+    """The training forward of a hybrid target is HF's: final hidden states give HF's logits and
+    the captured layers are HF's hidden_states[i + 1] (what the stock DFlash loop feeds)."""
+    from hybrid_factory import make_hybrid
+
+    model = make_hybrid("qwen3_5", 2)
+    ids = torch.randint(0, 90, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        h, cap = tt.target_hidden(model, ids, torch.arange(12)[None].expand(2, -1), capture=(0, 2))
+        ref = model(input_ids=ids, output_hidden_states=True)
+    torch.testing.assert_close(model.lm_head(h), ref.logits, atol=1e-4, rtol=1e-4)
+    for i in (0, 2):
+        torch.testing.assert_close(cap[i], ref.hidden_states[i + 1], atol=1e-5, rtol=1e-5)
+
+
+def test_dflash_init_from_hybrid_target(tt):
+    """A DFlash drafter started from a hybrid target's last layers takes what fits: the MLPs, the
+    attention layer's k/v/o projections, and the norms converted from zero-centred scales."""
+    from hybrid_factory import make_hybrid
+
+    target = make_hybrid("qwen3_5", 3)  # 4 layers: GDN, GDN, GDN, gated attention
+    conf = target.config
+    cfg = _toy_cfg(tt, hidden=conf.hidden_size, heads=conf.num_attention_heads, kv_heads=conf.num_key_value_heads,
+                   head_dim=conf.head_dim, dflash_layers=2, dflash_intermediate=conf.intermediate_size,
+                   layers=4, vocab_size=conf.vocab_size)
+    draft, _ = tt.new_dflash(cfg, mask_token_id=1)
+    q_before = draft.layers[1].self_attn.q_proj.weight.clone()
+    tt.init_from_target(draft, target)
+    gdn, attn = target.model.layers[2], target.model.layers[3]
+    with torch.no_grad():
+        for mine, theirs in ((draft.layers[0], gdn), (draft.layers[1], attn)):
+            torch.testing.assert_close(mine.mlp.down_proj.weight, theirs.mlp.down_proj.weight)
+            torch.testing.assert_close(mine.input_layernorm.weight, 1.0 + theirs.input_layernorm.weight)
+        torch.testing.assert_close(draft.layers[1].self_attn.k_proj.weight, attn.self_attn.k_proj.weight)
+        torch.testing.assert_close(draft.layers[1].self_attn.k_norm.weight, 1.0 + attn.self_attn.k_norm.weight)
+    assert torch.equal(draft.layers[1].self_attn.q_proj.weight, q_before)  # gated q_proj: other shape
