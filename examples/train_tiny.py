@@ -1613,7 +1613,21 @@ def write_manifest(cfg: Config, work: Path, argv: list[str]) -> None:
         "files": files, "total_bytes": sum(s for f in files.values() for s in f.values()),
         "config": dataclasses.asdict(cfg),
     }
+    if cfg.family == "hybrid":
+        manifest["tokenizer_equals_zoo_specc_tiny"] = tokenizer_equals_zoo(work)
     write_json(work / "models" / "MANIFEST.json", manifest)
+
+
+def tokenizer_equals_zoo(work: Path):
+    """Whether the workdir's tokenizer is the shipped specc-tiny's (same vocabulary and merges),
+    so a family trained here shares its tokenizer; None when the zoo has no specc-tiny."""
+    from specc.models.loading import ZOO_DIR
+
+    shipped = ZOO_DIR / NAMES["target"] / "tokenizer.json"
+    mine = work / "tokenizer" / "tokenizer.json"
+    if not shipped.is_file() or not mine.is_file():
+        return None
+    return read_json(shipped)["model"] == read_json(mine)["model"]
 
 
 def parse_config(args, saved: dict | None = None) -> Config:

@@ -398,6 +398,7 @@ def test_hybrid_family_end_to_end_toy(tt, tmp_path, monkeypatch):
     manifest = json.loads((models / "MANIFEST.json").read_text())
     assert set(manifest["files"]) == {"specc-tiny-hybrid", "specc-tiny-hybrid-dflash"}
     assert manifest["config"]["family"] == "hybrid" and manifest["eval"]["lossless_all_methods_equal"]
+    assert manifest["tokenizer_equals_zoo_specc_tiny"] in (False, None)  # a toy corpus's tokenizer
 
 
 def test_hybrid_preset_fits_the_zoo_and_one_call(tt):
@@ -474,3 +475,19 @@ def test_dflash_init_from_hybrid_target(tt):
         torch.testing.assert_close(draft.layers[1].self_attn.k_proj.weight, attn.self_attn.k_proj.weight)
         torch.testing.assert_close(draft.layers[1].self_attn.k_norm.weight, 1.0 + attn.self_attn.k_norm.weight)
     assert torch.equal(draft.layers[1].self_attn.q_proj.weight, q_before)  # gated q_proj: other shape
+
+
+def test_tokenizer_equals_zoo(tt, tmp_path):
+    """The manifest's tokenizer check: true for the shipped specc-tiny's own tokenizer, false for another."""
+    from specc.models.loading import ZOO_DIR
+
+    shipped = ZOO_DIR / "specc-tiny" / "tokenizer.json"
+    if not shipped.is_file():
+        pytest.skip("specc-tiny not shipped")
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "tokenizer.json").write_bytes(shipped.read_bytes())
+    assert tt.tokenizer_equals_zoo(tmp_path) is True
+    other = json.loads(shipped.read_text())
+    other["model"]["merges"] = other["model"]["merges"][:-1]
+    (tmp_path / "tokenizer" / "tokenizer.json").write_text(json.dumps(other))
+    assert tt.tokenizer_equals_zoo(tmp_path) is False
