@@ -217,6 +217,10 @@ PRESETS["hybrid"] = dict(
     dflash_layers=2, dflash_intermediate=896, dflash_steps=100000, dflash_seconds=130.0,
     eval_blocks=[16], save_bf16=True,
 )
+# the hybrid preset's model shapes (and block 16) on toy data and step counts: its code paths on a CPU
+PRESETS["hybrid-smoke"] = {**PRESETS["toy"], **{k: v for k, v in PRESETS["hybrid"].items() if not k.endswith(
+    ("_steps", "_seconds", "_warmup", "_lr", "_batch", "_seq")) and not k.startswith("distill_")},
+    "head_dim": 64, "eval_new_tokens": 24, "dflash_block": 16, "dflash_seq": 48, "eval_blocks": [16]}
 # the hybrid family at toy scale: every stage on a CPU in about a minute
 # (enough target and DFlash steps that the drafter is accepted on some prompts and rejected on others)
 PRESETS["hybrid-toy"] = {**PRESETS["toy"], "family": "hybrid", "layers": 4, "linear_key_heads": 2,
