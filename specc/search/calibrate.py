@@ -427,6 +427,7 @@ def fit(dep, m: dict[str, Any], device: str):
     # The flops efficiency is the median over the samples the line underprices (many new tokens
     # over a long cache: tensor-core work of a decode-shaped kernel, far below the matmul peak).
     attn = m["attention"]
+    split_kv = fit_split_kv_attention(dep, m, device, overhead)
     net = [max(r["seconds"] - attn_launch(device) * overhead, 1e-12) for r in attn]
     q_min = min((r["Q"] for r in attn), default=1)
     line = [(r["bytes"], t) for r, t in zip(attn, net) if r["Q"] == q_min]
@@ -447,13 +448,61 @@ def fit(dep, m: dict[str, Any], device: str):
     kinds = {
         "elementwise": {"bandwidth": min(1.0, copy_eff)},
         "linear": {"bandwidth": lin_bw, "flops": peak_eff},
-        "attention": attn_kind,
+        "attention": split_kv or attn_kind,
     }
     if m.get("linear_bf12"):  # 12-bit weights (pack_weights_12bit's packed_linear): bandwidth on packed bytes
         effs = [r["bytes"] / max(r["seconds"] - overhead, 1e-12) / dep.hbm_bandwidth
                 for r in m["linear_bf12"] if r["M"] <= 16]
         kinds["packed_linear"] = {"bandwidth": min(1.0, _median(effs, lin_bw))}
     return fields, kinds, linear_by_m, linear_bw_by_m
+
+
+def fit_split_kv_attention(dep, m: dict[str, Any], device: str, overhead: float) -> dict[str, float] | None:
+    """The attention fit of the split-KV kernel (CUDA; None elsewhere or when the samples do not
+    determine it): ``t = latency_s + max((bytes + partials) / bw, flops x flops_scale / peak)
+    + merge programs x slots x merge_slot_s`` (specc.search.attention_traffic).
+
+    ``latency_s``, the bandwidth and ``merge_slot_s`` are one least-squares fit over the samples
+    of at most 16 new tokens (decode and verify shapes, where the K/V stream and the merge
+    bind); the flops efficiency is the least-squares ratio over the samples that fit leaves
+    underpriced by more than 20% (tensor-core bound: 64 new tokens over long caches). Before
+    this fit the model priced only the IR's K/V bytes with one flops efficiency, and missed
+    verify steps at B x Q >= 256 rows by 35% (the merge kernel of B x Q x Hq programs it did not
+    see) while overpricing Q = 64 by up to 2x."""
+    if device != "cuda":
+        return None
+    import torch
+
+    from specc.search.attention_traffic import split_kv_traffic
+
+    attn = m.get("attention") or []
+    try:
+        hq, hkv, d = (int(x) for x in m["sizes"]["attn_heads"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    samples = []
+    for r in attn:
+        tr = split_kv_traffic(r["B"], r["Q"], hq, hkv, d, r["C"] + r["Q"], dep.sm_count)
+        launches = 2 if tr.merge_rows else 1
+        samples.append((r, tr, max(r["seconds"] - launches * overhead, 1e-12)))
+    line = [(r, tr, t) for r, tr, t in samples if r["Q"] <= 16]
+    if len(line) < 4 or len({tr.merge_work for _, tr, _ in line}) < 2:
+        return None
+    a = torch.tensor([[1.0, r["bytes"] + tr.extra_bytes, tr.merge_work] for r, tr, _ in line], dtype=torch.float64)
+    y = torch.tensor([[t] for _, _, t in line], dtype=torch.float64)
+    latency, per_byte, per_slot = (float(v) for v in torch.linalg.lstsq(a, y).solution[:, 0])
+    if per_byte <= 0 or per_slot <= 0:
+        return None
+    latency = max(1e-9, latency)  # a record's figures are positive
+    heavy = [(r["flops"] * tr.flops_scale, t - latency - per_slot * tr.merge_work) for r, tr, t in samples
+             if t - latency - per_slot * tr.merge_work > 1.2 * (r["bytes"] + tr.extra_bytes) * per_byte
+             and r["flops"] > 0]
+    flops_eff = 1.0
+    if heavy:
+        per_flop = sum(f * t for f, t in heavy) / sum(f * f for f, _ in heavy)
+        flops_eff = min(1.0, 1.0 / (per_flop * dep.bf16_flops))
+    return {"bandwidth": min(1.0, 1.0 / (per_byte * dep.hbm_bandwidth)), "latency_s": latency,
+            "flops": flops_eff, "merge_slot_s": per_slot}
 
 
 def linear_choice_of(m: dict[str, Any], overhead_s: float) -> LinearChoice | None:

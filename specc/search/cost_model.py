@@ -48,6 +48,8 @@ from specc.codegen.launches import CUBLAS_LAUNCHES, LAUNCHES, register_launches 
 from specc.codegen.linear_choice import KINDS as CHOICE_KINDS
 from specc.ir import STRUCTURAL_KINDS, evaluate
 from specc.ir.meta import TensorMeta, tensors_in
+from specc.search.attention_traffic import PRICED_KINDS as ATTENTION_PRICED
+from specc.search.attention_traffic import split_kv_traffic
 from specc.search.calibrate import interpolate_log
 
 DEFAULT_CONTEXT = 1024
@@ -207,6 +209,45 @@ class CostModel:
                 return float(value)
         return 0.0
 
+    def attention_traffic(self, meta, values: Mapping[str, int]):
+        """(AttentionTraffic, seconds per merge slot) of an attention node that runs the split-KV
+        kernel, when the calibration fitted that kernel's form (``merge_slot_s``); else None
+        (the node is priced by the IR's bytes, as before that fit)."""
+        if meta.kind not in ATTENTION_PRICED or self.deployment.device != "cuda" or self.calibration is None:
+            return None
+        slot_s = self.calibration.kind_efficiency.get("attention", {}).get("merge_slot_s")
+        out = meta.out
+        if not slot_s or not isinstance(out, TensorMeta) or out.ndim != 3:
+            return None
+        try:
+            heads, kv_heads, head_dim = (int(meta.attrs[k]) for k in ("num_heads", "num_kv_heads", "head_dim"))
+            kv_len = self._num(meta.attrs["kv_len"], values)
+        except (KeyError, TypeError, ValueError):
+            return None
+        batch, num_q = self._num(out.shape[0], values), self._num(out.shape[1], values)
+        key = ("attention", batch, num_q, heads, kv_heads, head_dim, kv_len)
+        traffic = self._eval_cache.get(key)
+        if traffic is None:
+            traffic = split_kv_traffic(int(batch), int(num_q), heads, kv_heads, head_dim, int(kv_len),
+                                       self.deployment.sm_count)
+            self._eval_cache[key] = traffic
+        return traffic, float(slot_s)
+
+    def norm_kernel_seconds(self, meta, rows: float | None, launches: int) -> float:
+        """A norm_linear that launches its rms_norm kernel apart (more than one row: the GEMM
+        kernels take normalised rows; cuBLAS always) also reads x and writes the normalised rows:
+        ``2 x M x K x itemsize`` bytes at the elementwise bandwidth, beyond the IR's bytes (which
+        count the fused form). At M = 1 the GEMV computes the statistics itself: nothing."""
+        if meta.kind != "norm_linear" or rows is None or rows <= 1 or launches < 2:
+            return 0.0
+        try:
+            k = int(meta.attrs["in_features"])
+        except (KeyError, TypeError, ValueError):
+            return 0.0
+        itemsize = meta.out.itemsize if isinstance(meta.out, TensorMeta) else 2
+        bw = self.deployment.hbm_bandwidth * self.bandwidth_efficiency("elementwise")
+        return 2.0 * rows * k * itemsize / bw
+
     def launches(self, meta, rows: float | None = None) -> int:
         """Kernels a node lowers to on this deployment's device (:data:`LAUNCHES`, default 1);
         ``rows``: the M of a linear-like node, for counts that depend on it."""
@@ -257,11 +298,18 @@ class CostModel:
                 weight_bytes=0.0, cache_bytes=0.0, launches=n_launch, t_memory=t_link, t_compute=0.0,
                 t_launch=n_launch * self.overhead, floor=floor, bandwidth=dep.link_bandwidth, peak=peak,
                 bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
+        moved, work_flops = nbytes, flops
+        extra += self.norm_kernel_seconds(meta, rows, n_launch)
+        attn = self.attention_traffic(meta, values) if eclass == "attention" else None
+        if attn is not None:  # the split-KV kernel's partials, padded row tiles and merge kernel
+            traffic, slot_s = attn
+            moved, work_flops = nbytes + traffic.extra_bytes, flops * traffic.flops_scale
+            extra += traffic.merge_work * slot_s
         return NodeCost(
             node=node.name, kind=meta.kind, component=component_of(meta, node.name), bytes=nbytes, flops=flops,
             weight_bytes=self._num(meta.weight_bytes, values),
             cache_bytes=self._num(meta.cache_read + meta.cache_written, values), launches=n_launch,
-            t_memory=nbytes / bw, t_compute=flops / peak,
+            t_memory=moved / bw, t_compute=work_flops / peak,
             t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind) + extra,
             floor=max(nbytes / dep.hbm_bandwidth, flops / dep.bf16_flops), bandwidth=bw, peak=peak,
             bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)

@@ -298,7 +298,7 @@ def _attn_merge_kernel(part_ptr, lse_ptr, o_ptr, QN, HQ, D, stride_ob, stride_oq
 
 
 def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
-                device: torch.device, block_n: int = 64, rows: int = 1) -> int:
+                device: torch.device, block_n: int = 64, rows: int = 1, sms: int | None = None) -> int:
     """KV splits: ~4 programs per SM, at least ``block_n`` keys per split, and the fp32 partial
     outputs (``rows`` query rows per KV head, written and merged once per split) at most about
     half the K/V bytes they save: ``splits <= kv_len / (4 * rows)``, unless that leaves fewer
@@ -308,9 +308,10 @@ def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
     steps-h200.md): at cache capacity 4224 this picks the fastest or within 3% of it for Q = 1
     to 64; at 1152 the traffic bound alone picked 4 / 2 / 1 splits for Q = 16 / 32 / 64
     (13.3 / 16.5 / 22.5 us) where 12 / 8 / 4 were fastest (11.3 / 13.6 / 15.5 us); the SM floor
-    gives 12 / 6 / 3."""
+    gives 12 / 6 / 3. ``sms``: the SM count to plan for (default: the device's; the cost model
+    passes a deployment's)."""
     programs = max(batch * num_kv_heads * row_blocks, 1)
-    sms = num_sms(device)
+    sms = num_sms(device) if sms is None else int(sms)
     want = triton.cdiv(4 * sms, programs)
     cap = max(1, triton.cdiv(max_kv_len, block_n))
     traffic_cap = max(1, max_kv_len // (4 * max(rows, 1)), (3 * sms) // (4 * programs))
@@ -319,8 +320,9 @@ def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
 
 def launch_plan(bsz: int, num_q: int, num_heads: int, num_kv_heads: int, head_dim: int,
                 max_kv_len: int, device: torch.device, block_n: int | None = None,
-                block_m: int | None = None) -> dict:
-    """Tile sizes and KV splits :func:`attention` uses (also for cost models and sweeps)."""
+                block_m: int | None = None, sms: int | None = None) -> dict:
+    """Tile sizes and KV splits :func:`attention` uses (also for cost models and sweeps; ``sms``
+    plans for that many SMs instead of the device's)."""
     rows = num_q * (num_heads // num_kv_heads)
     if block_m is None:
         block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)
@@ -337,7 +339,7 @@ def launch_plan(bsz: int, num_q: int, num_heads: int, num_kv_heads: int, head_di
             # G = 4: 12% faster on the H200 at both swept capacities; slower or equal below)
             "fused_merge": rows >= 256,
             "num_splits": pick_splits(bsz, num_kv_heads, row_blocks, max_kv_len, device, block_n,
-                                      rows)}
+                                      rows, sms)}
 
 
 def _check(q, cache_k, cache_v, cache_len, num_new, mask_kind, tree_mask, op, tree_words=None):
