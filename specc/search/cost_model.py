@@ -37,6 +37,7 @@ KV read, target launch overhead, drafter step, ...) by the gap between predicted
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections import defaultdict
@@ -138,14 +139,28 @@ class CostModel:
         except (KeyError, TypeError):
             return None
         shape = table.shape(n, k)
-        t = None if shape is None else shape.seconds_at(rows)
-        if t is None:
+        if shape is None:
             return None
+        triton = shape.impl_at(int(math.ceil(rows))) != "cublas"
+        if triton:  # interpolate the time of one pass over the weight, then pay this M's passes
+            passes = self.weight_passes(meta, rows)
+            per_pass = dataclasses.replace(shape, points=tuple(
+                dataclasses.replace(p, triton_s=None if p.triton_s is None else
+                                    max(p.triton_s - table.overhead_s, 1e-12) / self.weight_passes(meta, p.m))
+                for p in shape.points))
+            t = per_pass.seconds_at(rows)
+            if t is None:
+                return None
+            net = max(t * passes, 1e-12)
+        else:
+            t = shape.seconds_at(rows)
+            if t is None:
+                return None
+            net = max(t - table.overhead_s, 1e-12)
         dep = self.deployment
-        net = max(t - table.overhead_s, 1e-12)
         bw_eff = max(nbytes, 1.0) / net / dep.hbm_bandwidth
         fl_eff = max(flops, 1.0) / net / dep.bf16_flops
-        if shape.impl_at(int(math.ceil(rows))) != "cublas":
+        if triton:
             return bw_eff, fl_eff, self.launches(meta, rows), 0.0
         extra = 0.0
         if meta.kind == "linear_add":  # residual + product as a second op: read 2, write 1
@@ -154,15 +169,17 @@ class CostModel:
         return bw_eff, fl_eff, int(launches), extra
 
     def _prices(self, meta, eclass: str, rows: float | None, nbytes: float, flops: float):
-        """(bandwidth, peak, launches, extra seconds) of a node: from the linear choice's
-        measured time when it covers the node, else from the calibrated efficiencies."""
+        """(bandwidth, peak, launches, extra seconds, measured) of a node: from the linear
+        choice's measured time when it covers the node (measured True), else from the
+        calibrated efficiencies."""
         measured = self.measured_linear(meta, rows, nbytes, flops)
         dep = self.deployment
         if measured is not None:
             bw_eff, fl_eff, n_launch, extra = measured
-            return dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff, n_launch, extra
+            return dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff, n_launch, extra, True
         return (dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows),
-                dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind), self.launches(meta, rows), 0.0)
+                dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind), self.launches(meta, rows), 0.0,
+                False)
 
     # ------------------------------------------------------------ efficiencies
 
@@ -208,6 +225,27 @@ class CostModel:
             if value:
                 return float(value)
         return 0.0
+
+    def weight_passes(self, meta, rows: float | None) -> int:
+        """How many times the Triton linear of a linear node reads its weight at ``rows`` = M:
+        one pass per row tile of the kernel's config for that M
+        (:func:`specc.codegen.kernels.linear.weight_passes`; 65 rows = two 64-row tiles = the
+        weight read twice). 1 for other nodes, for CPU deployments (the reference runs torch's
+        linear) and without a row count."""
+        if rows is None or meta.kind not in CHOICE_KINDS or self.deployment.device != "cuda":
+            return 1
+        try:
+            n, k = int(meta.attrs["out_features"]), int(meta.attrs["in_features"])
+        except (KeyError, TypeError, ValueError):
+            return 1
+        m = max(1, int(math.ceil(rows - 1e-9)))
+        key = ("passes", m, n, k)
+        hit = self._eval_cache.get(key)
+        if hit is None:
+            from specc.codegen.kernels.linear import weight_passes  # imports triton: only for linears
+
+            hit = self._eval_cache[key] = max(1, int(weight_passes(m, n, k)))
+        return hit
 
     def attention_traffic(self, meta, values: Mapping[str, int]):
         """(AttentionTraffic, seconds per merge slot) of an attention node that runs the split-KV
@@ -285,7 +323,7 @@ class CostModel:
         rows = None
         if eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim >= 1:
             rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values) if meta.out.ndim > 1 else 1.0
-        bw, peak, n_launch, extra = self._prices(meta, eclass, rows, nbytes, flops)
+        bw, peak, n_launch, extra, measured = self._prices(meta, eclass, rows, nbytes, flops)
         if meta.kind == "all_reduce" and dep.link_bandwidth > 0:
             # A ring all-reduce is bound by the GPU-to-GPU link, not HBM (specc.ir.collectives).
             from specc.ir.collectives import all_reduce_time
@@ -298,13 +336,8 @@ class CostModel:
                 weight_bytes=0.0, cache_bytes=0.0, launches=n_launch, t_memory=t_link, t_compute=0.0,
                 t_launch=n_launch * self.overhead, floor=floor, bandwidth=dep.link_bandwidth, peak=peak,
                 bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
-        moved, work_flops = nbytes, flops
-        extra += self.norm_kernel_seconds(meta, rows, n_launch)
-        attn = self.attention_traffic(meta, values) if eclass == "attention" else None
-        if attn is not None:  # the split-KV kernel's partials, padded row tiles and merge kernel
-            traffic, slot_s = attn
-            moved, work_flops = nbytes + traffic.extra_bytes, flops * traffic.flops_scale
-            extra += traffic.merge_work * slot_s
+        more_bytes, flops_scale, more_s = self.kernel_terms(meta, values, eclass, rows, n_launch, measured)
+        moved, work_flops, extra = nbytes + more_bytes, flops * flops_scale, extra + more_s
         return NodeCost(
             node=node.name, kind=meta.kind, component=component_of(meta, node.name), bytes=nbytes, flops=flops,
             weight_bytes=self._num(meta.weight_bytes, values),
@@ -313,6 +346,31 @@ class CostModel:
             t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind) + extra,
             floor=max(nbytes / dep.hbm_bandwidth, flops / dep.bf16_flops), bandwidth=bw, peak=peak,
             bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
+
+    def kernel_terms(self, meta, values: Mapping[str, int], eclass: str, rows: float | None, launches: int,
+                     measured: bool) -> tuple[float, float, float]:
+        """What the kernels of a node do beyond its IR formulas: (extra HBM bytes, factor on its
+        FLOPs, extra seconds added like a latency).
+
+        - a linear priced by efficiencies reads its weight once per row tile of the Triton kernel
+          (:meth:`weight_passes`; a measured linear's time already holds its passes, and a
+          record fitted before the tiles were priced has them in its efficiencies);
+        - a multi-row norm_linear runs its rms_norm kernel apart (:meth:`norm_kernel_seconds`);
+        - attention that runs the split-KV kernel writes and merges fp32 partials, computes on
+          padded row tiles and runs the merge kernel (:meth:`attention_traffic`)."""
+        more_bytes, flops_scale, more_s = 0.0, 1.0, 0.0
+        if eclass == "linear" and not measured and (self.calibration is None or self.calibration.linear_tiles):
+            passes = self.weight_passes(meta, rows)
+            if passes > 1:
+                more_bytes += (passes - 1) * self._num(meta.weight_bytes, values)
+        more_s += self.norm_kernel_seconds(meta, rows, launches)
+        attn = self.attention_traffic(meta, values) if eclass == "attention" else None
+        if attn is not None:
+            traffic, slot_s = attn
+            more_bytes += traffic.extra_bytes
+            flops_scale = traffic.flops_scale
+            more_s += traffic.merge_work * slot_s
+        return more_bytes, flops_scale, more_s
 
     def sync_cost(self, ir, values: Mapping[str, int]) -> NodeCost:
         """Greedy acceptance of one forward: argmax over the logits, then one host sync."""
@@ -350,11 +408,18 @@ class CostModel:
             if values is not None and eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim > 1:
                 rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values)
             measured = rows is not None and self.linear_choice is not None
-            bw, peak, n_launch, extra = self._prices(
+            bw, peak, n_launch, extra, measured = self._prices(
                 meta, eclass, rows, self._num(meta.bytes_read + meta.bytes_written, values) if measured else 0.0,
                 self._num(meta.flops, values) if measured else 0.0)
-            key = (sympy.expand(meta.bytes_read + meta.bytes_written), sympy.expand(meta.flops), bw, peak,
-                   n_launch, self.latency(eclass, meta.kind) + extra)
+            more_bytes, flops_scale, more_s = (0.0, 1.0, 0.0) if values is None else \
+                self.kernel_terms(meta, values, eclass, rows, n_launch, measured)
+            nbytes, nflops = meta.bytes_read + meta.bytes_written, meta.flops
+            if more_bytes:
+                nbytes = nbytes + sympy.Float(more_bytes, 15)
+            if flops_scale != 1.0:
+                nflops = nflops * sympy.Float(flops_scale, 15)
+            key = (sympy.expand(nbytes), sympy.expand(nflops), bw, peak, n_launch,
+                   self.latency(eclass, meta.kind) + extra + more_s)
             if key[0] == 0 and key[1] == 0:
                 continue
             terms[key] += 1

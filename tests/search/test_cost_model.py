@@ -54,7 +54,12 @@ def test_verify_trend_memory_bound_at_bs1_compute_heavier_at_bs32(qwen8b):
         return sum(n.work_time for n in p.nodes if n.bound == "compute") / p.time
 
     assert compute_share(v1) == 0.0
-    assert compute_share(v32) > 0.3 and compute_share(v32) > compute_share(ar32)
+    # uncalibrated, every linear runs the Triton kernel, whose 64-row tiles read the weight once
+    # each: 512 rows = 8 passes, which bind before the FLOPs (measured on the H200 with Triton
+    # linears only: 29.3 ms for this step, docs/benchmarks/linears-h200-run6.json)
+    head = max((n for n in v32.nodes if "linear" in n.kind), key=lambda n: n.weight_bytes)  # the LM head
+    assert head.t_memory == pytest.approx((head.bytes + 7 * head.weight_bytes) / head.bandwidth, rel=1e-9)
+    assert head.bound == "memory" and v32.time > 25e-3
     # monotone in Q
     times = [bs32.step(t_ir, {"B": 32, "Q": q, "C": 1024}).time for q in (1, 4, 16, 64)]
     assert times == sorted(times)
@@ -169,7 +174,7 @@ def test_calibration_record_changes_the_prediction(qwen8b):
     base = CostModel(dep).step(t_ir, {"B": 32, "Q": 16, "C": 1024})
     cal = Calibration("h200-bs32", "cuda", kind_efficiency={"linear": {"bandwidth": 0.5, "flops": 0.3},
                                                               "attention": {"bandwidth": 0.4}},
-                      linear_flops_by_m={1: 0.7, 64: 0.5, 512: 0.25})
+                      linear_flops_by_m={1: 0.7, 64: 0.5, 512: 0.25}, linear_tiles=True)
     model = CostModel(dep, calibration=cal)
     assert cal.linear_flops_at(1) == 0.7 and cal.linear_flops_at(4096) == 0.25
     assert 0.25 < cal.linear_flops_at(256) < 0.5
