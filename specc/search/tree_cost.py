@@ -35,8 +35,10 @@ from specc.search.tree_acceptance import TreeAcceptanceModel
 # Node budgets priced by default: N drafted nodes verify N + 1 rows, and N = 2^k - 1 keeps the
 # rows on the linears' row-tile edges (8 .. 128). One row past an edge costs the next tile: on the
 # H200 (Qwen3-8B shapes, docs/benchmarks/h200-run6.md) a 65-row verify's linears took 11.65 ms
-# against 5.82 at 64 rows, and 33 rows 6.13 against 5.18 at 32; the cost model does not price
-# row tiles yet, so it is told which budgets to compare.
+# against 5.82 at 64 rows, and 33 rows 6.13 against 5.18 at 32. The cost model prices the tiles
+# (``CostModel.weight_passes``: the weight read once per row tile), so a budget given by hand
+# (``--tree 64``) is priced at its real cost and ``choose_budget`` prefers 63 to 64; the 32 -> 33
+# step (a wider single tile, another config) is not priced.
 BUDGETS = (7, 15, 31, 63, 127)
 # The tree step's on-device work in launch overheads of the deployment (H200: 1.5 us each):
 # 0.206 ms at 16 nodes, 0.220 at 32, 0.264 at 64, 0.390 at 128 measured (2026-12-03).
