@@ -9,7 +9,9 @@ and the output (``specc.ir.rules.attention_cost``). The kernel that runs it on C
   ``2 x B x Q x Hq x splits x D x 4`` bytes;
 - the merge kernel runs one small program per (row, query, head), ``B x Q x Hq`` of them, each
   a few dependent loads of ``BLOCK_S`` split slots (the next power of two >= splits): it is
-  latency-bound, so its time grows with programs x slots, not with the partial bytes (the H200
+  latency-bound, so its time grows with programs x slots, not with the partial bytes (from 256
+  query rows per KV head the last split program of each row block merges instead, the same
+  work inside the split kernel) (the H200
   profile of a Qwen3-8B step, docs/benchmarks/linears-h200-run6.json: ~24 us per layer for
   8192 programs at both 3 and 4 splits, i.e. 4 slots each);
 - the tensor-core work is done on whole row tiles: a row block of ``block_m`` rows (query x
@@ -35,7 +37,8 @@ class AttentionTraffic:
     splits: int
     row_blocks: int
     extra_bytes: float  # fp32 partials written by the split kernel and read by the merge
-    merge_rows: int  # programs of the separate merge kernel (0: none)
+    merge_rows: int  # (row, query, head) outputs merged from the splits (0: one split, no merge)
+    merge_kernel: bool  # the merge runs as a second kernel (else fused in the split kernel)
     merge_slots: int  # split slots each merge program loads (the kernel's BLOCK_S)
     flops_scale: float  # padded row tiles / real rows (>= 1)
 
@@ -64,6 +67,9 @@ def split_kv_traffic(batch: int, num_q: int, num_heads: int, num_kv_heads: int, 
     splits, row_blocks, block_m = int(plan["num_splits"]), int(plan["row_blocks"]), int(plan["block_m"])
     rows = num_q * (num_heads // num_kv_heads)
     extra = 2.0 * batch * num_q * num_heads * splits * head_dim * PARTIAL_ITEMSIZE if splits > 1 else 0.0
-    merge_rows = batch * num_q * num_heads if splits > 1 and not plan["fused_merge"] else 0
+    # the merge runs per (row, query, head) whether in its own kernel or, from 256 rows per KV
+    # head up (``fused_merge``), in the last split program of each row block to finish
+    merge_rows = batch * num_q * num_heads if splits > 1 else 0
     slots = max(2, 1 << (splits - 1).bit_length())
-    return AttentionTraffic(splits, row_blocks, extra, merge_rows, slots, row_blocks * block_m / max(rows, 1))
+    return AttentionTraffic(splits, row_blocks, extra, merge_rows, merge_rows > 0 and not plan["fused_merge"], slots,
+                            row_blocks * block_m / max(rows, 1))

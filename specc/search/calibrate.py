@@ -504,7 +504,7 @@ def fit_split_kv_attention(dep, m: dict[str, Any], device: str, overhead: float)
     samples = []
     for r in attn:
         tr = split_kv_traffic(r["B"], r["Q"], hq, hkv, d, r["C"] + r["Q"], dep.sm_count)
-        launches = 2 if tr.merge_rows else 1
+        launches = 2 if tr.merge_kernel else 1
         samples.append((r, tr, max(r["seconds"] - launches * overhead, 1e-12)))
     line = [(r, tr, t) for r, tr, t in samples if r["Q"] <= 16]
     if len(line) < 4 or len({tr.merge_work for _, tr, _ in line}) < 2:

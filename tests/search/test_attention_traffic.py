@@ -30,8 +30,8 @@ def test_terms_follow_the_kernels_launch_plan():
         plan = launch_plan(batch, q, *QWEN3_8B_HEADS, kv, torch.device("cpu"), sms=132)
         t = split_kv_traffic(batch, q, *QWEN3_8B_HEADS, kv, 132)
         assert (t.splits, t.row_blocks) == (plan["num_splits"], plan["row_blocks"])
-        merged_apart = plan["num_splits"] > 1 and not plan["fused_merge"]
-        assert t.merge_rows == (batch * q * 32 if merged_apart else 0)
+        assert t.merge_rows == (batch * q * 32 if plan["num_splits"] > 1 else 0)
+        assert t.merge_kernel == (plan["num_splits"] > 1 and not plan["fused_merge"])
         assert (t.extra_bytes > 0) == (plan["num_splits"] > 1)
         assert t.merge_slots >= max(2, t.splits) and t.merge_slots & (t.merge_slots - 1) == 0
         # padded rows: whole block_m tiles of Q x 4 heads-in-group
