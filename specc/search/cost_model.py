@@ -18,6 +18,12 @@ Every number is a formula over node metadata (docs/ir.md) and deployment fields
   roofline reproduces the measurement; a cuBLAS-lowered node launches its separate norm /
   residual-add ops too (:data:`specc.codegen.launches.CUBLAS_LAUNCHES`), and the residual add's
   bytes are priced at the elementwise bandwidth, added like a latency;
+- what the kernels do beyond the IR's formulas (:meth:`CostModel.kernel_terms`): the Triton
+  linear reads its weight once per row tile (``kernels.linear.weight_passes``: 65 rows = two
+  64-row tiles), the split-KV attention kernel writes and merges fp32 partials, computes on
+  padded row tiles and runs ``B x Q x Hq`` merge programs (specc.search.attention_traffic,
+  with the calibrated ``merge_slot_s``), and a multi-row norm_linear runs its rms_norm kernel
+  apart (its bytes at the elementwise bandwidth);
 - ``latency``: a calibrated fixed time per call (attention's fitted intercept), else 0;
 - ``overhead``: ``graph_node_overhead_s`` when the step is CUDA-graphed (the default on CUDA
   deployments), ``launch_overhead_s`` otherwise; ``launches(kind)`` is how many kernels the kind
