@@ -141,10 +141,10 @@ def profile_steps(step, model, ir, cfg, dev, points, context) -> list[dict]:
             measured[kernel_category(k["kernel"])] += k["us_per_step"]
         pred = model.step(ir, {"B": b, "Q": q, "C": context}, sync=False)
         predicted: dict = {"linear": 0.0, "attention": 0.0, "other": 0.0}
-        for n in pred.nodes:
-            predicted[node_category(n.kind)] += n.work_time * 1e6
+        for n in pred.nodes:  # a node's time less its launches: work, fitted latency, kernel terms
+            predicted[node_category(n.kind)] += (n.time - n.launches * model.overhead) * 1e6
         row = {"B": b, "Q": q, "measured_us": measured, "predicted_us": predicted,
-               "predicted_launch_us": pred.launch_time * 1e6, "kernel_us": prof["kernel_us_per_step"],
+               "predicted_launch_us": pred.launches * model.overhead * 1e6, "kernel_us": prof["kernel_us_per_step"],
                "span_us": prof["span_us_per_step"], "launches": prof["launches_per_step"],
                "top_kernels": prof["kernels"][:12]}
         out.append(row)
