@@ -22,11 +22,13 @@ Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
 - ``flops_efficiency`` (deployment field) = ``2 n^3 / t_net / bf16_flops`` of the square matmul;
 - ``launch_overhead_s`` / ``graph_node_overhead_s`` (deployment fields): as measured;
 - per-kind efficiencies (the calibration record): ``elementwise`` bandwidth from the copy,
-  ``linear`` bandwidth, ``packed_linear`` bandwidth (on packed bytes), ``attention`` as a line
-  ``t = latency_s + bytes / (bandwidth x hbm_bandwidth)`` fitted by least squares over Q, C and
-  batch (a batch-1 call moves a few MB and is mostly fixed latency: a bare efficiency would
-  mistake that for slow streaming and overprice large batches), attention ``flops`` = the
-  square-matmul efficiency;
+  ``linear`` bandwidth, ``packed_linear`` bandwidth (on packed bytes), ``attention``: on CUDA
+  the split-KV kernel's form (:func:`fit_split_kv_attention`: latency, bandwidth on K/V +
+  partial bytes, ``merge_slot_s`` per merge program slot, flops on padded row tiles), elsewhere
+  a line ``t = latency_s + bytes / (bandwidth x hbm_bandwidth)`` fitted by least squares over
+  the single-token samples (a batch-1 call moves a few MB and is mostly fixed latency: a bare
+  efficiency would mistake that for slow streaming and overprice large batches) and a flops
+  efficiency from the samples it underprices;
 - ``linear_bandwidth_by_m`` and ``linear_flops_by_m``: per M, the median over shapes of
   ``bytes / t_net / hbm_bandwidth`` and of ``flops / t_net / bf16_flops``. At one M the weight-
   dominated shapes share an arithmetic intensity (~M flops per weight byte), so the roofline
@@ -487,9 +489,10 @@ def fit_split_kv_attention(dep, m: dict[str, Any], device: str, overhead: float)
     of at most 16 new tokens (decode and verify shapes, where the K/V stream and the merge
     bind); the flops efficiency is the least-squares ratio over the samples that fit leaves
     underpriced by more than 20% (tensor-core bound: 64 new tokens over long caches). Before
-    this fit the model priced only the IR's K/V bytes with one flops efficiency, and missed
-    verify steps at B x Q >= 256 rows by 35% (the merge kernel of B x Q x Hq programs it did not
-    see) while overpricing Q = 64 by up to 2x."""
+    this fit the model priced only the IR's K/V bytes with one flops efficiency: on the H200
+    sweep (docs/benchmarks/linears-h200.calibration.json) it missed B x Q = 256 and 512 at
+    context 1024 by -34% / -35% (the merge kernel of B x Q x Hq programs it did not see) and
+    overpriced Q = 64 by up to 2x; this form's largest error there is 28%."""
     if device != "cuda":
         return None
     import torch
