@@ -37,6 +37,7 @@ launches, hidden behind the GPU's work when shorter than it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -97,6 +98,8 @@ class ForwardClock:
         self.modules, self.seconds, self._depth, self._start = step_modules(loop), 0.0, 0, 0.0
         self._handles = []
 
+    counting = True  # False: forwards are not added (hooks stay registered, e.g. across admissions)
+
     def _enter(self, module, args):
         if self._depth == 0:
             self._start = time.perf_counter()
@@ -104,7 +107,7 @@ class ForwardClock:
 
     def _leave(self, module, args, out):
         self._depth -= 1
-        if self._depth == 0:
+        if self._depth == 0 and self.counting:
             self.seconds += time.perf_counter() - self._start
 
     def __enter__(self) -> "ForwardClock":
@@ -244,27 +247,29 @@ def drive(loop, batch: int, work, audit: bool = False, profiler=None, phases: Ph
     totals: dict = {}
     steps, decode_s, admit_s, joins = 0, 0.0, 0.0, 0
     clock = ForwardClock(loop)
-    while not scheduler.idle:
-        start = time.perf_counter()
-        admitted = scheduler.admit()
-        joins += len(admitted)
-        admit_s += time.perf_counter() - start
-        if admitted and phases is not None:
-            phases.boundary()
-        if not scheduler.num_running:
-            continue
-        start = time.perf_counter()
-        watch = StepAudit(loop) if audit else clock
-        with watch:
-            if profiler is not None:
-                profiler.enable()
-            scheduler.decode()
-            if profiler is not None:
-                profiler.disable()
-        decode_s += time.perf_counter() - start
-        steps += 1
-        for key, value in (watch.counts() if audit else {}).items():
-            totals[key] = totals.get(key, 0) + value
+    with contextlib.nullcontext() if audit else clock:  # the hooks stay for the whole drive (out of the steps' time)
+        while not scheduler.idle:
+            start = time.perf_counter()
+            clock.counting = False
+            admitted = scheduler.admit()
+            clock.counting = True
+            joins += len(admitted)
+            admit_s += time.perf_counter() - start
+            if admitted and phases is not None:
+                phases.boundary()
+            if not scheduler.num_running:
+                continue
+            start = time.perf_counter()
+            with StepAudit(loop) if audit else contextlib.nullcontext() as watch:
+                if profiler is not None:
+                    profiler.enable()
+                scheduler.decode()
+                if profiler is not None:
+                    profiler.disable()
+            decode_s += time.perf_counter() - start
+            steps += 1
+            for key, value in (watch.counts() if audit else {}).items():
+                totals[key] = totals.get(key, 0) + value
     per_step = 1e3 / max(steps, 1)
     out = {"decode_steps": steps, "joins": joins, "step_ms": decode_s * per_step,
            "admit_ms_per_join": 1e3 * admit_s / max(joins, 1)}

@@ -41,12 +41,32 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs gener
     from specc.models.decoder import CausalLM
 
 
+_COUNTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counting(end: int, device) -> torch.Tensor:
+    """0, 1, 2, ... (at least ``end`` of them, long) on ``device``, made once per device and
+    regrown by doubling. Batch-1 positions and cache lengths are views of it (``_positions``,
+    ``_length``): no tensor op per drafting step, whose host work before the drafter's launch the
+    GPU waits through at batch 1. Made outside inference mode, so the views serve any caller;
+    steps only read their inputs."""
+    device = torch.device(device)
+    table = _COUNTS.get(device)
+    if table is None or table.shape[0] < end:
+        with torch.inference_mode(False):
+            table = torch.arange(max(end, 2 * (0 if table is None else table.shape[0]), 4096), device=device)
+        _COUNTS[device] = table
+    return table
+
+
 def _positions(start: int, n: int, device) -> torch.Tensor:
-    return torch.arange(start, start + n, device=device)[None]
+    """[[start, .., start + n - 1]]: a view of ``_counting``."""
+    return _counting(start + n, device)[start:start + n][None]
 
 
 def _length(start: int, device) -> torch.Tensor:
-    return torch.full((1,), start, dtype=torch.long, device=device)
+    """[start]: a view of ``_counting``."""
+    return _counting(start + 1, device)[start:start + 1]
 
 
 _STEPS: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -485,6 +505,8 @@ class DFlashDraft(Drafter):
         return self.propose_logits_rows(seq, n, k, active).argmax(-1)
 
     def propose_logits_rows(self, seq, n, k, active=None):
+        if len(n) == 1 and (active is None or active[0]):
+            return self._propose_one(seq, n[0], k)
         dev = self.drafter.device
         rows = len(n)
         starts = [nb - 1 for nb in n]  # the block starts at the last committed token
@@ -528,6 +550,25 @@ class DFlashDraft(Drafter):
             self.lengths[b] = starts[b]  # context K/V committed, block K/V dropped
             self.fresh.pop(b, None)
         return _merge_rows(out, solo_rows)
+
+    def _propose_one(self, seq, n: int, k: int) -> torch.Tensor:
+        """``propose_logits_rows`` for one live row: the same forward (its C unfed context
+        entries, the block [last committed token, mask x k] at its cache length), without the
+        batch's per-row bookkeeping. At batch 1 this Python runs between the step's host copy
+        and the drafter's launch, while the GPU waits."""
+        start = n - 1  # the block starts at the last committed token
+        c, cached = self.context_lens[0], self.lengths[0]
+        if cached + c != start:
+            raise RuntimeError("DFlash drafter context out of step with the target")
+        fresh = self.fresh.get(0)
+        context = (fresh if fresh is not None else self.context)[:, :c]
+        block = torch.cat([seq[:, start:start + 1], self._masks(1, k)], dim=1)
+        self.forwards += 1
+        out = _run(self.drafter, cached == 0, block, context, _positions(cached, c + k + 1, self.drafter.device),
+                   _length(cached, self.drafter.device))
+        self.lengths[0] = start  # context K/V committed, block K/V dropped
+        self.fresh.pop(0, None)
+        return out
 
     def _batched_context(self, batched: list[int], c: int) -> torch.Tensor:
         """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). With one
