@@ -127,17 +127,23 @@ PHASES = ("copy_to_draft", "draft_to_verify", "verify_to_accept")
 class PhaseClock:
     """When each graphed call of the step starts and ends (``EmulatedGraphs`` reports them), by
     role: "draft", "verify", "accept". ``gaps()`` sums the host time between them per ``PHASES``
-    (module doc); ``boundary()`` marks an admission (the next copy_to_draft gap is not a step's)."""
+    (module doc); ``boundary()`` marks an admission (the next copy_to_draft gap is not a step's),
+    and calls while ``counting`` is False (the admissions' prefills) count in no gap."""
 
     def __init__(self):
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.counts = dict.fromkeys(PHASES, 0)
         self._last: tuple[str, float] | None = None  # (role, end) of the last call
 
+    counting = True  # False while admitting requests (prefills are no step's launches)
+
     def boundary(self) -> None:
         self._last = None
 
     def enter(self, role: str) -> None:
+        if not self.counting:
+            self._last = None
+            return
         now = time.perf_counter()
         if self._last is not None:
             phase = {("accept", "draft"): "copy_to_draft", ("draft", "verify"): "draft_to_verify",
@@ -148,7 +154,7 @@ class PhaseClock:
         self._last = None
 
     def leave(self, role: str) -> None:
-        self._last = (role, time.perf_counter())
+        self._last = (role, time.perf_counter()) if self.counting else None
 
 
 def emulated_graphs():
@@ -207,7 +213,8 @@ def _copy_into(dst, src) -> None:
 def graph_loop(loop, clock: PhaseClock) -> None:
     """Set ``loop`` up as ``engine.build_loop`` does on a GPU (graphed target and drafter steps,
     shapes captured up front, drafting uncapped at the budget), with ``EmulatedGraphs``
-    reporting to ``clock``; the chain acceptance's graph is made per scheduler (``graph_accept``)."""
+    reporting to ``clock``, the next draft launched ahead at batch 1 (``draft_ahead``); the chain
+    acceptance's graph is made per scheduler (``graph_accept``)."""
     graphs = emulated_graphs()
     k = loop.num_draft
     target = graphs(loop.target, k + 1)
@@ -219,6 +226,7 @@ def graph_loop(loop, clock: PhaseClock) -> None:
     step.clock, step.role = clock, "draft"
     setattr(drafter, attr, step)
     loop.capture_shapes, loop.cap_to_budget = True, False
+    loop.draft_ahead = True  # as on a GPU (a runtime without it ignores the attribute)
     loop.emulated_graphs = graphs
 
 
@@ -251,12 +259,16 @@ def drive(loop, batch: int, work, audit: bool = False, profiler=None, phases: Ph
         while not scheduler.idle:
             start = time.perf_counter()
             clock.counting = False
+            if phases is not None:
+                phases.counting = False
             admitted = scheduler.admit()
             clock.counting = True
             joins += len(admitted)
             admit_s += time.perf_counter() - start
-            if admitted and phases is not None:
-                phases.boundary()
+            if phases is not None:
+                phases.counting = True
+                if admitted:
+                    phases.boundary()
             if not scheduler.num_running:
                 continue
             start = time.perf_counter()
