@@ -387,6 +387,7 @@ class PardDraft(CausalDrafter):
     def __init__(self, model: CausalLM, pard_token: int):
         super().__init__(model)
         self.pard_token = int(pard_token)
+        self._mask_blocks: dict[tuple[int, int], torch.Tensor] = {}
 
     @classmethod
     def from_manifest(cls, step, section):
@@ -404,10 +405,17 @@ class PardDraft(CausalDrafter):
         self.lengths = list(n)  # committed tokens stay, the mask slots are dropped
         return out
 
+    def _masks(self, rows: int, width: int) -> torch.Tensor:
+        """[rows, width] of ``pard_token``, kept per shape (every step asks for the same one)."""
+        masks = self._mask_blocks.get((rows, width))
+        if masks is None:
+            masks = torch.full((rows, width), self.pard_token, dtype=torch.long, device=self.model.device)
+            self._mask_blocks[(rows, width)] = masks
+        return masks
+
     def _block(self, seq, starts, m, k, first, slot):
         dev = self.model.device
-        masks = torch.full((seq.shape[0], self.mask_slots(k)), self.pard_token, dtype=torch.long, device=dev)
-        feed = torch.cat([_window(seq, starts, m), masks], dim=1)
+        feed = torch.cat([_window(seq, starts, m), self._masks(seq.shape[0], self.mask_slots(k))], dim=1)
         self.forwards += 1
         logits = self._call(slot, first, feed, *_rows(starts, feed.shape[1], dev))
         return logits[:, -k:]  # the last committed token's and the mask positions' predictions
