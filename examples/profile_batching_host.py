@@ -25,8 +25,8 @@ wrapper's host path is the real one (signature key, static input copies), and it
 the step on the static inputs. A ``PhaseClock`` notes when each draft, verify and acceptance
 starts (on a GPU: the launch) and ends, so a step's host time splits into the three gaps the GPU
 waits through at bs1: ``copy_to_draft`` (from the end of the acceptance, i.e. the step's host
-copy, through the drafter's and the scheduler's bookkeeping to the next draft's launch; across
-an admission it is not counted), ``draft_to_verify`` and ``verify_to_accept`` (host work between
+copy, to the next draft's launch: the drafter's bookkeeping and Python, and the scheduler's work
+unless the loop drafts ahead, ``draft_ahead``; across an admission it is not counted), ``draft_to_verify`` and ``verify_to_accept`` (host work between
 launches, hidden behind the GPU's work when shorter than it).
 
     PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 16,32

@@ -513,7 +513,7 @@ class DFlashDraft(Drafter):
         return self.propose_logits_rows(seq, n, k, active).argmax(-1)
 
     def propose_logits_rows(self, seq, n, k, active=None):
-        if len(n) == 1 and (active is None or active[0]):
+        if len(n) == 1 and active is None:  # batch 1 (the loop passes no ``active`` there)
             return self._propose_one(seq, n[0], k)
         dev = self.drafter.device
         rows = len(n)
