@@ -27,7 +27,8 @@ starts (on a GPU: the launch) and ends, so a step's host time splits into the th
 waits through at bs1: ``copy_to_draft`` (from the end of the acceptance, i.e. the step's host
 copy, to the next draft's launch: the drafter's bookkeeping and Python, and the scheduler's work
 unless the loop drafts ahead, ``draft_ahead``; across an admission it is not counted), ``draft_to_verify`` and ``verify_to_accept`` (host work between
-launches, hidden behind the GPU's work when shorter than it).
+launches, hidden behind the GPU's work when shorter than it). Meant for the CPU, where a call's
+end is its work's end; on a GPU the real graphs and ``bench_tree --e2e-8b`` say what the step costs.
 
     PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 16,32
     PYTHONPATH=. python3 examples/profile_batching_host.py --batches 16 --profile 25 --out host.json
