@@ -27,7 +27,8 @@ the engine's loop with CUDA graphs: compiled AR, the chain and trees of ``--budg
 15,31,63: N nodes verify N + 1 rows, on the linears' row-tile edges) drafted nodes, acceptance replayed from ``--acceptance`` (chain: ``ReplayVerifier`` on
 rank 0; trees: ``TreeReplayVerifier`` on every rank; ``--acceptance`` repeatable, default: DFlash's
 published GSM8K and MT-Bench tau for rank 0, each with the rest split as specc-tiny's DFlash
-ranks split it; one build serves them all). Per row: tokens/s, tokens per step, step time, and the
+ranks split it; one build serves them all). Per row: tokens/s, tokens per step, step time (``step_ms``: the prefills' time
+included, as tokens/s counts it; ``decode_step_ms``: without them; ``prefill_ms``), and the
 cost model's prediction (``specc.search.tree_cost``) beside it; speedups over the chain and over
 AR, measured and predicted. After each system's timed pass, one more pass with the loop's
 per-part profile (ms per step of draft / plan / verify / accept / commit, synchronising) and
@@ -345,18 +346,29 @@ def _print_profile(label: str, profile: dict) -> None:
 
 
 def _timed(system, prompts, new_tokens, cuda) -> dict:
-    """One warm-up pass (Triton compiles, graph captures), then every prompt once, timed."""
+    """One warm-up pass (Triton compiles, graph captures), then every prompt once, timed.
+    ``step_ms`` is the whole time (prefills included) per step, as tokens/s counts it;
+    ``decode_step_ms`` leaves the prefills out: each prompt's prefill is timed to its first
+    token, which the loop reads back to the host (a sync, so nothing of it is left queued), and
+    ``prefill_ms`` is their mean. At 8 prompts x 256 tokens a prefill adds ~1 ms to every step."""
+    from specc.runtime.loop import run_to_end
+
     system.generate(prompts[0], new_tokens, ())
     if cuda:
         torch.cuda.synchronize()
-    lengths, t0 = [], time.perf_counter()
+    lengths, prefill_s, t0 = [], 0.0, time.perf_counter()
     for p in prompts:
-        lengths += system.generate(p, new_tokens, ()).stats.accepted_lengths
+        start = time.perf_counter()
+        stream = system.stream(p, new_tokens, ())
+        next(stream)  # the prefill's token (read back by the prefill itself)
+        prefill_s += time.perf_counter() - start
+        lengths += run_to_end(stream).stats.accepted_lengths
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     return {"tokens_per_s": new_tokens * len(prompts) / seconds, "seconds": seconds, "steps": len(lengths),
-            "tokens_per_step": sum(lengths) / len(lengths), "step_ms": 1e3 * seconds / len(lengths)}
+            "tokens_per_step": sum(lengths) / len(lengths), "step_ms": 1e3 * seconds / len(lengths),
+            "prefill_ms": 1e3 * prefill_s / len(prompts), "decode_step_ms": 1e3 * (seconds - prefill_s) / len(lengths)}
 
 
 def dflash_num_draft(shapes: str) -> int:
@@ -434,7 +446,8 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
     ar_pred = cost.predict(t_ir, None, method="ar", context=context, batch_size=1)
     ar = {"system": "ar", **_timed(ar_loop, prompts, new_tokens, cuda),
           "predicted": {"tokens_per_s": ar_pred.tokens_per_s, "step_ms": ar_pred.step_time * 1e3, "tokens_per_step": 1.0}}
-    print(f"[e2e-8b] AR        {ar['tokens_per_s']:8.1f} tok/s (predicted {ar['predicted']['tokens_per_s']:.1f})",
+    print(f"[e2e-8b] AR        {ar['tokens_per_s']:8.1f} tok/s (predicted {ar['predicted']['tokens_per_s']:.1f}), "
+          f"{ar['step_ms']:.2f} ms/step, {ar['decode_step_ms']:.2f} without the prefills ({ar['prefill_ms']:.1f} ms each)",
           flush=True)
     ar["profile"] = profiled_pass(ar_loop, prompts[0], new_tokens)
     _print_profile("AR", ar["profile"])
@@ -464,7 +477,8 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
                    "predicted": predicted}
             rows.append(row)
             print(f"[e2e-8b] {row['system']:9s} {row['tokens_per_s']:8.1f} tok/s, {row['tokens_per_step']:.2f} "
-                  f"tokens/step, {row['step_ms']:.2f} ms/step (predicted {predicted['tokens_per_s']:.1f} tok/s, "
+                  f"tokens/step, {row['step_ms']:.2f} ms/step, {row['decode_step_ms']:.2f} without the prefills "
+                  f"({row['prefill_ms']:.1f} ms each) (predicted {predicted['tokens_per_s']:.1f} tok/s, "
                   f"{predicted['tokens_per_step']:.2f} tokens/step, {predicted['step_ms']:.2f} ms/step)", flush=True)
             row["profile"] = profiled_pass(system, prompts[0], new_tokens)
             _print_profile(row["system"], row["profile"])

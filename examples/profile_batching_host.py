@@ -18,13 +18,27 @@ its own per-op hooks inflate), the admission time per joining request (prefills)
 ``--profile N``, cProfile's top N functions over the decode steps. Each figure is the least of
 ``--repeat`` passes (other work on the machine only adds time).
 
+``--phases`` (the bs1 critical path, e.g. ``--batches 1``): the loop runs as it does on a GPU
+(its steps and the chain acceptance wrapped as graphed steps, every drafting shape captured up
+front, drafting uncapped at the budget) with ``EmulatedGraphs`` standing in for CUDA graphs: the
+wrapper's host path is the real one (signature key, static input copies), and its "replay" runs
+the step on the static inputs. A ``PhaseClock`` notes when each draft, verify and acceptance
+starts (on a GPU: the launch) and ends, so a step's host time splits into the three gaps the GPU
+waits through at bs1: ``copy_to_draft`` (from the end of the acceptance, i.e. the step's host
+copy, to the next draft's launch: the drafter's bookkeeping and Python, and the scheduler's work
+unless the loop drafts ahead, ``draft_ahead``; across an admission it is not counted), ``draft_to_verify`` and ``verify_to_accept`` (host work between
+launches, hidden behind the GPU's work when shorter than it). Meant for the CPU, where a call's
+end is its work's end; on a GPU the real graphs and ``bench_tree --e2e-8b`` say what the step costs.
+
     PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 16,32
     PYTHONPATH=. python3 examples/profile_batching_host.py --batches 16 --profile 25 --out host.json
+    PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 1 --phases --profile 30
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -85,6 +99,8 @@ class ForwardClock:
         self.modules, self.seconds, self._depth, self._start = step_modules(loop), 0.0, 0, 0.0
         self._handles = []
 
+    counting = True  # False: forwards are not added (hooks stay registered, e.g. across admissions)
+
     def _enter(self, module, args):
         if self._depth == 0:
             self._start = time.perf_counter()
@@ -92,7 +108,7 @@ class ForwardClock:
 
     def _leave(self, module, args, out):
         self._depth -= 1
-        if self._depth == 0:
+        if self._depth == 0 and self.counting:
             self.seconds += time.perf_counter() - self._start
 
     def __enter__(self) -> "ForwardClock":
@@ -106,42 +122,175 @@ class ForwardClock:
         self._handles = []
 
 
-def drive(loop, batch: int, work, audit: bool = False, profiler=None) -> dict:
+PHASES = ("copy_to_draft", "draft_to_verify", "verify_to_accept")
+
+
+class PhaseClock:
+    """When each graphed call of the step starts and ends (``EmulatedGraphs`` reports them), by
+    role: "draft", "verify", "accept". ``gaps()`` sums the host time between them per ``PHASES``
+    (module doc); ``boundary()`` marks an admission (the next copy_to_draft gap is not a step's),
+    and calls while ``counting`` is False (the admissions' prefills) count in no gap."""
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.counts = dict.fromkeys(PHASES, 0)
+        self._last: tuple[str, float] | None = None  # (role, end) of the last call
+
+    counting = True  # False while admitting requests (prefills are no step's launches)
+
+    def boundary(self) -> None:
+        self._last = None
+
+    def enter(self, role: str) -> None:
+        if not self.counting:
+            self._last = None
+            return
+        now = time.perf_counter()
+        if self._last is not None:
+            phase = {("accept", "draft"): "copy_to_draft", ("draft", "verify"): "draft_to_verify",
+                     ("verify", "accept"): "verify_to_accept"}.get((self._last[0], role))
+            if phase is not None:
+                self.seconds[phase] += now - self._last[1]
+                self.counts[phase] += 1
+        self._last = None
+
+    def leave(self, role: str) -> None:
+        self._last = (role, time.perf_counter()) if self.counting else None
+
+
+def emulated_graphs():
+    """``GraphedStep`` with CUDA graphs emulated on any device (class made here: the runtime is
+    imported lazily). Its host path (``__call__``: signature key, static input copies, output
+    buffers) is the real one; capture records the first call's outputs as the static outputs
+    (that call runs the step once, as an eager first call would), a replay runs the step on the
+    static inputs and copies its outputs into them. ``clock`` / ``role``: a ``PhaseClock`` told
+    when each call of the step (eager or replay) starts and ends."""
+    from specc.runtime.graphs import GraphedStep
+
+    class _Replay:
+        def __init__(self, owner, static_in, out):
+            self.owner, self.static_in, self.out, self.skip = owner, static_in, out, True
+
+        def replay(self):
+            if self.skip:  # the capture's own call already ran the step on these inputs
+                self.skip = False
+                return
+            _copy_into(self.out, self.owner._run(*self.static_in))
+
+    class EmulatedGraphs(GraphedStep):
+        clock: PhaseClock | None = None
+        role = ""
+
+        def _on_device(self, tensor) -> bool:
+            return True
+
+        def _run(self, *args):
+            if self.clock is not None:
+                self.clock.enter(self.role)
+            try:
+                return self.step(*args)
+            finally:
+                if self.clock is not None:
+                    self.clock.leave(self.role)
+
+        def _capture(self, args, key):
+            static_in = [a.clone() if torch.is_tensor(a) else a for a in args]
+            out = self._run(*static_in)
+            entry = (static_in, _Replay(self, static_in, out), out)
+            self.graphs[key] = entry
+            return entry
+
+    return EmulatedGraphs
+
+
+def _copy_into(dst, src) -> None:
+    if torch.is_tensor(dst):
+        dst.copy_(src)
+    elif isinstance(dst, (tuple, list)):
+        for d, s in zip(dst, src):
+            _copy_into(d, s)
+
+
+def graph_loop(loop, clock: PhaseClock) -> None:
+    """Set ``loop`` up as ``engine.build_loop`` does on a GPU (graphed target and drafter steps,
+    shapes captured up front, drafting uncapped at the budget), with ``EmulatedGraphs``
+    reporting to ``clock``, the next draft launched ahead at batch 1 (``draft_ahead``); the chain
+    acceptance's graph is made per scheduler (``graph_accept``)."""
+    graphs = emulated_graphs()
+    k = loop.num_draft
+    target = graphs(loop.target, k + 1)
+    target.clock, target.role = clock, "verify"
+    loop.target = target
+    drafter = loop.drafter
+    attr = "drafter" if hasattr(drafter, "spec") else "model"
+    step = graphs(getattr(drafter, attr), 2 * k + 2)
+    step.clock, step.role = clock, "draft"
+    setattr(drafter, attr, step)
+    loop.capture_shapes, loop.cap_to_budget = True, False
+    loop.draft_ahead = True  # as on a GPU (a runtime without it ignores the attribute)
+    loop.emulated_graphs = graphs
+
+
+def graph_accept(loop, clock: PhaseClock) -> None:
+    """The chain acceptance as the loop wraps it on a GPU (``_chain_accept_fn``), emulated; call
+    after ``open_slots`` (the graph holds the slots' ``seq``)."""
+    fn = loop.emulated_graphs(loop._accept_chain, max_tokens=1 << 30, warmup=0, eager_first=True)
+    fn.clock, fn.role = clock, "accept"
+    loop._chain_graph, loop._chain_graph_seq = fn, loop.seq
+
+
+def drive(loop, batch: int, work, audit: bool = False, profiler=None, phases: PhaseClock | None = None) -> dict:
     """Every request of ``work`` through a scheduler of ``batch`` slots; decode steps timed
     apart from admissions. ``audit``: StepAudit counts summed over the decode steps;
-    ``profiler``: enabled around the decode steps only."""
+    ``profiler``: enabled around the decode steps only; ``phases``: the loop's ``PhaseClock``
+    (``graph_loop``), whose gaps are reported per decode step."""
     from specc.bench.step_audit import StepAudit
     from specc.runtime.batching import BatchScheduler
 
     scheduler = BatchScheduler(loop, batch)
+    if phases is not None:
+        graph_accept(loop, phases)
+        phases.__init__()
     for prompt, budget in work:
         scheduler.submit(prompt, budget, ())
     totals: dict = {}
     steps, decode_s, admit_s, joins = 0, 0.0, 0.0, 0
     clock = ForwardClock(loop)
-    while not scheduler.idle:
-        start = time.perf_counter()
-        joins += len(scheduler.admit())
-        admit_s += time.perf_counter() - start
-        if not scheduler.num_running:
-            continue
-        start = time.perf_counter()
-        watch = StepAudit(loop) if audit else clock
-        with watch:
-            if profiler is not None:
-                profiler.enable()
-            scheduler.decode()
-            if profiler is not None:
-                profiler.disable()
-        decode_s += time.perf_counter() - start
-        steps += 1
-        for key, value in (watch.counts() if audit else {}).items():
-            totals[key] = totals.get(key, 0) + value
+    with contextlib.nullcontext() if audit else clock:  # the hooks stay for the whole drive (out of the steps' time)
+        while not scheduler.idle:
+            start = time.perf_counter()
+            clock.counting = False
+            if phases is not None:
+                phases.counting = False
+            admitted = scheduler.admit()
+            clock.counting = True
+            joins += len(admitted)
+            admit_s += time.perf_counter() - start
+            if phases is not None:
+                phases.counting = True
+                if admitted:
+                    phases.boundary()
+            if not scheduler.num_running:
+                continue
+            start = time.perf_counter()
+            with StepAudit(loop) if audit else contextlib.nullcontext() as watch:
+                if profiler is not None:
+                    profiler.enable()
+                scheduler.decode()
+                if profiler is not None:
+                    profiler.disable()
+            decode_s += time.perf_counter() - start
+            steps += 1
+            for key, value in (watch.counts() if audit else {}).items():
+                totals[key] = totals.get(key, 0) + value
     per_step = 1e3 / max(steps, 1)
     out = {"decode_steps": steps, "joins": joins, "step_ms": decode_s * per_step,
            "admit_ms_per_join": 1e3 * admit_s / max(joins, 1)}
     if not audit:  # the step's time outside the forwards: the host's glue (CPU: forwards run synchronously)
         out.update(forward_ms_per_step=clock.seconds * per_step, host_ms_per_step=(decode_s - clock.seconds) * per_step)
+    if phases is not None:
+        out.update({f"{name}_ms": 1e3 * phases.seconds[name] / max(phases.counts[name], 1) for name in PHASES})
+        out["host_critical_ms"] = out["copy_to_draft_ms"]
     if audit:
         out.update({f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()})
         out["glue_ms_per_step"] = 1e3 * out.pop("glue_seconds_per_step")
@@ -175,6 +324,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="passes per figure; the least time is reported")
     ap.add_argument("--profile", type=int, default=0, help="print cProfile's top N functions by own time")
     ap.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative, ...)")
+    ap.add_argument("--phases", action="store_true", help="graphed steps emulated, the host gaps between the "
+                    "draft, verify and acceptance launches per step (module doc)")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     opts = ap.parse_args(argv)
     if torch.device(opts.device).type == "cpu":
@@ -182,19 +333,23 @@ def main(argv=None) -> None:
 
         configure_threads()  # SPECC_THREADS, else the idle cores
     loop, vocab = build_loop(opts)
+    clock = PhaseClock() if opts.phases else None
+    if clock is not None:
+        graph_loop(loop, clock)
     rows = []
     for batch in [int(b) for b in opts.batches.split(",")]:
         opts_b = argparse.Namespace(**{**vars(opts), "requests": opts.requests or 3 * batch})
         work = requests(opts_b, vocab)
         with torch.inference_mode():
-            drive(loop, batch, work)  # warm-up (allocations, first shapes)
+            drive(loop, batch, work, phases=clock)  # warm-up (allocations, first shapes)
             # per figure the least of --repeat passes: other processes on the machine only add time
             # (the counts are the same in every pass)
-            timed = least([drive(loop, batch, work) for _ in range(opts.repeat)])
-            counted = least([drive(loop, batch, work, audit=True) for _ in range(opts.repeat)])
+            timed = least([drive(loop, batch, work, phases=clock) for _ in range(opts.repeat)])
+            counted = least([drive(loop, batch, work, audit=True, phases=clock) for _ in range(opts.repeat)])
+            counted = {key: value for key, value in counted.items() if key not in (*PHASES, "host_critical_ms")}
             profiler = cProfile.Profile() if opts.profile else None
             if profiler is not None:
-                drive(loop, batch, work, profiler=profiler)
+                drive(loop, batch, work, profiler=profiler, phases=clock)
         row = {"batch": batch, "requests": len(work), **timed,
                **{f"audit_{key}": value for key, value in counted.items() if key.endswith("_per_step")}}
         rows.append(row)
@@ -204,7 +359,7 @@ def main(argv=None) -> None:
     if opts.out:
         with open(opts.out, "w") as f:
             json.dump({"device": opts.device, "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes,
-                       "acceptance": opts.acceptance, "rows": rows}, f, indent=1)
+                       "acceptance": opts.acceptance, "phases": opts.phases, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

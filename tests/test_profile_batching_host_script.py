@@ -25,3 +25,41 @@ def test_profile_batching_host_cpu_smoke(tmp_path):
     assert row["audit_forwards_per_step"] == 2.0  # joining rows drafted in the batch, none alone
     assert row["audit_host_reads_per_step"] == 1.0 and row["audit_blocking_uploads_per_step"] == 0.0
     assert row["audit_glue_ops_per_step"] > 0
+
+
+def test_profile_batching_host_bs1_phases(tmp_path):
+    """``--phases`` at batch 1: graphed steps emulated, the host gaps between the draft, verify
+    and acceptance launches per step; with the draft launched ahead (``draft_ahead``) every step
+    has all three gaps, and the gap on the critical path (copy_to_draft) is host time only."""
+    from examples import profile_batching_host
+
+    out = tmp_path / "bs1.json"
+    profile_batching_host.main(["--batches", "1", "--phases", "--requests", "2", "--prompt-min", "20",
+                                "--prompt-max", "30", "--tokens-min", "24", "--tokens-max", "32", "--repeat", "1",
+                                "--out", str(out)])
+    run = json.loads(out.read_text())
+    row = run["rows"][0]
+    assert run["phases"] and row["batch"] == 1 and row["decode_steps"] > 2
+    for phase in ("copy_to_draft_ms", "draft_to_verify_ms", "verify_to_accept_ms"):
+        assert 0 < row[phase] < row["step_ms"]
+    assert row["copy_to_draft_ms"] + row["draft_to_verify_ms"] + row["verify_to_accept_ms"] < row["step_ms"]
+    assert row["audit_forwards_per_step"] == 2.0 and row["audit_host_reads_per_step"] == 1.0
+
+
+def test_phase_clock_sums_the_gaps_between_launches():
+    from examples.profile_batching_host import PhaseClock
+
+    clock = PhaseClock()
+    for role in ("draft", "verify", "accept", "draft", "verify", "accept"):
+        clock.enter(role)
+        clock.leave(role)
+    assert clock.counts == {"copy_to_draft": 1, "draft_to_verify": 2, "verify_to_accept": 2}
+    clock.boundary()  # an admission: the next draft's gap is no step's
+    clock.enter("draft")
+    assert clock.counts["copy_to_draft"] == 1
+    clock.counting = False  # a prefill's calls count in no gap
+    clock.enter("verify")
+    clock.leave("verify")
+    clock.counting = True
+    clock.enter("accept")
+    assert clock.counts["verify_to_accept"] == 2 and all(s >= 0 for s in clock.seconds.values())

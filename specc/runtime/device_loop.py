@@ -52,6 +52,15 @@ parameters and seed, set at its prefill; greedy requests may share the batch) sa
 and verifies by speculative sampling (``specc.runtime.sampling_verify``) at the same points of the
 step; while every request is greedy the loop makes the calls it always made.
 
+Drafting ahead (``draft_ahead``, on with CUDA graphs; batch 1, greedy chains, the loop's own k):
+a step whose caller will step again with the budgets it leaves (``speculate(..., ahead=True)``:
+the scheduler without a draft-length rule) launches the next step's draft right after its host
+copy and the drafter's bookkeeping, before returning, so the GPU drafts while the host does the
+scheduler's work (EOS checks, events, token lists) and the next step's Python. The draft is the
+one the next step would make (the same call on the same state, only earlier); the next step
+takes it, and refuses one that does not match its committed length and k. A request that ends
+instead releases its slot, which drops the draft (one wasted draft on the GPU at an EOS).
+
 Same algorithm and statistics as the eager reference loop (``specc.runtime.eager``), which is a
 separate implementation of the same surface, not a base class of this one.
 """
@@ -121,6 +130,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     _shapes_captured = False
     _packing = False  # this step packs rows that verify fewer tokens (per-request k or two levels)
     _caps: tuple | None = None  # (per-row caps, their device copy) of the last step
+    draft_ahead = False  # batch 1: launch the next step's draft before returning (module doc)
+    _ahead: tuple | None = None  # ((committed tokens, k), drafts) made ahead for the next step
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
                  cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,
@@ -190,6 +201,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if self.drafter is not None:  # room for the shape capture's writes past a full-length prompt
             self.drafter.setup(max_len + 2 * (self.num_draft + 1), self.batch)
         self._shapes_captured = False  # graphed steps drop their graphs with the old caches
+        self._ahead = None
 
     def _arange(self, n: int) -> torch.Tensor:
         steps = self._steps_k1.get(n)
@@ -334,6 +346,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         else:
             self.seq = torch.zeros(shape, dtype=torch.long, device=self.target.device)
         self.n = [0] * rows  # committed tokens per slot (host mirror of state.lengths + 1)
+        self._ahead = None
         self.live = [False] * rows
         self._live_mask = None
         self.state.lengths.zero_()
@@ -355,6 +368,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         params = self._sampling if sampling is None else sampling
         params = None if params is None or params.greedy else params
         dev = self.target.device
+        self._ahead = None
         self._timer.mark("prefill")
         self.seq[slot, :plen] = upload(prompt, dev)  # queued: the prefill's one host read is its first token
         ids = self.seq[slot:slot + 1, :plen]
@@ -382,13 +396,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     def release_slot(self, slot: int) -> None:
         """Free ``slot`` (its request finished or was cancelled); a later prefill reuses it."""
-        self.live[slot], self._live_mask = False, None
+        self.live[slot], self._live_mask, self._ahead = False, None, None
         self.state.release(slot)
         self.n[slot] = 0
         if self.drafter is not None:
             self.drafter.release_slot(slot)
 
-    def speculate(self, budgets: list[int], num_draft: int | list[int] | None = None) -> tuple[list[list[int]], int]:
+    def speculate(self, budgets: list[int], num_draft: int | list[int] | None = None,
+                  ahead: bool = False) -> tuple[list[list[int]], int]:
         """One speculative step over every slot. ``budgets[b]``: tokens live slot b may still
         commit (>= 1); ``num_draft``: drafts per row this step (at most the loop's; None: the
         loop's, e.g. a goodput rule's choice, ``specc.runtime.adaptive``), or one per slot (per-request
@@ -396,7 +411,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         otherwise every row drafts and verifies the largest). Returns (per slot [accepted, committed
         tokens...] from the step's device -> host copy: slot b committed ``row[1:row[0] + 2]``, free
         slots commit nothing; tree nodes verified, 0 for a chain step). Clipping at EOS / budgets is
-        the caller's."""
+        the caller's. ``ahead``: unless its request finishes, the caller's next call is
+        ``speculate(budgets minus what this step commits)`` with the same ``num_draft`` (None):
+        with ``draft_ahead`` at batch 1 the next step's draft is launched before this returns."""
         seq, n, rows, dev, timer = self.seq, self.n, self.batch, self.target.device, self._timer
         live = [b for b in range(rows) if self.live[b]]
         k, caps, active, per_row = 0, None, None, False
@@ -423,9 +440,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if rows > 1:
                 caps = self._caps_on_device(row_caps)
         drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
+        made_ahead, self._ahead = self._ahead, None
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
         self.last_level2_rows = []
+        if made_ahead is not None and (self.tree_budget or not isinstance(self.policy, GreedyPolicy)
+                                       or made_ahead[0] != (n[0], k)):
+            raise RuntimeError(f"a draft made ahead for (committed tokens, k) = {made_ahead[0]} does not match "
+                               f"this step's ({n[0]}, {k})")
         if self.tree_budget and k > 0:
             host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, drafting)
         else:
@@ -433,6 +455,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             q = None
             if k == 0:
                 drafts = seq[:, :0]
+            elif made_ahead is not None:
+                drafts = made_ahead[1]
             elif isinstance(policy, GreedyPolicy):
                 drafts = self._draft_rows(seq, n, k, drafting)
             else:
@@ -464,9 +488,24 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             self.drafter.accepted_rows(n, acc, k, context)
         for b in live:
             n[b] += acc[b] + 1
+        if ahead:
+            self._draft_ahead(budgets[0] - acc[0] - 1 if rows == 1 else 0, num_draft)
         timer.mark(None)
         self.part_seconds = dict(timer.parts)
         return host, nodes
+
+    def _draft_ahead(self, budget: int, num_draft) -> None:
+        """Launch the next step's draft now (``draft_ahead``, module doc) when the next step is
+        known: batch 1, a live row with ``budget`` tokens left after this step, the loop's own k
+        (capped at the budget as the next step caps it), a greedy chain step in one level, and no
+        per-part profile (whose parts it would blur)."""
+        if not (self.draft_ahead and self.batch == 1 and self.live[0] and budget >= 1 and num_draft is None
+                and self.drafter is not None and not self.tree_budget and not self.two_level_k1
+                and isinstance(self.policy, GreedyPolicy) and not self.profile):
+            return
+        k = min(self.num_draft, budget - 1) if self.cap_to_budget else self.num_draft
+        if k > 0:
+            self._ahead = ((self.n[0], k), self._draft_rows(self.seq, self.n, k, None))
 
     def _caps_on_device(self, row_caps: list[int]) -> torch.Tensor:
         """The step's per-row draft caps [B] on the device. They change only when a row joins,

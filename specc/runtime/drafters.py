@@ -41,12 +41,32 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs gener
     from specc.models.decoder import CausalLM
 
 
+_COUNTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counting(end: int, device) -> torch.Tensor:
+    """0, 1, 2, ... (at least ``end`` of them, long) on ``device``, made once per device and
+    regrown by doubling. Batch-1 positions and cache lengths are views of it (``_positions``,
+    ``_length``): no tensor op per drafting step, whose host work before the drafter's launch the
+    GPU waits through at batch 1. Made outside inference mode, so the views serve any caller;
+    steps only read their inputs."""
+    device = torch.device(device)
+    table = _COUNTS.get(device)
+    if table is None or table.shape[0] < end:
+        with torch.inference_mode(False):
+            table = torch.arange(max(end, 2 * (0 if table is None else table.shape[0]), 4096), device=device)
+        _COUNTS[device] = table
+    return table
+
+
 def _positions(start: int, n: int, device) -> torch.Tensor:
-    return torch.arange(start, start + n, device=device)[None]
+    """[[start, .., start + n - 1]]: a view of ``_counting``."""
+    return _counting(start + n, device)[start:start + n][None]
 
 
 def _length(start: int, device) -> torch.Tensor:
-    return torch.full((1,), start, dtype=torch.long, device=device)
+    """[start]: a view of ``_counting``."""
+    return _counting(start + 1, device)[start:start + 1]
 
 
 _STEPS: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -367,6 +387,7 @@ class PardDraft(CausalDrafter):
     def __init__(self, model: CausalLM, pard_token: int):
         super().__init__(model)
         self.pard_token = int(pard_token)
+        self._mask_blocks: dict[tuple[int, int], torch.Tensor] = {}
 
     @classmethod
     def from_manifest(cls, step, section):
@@ -384,10 +405,17 @@ class PardDraft(CausalDrafter):
         self.lengths = list(n)  # committed tokens stay, the mask slots are dropped
         return out
 
+    def _masks(self, rows: int, width: int) -> torch.Tensor:
+        """[rows, width] of ``pard_token``, kept per shape (every step asks for the same one)."""
+        masks = self._mask_blocks.get((rows, width))
+        if masks is None:
+            masks = torch.full((rows, width), self.pard_token, dtype=torch.long, device=self.model.device)
+            self._mask_blocks[(rows, width)] = masks
+        return masks
+
     def _block(self, seq, starts, m, k, first, slot):
         dev = self.model.device
-        masks = torch.full((seq.shape[0], self.mask_slots(k)), self.pard_token, dtype=torch.long, device=dev)
-        feed = torch.cat([_window(seq, starts, m), masks], dim=1)
+        feed = torch.cat([_window(seq, starts, m), self._masks(seq.shape[0], self.mask_slots(k))], dim=1)
         self.forwards += 1
         logits = self._call(slot, first, feed, *_rows(starts, feed.shape[1], dev))
         return logits[:, -k:]  # the last committed token's and the mask positions' predictions
@@ -485,6 +513,8 @@ class DFlashDraft(Drafter):
         return self.propose_logits_rows(seq, n, k, active).argmax(-1)
 
     def propose_logits_rows(self, seq, n, k, active=None):
+        if len(n) == 1 and active is None:  # batch 1 (the loop passes no ``active`` there)
+            return self._propose_one(seq, n[0], k)
         dev = self.drafter.device
         rows = len(n)
         starts = [nb - 1 for nb in n]  # the block starts at the last committed token
@@ -528,6 +558,25 @@ class DFlashDraft(Drafter):
             self.lengths[b] = starts[b]  # context K/V committed, block K/V dropped
             self.fresh.pop(b, None)
         return _merge_rows(out, solo_rows)
+
+    def _propose_one(self, seq, n: int, k: int) -> torch.Tensor:
+        """``propose_logits_rows`` for one live row: the same forward (its C unfed context
+        entries, the block [last committed token, mask x k] at its cache length), without the
+        batch's per-row bookkeeping. At batch 1 this Python runs between the step's host copy
+        and the drafter's launch, while the GPU waits."""
+        start = n - 1  # the block starts at the last committed token
+        c, cached = self.context_lens[0], self.lengths[0]
+        if cached + c != start:
+            raise RuntimeError("DFlash drafter context out of step with the target")
+        fresh = self.fresh.get(0)
+        context = (fresh if fresh is not None else self.context)[:, :c]
+        block = torch.cat([seq[:, start:start + 1], self._masks(1, k)], dim=1)
+        self.forwards += 1
+        out = _run(self.drafter, cached == 0, block, context, _positions(cached, c + k + 1, self.drafter.device),
+                   _length(cached, self.drafter.device))
+        self.lengths[0] = start  # context K/V committed, block K/V dropped
+        self.fresh.pop(0, None)
+        return out
 
     def _batched_context(self, batched: list[int], c: int) -> torch.Tensor:
         """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). With one

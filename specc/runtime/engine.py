@@ -264,6 +264,7 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
                                     cap_to_budget=not graphs, tree_budget=tree_budget if tree_step is not None else 0,
                                     tree_target=tree_step, ragged_target=steps.get("target_ragged"))
     loop.capture_shapes = graphs
+    loop.draft_ahead = graphs  # batch 1: the next draft launched before the host's bookkeeping
     loop.steps = steps
     return loop
 

@@ -55,7 +55,7 @@ class GraphedStep:
     def stats(self) -> dict:
         """Graphs captured, replays, eager calls and why any shape could not be captured."""
         return {"captures": self.captures, "replays": self.replays, "eager_calls": self.eager_calls,
-                "eager_reasons": {str(k): v for k, v in self.eager_reasons.items()}}
+                "eager_reasons": {str(_plain(k)): v for k, v in self.eager_reasons.items()}}
 
     def eager(self, *args):
         """Run the step without a graph: for one-off shapes (a drafter's first call over a
@@ -63,10 +63,15 @@ class GraphedStep:
         self.eager_calls += 1
         return self._run(*args)
 
+    def _on_device(self, tensor: torch.Tensor) -> bool:
+        """Whether calls whose first tensor is ``tensor`` can be graphed: on CUDA (a CPU stand-in
+        of the graphs, for tests and host-time profiles, says yes)."""
+        return tensor.is_cuda
+
     def _graphable(self, args) -> bool:
         tensors = [a for a in args if torch.is_tensor(a)]
-        return bool(tensors) and tensors[0].is_cuda and all(a.dim() < 2 or a.shape[1] <= self.max_tokens
-                                                             for a in tensors)
+        return bool(tensors) and self._on_device(tensors[0]) and all(a.dim() < 2 or a.shape[1] <= self.max_tokens
+                                                                     for a in tensors)
 
     def __getattr__(self, name):  # device, spec, config... of the wrapped step
         return getattr(self.__dict__["step"], name)
@@ -80,8 +85,31 @@ class GraphedStep:
     def _key(args):
         return tuple((tuple(a.shape), a.dtype) if torch.is_tensor(a) else a for a in args)
 
+    def _signature(self, args):
+        """The call's graph key, or None when it runs eagerly (``_graphable``). It is computed
+        before every replay, on the step's critical path (at batch 1 the GPU waits for it), so
+        the default test and the key are one pass over the arguments, the shapes kept as
+        ``torch.Size`` (equal to, and hashing as, the tuples ``_key`` makes). A subclass that
+        overrides ``_graphable`` is asked as before."""
+        if type(self)._graphable is not GraphedStep._graphable:
+            return self._key(args) if self._graphable(args) else None
+        key, device_checked, limit = [], False, self.max_tokens
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                if not device_checked:
+                    if not self._on_device(a):
+                        return None
+                    device_checked = True
+                shape = a.shape
+                if len(shape) > 1 and shape[1] > limit:
+                    return None
+                key.append((shape, a.dtype))
+            else:
+                key.append(a)
+        return tuple(key) if device_checked else None
+
     def __call__(self, *args):
-        key = self._key(args) if self._graphable(args) else None
+        key = self._signature(args)
         if key is None or key in self.eager_reasons:
             self.eager_calls += 1
             return self._run(*args)
@@ -124,3 +152,10 @@ class GraphedStep:
         entry = (static_in, graph, out)
         self.graphs[key] = entry
         return entry
+
+
+def _plain(key):
+    """A graph key with its ``torch.Size`` shapes as tuples (how ``stats`` prints it)."""
+    if isinstance(key, torch.Size):
+        return tuple(key)
+    return tuple(_plain(k) for k in key) if isinstance(key, tuple) else key

@@ -166,3 +166,30 @@ def test_joining_requests_draft_in_the_batched_forward(checkpoints, method, targ
     for prompt, budget, result in zip(prompts, budgets, results):
         assert result.tokens == reference(target, budget, prompt=prompt)
         assert result.stats.accepted_lengths == loop.generate(prompt, budget).stats.accepted_lengths
+
+
+def test_dflash_batch_one_fast_path_drafts_as_the_batch_path(checkpoints):
+    """At batch 1 the device loop passes no ``active`` and DFlash takes ``_propose_one``; the
+    batch path (``active=[True]``) on the same inputs gives bitwise the same logits and leaves
+    the drafter in the same state, step after step (prompts of 1 .. 11 tokens, drafts accepted
+    0 .. K)."""
+    if "qwen3" not in checkpoints["target"]:
+        pytest.skip("one family is enough")
+    drafter = _dflash(checkpoints)
+    inputs = _inputs(drafter.drafter.draft.fc.weight.shape[1])
+    for rid, (_, _, plen, accepted) in REQUESTS.items():
+        tokens, prompt_ctx, steps = inputs[rid]
+        runs = []
+        for active in (None, [True]):
+            torch.manual_seed(0)
+            drafter.setup(MAX_LEN + K + 1, 1)
+            drafter.reset(tokens[:plen].tolist(), prompt_ctx)
+            seq, n, got = tokens[None].clone(), plen + 1, []
+            with torch.inference_mode():
+                for a, ctx in zip(accepted, steps):
+                    got.append(drafter.propose_logits_rows(seq, [n], K, active=active))
+                    got.append(torch.tensor(drafter.lengths + drafter.context_lens))
+                    drafter.accepted_rows([n], [a], K, ctx)
+                    n += a + 1
+            runs.append(got)
+        assert all(torch.equal(x, y) for x, y in zip(*runs)), rid

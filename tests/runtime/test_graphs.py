@@ -139,3 +139,32 @@ def test_cuda_graphs_of_a_hybrid_chain_step_force_as_the_eager_step():
         assert graphed.captures == 2 and not graphed.eager_reasons
         warmed = GraphedStep(step, max_tokens=5, warmup=2, eager_first=False)
         assert _loop(warmed).forced_argmax(prompt, tokens) != want
+
+
+class _AnyDevice(GraphedStep):
+    """GraphedStep's default signature path (no ``_graphable`` override) with CPU tensors
+    accepted as graphable, so its key can be checked off CUDA."""
+
+    def _on_device(self, tensor) -> bool:
+        return True
+
+
+def test_signature_is_the_key_in_one_pass():
+    """The one-pass graph key equals (and hashes as) ``_key``'s, keeps non-tensor arguments,
+    and is None for calls that run eagerly: a token dimension over ``max_tokens``, no tensor, or
+    (the real device test) CPU tensors."""
+    step = _AnyDevice(lambda *a: None, max_tokens=8, warmup=0, eager_first=False)
+    args = (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 3, 4), None, 5, torch.zeros(2, dtype=torch.long))
+    key = step._signature(args)
+    assert key == GraphedStep._key(args) and hash(key) == hash(GraphedStep._key(args))
+    assert key[2] is None and key[3] == 5 and key[0][1] == torch.long
+    assert step._signature((torch.zeros(1, 9),)) is None  # over max_tokens: eager
+    assert step._signature((3, None)) is None
+    assert GraphedStep(lambda *a: None, warmup=0, eager_first=False)._signature(args) is None  # CPU: eager
+    assert step._signature(args[:2]) != step._signature((args[0], torch.zeros(1, 3, 4, dtype=torch.float16)))
+
+
+def test_stats_print_keys_with_tuple_shapes():
+    step = _AnyDevice(lambda *a: None, warmup=0, eager_first=False)
+    step.eager_reasons[step._signature((torch.zeros(1, 2),))] = "why"
+    assert step.stats()["eager_reasons"] == {str((((1, 2), torch.float32),)): "why"}

@@ -53,4 +53,8 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
         for r in rows.values():
             assert r["profile"]["steps"] >= 1 and all(ms >= 0 for ms in r["profile"]["part_ms_per_step"].values())
             assert r["tokens_per_s"] > 0 and r["tokens_per_step"] >= 1.0
+            # the prefills' time apart: each prompt's, and the steps' without it
+            assert r["prefill_ms"] > 0 and 0 < r["decode_step_ms"] < r["step_ms"]
+            assert r["decode_step_ms"] * r["steps"] + r["prefill_ms"] * result["prompts"] == \
+                pytest.approx(1e3 * r["seconds"])
             assert r["speedup_vs_chain"]["predicted"] > 0 and r["speedup_vs_ar"]["measured"] > 0
