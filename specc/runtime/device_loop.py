@@ -52,7 +52,7 @@ parameters and seed, set at its prefill; greedy requests may share the batch) sa
 and verifies by speculative sampling (``specc.runtime.sampling_verify``) at the same points of the
 step; while every request is greedy the loop makes the calls it always made.
 
-Drafting ahead (``draft_ahead``, on with CUDA graphs; batch 1, greedy chains, the loop's own k):
+Drafting ahead (``draft_ahead``, opt-in until timed on a GPU; batch 1, greedy chains, the loop's own k):
 a step whose caller will step again with the budgets it leaves (``speculate(..., ahead=True)``:
 the scheduler without a draft-length rule) launches the next step's draft right after its host
 copy and the drafter's bookkeeping, before returning, so the GPU drafts while the host does the

@@ -264,7 +264,9 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
                                     cap_to_budget=not graphs, tree_budget=tree_budget if tree_step is not None else 0,
                                     tree_target=tree_step, ragged_target=steps.get("target_ragged"))
     loop.capture_shapes = graphs
-    loop.draft_ahead = graphs  # batch 1: the next draft launched before the host's bookkeeping
+    # batch 1: launch the next draft before the host's bookkeeping (``draft_ahead``): exact on the CPU,
+    # not yet timed on a GPU (bench_tree --e2e-8b times the chain with and without it), so opt-in
+    loop.draft_ahead = False
     loop.steps = steps
     return loop
 

@@ -41,7 +41,10 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
     assert [run["spec"].split("+")[0] for run in result["runs"]] == ["dflash-qwen3-8b:gsm8k", "dflash-qwen3-8b:mt-bench"]
     for run in result["runs"]:
         rows = {r["system"]: r for r in run["rows"]}
-        assert set(rows) == {"chain", "tree 16"}
+        assert set(rows) == {"chain", "chain, draft ahead", "tree 16"}
+        # drafting ahead launches the same drafts earlier: the same replayed acceptance, step for step
+        assert rows["chain, draft ahead"]["draft_ahead"] and not rows["chain"]["draft_ahead"]
+        assert rows["chain, draft ahead"]["tokens_per_step"] == rows["chain"]["tokens_per_step"]
         assert "tiny-dflash-ranks.json" in run["spec"] and "assumed" in run["tree_source"]
         model = parse_tree_acceptance(run["spec"], 15)
         assert rows["tree 16"]["predicted"]["tokens_per_step"] == model.expected_tokens(16, 15)
