@@ -146,11 +146,15 @@ class TreeReplayVerifier(TreeVerifier):
         """[rows, depth] uniforms of the next step (advances the on-device step counter)."""
         dev = torch.device(device)
         counter = self._counters.get(str(dev))
-        if counter is None:
-            counter = self._counters[str(dev)] = torch.zeros(1, dtype=torch.long, device=dev)
         seeds = self._seeds.get((rows, str(dev)))
-        if seeds is None:
-            seeds = self._seeds[(rows, str(dev))] = self._row_seeds(rows, dev)
+        if counter is None or seeds is None:
+            # normal tensors even when the loop draws under inference mode: ``reset`` updates them in
+            # place and may run outside it (an inference tensor refuses that)
+            with torch.inference_mode(False):
+                if counter is None:
+                    counter = self._counters[str(dev)] = torch.zeros(1, dtype=torch.long, device=dev)
+                if seeds is None:
+                    seeds = self._seeds[(rows, str(dev))] = self._row_seeds(rows, dev)
         counter.add_(1)
         position = counter * _POSITION_STRIDE + torch.arange(depth, device=dev)
         return rng.uniform(seeds, position[None].expand(rows, depth), rng.ACCEPT)

@@ -120,6 +120,18 @@ def test_draws_are_seeded_and_reset_in_place():
         TreeReplayVerifier([[0.7, 0.5]])
 
 
+def test_draws_made_under_inference_mode_reset_outside_it():
+    """A loop draws under inference mode; a benchmark resets (or re-seeds) the verifier outside
+    it, in place: its counters and row seeds must be normal tensors."""
+    v = TreeReplayVerifier([[0.5, 0.3]], seed=3)
+    with torch.inference_mode():
+        first = v.uniforms(4, 3, "cpu")
+        v.uniforms(4, 3, "cpu")
+    v.reset(seed=3)
+    with torch.inference_mode():
+        assert torch.equal(v.uniforms(4, 3, "cpu"), first)
+
+
 def test_tree_replay_in_the_device_loop(checkpoints):
     """The drafter, the tree verify forward and the KV compaction run every step; only the
     decision (and the tree's shape) is replayed."""
