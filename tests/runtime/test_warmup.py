@@ -37,3 +37,25 @@ def test_warm_up_runs_the_loop_once_on_cpu(checkpoints):
     stats = warmup.warm_up(loop, 64, prompt_len=8, progress=lambda msg, s: heard.append(msg))
     assert stats["generations"] == 1 and stats["kernels"] > 0 and stats["graphs"] >= 0 and heard
     assert loop.generate(PROMPT, 8, ()).tokens == eager.generate(PROMPT, 8, ()).tokens
+
+
+def test_warm_up_counts_and_resets_the_loops_own_graphed_functions():
+    """The chain's accept + commit and the tree's functions are graphed by the loop itself, made at
+    their first call: warm_up counts their captures and starts their replay counts at zero."""
+    from types import SimpleNamespace
+
+    from specc.runtime.graphs import GraphedStep
+    from specc.runtime.warmup import warm_up
+
+    chain, plan = GraphedStep(lambda x: x), GraphedStep(lambda x: x)
+    chain.graphs[("k",)] = object()  # one captured shape each
+    plan.graphs[("k",)] = object()
+    chain.replays, plan.eager_calls = 5, 2
+
+    def generate(prompt, new, eos):
+        loop._chain_graph, loop._tree_graphs = chain, {"plan": plan, "accept": lambda *a: a}
+
+    loop = SimpleNamespace(num_draft=0, max_len=64, steps={}, generate=generate)
+    stats = warm_up(loop, vocab_size=50)
+    assert stats["generations"] == 1 and stats["graphs_captured"] == 2
+    assert chain.replays == chain.eager_calls == plan.replays == plan.eager_calls == 0
