@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from specc import __version__
-from specc.errors import UserError
+from specc.errors import UserError, auto_off_or_int
 from specc.passes.pipelines import DEFAULT_PIPELINE
 
 __all__ = ["DEFAULT_PIPELINE", "CompileResult", "VerificationFailed", "compile_artifact"]
@@ -96,10 +96,7 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
     if tree in (None, "off", 0, "0"):
         return {"budget": 0, "depth": k, "acceptance_source": "off (requested)"}
     if tree != "auto":
-        try:
-            budget = int(tree)
-        except (TypeError, ValueError):
-            raise UserError(f"--tree takes auto, off or a node budget, not {tree!r}") from None
+        budget = auto_off_or_int(tree, "--tree", "a node budget")
         if budget < 1:
             raise UserError("--tree N needs N >= 1")
         return {"budget": budget, "depth": k, "acceptance_source": "given (--tree)"}

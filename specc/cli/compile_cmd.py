@@ -8,7 +8,7 @@ import sys
 
 from specc.cli.common import (add_prompt_args, add_sampling_args, check_budget, emit_result, finite_non_negative,
                               positive, sampling_json, sampling_params)
-from specc.errors import UserError
+from specc.errors import UserError, auto_off_or_int
 from specc.methods import method_names
 
 
@@ -100,12 +100,8 @@ def run_compile(args) -> int:
 
     positive(args.num_draft, "--num-draft")
     positive(args.verify_tokens, "--verify-tokens")
-    two_level = args.two_level
+    two_level = auto_off_or_int(args.two_level, "--two-level", "a level-1 draft count K1")
     if two_level not in ("auto", "off"):
-        try:
-            two_level = int(two_level)
-        except ValueError:
-            raise UserError(f"--two-level takes auto, off or a level-1 draft count K1, not {args.two_level!r}") from None
         if two_level < 1:
             raise UserError(f"--two-level K1 needs K1 >= 1 (got {two_level}; --two-level off for one level)")
     if args.verify_tokens > 1 << 16:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specc.errors import UserError
+from specc.errors import UserError, auto_off_or_int
 from specc.search.acceptance import AcceptanceModel
 from specc.search.batch_pricing import ragged_step_seconds
 from specc.search.batching_cost import BatchingPricer
@@ -34,14 +34,9 @@ _BETTER = 1 + 1e-9
 
 def parse_two_level(value, k: int):
     """``--two-level`` as given: "auto" (or None), "off" (-> "off"), or K1 in 1..k-1 (-> int)."""
-    if value is None or value == "auto":
-        return "auto"
-    if value == "off":
-        return "off"
-    try:
-        k1 = int(value)
-    except (TypeError, ValueError):
-        raise UserError(f"--two-level takes auto, off or a level-1 draft count K1, not {value!r}") from None
+    k1 = auto_off_or_int("auto" if value is None else value, "--two-level", "a level-1 draft count K1")
+    if k1 in ("auto", "off"):
+        return k1
     if k < 2:
         raise UserError(f"--two-level {k1}: two-level verification needs at least 2 drafts per step (k = {k})")
     if not 1 <= k1 < k:
