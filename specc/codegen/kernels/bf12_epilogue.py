@@ -1,7 +1,8 @@
 """The epilogue both bf12 linear kernels (layouts 1 and 2) end with, as Triton device functions:
-undo the constant-exponent decode with the row's base, and store the fp32 tile (with its bias)
-directly or, under split-K, through the fp32 workspace where the last program of a tile sums
-the partials (``bf12_launch.split_k_workspace``: workspace and ticket counters, left zeroed)."""
+undo the constant-exponent decode with the row's base, add the escaped weights' exact
+corrections (the sparse fix-up), and store the fp32 tile (with its bias) directly or, under
+split-K, through the fp32 workspace where the last program of a tile sums the partials
+(``bf12_launch.split_k_workspace``: workspace and ticket counters, left zeroed)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,39 @@ def scale_by_base(out, base_ptr, offs_n, mask_n, stride_base):
     bse = tl.load(base_ptr + offs_n * stride_base, mask=mask_n, other=1).to(tl.int32)
     scale = ((bse + 15) << 23).to(tl.float32, bitcast=True)
     return out * scale[None, :]
+
+
+@triton.jit
+def add_escapes(out, x_rows, rowptr_ptr, erow_ptr, ecol_ptr, etrue_ptr, efake_ptr, offs_n, mask_m, n_lo, n_hi,
+                k_start, k_stop, SPLIT_K: tl.constexpr, X_PAIRS: tl.constexpr, ESC_BLOCK: tl.constexpr):
+    """``out`` [BLOCK_M, BLOCK_N] plus the escaped weights' corrections for output rows ``n_lo ..
+    n_hi - 1`` (the escapes sorted by row, ``rowptr`` their CSR offsets): each escape (row, col)
+    decoded as ``fake`` in the main loop adds ``x[:, col] * (true - fake)`` to its row, exactly in
+    fp32, once, by the program whose K range [k_start, k_stop) holds col (split-K). ``x_rows``:
+    [BLOCK_M, 1] row pointers into x, read as int32 pairs of bf16 when X_PAIRS (layout 1's FMA
+    path) or as elements."""
+    e_begin = tl.load(rowptr_ptr + n_lo)
+    e_end = tl.load(rowptr_ptr + n_hi)
+    for e0 in range(e_begin, e_end, ESC_BLOCK):
+        offs_e = e0 + tl.arange(0, ESC_BLOCK)
+        m_e = offs_e < e_end
+        e_row = tl.load(erow_ptr + offs_e, mask=m_e, other=-1)
+        e_col = tl.load(ecol_ptr + offs_e, mask=m_e, other=0)
+        if SPLIT_K > 1:
+            m_e = m_e & (e_col >= k_start) & (e_col < k_stop)
+        w_true = tl.load(etrue_ptr + offs_e, mask=m_e, other=0.0)
+        w_fake = tl.load(efake_ptr + offs_e, mask=m_e, other=0.0)
+        if X_PAIRS:  # x is viewed as int32 pairs of bf16
+            x2 = tl.load(x_rows + (e_col >> 1)[None, :], mask=mask_m[:, None] & m_e[None, :], other=0)
+            x2 = tl.where((e_col & 1)[None, :] == 1, x2 & -65536, x2 << 16)
+            xv = x2.to(tl.float32, bitcast=True)
+        else:
+            xv = tl.load(x_rows + e_col[None, :], mask=mask_m[:, None] & m_e[None, :],
+                         other=0.0).to(tl.float32)  # [BLOCK_M, ESC_BLOCK]
+        contrib = xv * w_true[None, :] - xv * w_fake[None, :]
+        hit = (e_row[:, None] == offs_n[None, :]) & m_e[:, None]  # [ESC_BLOCK, BLOCK_N]
+        out += tl.sum(tl.where(hit[None, :, :], contrib[:, :, None], 0.0), axis=1)
+    return out
 
 
 @triton.jit

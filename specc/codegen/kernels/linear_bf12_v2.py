@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
-from specc.codegen.kernels.bf12_epilogue import scale_by_base, store_tile
+from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import GROUP, HALF, Packed12
 
@@ -210,23 +210,8 @@ def _bf12v2_linear_kernel(
 
     if HAS_ESC:  # exact sparse fix-up of the escaped weights of this program's rows and K range
         n_lo = pid_n * BLOCK_N
-        n_hi = tl.minimum(n_lo + BLOCK_N, N)
-        e_begin = tl.load(rowptr_ptr + n_lo)
-        e_end = tl.load(rowptr_ptr + n_hi)
-        for e0 in range(e_begin, e_end, ESC_BLOCK):
-            offs_e = e0 + tl.arange(0, ESC_BLOCK)
-            m_e = offs_e < e_end
-            e_row = tl.load(erow_ptr + offs_e, mask=m_e, other=-1)
-            e_col = tl.load(ecol_ptr + offs_e, mask=m_e, other=0)
-            if SPLIT_K > 1:
-                m_e = m_e & (e_col >= k_start) & (e_col < k_stop)
-            w_true = tl.load(etrue_ptr + offs_e, mask=m_e, other=0.0)
-            w_fake = tl.load(efake_ptr + offs_e, mask=m_e, other=0.0)
-            xv = tl.load(x_rows + e_col[None, :], mask=mask_m[:, None] & m_e[None, :],
-                         other=0.0).to(tl.float32)  # [BLOCK_M, ESC_BLOCK]
-            contrib = xv * w_true[None, :] - xv * w_fake[None, :]
-            hit = (e_row[:, None] == offs_n[None, :]) & m_e[:, None]  # [ESC_BLOCK, BLOCK_N]
-            out += tl.sum(tl.where(hit[None, :, :], contrib[:, :, None], 0.0), axis=1)
+        out = add_escapes(out, x_rows, rowptr_ptr, erow_ptr, ecol_ptr, etrue_ptr, efake_ptr, offs_n, mask_m, n_lo,
+                          tl.minimum(n_lo + BLOCK_N, N), k_start, k_stop, SPLIT_K, False, ESC_BLOCK)
 
     store_tile(out, y_ptr, bias_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, mask_m, mask_n, stride_ym, N, pid_m, pid_n,
                HAS_BIAS, SPLIT_K)
