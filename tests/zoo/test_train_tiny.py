@@ -69,15 +69,18 @@ def test_lm_hidden_matches_hf(tt):
     torch.testing.assert_close(cap[1], ref.hidden_states[2], atol=1e-4, rtol=1e-4)
 
 
-def test_cached_generation_matches_hf_greedy(tt):
-    cfg = _toy_cfg(tt)
-    model = _model(tt, cfg, seed=1)
-    prompts = torch.randint(2, cfg.vocab_size, (3, 7))
+def _assert_batch_generation_is_hf_greedy(tt, model, prompts):
+    """The distillation generator gives each prompt row (7 tokens) HF's greedy continuation."""
     got = tt.generate_batch(model, prompts, 19, torch.device("cpu"))
-    for row in range(3):
+    for row in range(prompts.shape[0]):
         want = model.generate(prompts[row:row + 1], max_new_tokens=12, do_sample=False, pad_token_id=0,
                               eos_token_id=None, attention_mask=torch.ones(1, 7, dtype=torch.long))
         assert got[row].tolist() == want[0].tolist()
+
+
+def test_cached_generation_matches_hf_greedy(tt):
+    cfg = _toy_cfg(tt)
+    _assert_batch_generation_is_hf_greedy(tt, _model(tt, cfg, seed=1), torch.randint(2, cfg.vocab_size, (3, 7)))
 
 
 def test_pard_training_layout_matches_inference(tt):
@@ -430,13 +433,8 @@ def test_hybrid_cached_generation_matches_hf_greedy(tt):
     gives each row's HF greedy continuation."""
     from hybrid_factory import make_hybrid
 
-    model = make_hybrid("qwen3_5", 1)
     prompts = torch.randint(2, 90, (3, 7), generator=torch.Generator().manual_seed(0))
-    got = tt.generate_batch(model, prompts, 19, torch.device("cpu"))
-    for row in range(3):
-        want = model.generate(prompts[row:row + 1], max_new_tokens=12, do_sample=False, pad_token_id=0,
-                              eos_token_id=None, attention_mask=torch.ones(1, 7, dtype=torch.long))
-        assert got[row].tolist() == want[0].tolist()
+    _assert_batch_generation_is_hf_greedy(tt, make_hybrid("qwen3_5", 1), prompts)
 
 
 def test_hybrid_target_hidden_is_hfs(tt):
