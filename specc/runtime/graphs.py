@@ -68,11 +68,6 @@ class GraphedStep:
         of the graphs, for tests and host-time profiles, says yes)."""
         return tensor.is_cuda
 
-    def _graphable(self, args) -> bool:
-        tensors = [a for a in args if torch.is_tensor(a)]
-        return bool(tensors) and self._on_device(tensors[0]) and all(a.dim() < 2 or a.shape[1] <= self.max_tokens
-                                                                     for a in tensors)
-
     def __getattr__(self, name):  # device, spec, config... of the wrapped step
         return getattr(self.__dict__["step"], name)
 
@@ -86,13 +81,11 @@ class GraphedStep:
         return tuple((tuple(a.shape), a.dtype) if torch.is_tensor(a) else a for a in args)
 
     def _signature(self, args):
-        """The call's graph key, or None when it runs eagerly (``_graphable``). It is computed
-        before every replay, on the step's critical path (at batch 1 the GPU waits for it), so
-        the default test and the key are one pass over the arguments, the shapes kept as
-        ``torch.Size`` (equal to, and hashing as, the tuples ``_key`` makes). A subclass that
-        overrides ``_graphable`` is asked as before."""
-        if type(self)._graphable is not GraphedStep._graphable:
-            return self._key(args) if self._graphable(args) else None
+        """The call's graph key, or None when it runs eagerly: no tensor argument, the first
+        tensor not on the device (``_on_device``), or a token dimension over ``max_tokens``. It is
+        computed before every replay, on the step's critical path (at batch 1 the GPU waits for
+        it), so the test and the key are one pass over the arguments, the shapes kept as
+        ``torch.Size`` (equal to, and hashing as, the tuples ``_key`` makes)."""
         key, device_checked, limit = [], False, self.max_tokens
         for a in args:
             if isinstance(a, torch.Tensor):

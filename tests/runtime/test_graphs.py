@@ -142,7 +142,7 @@ def test_cuda_graphs_of_a_hybrid_chain_step_force_as_the_eager_step():
 
 
 class _AnyDevice(GraphedStep):
-    """GraphedStep's default signature path (no ``_graphable`` override) with CPU tensors
+    """GraphedStep's signature path with CPU tensors
     accepted as graphable, so its key can be checked off CUDA."""
 
     def _on_device(self, tensor) -> bool:
