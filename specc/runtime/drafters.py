@@ -69,21 +69,6 @@ def _length(start: int, device) -> torch.Tensor:
     return _counting(start + 1, device)[start:start + 1]
 
 
-_STEPS: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def _steps(n: int, device) -> torch.Tensor:
-    """arange(n) as [1, n] on ``device``. Drafting asks for the same few widths every step, so
-    those (n <= 64) are made once; a prompt-sized one is made each time."""
-    key = (n, torch.device(device))
-    steps = _STEPS.get(key)
-    if steps is None:
-        steps = torch.arange(n, device=device)[None]
-        if n <= 64:
-            _STEPS[key] = steps
-    return steps
-
-
 def _rows(starts: list[int], n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, n] (row b: starts[b] ..) and cache_len [B] (= starts) for a batch."""
     if len(starts) == 1:
@@ -93,7 +78,7 @@ def _rows(starts: list[int], n: int, device) -> tuple[torch.Tensor, torch.Tensor
 
 def _rows_at(cache_len: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``_rows`` for cache lengths already on the device: one op."""
-    return cache_len[:, None] + _steps(n, cache_len.device), cache_len
+    return cache_len[:, None] + _positions(0, n, cache_len.device), cache_len
 
 
 def _window(seq: torch.Tensor, starts: list[int], m: int) -> torch.Tensor:
@@ -102,7 +87,7 @@ def _window(seq: torch.Tensor, starts: list[int], m: int) -> torch.Tensor:
         return seq[:, starts[0]:starts[0] + m]
     if min(starts) < 0:
         raise RuntimeError(f"a drafting window starts before its sequence (starts {starts})")
-    return seq.gather(1, upload(starts, seq.device)[:, None] + _steps(m, seq.device))
+    return seq.gather(1, upload(starts, seq.device)[:, None] + _positions(0, m, seq.device))
 
 
 def _run(step, first: bool, *args):
@@ -197,6 +182,17 @@ class Drafter:
         ``prompt_len`` tokens; ``context`` [1, prompt_len, n*H]: the target's captured hidden
         states of the prompt (DFlash), else None."""
         self.lengths[slot] = 0
+
+    def _token_block(self, token: int, rows: int, width: int) -> torch.Tensor:
+        """[rows, width] of ``token`` on the drafter's device, kept per (token, shape): drafting
+        asks for the same mask block every step, and a tensor made per step is a launch the GPU
+        waits through at batch 1. Read only."""
+        blocks = self.__dict__.setdefault("_token_blocks", {})
+        block = blocks.get((token, rows, width))
+        if block is None:
+            block = blocks[(token, rows, width)] = torch.full((rows, width), token, dtype=torch.long,
+                                                              device=self.device)
+        return block
 
     def feed_prompt(self, slot: int, tokens: torch.Tensor) -> None:
         """``tokens`` [1, P]: the prompt of the sequence ``reset_slot`` just started in ``slot``
@@ -387,7 +383,6 @@ class PardDraft(CausalDrafter):
     def __init__(self, model: CausalLM, pard_token: int):
         super().__init__(model)
         self.pard_token = int(pard_token)
-        self._mask_blocks: dict[tuple[int, int], torch.Tensor] = {}
 
     @classmethod
     def from_manifest(cls, step, section):
@@ -406,12 +401,7 @@ class PardDraft(CausalDrafter):
         return out
 
     def _masks(self, rows: int, width: int) -> torch.Tensor:
-        """[rows, width] of ``pard_token``, kept per shape (every step asks for the same one)."""
-        masks = self._mask_blocks.get((rows, width))
-        if masks is None:
-            masks = torch.full((rows, width), self.pard_token, dtype=torch.long, device=self.model.device)
-            self._mask_blocks[(rows, width)] = masks
-        return masks
+        return self._token_block(self.pard_token, rows, width)
 
     def _block(self, seq, starts, m, k, first, slot):
         dev = self.model.device
@@ -448,7 +438,6 @@ class DFlashDraft(Drafter):
         self.context_lens = [0]
         self.window: torch.Tensor | None = None
         self.fresh: dict[int, torch.Tensor] = {}
-        self._mask_blocks: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def length(self) -> int:
@@ -485,13 +474,7 @@ class DFlashDraft(Drafter):
         self.lengths[slot], self.context_lens[slot] = head, 1
 
     def _masks(self, rows: int, width: int) -> torch.Tensor:
-        """[rows, width] of the mask token, kept per shape (drafting asks for the same every step)."""
-        key = (rows, width)
-        masks = self._mask_blocks.get(key)
-        if masks is None:
-            masks = torch.full(key, self.spec.mask_token_id, dtype=torch.long, device=self.drafter.device)
-            self._mask_blocks[key] = masks
-        return masks
+        return self._token_block(self.spec.mask_token_id, rows, width)
 
     def release_slot(self, slot) -> None:
         self.lengths[slot], self.context_lens[slot] = 0, 0
@@ -631,7 +614,7 @@ class DFlashDraft(Drafter):
                 self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
             joined = torch.cat([self.window, context], dim=1)
             shift = upload([a + 1 for a in accepted], context.device)
-            index = shift[:, None] + _steps(width, context.device)
+            index = shift[:, None] + _positions(0, width, context.device)
             self.window = joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1]))
 
 
