@@ -540,12 +540,18 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         eager calls and why a shape could not be captured; empty where nothing is graphed (the
         CPU). What a benchmark reports to show which parts of its steps replayed graphs."""
         stats = {role: step.stats() for role, step in getattr(self, "steps", {}).items() if hasattr(step, "stats")}
-        stats.update({f"tree_{name}": fn.stats() for name, fn in (self._tree_graphs or {}).items()
-                      if hasattr(fn, "stats")})
-        chain = getattr(self, "_chain_graph", None)
-        if hasattr(chain, "stats"):
-            stats["chain_accept"] = chain.stats()
+        stats.update({name: fn.stats() for name, fn in self.graphed_functions().items()})
         return stats
+
+    def graphed_functions(self) -> dict:
+        """The loop's own graphed functions around the verify forward, by name (``tree_plan`` /
+        ``tree_accept`` / ``tree_commit``, ``chain_accept``), as made so far (at their first
+        call; none on the CPU): what ``graph_stats`` reports and ``warm_up`` counts."""
+        from specc.runtime.graphs import GraphedStep
+
+        fns = {f"tree_{name}": fn for name, fn in (self._tree_graphs or {}).items()}
+        fns["chain_accept"] = getattr(self, "_chain_graph", None)
+        return {name: fn for name, fn in fns.items() if isinstance(fn, GraphedStep)}
 
     def _chain_logits(self, block, drafts, q, row_caps: list[int], caps):
         """The target's logits (and captured hidden states, else None) for the chain block

@@ -86,15 +86,6 @@ def _graphed(loop) -> list:
     return [s for s in getattr(loop, "steps", {}).values() if isinstance(s, GraphedStep)]
 
 
-def _graphed_functions(loop) -> list:
-    """The loop's own graphed functions around the steps (the chain's accept + commit, the tree's
-    plan / accept / commit), made at their first call: after a warm-up pass they exist."""
-    from specc.runtime.graphs import GraphedStep
-
-    fns = [getattr(loop, "_chain_graph", None), *(getattr(loop, "_tree_graphs", None) or {}).values()]
-    return [f for f in fns if isinstance(f, GraphedStep)]
-
-
 def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | None = None) -> dict:
     """Run ``loop`` (a ``DeviceSpeculativeDecoder``) over the shapes it will use; returns
     ``{"kernels": s, "graphs": s, "generations": n, "graphs_captured": n}``."""
@@ -133,7 +124,8 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
         one_pass()
         sync()
     stats["graphs"] = time.perf_counter() - t0
-    graphed += _graphed_functions(loop)
+    # the loop's own graphed functions (chain accept, tree plan / accept / commit) exist after a pass
+    graphed += list(loop.graphed_functions().values()) if hasattr(loop, "graphed_functions") else []
     stats["graphs_captured"] = sum(s.captures for s in graphed)
     if graphed:
         say(f"{stats['graphs_captured']} CUDA graphs captured", stats["graphs"])

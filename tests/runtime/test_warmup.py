@@ -55,7 +55,10 @@ def test_warm_up_counts_and_resets_the_loops_own_graphed_functions():
     def generate(prompt, new, eos):
         loop._chain_graph, loop._tree_graphs = chain, {"plan": plan, "accept": lambda *a: a}
 
-    loop = SimpleNamespace(num_draft=0, max_len=64, steps={}, generate=generate)
+    from specc.runtime.device_loop import DeviceSpeculativeDecoder
+
+    loop = SimpleNamespace(num_draft=0, max_len=64, steps={}, generate=generate,
+                           graphed_functions=lambda: DeviceSpeculativeDecoder.graphed_functions(loop))
     stats = warm_up(loop, vocab_size=50)
     assert stats["generations"] == 1 and stats["graphs_captured"] == 2
     assert chain.replays == chain.eager_calls == plan.replays == plan.eager_calls == 0
