@@ -33,7 +33,8 @@ cost model's prediction (``specc.search.tree_cost``) beside it; speedups over th
 AR, measured and predicted. After each system's timed pass, one more pass with the loop's
 per-part profile (ms per step of draft / plan / verify / accept / commit, synchronising) and
 each CUDA-graphed step's captures, replays and eager calls with their reasons: where a step's
-time goes beyond the cost model's figure. Writes ``--out-dir``/tree-e2e-8b.json.
+time goes beyond the cost model's figure. ``--kernels``: one more pass per system under
+``torch.profiler`` (kernel time and launches per step, the largest kernels by name). Writes ``--out-dir``/tree-e2e-8b.json.
 ``--tiny-check`` runs the same path at tiny shapes on the CPU (a minute): the GPU run's smoke test.
 
     PYTHONPATH=. python3 examples/bench_tree.py --device cuda --out $OUT/tree.json     # on the H200
@@ -318,27 +319,104 @@ def ranks(prompts, new_tokens: int, dtype, device, out: str | None) -> dict:
 
 
 def profiled_pass(system, prompt, new_tokens) -> dict:
-    """One more generation after the timed ones with the loop's per-part profile on (it
-    synchronises at every part boundary, so it is not the timed figure): wall ms per step of
-    each part (draft / verify / accept, and a tree step's plan / commit), the prefill apart, and
-    what each graphed step did (``DeviceSpeculativeDecoder.graph_stats``: is some step running
-    eagerly, and why)."""
-    system.profile = True
-    try:
+    """Two more generations after the timed ones with the loop's per-part profile on: ms per
+    step of each part (draft / verify / accept, and a tree step's plan / commit), the prefill
+    apart. ``part_ms_per_step``: wall time, synchronising at every part boundary (so not the
+    timed figure); ``device_part_ms_per_step``: device time between CUDA events recorded at the
+    boundaries, no synchronisation (``EventTimer``: adds up to the wall time; ``between`` is the
+    host's bookkeeping between steps while the GPU waits). Also what each graphed step did
+    (``DeviceSpeculativeDecoder.graph_stats``: is some step running eagerly, and why)."""
+    out = {}
+    for mode, key in ((True, "part_ms_per_step"), ("events", "device_part_ms_per_step")):
+        system.profile = mode
+        try:
+            res = system.generate(prompt, new_tokens, ())
+        finally:
+            system.profile = False
+        steps = max(len(res.stats.accepted_lengths), 1)
+        parts = dict(system.part_seconds)
+        out["steps"] = steps
+        out["prefill_ms" if mode is True else "device_prefill_ms"] = 1e3 * parts.pop("prefill", 0.0)
+        out[key] = {name: 1e3 * sec / steps for name, sec in parts.items()}
+    out["graphs"] = system.graph_stats()
+    return out
+
+
+def _profiled_generation(system, prompt, new_tokens, cuda: bool, stack: bool = False):
+    """One generation under ``torch.profiler``: (its Chrome trace as a dict, steps, wall seconds)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=activities, with_stack=stack) as prof:
         res = system.generate(prompt, new_tokens, ())
-    finally:
-        system.profile = False
-    steps = max(len(res.stats.accepted_lengths), 1)
-    parts = dict(system.part_seconds)
-    return {"steps": steps, "prefill_ms": 1e3 * parts.pop("prefill", 0.0),
-            "part_ms_per_step": {name: 1e3 * sec / steps for name, sec in parts.items()},
-            "graphs": system.graph_stats()}
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d:
+        path = pathlib.Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    return trace, max(len(res.stats.accepted_lengths), 1), wall
+
+
+def kernel_pass(system, prompt, new_tokens, cuda: bool, top: int = 30) -> dict:
+    """Two more generations under ``torch.profiler``, no synchronisation inside. The first: per
+    kernel name (host ops on the CPU), calls and microseconds per decode step (the prefill's
+    kernels included, spread over the steps), the ``top`` largest, the total kernel time and
+    launches per step beside the wall time per step, and on a GPU the idle time between kernels
+    (``specc.bench.gaps``: how much of it the host was late for). The second (GPU only, Python
+    stacks on, so its times are inflated): the idle gaps grouped by the loop's line that launched
+    the kernel after them (``gaps``). What a step's time beyond its kernels is made of."""
+    import collections
+
+    from specc.bench.gaps import kernel_gaps
+
+    trace, steps, wall = _profiled_generation(system, prompt, new_tokens, cuda)
+    cat = "kernel" if cuda else "cpu_op"
+    events = [e for e in trace.get("traceEvents", []) if e.get("cat") == cat]
+    groups: dict = collections.defaultdict(lambda: [0, 0.0])
+    for e in events:
+        groups[e["name"][:90]][0] += 1
+        groups[e["name"][:90]][1] += e.get("dur", 0.0)
+    rows = sorted(({"kernel": name, "calls_per_step": c / steps, "us_per_step": t / steps}
+                   for name, (c, t) in groups.items()), key=lambda r: -r["us_per_step"])
+    out = {"steps": steps, "wall_ms_per_step": 1e3 * wall / steps, "what": cat,
+           "kernel_us_per_step": sum(r["us_per_step"] for r in rows), "launches_per_step": len(events) / steps,
+           "top": rows[:top]}
+    if cuda:
+        clean = kernel_gaps(trace, steps)
+        out["idle_us_per_step"], out["host_late_us_per_step"] = clean["idle_us_per_step"], clean["host_late_us_per_step"]
+        out["span_us_per_step"] = clean["span_us_per_step"]
+        trace, steps, _ = _profiled_generation(system, prompt, new_tokens, cuda, stack=True)
+        out["gaps_with_stacks"] = kernel_gaps(trace, steps, top=15)
+    return out
+
+
+def _print_gaps(label: str, kp: dict) -> None:
+    if "idle_us_per_step" not in kp:
+        return
+    print(f"[e2e-8b] {label:18s} GPU idle between kernels {kp['idle_us_per_step']:.0f} us/step (host late "
+          f"{kp['host_late_us_per_step']:.0f}); kernels {kp['kernel_us_per_step']:.0f}, span {kp['span_us_per_step']:.0f}",
+          flush=True)
+    for g in kp["gaps_with_stacks"]["gaps"][:8]:
+        print(f"[e2e-8b]   {g['us_per_step']:7.1f} us/step ({g['count_per_step']:.1f}x, host late "
+              f"{g['host_late_us_per_step']:.1f}) {g['launch']} at {g['frames'] or '?'}: {g['after'][:30]} -> "
+              f"{g['before'][:30]}", flush=True)
 
 
 def _print_profile(label: str, profile: dict) -> None:
     parts = ", ".join(f"{name} {ms:.3f}" for name, ms in profile["part_ms_per_step"].items())
     print(f"[e2e-8b] {label:9s} profile, ms/step (synchronising): {parts}; prefill {profile['prefill_ms']:.1f} ms",
           flush=True)
+    parts = ", ".join(f"{name} {ms:.3f}" for name, ms in profile["device_part_ms_per_step"].items())
+    total = sum(profile["device_part_ms_per_step"].values())
+    print(f"[e2e-8b] {label:9s} device time per part, ms/step (CUDA events, no sync): {parts} (sum {total:.3f}); "
+          f"prefill {profile['device_prefill_ms']:.1f} ms", flush=True)
     for role, st in profile["graphs"].items():
         if st["eager_calls"] or st["eager_reasons"]:
             print(f"[e2e-8b] {label:9s}   {role}: {st['captures']} graphs, {st['replays']} replays, "
@@ -410,7 +488,7 @@ def build_dflash_system(shapes: str, dtype, dev, cost):
 
 
 def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, device: str, small: bool,
-           deployment: str, seed: int = 0) -> dict:
+           deployment: str, seed: int = 0, kernels: bool = False) -> dict:
     """Compiled AR, then per acceptance spec of ``specs`` the chain and trees, at Qwen3-8B +
     DFlash-b16 shapes (random weights), acceptance replayed (see the module doc); each row with
     the cost model's prediction. One build serves every spec."""
@@ -451,6 +529,9 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
           flush=True)
     ar["profile"] = profiled_pass(ar_loop, prompts[0], new_tokens)
     _print_profile("AR", ar["profile"])
+    if kernels:
+        ar["kernels"] = kernel_pass(ar_loop, prompts[0], new_tokens, cuda)
+        _print_gaps("AR", ar["kernels"])
     del ar_loop
     runs = []
     for spec, tree_model in zip(specs, models):
@@ -486,6 +567,13 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
                   f"{predicted['tokens_per_step']:.2f} tokens/step, {predicted['step_ms']:.2f} ms/step)", flush=True)
             row["profile"] = profiled_pass(system, prompts[0], new_tokens)
             _print_profile(row["system"], row["profile"])
+            if kernels:
+                row["kernels"] = kernel_pass(system, prompts[0], new_tokens, cuda)
+                kp = row["kernels"]
+                print(f"[e2e-8b] {row['system']:18s} kernels: {kp['kernel_us_per_step']:.0f} us, "
+                      f"{kp['launches_per_step']:.0f} launches per step (wall {kp['wall_ms_per_step']:.2f} ms); "
+                      + "; ".join(f"{r['kernel'][:40]} {r['us_per_step']:.0f}" for r in kp["top"][:8]), flush=True)
+                _print_gaps(row["system"], kp)
             del system
             if cuda:
                 torch.cuda.empty_cache()
@@ -530,6 +618,8 @@ def main() -> None:
                     "specc-tiny's rank split)")
     ap.add_argument("--prompt-len", type=int, default=None, help="with --e2e-8b: prompt tokens (default 128; check 16)")
     ap.add_argument("--out-dir", default=".", help="with --e2e-8b: directory of the JSON (default .)")
+    ap.add_argument("--kernels", action="store_true", help="with --e2e-8b: one more pass per system under "
+                    "torch.profiler: kernel time and launches per step, the largest kernels (``kernel_pass``)")
     args = ap.parse_args()
     if args.e2e_8b:
         small = args.tiny_check
@@ -541,7 +631,8 @@ def main() -> None:
                   else "cpu", "torch": torch.__version__, "python": sys.version.split()[0]}
         result.update(e2e_8b(args.acceptance or DEFAULT_8B_ACCEPTANCE, budgets, args.prompts or (1 if small else 8),
                              args.prompt_len or (16 if small else 128), args.new_tokens or (12 if small else 256),
-                             device, small, args.deployment or ("cpu" if small else "h200-bs1")))
+                             device, small, args.deployment or ("cpu" if small else "h200-bs1"),
+                             kernels=args.kernels))
         out = pathlib.Path(args.out_dir) / "tree-e2e-8b.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1) + "\n")

@@ -107,6 +107,41 @@ class PartTimer:
         self._last = (part, now) if part else None
 
 
+class EventTimer:
+    """Device time per loop part without synchronising (``profile = "events"``): each boundary
+    records a CUDA event (the CPU: host time), and ``parts`` (read after the run; it
+    synchronises once) sums the device time between consecutive events per part. The device's
+    timeline is continuous, so the parts add up to the run's wall time, and a part's time is
+    what it cost the GPU: its kernels, or the host's lateness where the GPU waited for the host
+    (``between``: from the end of one step, after its host copy, to the next step's first launch,
+    i.e. the host's bookkeeping between steps, during which the GPU idles)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self._marks, self._parts = device, [], None
+        self._cuda = device.type == "cuda"
+
+    def mark(self, part: str | None) -> None:
+        if self._cuda:
+            stamp = torch.cuda.Event(enable_timing=True)
+            stamp.record()
+        else:
+            stamp = time.perf_counter()
+        self._marks.append((part, stamp))
+        self._parts = None
+
+    @property
+    def parts(self) -> dict:
+        if self._parts is None:
+            if self._cuda:
+                torch.cuda.synchronize(self.device)
+            parts: dict = {}
+            for (name, start), (_, end) in zip(self._marks, self._marks[1:]):
+                sec = start.elapsed_time(end) / 1e3 if self._cuda else end - start
+                parts[name or "between"] = parts.get(name or "between", 0.0) + sec
+            self._parts = parts
+        return self._parts
+
+
 class _NoTimer:
     parts: dict = {}
 
@@ -125,7 +160,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     state; None: the target itself when it has ``ragged_rows``, else none (every verify is dense). ``two_level_k1``: drafts verified at the
     first level of two-level verification (None: one level; may be set after construction)."""
 
-    profile = False  # set True to time the loop's parts (``self.part_seconds`` after a run)
+    profile: bool | str = False  # True / "events": time the loop's parts (``part_seconds`` after a run)
+    _timer = _NoTimer()
     capture_shapes = False
     _shapes_captured = False
     _packing = False  # this step packs rows that verify fewer tokens (per-request k or two levels)
@@ -155,7 +191,6 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if self.ragged_target is not target and hasattr(self.ragged_target, "capture_layers"):
                 self.ragged_target.capture_layers = tuple(drafter.spec.target_layer_ids)
             target.capture_layers = tuple(drafter.spec.target_layer_ids)
-        self.part_seconds: dict = {}
         self._steps_k1: dict = {}
         self.resize(max_len, batch)
 
@@ -353,8 +388,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if self.drafter is not None:
             self.drafter.forwards = 0
             self.drafter.open_rows(rows)
-        self.part_seconds = {}
-        self._timer = PartTimer(self.target.device) if self.profile else _NoTimer()
+        timer = {True: PartTimer, "events": EventTimer}.get(self.profile)
+        self._timer = timer(self.target.device) if timer else _NoTimer()
 
     def prefill_slot(self, slot: int, prompt: list[int], seed: int | None = None, sampling=None) -> int:
         """Run ``prompt`` through the target into ``slot`` alone (a batch-1 forward on views of
@@ -401,6 +436,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.n[slot] = 0
         if self.drafter is not None:
             self.drafter.release_slot(slot)
+
+    @property
+    def part_seconds(self) -> dict:
+        """Seconds per loop part of the run so far (``profile``: True, synchronising at every
+        boundary, ``PartTimer``; "events", device time from CUDA events, ``EventTimer``); empty
+        when not profiling."""
+        return dict(self._timer.parts)
 
     def speculate(self, budgets: list[int], num_draft: int | list[int] | None = None,
                   ahead: bool = False) -> tuple[list[list[int]], int]:
@@ -491,7 +533,6 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if ahead:
             self._draft_ahead(budgets[0] - acc[0] - 1 if rows == 1 else 0, num_draft)
         timer.mark(None)
-        self.part_seconds = dict(timer.parts)
         return host, nodes
 
     def _draft_ahead(self, budget: int, num_draft) -> None:

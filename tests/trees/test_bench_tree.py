@@ -32,7 +32,7 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("TRITON_INTERPRET", None)
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "bench_tree.py"), "--e2e-8b", "--tiny-check",
-                           "--budgets", "16", "--new-tokens", "10", "--out-dir", str(tmp_path)],
+                           "--budgets", "16", "--new-tokens", "10", "--kernels", "--out-dir", str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "tree-e2e-8b.json").read_text())
@@ -53,6 +53,14 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
         assert {"draft", "verify", "accept"} <= set(rows["chain"]["profile"]["part_ms_per_step"])
         assert {"draft", "plan", "verify", "accept", "commit"} == set(rows["tree 16"]["profile"]["part_ms_per_step"])
         assert rows["chain"]["profile"]["graphs"] == {}  # nothing is graphed on the CPU
+        # the unsynchronised profile (EventTimer): the same parts plus the host's time between steps
+        assert set(rows["tree 16"]["profile"]["device_part_ms_per_step"]) == {
+            "draft", "plan", "verify", "accept", "commit", "between"}
+        # --kernels: host ops per step on the CPU (kernels on a GPU), largest first
+        kernels = rows["tree 16"]["kernels"]
+        assert kernels["what"] == "cpu_op" and kernels["launches_per_step"] > 0 and kernels["top"]
+        assert [r["us_per_step"] for r in kernels["top"]] == sorted((r["us_per_step"] for r in kernels["top"]),
+                                                                     reverse=True)
         for r in rows.values():
             assert r["profile"]["steps"] >= 1 and all(ms >= 0 for ms in r["profile"]["part_ms_per_step"].values())
             assert r["tokens_per_s"] > 0 and r["tokens_per_step"] >= 1.0

@@ -1,0 +1,84 @@
+"""Where a GPU sits idle between kernels, from a ``torch.profiler`` Chrome trace.
+
+A decode step whose wall time exceeds its kernels' time loses the difference in gaps between
+kernels: the host was late to launch the next one (Python bookkeeping, a synchronising copy,
+eager glue) or the launch itself took time to reach the GPU (graph launch latency). This module
+reads a trace exported by ``torch.profiler`` (CUDA + CPU activities; ``with_stack=True`` adds the
+Python frames) and sums the gaps per step, split into the part where the host had not yet issued
+the next kernel's launch call (``host_late``) and the rest, and groups them by the launching call
+and the innermost Python frames of the project at the launch: which line of the loop the GPU
+waited for. Used by ``examples/bench_tree.py --kernels``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+
+MIN_GAP_US = 2.0  # gaps below this are the GPU's own kernel-to-kernel latency
+SCAN = 20000  # Python frames looked back through for the ones open at a launch (innermost start last)
+
+
+def kernel_gaps(trace: dict, steps: int, frames: str = "specc/", top: int = 12) -> dict:
+    """Idle time between consecutive device kernels of ``trace`` (a Chrome trace dict), per
+    step of ``steps``: ``idle_us_per_step`` (gaps of at least ``MIN_GAP_US``), ``host_late_us_per_step``
+    (the part of each gap before the host issued the next kernel's launch call), ``kernel_us_per_step``,
+    ``span_us_per_step`` (first kernel's start to last kernel's end), and ``top`` groups of gaps by
+    (launching runtime call, innermost Python frames whose file contains ``frames``, the kernel
+    before the gap, the kernel after it): count and microseconds per step, largest first."""
+    events = trace.get("traceEvents", [])
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    py = sorted((e for e in events if e.get("cat") == "python_function" and frames in e.get("name", "")),
+                key=lambda e: e["ts"])
+    py_starts = [e["ts"] for e in py]
+    steps = max(int(steps), 1)
+    groups: dict = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    idle = late = 0.0
+    for prev, nxt in zip(kernels, kernels[1:]):
+        end = prev["ts"] + prev.get("dur", 0.0)
+        gap = nxt["ts"] - end
+        if gap < MIN_GAP_US:
+            continue
+        launch = launches.get(nxt.get("args", {}).get("correlation"))
+        host_late = min(gap, max(0.0, launch["ts"] - end)) if launch else 0.0
+        where = _frames_at(py, py_starts, launch["ts"]) if launch else ""
+        key = (launch["name"] if launch else "?", where, _short(prev["name"]), _short(nxt["name"]))
+        g = groups[key]
+        g[0] += 1
+        g[1] += gap
+        g[2] += host_late
+        idle += gap
+        late += host_late
+    rows = sorted(({"launch": k[0], "frames": k[1], "after": k[2], "before": k[3], "count_per_step": c / steps,
+                    "us_per_step": t / steps, "host_late_us_per_step": h / steps}
+                   for k, (c, t, h) in groups.items()), key=lambda r: -r["us_per_step"])
+    span = (kernels[-1]["ts"] + kernels[-1].get("dur", 0.0) - kernels[0]["ts"]) if kernels else 0.0
+    return {"steps": steps, "idle_us_per_step": idle / steps, "host_late_us_per_step": late / steps,
+            "kernel_us_per_step": sum(e.get("dur", 0.0) for e in kernels) / steps, "span_us_per_step": span / steps,
+            "gaps": rows[:top]}
+
+
+def _short(name: str) -> str:
+    return name.split("(")[0][:60]
+
+
+def _frames_at(py: list, starts: list, ts: float, depth: int = 2) -> str:
+    """The innermost ``depth`` Python frames (of the filtered list) running at ``ts``."""
+    hits = []
+    last = bisect.bisect_right(starts, ts) - 1
+    for i in range(last, max(-1, last - SCAN), -1):
+        e = py[i]
+        if e["ts"] <= ts <= e["ts"] + e.get("dur", 0.0):
+            hits.append(e)
+            if len(hits) == depth:
+                break
+    return " < ".join(_frame_name(e["name"]) for e in hits)
+
+
+def _frame_name(name: str) -> str:
+    """``.../specc/runtime/device_loop.py(470): speculate`` -> ``device_loop.py:470 speculate``."""
+    path, _, func = name.partition(": ")
+    file = path.rsplit("/", 1)[-1].replace("(", ":").rstrip(")")
+    return f"{file} {func}".strip()
