@@ -51,7 +51,7 @@ class Engine:
             return self.eos_token_ids
         return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(eos_token_id)
 
-    def generate(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, profile: bool = False,
+    def generate(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, profile: bool | str = False,
                  sampling: SamplingParams | None = None, *, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
                  repetition_penalty: float | None = None, seed: int | None = None) -> GenerationResult:
@@ -60,7 +60,9 @@ class Engine:
         ``sampling=SamplingParams(...)`` that the keywords override); equal in distribution to
         sampling the target alone (docs/sampling.md). ``eos_token_id``: an id, ids, or None for
         the model's own EOS; () for none. ``profile``: also time the loop's parts (prefill / draft
-        / verify / accept) into ``last_stats["part_seconds"]`` (synchronises at each boundary)."""
+        / verify / accept) into ``last_stats["part_seconds"]``: True synchronises at each boundary
+        (wall time per part); "events" records CUDA events instead (device time per part, nothing
+        synchronised, plus ``between``: the host's time between steps; ``EventTimer``)."""
         params = SamplingParams.coerce(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                        repetition_penalty=repetition_penalty, seed=seed)
         self.loop.profile = profile
