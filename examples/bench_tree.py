@@ -7,7 +7,11 @@ Three parts, each printed as a table and written to one JSON file:
    offsets), greedy, block 16 (15 drafted positions); tokens committed per target step (pooled
    tau) for the chain and for trees of 8 / 16 / 32 / 64 drafted nodes, PARD and DFlash, through
    the production device loop over the model definitions. Every configuration's tokens are
-   checked equal to the chain's (lossless) before anything is printed.
+   checked equal to the chain's and to the target's AR greedy (HF transformers, the stock AR
+   loop); the JSON records where any difference starts, and the script then exits non-zero
+   (for a difference from AR only in fp32: in bf16 the verify shapes round differently).
+   ``--pair hybrid``: the same on ``specc-tiny-hybrid`` (gated DeltaNet + attention) with its
+   DFlash drafter (acceptance only).
 2. ``steps`` (random weights, Qwen3-8B shapes on a GPU; ``--tiny``: tiny shapes): the compiled
    target's chain verify step at Q = 16 / 32 / 64 / 128 query rows vs its tree verify step over
    a draft tree of the same number of nodes (ancestor mask, positions base + depth; timed with the
@@ -42,6 +46,8 @@ time goes beyond the cost model's figure. ``--kernels``: one more pass per syste
     PYTHONPATH=. python3 examples/bench_tree.py --e2e-8b --tiny-check --out-dir /tmp/t # its CPU check
     PYTHONPATH=. python3 examples/bench_tree.py --tiny --device cpu                     # smoke (< 60 s)
     PYTHONPATH=. python3 examples/bench_tree.py --parts acceptance,e2e --device cpu     # CPU figures
+    PYTHONPATH=. python3 examples/bench_tree.py --pair hybrid --parts acceptance --device cpu \
+        --prompts 16 --new-tokens 64 --budgets 15,31,63                               # the hybrid pair
 """
 
 from __future__ import annotations
@@ -86,22 +92,43 @@ def heldout_prompts(tokenizer, count: int, seed: int = 0, lo: int = 64, hi: int 
     return prompts
 
 
-def _loop(method: str, drafter: str, budget: int, max_len: int, dtype, device):
+def _loop(target: str, method: str, drafter: str, budget: int, max_len: int, dtype, device):
     from specc.pairing import resolve_pair
     from specc.runtime.device_loop import DeviceSpeculativeDecoder
     from specc.runtime.eager import build_eager
 
-    eager = build_eager(resolve_pair("specc-tiny", drafter, method), K, max_len, dtype, device)
+    eager = build_eager(resolve_pair(target, drafter, method), K, max_len, dtype, device)
     return DeviceSpeculativeDecoder(eager.target, eager.drafter, K, max_len, tree_budget=budget)
 
 
-def acceptance(prompts, new_tokens: int, budgets, dtype, device) -> list[dict]:
+def _first_difference(outs, reference) -> dict | None:
+    """Where two runs' tokens first part: prompt index, token index, the two tokens."""
+    for i, (a, b) in enumerate(zip(outs, reference)):
+        if a != b:
+            pos = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return {"prompt": i, "token": pos, "got": a[pos] if pos < len(a) else None,
+                    "want": b[pos] if pos < len(b) else None, "differing_prompts": sum(x != y for x, y in zip(outs, reference))}
+    return None
+
+
+def acceptance(prompts, new_tokens: int, budgets, dtype, device, target: str = "specc-tiny",
+               methods=None) -> list[dict]:
+    """Tokens per target step of the chain and of each tree budget, per drafter of ``target``
+    (``PAIRS``), through the device loop over the model definitions; every run's tokens are
+    compared with the chain's and with the target's plain greedy decoding (HF transformers, the
+    stock AR loop), and a difference is recorded with where it starts (``first_difference``)."""
+    from specc.pairing import resolve_pair
+    from specc.stock.runner import StockSystem
+
+    methods = PAIRS["tiny"][1] if methods is None else methods
+    ar_system = StockSystem(resolve_pair(target), dtype=dtype, device=device)
+    ar_tokens = [ar_system.generate(p, new_tokens, ()).tokens for p in prompts]
     rows = []
     max_len = max(map(len, prompts)) + new_tokens + 2
-    for method, drafter in METHODS:
+    for method, drafter in methods:
         reference = None
         for budget in (0, *budgets):
-            loop = _loop(method, drafter, budget, max_len, dtype, device)
+            loop = _loop(target, method, drafter, budget, max_len, dtype, device)
             lengths, outs, t0 = [], [], time.perf_counter()
             for p in prompts:
                 res = loop.generate(p, new_tokens, ())
@@ -109,19 +136,37 @@ def acceptance(prompts, new_tokens: int, budgets, dtype, device) -> list[dict]:
                 outs.append(res.tokens)
             seconds = time.perf_counter() - t0
             reference = outs if reference is None else reference
-            row = {"method": method, "budget": budget, "tau": sum(lengths) / len(lengths), "steps": len(lengths),
-                   "lossless_vs_chain": outs == reference, "seconds": seconds,
+            row = {"target": target, "method": method, "drafter": drafter, "budget": budget,
+                   "tau": sum(lengths) / len(lengths), "steps": len(lengths),
+                   "lossless_vs_chain": outs == reference, "lossless_vs_ar": outs == ar_tokens, "seconds": seconds,
                    "tokens_per_s": new_tokens * len(prompts) / seconds}
+            for key, want in (("first_difference_vs_chain", reference), ("first_difference_vs_ar", ar_tokens)):
+                diff = _first_difference(outs, want)
+                if diff is not None:
+                    row[key] = diff
             rows.append(row)
             label = "chain" if budget == 0 else f"tree {budget}"
             print(f"[acceptance] {method:6s} {label:8s} tau {row['tau']:.3f}  ({row['steps']} steps, "
-                  f"{row['tokens_per_s']:.1f} tok/s, lossless {row['lossless_vs_chain']})", flush=True)
-            if not row["lossless_vs_chain"]:
-                raise SystemExit(f"{method} tree {budget}: tokens differ from the chain's")
+                  f"{row['tokens_per_s']:.1f} tok/s, lossless vs chain {row['lossless_vs_chain']}, "
+                  f"vs AR {row['lossless_vs_ar']})", flush=True)
     for row in rows:
         chain = next(r for r in rows if r["method"] == row["method"] and r["budget"] == 0)
         row["tau_gain_vs_chain"] = row["tau"] / chain["tau"] - 1
     return rows
+
+
+def acceptance_failures(rows, dtype) -> list[str]:
+    """The rows that break exactness: any tree whose tokens differ from its chain's, and, in fp32,
+    any run that differs from AR greedy (in bf16 the verify shapes round differently from AR's
+    one-token steps, so a difference there is reported, not fatal)."""
+    bad = []
+    for r in rows:
+        label = f"{r['target']} {r['method']} {'chain' if r['budget'] == 0 else 'tree ' + str(r['budget'])}"
+        if not r["lossless_vs_chain"]:
+            bad.append(f"{label}: tokens differ from the chain's at {r['first_difference_vs_chain']}")
+        if not r["lossless_vs_ar"] and dtype == torch.float32:
+            bad.append(f"{label}: tokens differ from AR greedy at {r['first_difference_vs_ar']}")
+    return bad
 
 
 def compiled_tree_steps(pair, dtype, device):
@@ -149,6 +194,9 @@ def compiled_tree_system(steps, section, strategy, budget: int, max_len: int, gr
 
 
 METHODS = (("pard", "specc-tiny-pard"), ("dflash", "specc-tiny-dflash"))
+# --pair: the target of the acceptance part and its (method, drafter) pairs
+PAIRS = {"tiny": ("specc-tiny", METHODS),
+         "hybrid": ("specc-tiny-hybrid", (("dflash", "specc-tiny-hybrid-dflash"),))}
 
 
 def _margins(pair, prompt, chain_tokens, tree_tokens, pos, device) -> dict:
@@ -599,6 +647,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="smoke run: tiny shapes, few prompts and tokens")
     ap.add_argument("--parts", default="acceptance,steps,e2e")
+    ap.add_argument("--pair", default="tiny", choices=sorted(PAIRS), help="the acceptance part's target and "
+                    "drafters: tiny (specc-tiny + PARD + DFlash, default) or hybrid (specc-tiny-hybrid + its DFlash; "
+                    "acceptance only)")
     ap.add_argument("--prompts", type=int, default=None, help="held-out-style prompts (default 32; --tiny 1)")
     ap.add_argument("--new-tokens", type=int, default=None, help="tokens per prompt (default 128; --tiny 8)")
     ap.add_argument("--budgets", default=None, help="tree budgets (default 8,16,32,64; --e2e-8b 15,31,63; --tiny 8)")
@@ -654,6 +705,9 @@ def main() -> None:
     context = args.context or (32 if small else 1024)
     deployment = args.deployment or ("h200-bs1" if cuda else None)
     parts = set(args.parts.split(","))
+    if args.pair != "tiny" and parts != {"acceptance"}:
+        ap.error(f"--pair {args.pair} measures the acceptance part only (--parts acceptance)")
+    target_name, pair_methods = PAIRS[args.pair]
     torch.manual_seed(0)
     result = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if cuda else "cpu",
               "torch": torch.__version__, "python": sys.version.split()[0], "dtype": str(dtype), "tiny": small,
@@ -664,12 +718,13 @@ def main() -> None:
         result["triton"] = triton.__version__
     except ImportError:
         pass
-    tok = load_tokenizer(resolve_pair("specc-tiny").target.path)
+    tok = load_tokenizer(resolve_pair(target_name).target.path)
     prompts = heldout_prompts(tok, n_prompts, lo=16 if small else 64, hi=24 if small else 128)
     result["prompts"] = len(prompts)
     result["new_tokens"] = new_tokens
     if "acceptance" in parts:
-        result["acceptance"] = acceptance(prompts, new_tokens, budgets, dtype, args.device)
+        result["target"] = target_name
+        result["acceptance"] = acceptance(prompts, new_tokens, budgets, dtype, args.device, target_name, pair_methods)
     if "steps" in parts:
         result["steps"] = {"context": context, "shapes": "tiny" if small else "Qwen3-8B", "deployment": deployment,
                            "rows": steps(sizes, dtype, args.device, context, small, deployment)}
@@ -681,6 +736,9 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")
+    failures = acceptance_failures(result.get("acceptance", []), dtype)
+    if failures:  # written first: the JSON says where the tokens part
+        raise SystemExit("not lossless:\n" + "\n".join(failures))
 
 
 if __name__ == "__main__":

@@ -207,7 +207,7 @@ PRESETS["v2-smoke"] = {**PRESETS["toy"], **{k: v for k, v in PRESETS["v2"].items
 # gated attention at layers 3 and 7) and a 3.1M 2-layer DFlash drafter, 28.3 MB in bf12 (<= 30 MB),
 # on the same corpus and tokenizer settings as specc-tiny (the same recipe builds the same
 # tokenizer), in ONE 10-minute GPU call (examples/train_tiny_hybrid.sh): corpus, tokenizer,
-# target, distill, dflash, eval. Budgets: docs/benchmarks/tiny.md "specc-tiny-hybrid: prepared".
+# target, distill, dflash, eval. Budgets and the shipped run: docs/benchmarks/tiny.md "specc-tiny-hybrid".
 PRESETS["hybrid"] = dict(
     family="hybrid",
     hidden=384, layers=8, heads=4, kv_heads=2, head_dim=64, intermediate=896,

@@ -69,3 +69,52 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
             assert r["decode_step_ms"] * r["steps"] + r["prefill_ms"] * result["prompts"] == \
                 pytest.approx(1e3 * r["seconds"])
             assert r["speedup_vs_chain"]["predicted"] > 0 and r["speedup_vs_ar"]["measured"] > 0
+
+
+def test_bench_tree_hybrid_pair_smoke(tmp_path):
+    """``--pair hybrid``: the acceptance part on the shipped specc-tiny-hybrid + its DFlash drafter
+    (one prompt, 8 tokens, chain and a tree of 8): every run equals the chain and AR greedy."""
+    from specc.models.loading import ZOO_DIR
+
+    if not (ZOO_DIR / "specc-tiny-hybrid" / "config.json").is_file():
+        pytest.skip("hybrid zoo models not shipped")
+    out = tmp_path / "tree.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "bench_tree.py"), "--tiny", "--device", "cpu",
+                           "--pair", "hybrid", "--parts", "acceptance", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["target"] == "specc-tiny-hybrid"
+    rows = result["acceptance"]
+    assert [(r["drafter"], r["budget"]) for r in rows] == [("specc-tiny-hybrid-dflash", 0), ("specc-tiny-hybrid-dflash", 8)]
+    assert all(r["lossless_vs_chain"] and r["lossless_vs_ar"] and r["tau"] >= 1.0 for r in rows)
+
+
+def test_bench_tree_pair_refuses_other_parts():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "bench_tree.py"), "--pair", "hybrid",
+                           "--parts", "acceptance,e2e"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--parts acceptance" in proc.stderr
+
+
+def test_acceptance_failures_say_where_tokens_part():
+    """A tree that parts from its chain is fatal in any dtype; a run that parts from AR greedy is
+    fatal in fp32 and only reported in bf16; the message names the prompt and token."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import torch
+
+    import bench_tree as B
+
+    chain, ar = [[5, 6, 7], [1, 2]], [[5, 6, 7], [1, 2]]
+    tree = [[5, 6, 7], [1, 3]]
+    diff = B._first_difference(tree, chain)
+    assert diff == {"prompt": 1, "token": 1, "got": 3, "want": 2, "differing_prompts": 1}
+    assert B._first_difference(chain, ar) is None
+    row = {"target": "t", "method": "dflash", "budget": 15, "lossless_vs_chain": False, "lossless_vs_ar": False,
+           "first_difference_vs_chain": diff, "first_difference_vs_ar": diff}
+    fp32 = B.acceptance_failures([row], torch.float32)
+    assert len(fp32) == 2 and all("t dflash tree 15" in m and "'token': 1" in m for m in fp32)
+    assert B.acceptance_failures([row], torch.bfloat16) == fp32[:1]
+    assert B.acceptance_failures([dict(row, lossless_vs_chain=True, lossless_vs_ar=True)], torch.float32) == []
