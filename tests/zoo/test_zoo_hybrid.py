@@ -56,7 +56,7 @@ def test_load_with_specc_and_hf(prompt):
     torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=2e-4)
 
 
-def test_tokenizer_is_specc_tiny_s():
+def test_same_tokenizer_as_specc_tiny():
     """The family was trained with specc-tiny's tokenizer (the export compared them): one vocabulary."""
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (ZOO_DIR / TARGET / name).read_bytes() == (ZOO_DIR / "specc-tiny" / name).read_bytes()
