@@ -107,3 +107,21 @@ def test_tree_auto_picks_what_run7_measured_fastest(meta8b, dataset):
     pair = types.SimpleNamespace(method="dflash", impl=get_method("dflash"))
     choice = tree_choice(pair, RUN7["deployment"], RUN7["pipeline"], k, tree, irs=meta8b.irs(RUN7["pipeline"]))
     assert (choice["budget"] > 0) == (best["budget"] > 0), (choice, best["system"])
+
+
+def test_row_growth_is_priced_only_where_measured(meta8b):
+    """The verify's measured growth with rows applies at bs1 on the H200 (``VERIFY_ROW_GROWTH``);
+    a tree step is the chain system at budget + 1 rows + the tree work + the mask + that growth."""
+    from specc.methods import get_method
+    from specc.search.cost_model import CostModel
+    from specc.search.tree_acceptance import TreeAcceptanceModel
+    from specc.search.tree_cost import VERIFY_ROW_GROWTH, predict_tree
+
+    t_ir, d_ir = meta8b.irs(RUN7["pipeline"])
+    tree = TreeAcceptanceModel([[0.8, 0.1], [0.7, 0.15]])
+    at = {dep: predict_tree(CostModel(dep), t_ir, d_ir, get_method("dflash"), tree, 15, 63, context=256)
+          for dep in ("h200-bs1", "h200-bs16", "h100-bs1")}
+    assert ("NVIDIA H200", 1) in VERIFY_ROW_GROWTH and at["h200-bs1"].rows_s > 0
+    assert at["h200-bs16"].rows_s == 0 and at["h100-bs1"].rows_s == 0
+    for pred in at.values():
+        assert abs(pred.step_time - (pred.system.step_time + pred.build_s + pred.rows_s)) < 1e-12
