@@ -25,7 +25,7 @@ RANKS = BENCH / "tiny-dflash-ranks.json"
 
 # Tree step - chain step (ms): the events run within 0.1 ms (its decode-step and device-part
 # differences were 0.80 / 0.73 ms; the model before the re-fit said 0.30), the 8-prompt run within
-# 0.25 ms (its differences run 0.06-0.23 ms above the events run's at 31 nodes).
+# 0.25 ms (at 31 nodes its differences were 0.14-0.16 ms above the events run's).
 STEP_TOL_MS = {"events": 0.10, "run7": 0.25}
 # Tree / chain speedup: within 0.05 of the measured ratio (the replayed tokens per step differ from
 # the acceptance model's expectation by up to 4%: e.g. GSM8K tree 15 committed 4% more than the
