@@ -601,7 +601,8 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
             if budget:
                 pred = predict_tree(cost, t_ir, d_ir, impl, tree_model, k, budget, context=context, batch_size=1)
                 predicted = {"tokens_per_s": pred.tokens_per_s, "step_ms": pred.step_time * 1e3,
-                             "tokens_per_step": pred.system.expected_tokens, "tree_work_ms": pred.build_s * 1e3}
+                             "tokens_per_step": pred.system.expected_tokens, "tree_work_ms": pred.build_s * 1e3,
+                             "verify_rows_ms": pred.rows_s * 1e3}
             else:
                 predicted = {"tokens_per_s": chain_pred.tokens_per_s, "step_ms": chain_pred.step_time * 1e3,
                              "tokens_per_step": chain_pred.expected_tokens}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -46,3 +48,33 @@ def run_ir(ir, inputs):
     with torch.no_grad():
         ir.reset_caches()
         return ir(*inputs)
+
+
+class TensorSig(NamedTuple):
+    """A tensor argument in a recorded call signature (equal to the plain ``(shape, dtype)``)."""
+
+    shape: tuple
+    dtype: torch.dtype
+
+
+class SignatureSpy:
+    """Stands in for a loop's step (a drafter's model, the target's tree step, ...): records the
+    signature of every call, ``TensorSig(shape, dtype)`` for a tensor argument and the value of any
+    other, and passes calls and attribute reads on to the step. A CUDA graph of a step
+    (``runtime.graphs.GraphedStep``) is keyed on its calls' signatures, so these tell whether every
+    call could replay a capture. Put the step back (``spy.step``) when done."""
+
+    def __init__(self, step):
+        self.step, self.signatures = step, []
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["step"], name)
+
+    def __call__(self, *args):
+        self.signatures.append(tuple(TensorSig(tuple(a.shape), a.dtype) if torch.is_tensor(a) else a for a in args))
+        return self.step(*args)
+
+    @property
+    def shapes(self) -> list[tuple]:
+        """Per call, the shapes of its tensor arguments alone."""
+        return [tuple(a.shape for a in sig if isinstance(a, TensorSig)) for sig in self.signatures]

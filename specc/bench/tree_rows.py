@@ -49,7 +49,8 @@ def record_tree_row(record, loop, device, chain_name: str, setup, irs, cost, con
         pred = predict_tree(cost, irs[0], irs[1], setup.impl, model, k, budget, context=context, batch_size=1)
         row["prediction"] = {"tokens_per_s": pred.tokens_per_s, "step_s": pred.step_time,
                              "expected_tokens_per_step": pred.system.expected_tokens,
-                             "tree_work_s": pred.build_s, "acceptance": model.source}
+                             "tree_work_s": pred.build_s, "verify_rows_s": pred.rows_s,
+                             "acceptance": model.source}
         if replay:
             row["acceptance_model"] = model.to_json()
             row["expected_tokens_per_step"] = model.expected_tokens(budget, k)

@@ -51,14 +51,14 @@ accepts what this verifier accepts for the same alphas.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 
 from specc.runtime.verifiers import Verifier
 from specc.sampling.rng import ACCEPT, uniform
 
-__all__ = ["ReplayVerifier", "REPLAY_NOTICE", "TREE_REPLAY_NOTICE"]
+__all__ = ["ReplayVerifier", "InPlaceTensors", "REPLAY_NOTICE", "TREE_REPLAY_NOTICE"]
 
 REPLAY_NOTICE = ("acceptance replayed from a stated model: accepted counts are drawn, not decided by the target; "
                  "the committed tokens are NOT the model's real output (timing only)")
@@ -72,6 +72,34 @@ def _refuse_in_capture(what: str) -> None:
     would not repeat (``GraphedStep`` then runs the step eagerly and records the reason)."""
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(f"ReplayVerifier cannot be captured in a CUDA graph with {what}")
+
+
+class InPlaceTensors(dict):
+    """A replay verifier's draw state on the device (step counters, seed words), one tensor per
+    key (a device, or rows and a device), made by ``make(key)`` at its first lookup and from then
+    on only updated in place: a captured CUDA graph keeps reading the tensors it captured, so a
+    restart or a new seed must rewrite them, not replace them (:meth:`remake`). They are made
+    outside inference mode: the loop draws under it, a benchmark resets outside it, and an
+    inference tensor refuses an in-place update there."""
+
+    def __init__(self, make: Callable[[Hashable], torch.Tensor]):
+        super().__init__()
+        self.make = make
+
+    @classmethod
+    def counters(cls) -> "InPlaceTensors":
+        """Per-device step counters: [1] long, starting at 0 (key: the device's name)."""
+        return cls(lambda device: torch.zeros(1, dtype=torch.long, device=device))
+
+    def __missing__(self, key):
+        with torch.inference_mode(False):
+            tensor = self[key] = self.make(key)
+        return tensor
+
+    def remake(self) -> None:
+        """Rewrite every tensor in place with what ``make`` gives now (after a restart or re-seed)."""
+        for key, tensor in self.items():
+            tensor.copy_(self.make(key))
 
 
 class ReplayVerifier(Verifier):
@@ -89,8 +117,9 @@ class ReplayVerifier(Verifier):
             raise ValueError("acceptance probabilities must lie in [0, 1]")
         self.alphas, self.seed, self.source, self.record = alphas, int(seed), source, record
         self.lengths = lengths
-        self._counters: dict = {}  # per device: [1] long, steps begun so far (the draws' counter)
-        self._seed_words: dict = {}  # per device: [1] long, the seed's word of the draws
+        self._counters = InPlaceTensors.counters()  # per device: steps begun so far (the draws' counter)
+        self._seed_words = InPlaceTensors(  # per device: [1] long, the seed's word of the draws
+            lambda device: torch.full((1,), self._word(), dtype=torch.long, device=device))
         self._alpha_cache: dict = {}
         self.history: list[torch.Tensor] = []
 
@@ -104,10 +133,8 @@ class ReplayVerifier(Verifier):
         that captured graphs draw the restarted sequence."""
         if seed is not None:
             self.seed = int(seed)
-        for counter in self._counters.values():
-            counter.zero_()
-        for word in self._seed_words.values():
-            word.fill_(self._word())
+        self._counters.remake()
+        self._seed_words.remake()
         self.history.clear()
 
     def _word(self) -> int:
@@ -118,9 +145,6 @@ class ReplayVerifier(Verifier):
         key = str(device)
         if key not in self._counters:
             _refuse_in_capture("its step counter on a new device")
-            with torch.inference_mode(False):  # normal tensors: ``reset`` may run outside inference mode
-                self._counters[key] = torch.zeros(1, dtype=torch.long, device=device)
-                self._seed_words[key] = torch.full((1,), self._word(), dtype=torch.long, device=device)
         return self._counters[key], self._seed_words[key]
 
     def _alpha(self, k: int, device) -> torch.Tensor:

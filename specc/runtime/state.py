@@ -77,11 +77,11 @@ class KVState(StateKind):
 
     def commit(self, buffers, lengths, accepted, path):
         """Chain: nothing to move (the length update is the commit). Tree: move the path's K/V
-        entries ``lengths[b] + path[b, p]`` to ``lengths[b] + p`` with ``kv_compact`` (one
-        launch per K/V pair)."""
+        entries ``lengths[b] + path[b, p]`` to ``lengths[b] + p`` with ``kv_compact_layers`` (one
+        launch for every layer's K/V pair where they share a layout)."""
         if path is None or not buffers:
             return
-        from specc.codegen.kernels.kv_cache import kv_compact
+        from specc.codegen.kernels.kv_cache import kv_compact, kv_compact_layers
 
         base = lengths[:, None]
         steps = torch.arange(path.shape[1], device=path.device)[None]
@@ -90,6 +90,9 @@ class KVState(StateKind):
         pairs = list(zip(buffers[0::2], buffers[1::2]))
         if len(buffers) % 2:  # an unpaired buffer: its partner is a scratch copy
             pairs.append((buffers[-1], buffers[-1].clone()))
+        if all(k.shape == v.shape for k, v in pairs):
+            kv_compact_layers(pairs, src, dst, accepted)
+            return
         for cache_k, cache_v in pairs:
             if cache_k.shape != cache_v.shape:
                 kv_compact(cache_k, cache_k.clone(), src, dst, accepted)

@@ -48,6 +48,7 @@ from typing import Sequence
 
 import torch
 
+from specc.runtime.replay import InPlaceTensors
 from specc.runtime.trees import DraftTree, accept_matched, plan_tree
 from specc.runtime.verifiers import TreeVerifier, VerifyResult
 from specc.sampling import rng
@@ -91,8 +92,8 @@ class TreeReplayVerifier(TreeVerifier):
                 raise ValueError(f"rank probabilities at depth {d} are not a sub-probability vector: {row}")
         self.p, self.seed, self.source = rows, int(seed), source
         self._tables: dict = {}
-        self._counters: dict = {}
-        self._seeds: dict = {}
+        self._counters = InPlaceTensors.counters()  # per device: steps drawn so far
+        self._seeds = InPlaceTensors(lambda key: self._row_seeds(*key))  # per (rows, device): the rows' seeds
 
     @classmethod
     def from_model(cls, model, seed: int = 0) -> "TreeReplayVerifier":
@@ -103,10 +104,8 @@ class TreeReplayVerifier(TreeVerifier):
         """Restart the draws (the same sequence again unless a new ``seed`` is given)."""
         if seed is not None:
             self.seed = int(seed)
-        for counter in self._counters.values():
-            counter.zero_()
-        for (rows, _), seeds in self._seeds.items():
-            seeds.copy_(self._row_seeds(rows, seeds.device))
+        self._counters.remake()
+        self._seeds.remake()
 
     # ------------------------------------------------------------------ the model on the device
 
@@ -145,16 +144,7 @@ class TreeReplayVerifier(TreeVerifier):
     def uniforms(self, rows: int, depth: int, device) -> torch.Tensor:
         """[rows, depth] uniforms of the next step (advances the on-device step counter)."""
         dev = torch.device(device)
-        counter = self._counters.get(str(dev))
-        seeds = self._seeds.get((rows, str(dev)))
-        if counter is None or seeds is None:
-            # normal tensors even when the loop draws under inference mode: ``reset`` updates them in
-            # place and may run outside it (an inference tensor refuses that)
-            with torch.inference_mode(False):
-                if counter is None:
-                    counter = self._counters[str(dev)] = torch.zeros(1, dtype=torch.long, device=dev)
-                if seeds is None:
-                    seeds = self._seeds[(rows, str(dev))] = self._row_seeds(rows, dev)
+        counter, seeds = self._counters[str(dev)], self._seeds[(rows, str(dev))]
         counter.add_(1)
         position = counter * _POSITION_STRIDE + torch.arange(depth, device=dev)
         return rng.uniform(seeds, position[None].expand(rows, depth), rng.ACCEPT)

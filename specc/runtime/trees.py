@@ -98,14 +98,39 @@ def build_tree(logprobs: torch.Tensor, root_tokens: torch.Tensor, budget: int, t
 
     ``topk``: candidate tokens per position (default: ``budget``, enough for any tree of that
     size). Returns a ``DraftTree`` of ``budget + 1`` nodes."""
-    if logprobs.dim() != 3:
-        raise ValueError(f"logprobs must be [B, D, V], got {tuple(logprobs.shape)}")
-    bsz, depth, vocab = logprobs.shape
-    if budget < 1 or depth < 1:
-        raise ValueError(f"need budget >= 1 and at least one drafted position (budget {budget}, depth {depth})")
-    k = min(topk or budget, vocab)
+    k = _candidates(logprobs, budget, topk)
     top_lp, top_tok = logprobs.float().topk(k, dim=-1)  # [B, D, k], sorted descending
-    dev = logprobs.device
+    return tree_from_candidates(top_lp, top_tok, root_tokens, budget)
+
+
+def _candidates(scores: torch.Tensor, budget: int, topk: int | None) -> int:
+    """Candidate tokens per position for a tree of ``budget`` nodes over ``scores`` [B, D, V]."""
+    if scores.dim() != 3:
+        raise ValueError(f"logprobs must be [B, D, V], got {tuple(scores.shape)}")
+    if budget < 1 or scores.shape[1] < 1:
+        raise ValueError(f"need budget >= 1 and at least one drafted position (budget {budget}, "
+                         f"depth {scores.shape[1]})")
+    return min(topk or budget, scores.shape[2])
+
+
+def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely tokens of each row of ``logits`` [.., V] and their log-probabilities
+    (fp32, descending): the top k of the logits as given, less the row's log-sum-exp. The ranks and
+    values of ``logits.float().log_softmax(-1).topk(k)`` (up to fp32 rounding) without writing
+    the [.., V] log-probabilities: on the GPU a top-k over bf16 logits takes half the radix
+    passes of an fp32 one, and one row reduction replaces the softmax kernel, whose one block
+    per row leaves the GPU idle at D = 15 rows (H200 run 7: softmax 35 us and fp32 top-k 62 us
+    of a 31-node tree's 317 us plan, docs/benchmarks/h200-run7.md)."""
+    top, tokens = logits.topk(k, dim=-1)
+    return top.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True), tokens
+
+
+def tree_from_candidates(top_lp: torch.Tensor, top_tok: torch.Tensor, root_tokens: torch.Tensor,
+                         budget: int) -> DraftTree:
+    """``build_tree`` from each position's candidates: ``top_lp`` [B, D, k] log-probabilities
+    sorted descending and their tokens ``top_tok``."""
+    bsz, depth, k = top_lp.shape
+    dev = top_lp.device
     width = min(budget, k)
     if k >= budget:  # every depth's beam is `budget` wide: one kernel runs them all
         score, tok, parent = tree_beam(top_lp, top_tok, budget)  # [B, D, W] each
@@ -158,7 +183,8 @@ def plan_tree(draft_logits: torch.Tensor, root_tokens: torch.Tensor, base: torch
     """A tree step's inputs from the drafter's per-position logits [B, D, V]: (tokens, parents,
     depths, positions, ancestor mask) of the ``build_tree`` tree over ``root_tokens`` [B] whose
     root sits at position ``base`` [B]. Tensors only and no host sync, so a CUDA graph can hold it."""
-    tree = build_tree(draft_logits.float().log_softmax(-1), root_tokens, budget, topk)
+    k = _candidates(draft_logits, budget, topk)
+    tree = tree_from_candidates(*top_logprobs(draft_logits, k), root_tokens, budget)
     depth = draft_logits.shape[1]
     return tree.tokens, tree.parents, tree.depths, tree.positions(base), tree.ancestor_mask(depth)
 

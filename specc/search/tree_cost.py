@@ -9,19 +9,33 @@ on the device and compacts the accepted path's K/V. The tree commits
 wide trees are nearly free in the linears; with batching verification turns compute-bound and the
 best budget shrinks: the cost model finds where, per deployment.
 
-Two costs that a causal verify of the same size does not have are calibrated on the H200
-(docs/benchmarks/tree-steps-h200.md, Qwen3-8B shapes, CUDA graphs):
+Three costs that the chain's pricing of a causal verify of the same size does not have, measured
+on the H200 (Qwen3-8B + DFlash-b16 shapes, bs1, CUDA graphs; H200 run 7, docs/benchmarks/h200-run7.md):
 
-- the on-device tree work (build: log-softmax, top-k, the one-launch beam, bookkeeping, ancestor
-  mask; acceptance; KV compaction), ~80 dependent small kernels: 0.21 ms at 16 nodes to 0.39 ms
-  at 128, priced as ``TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget`` launch overheads of
-  the deployment;
-- the tree-masked verify forward: 1.004x a causal verify of the same rows at 32 rows and 1.020x
-  at 64 with the mask passed as packed bit words (``codegen/kernels/tree_mask.py``; H200,
-  ``examples/profile_tree.py``, docs/benchmarks/profile-tree-words-h200.json), where the byte
-  mask cost 1.11x / 1.14x in the same run (``TREE_VERIFY_FACTOR``, interpolated in the row
-  count). 16 rows take the 32-row figure; 128 rows keep the byte mask's 1.088x from run 3 of
-  docs/benchmarks/tree-steps-h200.md (not re-measured with words: an upper bound).
+- the on-device tree work (plan: log-softmax, top-k, the one-launch beam, bookkeeping, ancestor
+  mask; acceptance; KV compaction; each a CUDA graph) beyond the chain's acceptance, priced as
+  ``TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget`` launch overheads of the deployment:
+  0.555 ms at 31 nodes (docs/benchmarks/tree-e2e-8b-events-h200-run7.json: device time per part
+  from CUDA events, plan + accept + commit - the chain's accept = 0.487 ms, plus 0.068 ms more
+  between the decode steps' difference and the parts' sums), growing ~2 us per node (kernel time
+  of the tree steps less the chain's and less the verify's growth, 15 / 31 / 63 nodes at GSM8K and
+  MT-Bench acceptance, docs/benchmarks/tree-e2e-8b-h200-run7.json ``kernels``). Most of it is
+  kernel time, not launch gaps: on a GPU other than the H200 the launch-overhead scaling is a lead;
+- the tree-masked verify forward: 1.008x a causal verify of the same rows at 16 rows, 1.009x at
+  32, 1.023x at 64 with the mask passed as packed bit words (``codegen/kernels/tree_mask.py``;
+  device kernel time per call, docs/benchmarks/tree-loop-h200-run7.json ``alone`` / ``chain``;
+  ``TREE_VERIFY_FACTOR``, interpolated in the row count); 128 rows keep the byte mask's 1.088x
+  from run 3 of docs/benchmarks/tree-steps-h200.md (not re-measured with words: an upper bound);
+- the verify's growth with its rows, where measured (``VERIFY_ROW_GROWTH``, per GPU at bs1): a
+  causal Qwen3-8B verify at 32 / 64 rows took 1.042x / 1.126x its time at 16 rows (the same file),
+  where the roofline of the uncalibrated deployment prices 1.010x / 1.030x. The tree's verify is
+  priced at least at the chain verify's predicted time scaled by that measured growth, so a model
+  that already prices the growth (or the row tiles past 64 rows) adds nothing. Measured at
+  Qwen3-8B shapes: for other targets on the same GPU it is a lead.
+
+Before this re-fit the tree work was 0.23 ms and the row growth unpriced, so trees were predicted
+at 0.965-1.186x the chain where run 7 measured 0.917-1.041x (tests/search/test_tree_cost_run7.py
+checks the re-priced figures against run 7: docs/trees.md has the table).
 """
 
 from __future__ import annotations
@@ -40,24 +54,46 @@ from specc.search.tree_acceptance import TreeAcceptanceModel
 # (``--tree 64``) is priced at its real cost and ``choose_budget`` prefers 63 to 64; the 32 -> 33
 # step (a wider single tile, another config) is not priced.
 BUDGETS = (7, 15, 31, 63, 127)
-# The tree step's on-device work in launch overheads of the deployment (H200: 1.5 us each):
-# 0.206 ms at 16 nodes, 0.220 at 32, 0.264 at 64, 0.390 at 128 measured (2026-12-03).
-TREE_STEP_LAUNCHES = 120
-TREE_LAUNCHES_PER_NODE = 1.1
-# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, context 1024,
-# bit-word mask; see the module doc for where each point comes from).
-TREE_VERIFY_FACTOR = ((16, 1.004), (32, 1.004), (64, 1.020), (128, 1.088))
+# The tree step's on-device work beyond the chain's acceptance, in launch overheads of the deployment
+# (H200 graph node: 1.5 us): 0.555 ms at 31 nodes (decode-step difference tree 31 - chain less the
+# verify parts' difference, docs/benchmarks/tree-e2e-8b-events-h200-run7.json) and 1.99 us per node
+# (kernel time per step, tree 15 / 31 / 63 - chain, less the verify's growth, both acceptances of
+# docs/benchmarks/tree-e2e-8b-h200-run7.json): 0.523 ms at 15 nodes, 0.619 at 63.
+TREE_STEP_LAUNCHES = 329
+TREE_LAUNCHES_PER_NODE = 1.33
+# Tree-masked verify / causal verify at the same query rows (H200, Qwen3-8B shapes, bit-word mask;
+# 16-64 rows: device kernel time per call, docs/benchmarks/tree-loop-h200-run7.json; 128: run 3).
+TREE_VERIFY_FACTOR = ((16, 1.008), (32, 1.009), (64, 1.023), (128, 1.088))
+# Causal verify time at R rows / at 16 rows, measured per (GPU, batch size): device kernel time per
+# call of the compiled Qwen3-8B verify step, context 133 (docs/benchmarks/tree-loop-h200-run7.json,
+# ``chain``: 4.631 ms at 16 rows, 4.827 at 32, 5.216 at 64). Constant past the ends; deployments
+# without an entry keep the cost model's own row pricing.
+VERIFY_ROW_GROWTH = {("NVIDIA H200", 1): ((16, 1.0), (32, 1.042), (64, 1.126))}
 
 
-def tree_verify_factor(rows: int) -> float:
-    """``TREE_VERIFY_FACTOR`` interpolated linearly in the row count (constant past its ends)."""
-    points = TREE_VERIFY_FACTOR
+def _interpolate(points, rows: float) -> float:
+    """``points`` ((rows, value), ...) interpolated linearly in the row count (constant past its ends)."""
     if rows <= points[0][0]:
         return points[0][1]
     for (r0, f0), (r1, f1) in zip(points, points[1:]):
         if rows <= r1:
             return f0 + (f1 - f0) * (rows - r0) / (r1 - r0)
     return points[-1][1]
+
+
+def tree_verify_factor(rows: int) -> float:
+    """``TREE_VERIFY_FACTOR`` interpolated linearly in the row count (constant past its ends)."""
+    return _interpolate(TREE_VERIFY_FACTOR, rows)
+
+
+def verify_row_growth(deployment, batch_size: int):
+    """The measured ``VERIFY_ROW_GROWTH`` table of ``deployment`` at ``batch_size``, or None."""
+    return VERIFY_ROW_GROWTH.get((deployment.gpu, int(batch_size)))
+
+
+def tree_work_seconds(model: CostModel, budget: int) -> float:
+    """The on-device tree work of a ``budget``-node step beyond the chain's acceptance (module doc)."""
+    return (TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget) * model.overhead
 
 
 @dataclasses.dataclass
@@ -68,10 +104,12 @@ class TreePrediction:
     depth: int
     system: SystemPrediction
     build_s: float  # what the tree adds to the step: on-device tree work + the mask's extra verify time
+    # the verify's measured growth from the chain's rows to the tree's beyond the model's (VERIFY_ROW_GROWTH)
+    rows_s: float = 0.0
 
     @property
     def step_time(self) -> float:
-        return self.system.step_time + self.build_s
+        return self.system.step_time + self.build_s + self.rows_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,7 +122,7 @@ class TreePrediction:
     def to_json(self) -> dict[str, Any]:
         return {"budget": self.budget, "depth": self.depth, "expected_tokens": self.system.expected_tokens,
                 "step_s": self.step_time, "tokens_per_s": self.tokens_per_s, "speedup": self.speedup,
-                "verify_rows": self.budget + 1}
+                "verify_rows": self.budget + 1, "tree_work_s": self.build_s, "verify_rows_s": self.rows_s}
 
 
 def predict_tree(model: CostModel, target_ir, draft_ir, method, tree: TreeAcceptanceModel, depth: int, budget: int,
@@ -100,9 +138,14 @@ def predict_tree(model: CostModel, target_ir, draft_ir, method, tree: TreeAccept
     drafts = [(model.step(draft_ir, {"B": b, "C": c, **shape.values}, step="draft", role="drafter"), shape.count)
               for shape in method.draft_shapes(depth, committed)]
     system = SystemPrediction(method.name, depth, dep.name, b, c, ar, verify, drafts, expected, tree)
-    build_s = (TREE_STEP_LAUNCHES + TREE_LAUNCHES_PER_NODE * budget) * model.overhead
     mask_s = (tree_verify_factor(budget + 1) - 1.0) * verify.time
-    return TreePrediction(budget, depth, system, build_s + mask_s)
+    rows_s = 0.0
+    growth = verify_row_growth(dep, b)
+    if growth is not None:  # at least the chain verify scaled by the measured growth with rows
+        chain_verify = model.step(target_ir, {"B": b, "Q": depth + 1, "C": c}, step="verify")
+        measured = chain_verify.time * _interpolate(growth, budget + 1) / _interpolate(growth, depth + 1)
+        rows_s = max(0.0, measured - verify.time)
+    return TreePrediction(budget, depth, system, tree_work_seconds(model, budget) + mask_s, rows_s)
 
 
 def choose_budget(model: CostModel, target_ir, draft_ir, method, tree: TreeAcceptanceModel, depth: int,

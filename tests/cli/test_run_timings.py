@@ -39,3 +39,24 @@ def test_load_without_warmup_and_with_progress(checkpoints, tmp_path):
     warm = load(out, progress=lambda msg, s: heard.append((msg, s)))
     assert warm.load_stats["generations"] == 1 and len(heard) == 2
     assert warm.generate([5, 6, 7], 6).tokens == cold.generate([5, 6, 7], 6).tokens
+
+
+def test_run_profile_sync_and_events(checkpoints, tmp_path, capsys):
+    """`--profile` (synchronised) and `--profile events` time the same parts, events adding the
+    host's time between steps, and change no token."""
+    from specc.compiler import compile_artifact
+
+    out = tmp_path / "t.specc"
+    compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, max_new_tokens=4)
+    capsys.readouterr()
+    runs = {}
+    for flags in ((), ("--profile",), ("--profile", "events")):
+        assert main(["run", str(out), "--input-ids", "5,6,7,8", "--max-new-tokens", "12", "--json", *flags]) == 0
+        runs[flags] = json.loads(capsys.readouterr().out)
+    tokens = {tuple(r["tokens"]) for r in runs.values()}
+    assert len(tokens) == 1
+    synced, evented = runs[("--profile",)]["part_seconds"], runs[("--profile", "events")]["part_seconds"]
+    assert {"prefill", "draft", "verify", "accept"} <= set(synced) and "between" not in synced
+    assert set(evented) == set(synced) | {"between"}
+    assert main(["run", str(out), "--input-ids", "5,6,7,8", "--max-new-tokens", "12", "--profile", "events"]) == 0
+    assert "time per part (events, not synchronised)" in capsys.readouterr().err

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from lossless import SCENARIOS, reference, run_eager
-from helpers import PROMPT
+from helpers import PROMPT, SignatureSpy
 
 from specc.pairing import resolve_pair
 from specc.runtime.device_loop import DeviceSpeculativeDecoder, greedy_accept
@@ -47,20 +47,6 @@ def test_greedy_accept_kernel_semantics():
     assert a.tolist() == [0] and committed[0].tolist() == [3]
 
 
-class _ShapeRecorder:
-    """Wraps a drafter step and records the input shapes of each call (what GraphedStep keys on)."""
-
-    def __init__(self, step):
-        self.step, self.shapes = step, []
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["step"], name)
-
-    def __call__(self, *args):
-        self.shapes.append(tuple(tuple(a.shape) for a in args if torch.is_tensor(a)))
-        return self.step(*args)
-
-
 @pytest.mark.parametrize("method,drafter_key,num_draft", [("pard", "pard_same", 4), ("dflash", "dflash", 3),
                                                           ("ar-draft", "ar_perturbed", 3)])
 def test_capture_shapes_covers_every_drafter_shape(checkpoints, method, drafter_key, num_draft):
@@ -70,7 +56,7 @@ def test_capture_shapes_covers_every_drafter_shape(checkpoints, method, drafter_
     target = checkpoints["target"]
     eager = build_eager(resolve_pair(target, checkpoints[drafter_key], method), num_draft, max_len=len(PROMPT) + 24)
     attr = "drafter" if method == "dflash" else "model"
-    recorder = _ShapeRecorder(getattr(eager.drafter, attr))
+    recorder = SignatureSpy(getattr(eager.drafter, attr))  # its .shapes: what GraphedStep keys on
     setattr(eager.drafter, attr, recorder)
     loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len, cap_to_budget=False)
     loop.capture_shapes = True

@@ -11,24 +11,12 @@ import sys
 import pytest
 import torch
 
+from helpers import SignatureSpy
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
 
 BUDGET = 16
 PROMPT = list(range(20, 52))
-
-
-class Recorder:
-    """Stands in for the loop's tree step: the signature (shapes, dtypes) of every call."""
-
-    def __init__(self, step):
-        self.step, self.signatures = step, []
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["step"], name)
-
-    def __call__(self, *args):
-        self.signatures.append(tuple((tuple(a.shape), a.dtype) if torch.is_tensor(a) else a for a in args))
-        return self.step(*args)
 
 
 def _loops(device: str, dtype):
@@ -40,10 +28,10 @@ def _loops(device: str, dtype):
     return (B.compiled_tree_system(steps, section, pair.impl.strategy, budget, 256) for budget in (0, BUDGET))
 
 
-def _check_calls(tree, chain, new_tokens: int, lossless: bool = True) -> Recorder:
+def _check_calls(tree, chain, new_tokens: int, lossless: bool = True) -> SignatureSpy:
     """``lossless``: also compare with the chain's tokens (fp32; bf16 trees and chains may part
     at numerical ties, as bench_tree's margins show)."""
-    spy = Recorder(tree.tree_target)
+    spy = SignatureSpy(tree.tree_target)  # stands in for the loop's tree step
     tree.tree_target = spy
     tokens = tree.generate(PROMPT, new_tokens, ()).tokens
     tree.generate(PROMPT[:20], new_tokens, ())  # another prompt length: still the same signature

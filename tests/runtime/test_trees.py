@@ -127,3 +127,33 @@ def test_accept_tree_zero_and_full():
     none = torch.ones(1, 4, dtype=torch.long)
     accepted, path = accept_tree(tree, none)
     assert int(accepted[0]) == 0 and path[0].tolist() == [0, -1, -1, -1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_top_logprobs_equal_log_softmax_top_k(dtype):
+    """``top_logprobs`` (top-k of the raw logits less the row's log-sum-exp) gives the tokens and,
+    up to fp32 rounding, the values of a top-k of the fp32 log-softmax."""
+    from specc.runtime.trees import top_logprobs
+
+    logits = (torch.randn(2, 5, 300, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    want_lp, want_tok = logits.float().log_softmax(-1).topk(9, dim=-1)
+    got_lp, got_tok = top_logprobs(logits, 9)
+    assert got_lp.dtype == torch.float32
+    assert torch.equal(got_tok, want_tok)
+    torch.testing.assert_close(got_lp, want_lp, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("budget,topk", [(7, None), (15, None), (15, 4)])
+def test_plan_tree_is_build_tree_over_log_softmax(budget, topk):
+    """The planner's tree (from raw logits) is ``build_tree``'s over the fp32 log-softmax."""
+    from specc.runtime.trees import plan_tree
+
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 6, 64, generator=g) * 3
+    root = torch.tensor([1, 2, 3])
+    want = build_tree(logits.log_softmax(-1), root, budget, topk)
+    tokens, parents, depths, positions, mask = plan_tree(logits, root, torch.tensor([4, 9, 0]), budget, topk)
+    assert torch.equal(tokens, want.tokens) and torch.equal(parents, want.parents)
+    assert torch.equal(depths, want.depths)
+    assert torch.equal(positions, torch.tensor([4, 9, 0])[:, None] + want.depths)
+    assert torch.equal(mask, want.ancestor_mask(6))

@@ -7,7 +7,10 @@ every KV head. Truncation needs no kernel: it is just the lengths.
 
 Each program owns one (row, KV head, D block) and loads every source entry of its pairs before
 it stores any (a barrier in between), so overlapping source and destination sets (compaction
-towards the front of the block) are safe. One launch per layer's cache pair.
+towards the front of the block) are safe. One launch per layer's cache pair (``kv_compact``), or
+one launch for every layer (``kv_compact_layers``: the layers' cache addresses in a table, the
+layer a grid axis), which a tree step's commit uses: 36 launches of ~1.8 us each took 65 us of
+a Qwen3-8B tree step's kernel time on the H200 (docs/benchmarks/h200-run7.md).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import triton.language as tl
 
 from specc.codegen.kernels._common import check_same_device, check_tensor, next_pow2, use_triton
 
-__all__ = ["kv_compact", "kv_compact_reference"]
+__all__ = ["kv_compact", "kv_compact_layers", "kv_compact_reference"]
 
 
 @triton.jit
@@ -47,6 +50,86 @@ def _kv_compact_kernel(ck_ptr, cv_ptr, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
     tl.debug_barrier()
     tl.store(kb + dst64 * stride_ks + offs_d[None, :], kt, mask=m2)
     tl.store(vb + dst64 * stride_vs + offs_d[None, :], vt, mask=m2)
+
+
+@triton.jit
+def _kv_compact_layers_kernel(kptrs, vptrs, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
+                              stride_b, stride_h, stride_s, stride_src, stride_dst,
+                              DTYPE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``_kv_compact_kernel`` with the layer as grid axis 2; K and V of every layer share one
+    shape and strides; their base addresses are the int64 tables ``kptrs`` / ``vptrs``."""
+    pid = tl.program_id(0)
+    b = pid // HKV
+    h = pid % HKV
+    layer = tl.program_id(2)
+    ck_ptr = tl.load(kptrs + layer).to(tl.pointer_type(DTYPE))
+    cv_ptr = tl.load(vptrs + layer).to(tl.pointer_type(DTYPE))
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_p = tl.arange(0, BLOCK_P)
+    mask_p = (offs_p < P) & (offs_p < tl.load(cnt_ptr + b))
+    src = tl.load(src_ptr + b.to(tl.int64) * stride_src + offs_p, mask=mask_p, other=-1)
+    dst = tl.load(dst_ptr + b.to(tl.int64) * stride_dst + offs_p, mask=mask_p, other=-1)
+    ok = mask_p & (src >= 0) & (src < S) & (dst >= 0) & (dst < S)
+    m2 = ok[:, None] & (offs_d < D)[None, :]
+    row = b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    src64 = src.to(tl.int64)[:, None] * stride_s + offs_d[None, :]
+    dst64 = dst.to(tl.int64)[:, None] * stride_s + offs_d[None, :]
+    kt = tl.load(ck_ptr + row + src64, mask=m2, other=0.0)
+    vt = tl.load(cv_ptr + row + src64, mask=m2, other=0.0)
+    tl.debug_barrier()
+    tl.store(ck_ptr + row + dst64, kt, mask=m2)
+    tl.store(cv_ptr + row + dst64, vt, mask=m2)
+
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+_TABLES: dict = {}  # (device, the layers' K and V addresses) -> (K table, V table) on the device
+
+
+def _address_table(caches, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int64 tables of K and V base addresses, made once per set of caches: later calls,
+    and CUDA-graph captures of the commit, reuse the first call's tensors (no copy to record)."""
+    key = (str(device), tuple((k.data_ptr(), v.data_ptr()) for k, v in caches))
+    tables = _TABLES.get(key)
+    if tables is None:
+        if len(_TABLES) > 64:  # caches of finished loops: their addresses may be reused
+            _TABLES.clear()
+        tables = _TABLES[key] = tuple(torch.tensor([c.data_ptr() for c in side], dtype=torch.int64, device=device)
+                                      for side in zip(*caches))
+    return tables
+
+
+def kv_compact_layers(caches, src_slots: torch.Tensor, dst_slots: torch.Tensor, count: torch.Tensor,
+                      opt_in: bool = True) -> None:
+    """``kv_compact`` over every (cache_k, cache_v) pair of ``caches`` with one launch when they
+    all have one shape, dtype and strides (a uniform model's layers) and run as Triton kernels;
+    otherwise one ``kv_compact`` per pair. ``count`` [B] is required (a tree commit's accepted
+    lengths)."""
+    caches = list(caches)
+    if not caches:
+        return
+    k0 = caches[0][0]
+    uniform = all(t.shape == k0.shape and t.dtype == k0.dtype and t.stride() == k0.stride()
+                  for pair in caches for t in pair)
+    if not (uniform and k0.dtype in _TL_DTYPES and use_triton(k0, opt_in=opt_in)):
+        for cache_k, cache_v in caches:
+            kv_compact(cache_k, cache_v, src_slots, dst_slots, count, opt_in=opt_in)
+        return
+    for cache_k, cache_v in caches:
+        _check(cache_k, cache_v, src_slots, dst_slots, count, "kv_compact_layers")
+    bsz, p = src_slots.shape
+    _, hkv, s, d = k0.shape
+    if bsz == 0 or p == 0:
+        return
+    if k0.stride(-1) != 1:
+        raise ValueError("kv_compact_layers: caches need unit stride along the head dim")
+    src = src_slots if src_slots.stride(-1) == 1 else src_slots.contiguous()
+    dst = dst_slots if dst_slots.stride(-1) == 1 else dst_slots.contiguous()
+    kptrs, vptrs = _address_table(caches, k0.device)
+    block_d = min(128, max(16, next_pow2(d)))
+    _kv_compact_layers_kernel[(bsz * hkv, triton.cdiv(d, block_d), len(caches))](
+        kptrs, vptrs, src, dst, count, p, s, d, hkv, k0.stride(0), k0.stride(1), k0.stride(2),
+        src.stride(0), dst.stride(0), DTYPE=_TL_DTYPES[k0.dtype], BLOCK_P=max(2, next_pow2(p)),
+        BLOCK_D=block_d, num_warps=4)
 
 
 def _check(cache_k, cache_v, src_slots, dst_slots, count, op):

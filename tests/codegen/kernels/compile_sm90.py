@@ -175,6 +175,8 @@ def main() -> int:
         "greedy_accept": lambda: G.greedy_accept(z(2, 4, dtype=lng), z(2, 5, dtype=lng), z(2, dtype=lng),
                                                  z(2, 9, dtype=lng), z(2, dtype=lng)),
         "kv_compact": lambda: KV.kv_compact(cache, cache, z(2, 5, dtype=lng), z(2, 5, dtype=lng)),
+        "kv_compact_layers": lambda: KV.kv_compact_layers([(cache, cache), (cache.clone(), cache.clone())],
+                                                          z(2, 5, dtype=lng), z(2, 5, dtype=lng), z(2, dtype=lng)),
         # GDN at Qwen3.5 shapes (Hk 16, Hv 32, dk = dv = 128, kernel 4): decode, chain, tree
         "tree_beam width 4": lambda: TB.tree_beam(z(2, 7, 8, dtype=torch.float32), z(2, 7, 8, dtype=lng), 4),
         "gdn delta rule q1": lambda: D.delta_rule_step(z(1, 1, 8192), z(1, 1, 32, dtype=torch.float32), z(1, 1, 32),

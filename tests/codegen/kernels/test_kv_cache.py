@@ -58,3 +58,39 @@ def test_kv_compact_bf16_gpu():
     C.kv_compact(ck, cv, src, dst, opt_in=False)
     C.kv_compact_reference(ck_r, cv_r, src, dst)
     assert torch.equal(ck, ck_r) and torch.equal(cv, cv_r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kv_compact_layers_one_launch_equals_per_layer(dev, dtype):
+    """Every layer's pair compacted in one launch (the address tables) equals the reference per
+    layer, overlapping slots and skipped pairs included; a second call reuses the tables."""
+    torch.manual_seed(1)
+    caches = [(torch.randn(2, 2, 12, 16).to(dtype).to(dev), torch.randn(2, 2, 12, 16).to(dtype).to(dev))
+              for _ in range(3)]
+    want = [(k.clone(), v.clone()) for k, v in caches]
+    src = torch.tensor([[4, 6, 9], [2, -1, 3]], device=dev)
+    dst = torch.tensor([[4, 5, 6], [1, 2, 2]], device=dev)
+    count = torch.tensor([3, 2], device=dev)
+    C.kv_compact_layers(caches, src, dst, count, opt_in=False)
+    for k, v in want:
+        C.kv_compact_reference(k, v, src, dst, count)
+    for (k, v), (wk, wv) in zip(caches, want):
+        assert torch.equal(k, wk) and torch.equal(v, wv)
+    tables = dict(C._TABLES)
+    C.kv_compact_layers(caches, src, dst, torch.zeros_like(count), opt_in=False)  # nothing accepted: no move
+    for (k, v), (wk, wv) in zip(caches, want):
+        assert torch.equal(k, wk) and torch.equal(v, wv)
+    assert C._TABLES == tables
+
+
+def test_kv_compact_layers_mixed_layouts_fall_back(dev):
+    """Layers of different shapes: one ``kv_compact`` per pair, the same result."""
+    caches = [(torch.randn(1, 2, 10, 16, device=dev), torch.randn(1, 2, 10, 16, device=dev)),
+              (torch.randn(1, 1, 10, 32, device=dev), torch.randn(1, 1, 10, 32, device=dev))]
+    want = [(k.clone(), v.clone()) for k, v in caches]
+    src, dst, count = (torch.tensor([[5, 7]], device=dev), torch.tensor([[5, 6]], device=dev),
+                       torch.tensor([2], device=dev))
+    C.kv_compact_layers(caches, src, dst, count, opt_in=False)
+    for k, v in want:
+        C.kv_compact_reference(k, v, src, dst, count)
+    assert all(torch.equal(a, b) for pair, ref in zip(caches, want) for a, b in zip(pair, ref))

@@ -1,6 +1,8 @@
-"""The layout-2 bf12 kernel: bit-exact decode (Triton ops, and the PRMT inline asm emulated
-instruction by instruction), GEMV/GEMM against F.linear on the unpacked weights, escapes,
-split-K, configs and errors.
+"""What only the layout-2 bf12 kernel has: bit-exact decode (Triton ops, and the PRMT inline asm
+emulated instruction by instruction), bf16 patterns through the kernel, the split-K workspace,
+its configs and errors. The GEMV/GEMM checks both layouts share (F.linear on the unpacked
+weights, escapes, inf/nan, leading dims, bf16 on the GPU) run for layout 2 in
+test_linear_bf12.py, parametrized by layout.
 
 Without CUDA these run under the Triton interpreter (conftest.py) in fp32; with CUDA the fp32
 cases run compiled and the bf16 cases (marked gpu) run too, including the asm decode.
@@ -29,51 +31,21 @@ from specc.codegen.kernels.linear_bf12_v2 import (
 )
 from specc.formats import pack_bf16_12bit
 
+from test_linear_bf12 import ref64, rel_err, weight_with_escapes
+
 HAS_CUDA = torch.cuda.is_available()
 DEV = "cpu" if INTERPRETED else "cuda"
 if not INTERPRETED and not HAS_CUDA:
     pytest.skip("triton was imported without TRITON_INTERPRET=1 and there is no GPU",
                 allow_module_level=True)
 gpu = pytest.mark.gpu
-
 C = Bf12v2Config
-CONFIGS = {
-    "fma-m1": C("fma", block_m=1, block_n=16, block_k=64),
-    "fma-m1-split": C("fma", block_m=1, block_n=8, block_k=32, split_k=3),
-    "fma-m2-split": C("fma", block_m=2, block_n=8, block_k=64, split_k=2),
-    "fma-m4": C("fma", block_m=4, block_n=16, block_k=32),
-    "dot": C("dot", block_m=16, block_n=16, block_k=64),
-    "dot-swap-split": C("dot", block_m=16, block_n=32, block_k=32, swap_ab=True, split_k=3),
-}
 
 
 def expected_bits(sm: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     """The bf16 bits the decoder must produce: sign|mantissa byte, exponent 0x70 + code."""
     sm, code = sm.to(torch.int64), code.to(torch.int64)
     return ((sm & 0x80) << 8) | ((0x70 + code) << 7) | (sm & 0x7F)
-
-
-def weight_with_escapes(n: int, k: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.02
-    flat = w.view(-1)
-    idx = torch.randperm(n * k, generator=g)[:6]
-    flat[idx[0]] = 0.0
-    flat[idx[1]] = -0.0
-    flat[idx[2]] = 3.0e-39  # subnormal in bf16
-    flat[idx[3]] = 7.5  # above the window
-    flat[idx[4]] = -1e-30  # below
-    flat[idx[5]] = 1e-8
-    return w.bfloat16()
-
-
-def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((y.double() - ref.double()).norm() / ref.double().norm()).item()
-
-
-def ref64(x, w, bias=None):
-    y = x.double() @ w.double().T
-    return y if bias is None else y + bias.double()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,30 +179,8 @@ def test_kernel_reproduces_bf16_patterns():
 
 
 # ---------------------------------------------------------------------------------------------
-# GEMV / GEMM
+# split-K, configs and errors (the GEMV / GEMM checks: test_linear_bf12.py)
 # ---------------------------------------------------------------------------------------------
-CASES = [(c, m) for c in CONFIGS for m in (1, 3, 16)
-         if not (c.startswith("fma") and m == 16)  # fma is the small-M path
-         and not (c.startswith("fma-m1") and m != 1)]
-
-
-@pytest.mark.parametrize("base", ["row", "tensor"])
-@pytest.mark.parametrize("cfg,m", CASES)
-def test_matches_reference_fp32(cfg, m, base):
-    n, k = 37, 120 + m  # N, K not multiples of any block; K padded to whole 32-weight groups
-    w = weight_with_escapes(n, k, seed=m)
-    p = pack_bf16_12bit(w, base=base).to(DEV)
-    assert p.version == 2 and p.num_escapes >= 4
-    g = torch.Generator().manual_seed(100 + m)
-    x = torch.randn(m, k, generator=g).to(DEV)
-    bias = torch.randn(n, generator=g).to(DEV) if m != 3 else None
-    y = linear_bf12(x, p, bias, config=CONFIGS[cfg])
-    assert y.shape == (m, n) and y.dtype == torch.float32
-    unpacked = torch.nn.functional.linear(x, p.unpack().to(DEV).float(), bias)
-    assert rel_err(y, ref64(x, w.to(DEV), bias)) < 2e-6
-    assert rel_err(y, unpacked) < 2e-6
-
-
 def test_split_k_workspace_is_left_clean():
     """Split-K partials go through a shared workspace: repeated calls (and a different shape
     afterwards) must give the same answer, i.e. the last program of a tile zeroes it."""
@@ -241,47 +191,6 @@ def test_split_k_workspace_is_left_clean():
     y1 = linear_bf12(x, p, config=cfg)
     y2 = linear_bf12(x, p, config=cfg)
     assert torch.equal(y1, y2) and rel_err(y1, ref64(x, w.to(DEV))) < 2e-6
-
-
-def test_escapes_are_applied_exactly():
-    n, k = 4, 70
-    w = torch.randn(n, k) * 0.02
-    w[1] = torch.logspace(-30, 30, k) * torch.sign(torch.randn(k))
-    w[2] = 0.0
-    w = w.bfloat16()
-    p = pack_bf16_12bit(w).to(DEV)
-    assert p.num_escapes > k // 2
-    x = torch.randn(2, k, device=DEV)
-    for cfg in (CONFIGS["fma-m2-split"], CONFIGS["dot"], CONFIGS["dot-swap-split"]):
-        y = linear_bf12(x, p, config=cfg)
-        ref = ref64(x, w.to(DEV))
-        assert torch.allclose(y.double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
-        assert y[:, 2].abs().max().item() < 1e-40  # stand-in and correction cancel
-
-
-def test_inf_nan_weights_propagate_like_reference():
-    w = (torch.randn(3, 50) * 0.02).bfloat16()
-    w[0, 7] = float("inf")
-    w[2, 9] = float("nan")
-    p = pack_bf16_12bit(w).to(DEV)
-    x = torch.randn(1, 50, device=DEV)
-    y = linear_bf12(x, p, config=CONFIGS["fma-m1"])
-    assert torch.isinf(y[0, 0]) and torch.isnan(y[0, 2]) and torch.isfinite(y[0, 1])
-
-
-def test_leading_dims_fp16_out_and_heuristic_configs():
-    w = weight_with_escapes(24, 96, seed=5)
-    p = pack_bf16_12bit(w).to(DEV)
-    x = torch.randn(2, 3, 96, device=DEV)
-    y = linear_bf12(x, p)  # heuristic config for M bucket 8: the dot path
-    assert y.shape == (2, 3, 24)
-    assert rel_err(y, ref64(x.reshape(6, 96), w.to(DEV)).reshape(2, 3, 24)) < 2e-6
-    out = torch.full((1, 24), float("nan"), device=DEV)
-    y1 = linear_bf12(x[0, :1], p, out=out)  # heuristic M = 1: fma
-    assert y1.data_ptr() == out.data_ptr() and rel_err(out, ref64(x[0, :1], w.to(DEV))) < 2e-6
-    xh = torch.randn(1, 96, device=DEV).half()
-    yh = linear_bf12(xh, p, config=CONFIGS["fma-m1"])
-    assert yh.dtype == torch.float16 and rel_err(yh, ref64(xh, w.to(DEV))) < 2e-3
 
 
 def test_config_table_and_errors():
@@ -310,31 +219,3 @@ def test_config_table_and_errors():
     if INTERPRETED:
         with pytest.raises(TypeError, match="bf16"):
             linear_bf12(torch.randn(1, 32).bfloat16(), p)
-
-
-# ---------------------------------------------------------------------------------------------
-# bf16 on the GPU (compiled kernels, asm decode, tensor cores)
-# ---------------------------------------------------------------------------------------------
-@gpu
-@pytest.mark.skipif(not HAS_CUDA or INTERPRETED, reason="needs CUDA and compiled Triton")
-@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 33, 64])
-@pytest.mark.parametrize("base", ["row", "tensor"])
-def test_bf16_gpu_matches_fp32_reference(m, base):
-    n, k = 1000, 2056
-    w = weight_with_escapes(n, k, seed=m).cuda()
-    p = pack_bf16_12bit(w, base=base)
-    x = torch.randn(m, k, device="cuda").bfloat16()
-    bias = torch.randn(n, device="cuda").bfloat16()
-    ref = ref64(x, w, bias)
-    cublas = torch.nn.functional.linear(x, w, bias)
-    bm = 1 << (m - 1).bit_length()
-    cfgs = [None, C("dot", block_m=max(16, bm), block_n=32, block_k=64, split_k=2),
-            C("dot", block_m=max(16, bm), block_n=64, block_k=128, swap_ab=True),
-            C("dot", block_m=max(16, bm), block_n=64, block_k=64, use_asm=False)]
-    if m <= 4:
-        cfgs += [C("fma", block_m=bm, block_n=16, block_k=256, split_k=3),
-                 C("fma", block_m=bm, block_n=32, block_k=128, use_asm=False)]
-    for cfg in cfgs:
-        y = linear_bf12(x, p, bias, config=cfg)
-        assert y.dtype == torch.bfloat16
-        assert rel_err(y, ref) < 2 * rel_err(cublas, ref) + 1e-3, cfg
