@@ -14,6 +14,21 @@ def hf_model(path):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
+def assert_specc_logits_equal_hf(name, ids: torch.Tensor, tol: float = 2e-4) -> None:
+    """A checkpoint (zoo name or directory) loaded by specc and by transformers (fp32) gives the
+    same prefill logits over ``ids`` [1, T]."""
+    from specc.models.loading import resolve_checkpoint
+    from specc.models.registry import load_model
+
+    theirs_model = hf_model(resolve_checkpoint(name))
+    ours_model = load_model(name).model
+    ours_model.setup_caches(1, ids.shape[1])
+    with torch.no_grad():
+        ours = ours_model(ids, torch.arange(ids.shape[1])[None], torch.tensor([0]))
+        theirs = theirs_model(input_ids=ids).logits
+    torch.testing.assert_close(ours, theirs, atol=tol, rtol=tol)
+
+
 def hf_greedy(model, prompt, max_new_tokens, eos=None) -> list[int]:
     """HF transformers' own greedy generate: the ground truth."""
     out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,

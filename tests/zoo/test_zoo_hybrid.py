@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from helpers import assert_specc_logits_equal_hf
 
 from specc.models.loading import ZOO_DIR, load_tokenizer, resolve_checkpoint
 from specc.models.registry import load_model
@@ -36,8 +37,6 @@ def ar_greedy(prompt):
 
 def test_load_with_specc_and_hf(prompt):
     """specc's HybridLM over the unpacked bf12 weights equals transformers' Qwen3.5 forward."""
-    from transformers import AutoModelForCausalLM
-
     from specc.models.hybrid import HybridLM
 
     target = load_model(TARGET)
@@ -46,14 +45,7 @@ def test_load_with_specc_and_hf(prompt):
     assert drafter.kind == "dflash" and drafter.model.spec.block_size == 16
     assert drafter.model.spec.mask_token_id == target.tokenizer.convert_tokens_to_ids("<|mask|>")
     assert max(drafter.model.spec.target_layer_ids) < len(target.model.config.layer_types)
-    hf = AutoModelForCausalLM.from_pretrained(str(resolve_checkpoint(TARGET)), dtype=torch.float32).eval()
-    ids = torch.tensor([prompt])
-    model = target.model
-    model.setup_caches(1, ids.shape[1])
-    with torch.no_grad():
-        ours = model(ids, torch.arange(ids.shape[1])[None], torch.tensor([0]))
-        theirs = hf(input_ids=ids).logits
-    torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=2e-4)
+    assert_specc_logits_equal_hf(TARGET, torch.tensor([prompt]))
 
 
 def test_same_tokenizer_as_specc_tiny():

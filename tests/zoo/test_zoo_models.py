@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from helpers import assert_specc_logits_equal_hf
 
 from specc.models.loading import ZOO_DIR, resolve_checkpoint
 from specc.models.registry import load_model
@@ -26,7 +27,7 @@ def test_zoo_size_budget():
 
 
 def test_load_with_specc_and_hf():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     target = load_model("specc-tiny")
     assert target.kind == "causal_lm" and target.tokenizer is not None
@@ -40,14 +41,7 @@ def test_load_with_specc_and_hf():
     assert tok.decode(tok(CODE)["input_ids"]) == CODE
     assert tok.eos_token == "<|endoftext|>"
     for name in ("specc-tiny", "specc-tiny-pard"):
-        model = AutoModelForCausalLM.from_pretrained(str(resolve_checkpoint(name)), dtype=torch.float32)
-        ids = torch.tensor([tok(CODE)["input_ids"]])
-        specc_model = load_model(name).model
-        specc_model.setup_caches(1, ids.shape[1])
-        with torch.no_grad():
-            ours = specc_model(ids, torch.arange(ids.shape[1])[None], torch.tensor([0]))
-            theirs = model(input_ids=ids).logits
-        torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=2e-4)
+        assert_specc_logits_equal_hf(name, torch.tensor([tok(CODE)["input_ids"]]))
 
 
 def test_pairing():
