@@ -88,11 +88,12 @@ class KVState(StateKind):
         src = torch.where(path >= 0, base + path, torch.full_like(path, -1))
         dst = base + steps
         pairs = list(zip(buffers[0::2], buffers[1::2]))
-        if len(buffers) % 2:  # an unpaired buffer: its partner is a scratch copy
-            pairs.append((buffers[-1], buffers[-1].clone()))
-        if all(k.shape == v.shape for k, v in pairs):
+        # one launch over fixed buffers only: its address table is made once per set of caches
+        if not len(buffers) % 2 and all(k.shape == v.shape for k, v in pairs):
             kv_compact_layers(pairs, src, dst, accepted)
             return
+        if len(buffers) % 2:  # an unpaired buffer: its partner is a scratch copy
+            pairs.append((buffers[-1], buffers[-1].clone()))
         for cache_k, cache_v in pairs:
             if cache_k.shape != cache_v.shape:
                 kv_compact(cache_k, cache_k.clone(), src, dst, accepted)

@@ -82,7 +82,10 @@ def _kv_compact_layers_kernel(kptrs, vptrs, src_ptr, dst_ptr, cnt_ptr, P, S, D, 
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-_TABLES: dict = {}  # (device, the layers' K and V addresses) -> (K table, V table) on the device
+# (device, the layers' K and V addresses) -> (K table, V table) on the device. Never evicted: a
+# captured CUDA graph reads its table, and a table is a few bytes per layer; a new set of caches
+# at the addresses of a freed one gets that table, whose contents are those same addresses.
+_TABLES: dict = {}
 
 
 def _address_table(caches, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,8 +94,6 @@ def _address_table(caches, device) -> tuple[torch.Tensor, torch.Tensor]:
     key = (str(device), tuple((k.data_ptr(), v.data_ptr()) for k, v in caches))
     tables = _TABLES.get(key)
     if tables is None:
-        if len(_TABLES) > 64:  # caches of finished loops: their addresses may be reused
-            _TABLES.clear()
         tables = _TABLES[key] = tuple(torch.tensor([c.data_ptr() for c in side], dtype=torch.int64, device=device)
                                       for side in zip(*caches))
     return tables
