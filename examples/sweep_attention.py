@@ -30,12 +30,16 @@ from specc.search.calibrate import Timer
 HQ, HKV, D, LAYERS = 32, 8, 128, 36
 
 
-def candidates(num_q: int):
+BS1_SPLITS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+BATCHED_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # at B >= 8 the programs already fill the SMs
+
+
+def candidates(num_q: int, bsz: int = 1):
     rows = num_q * HQ // HKV
     for bm in (16, 32, 64):
         if bm > max(16, A.next_pow2(rows)):
             continue
-        for splits in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64):
+        for splits in (BS1_SPLITS if bsz == 1 else BATCHED_SPLITS):
             for fused in (False, True):
                 if fused and splits == 1:
                     continue
@@ -49,18 +53,30 @@ def main() -> None:
     ap.add_argument("--capacity", default="1152,4224")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--batch", default="1", help="batch sizes, comma separated (default 1)")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop starting new points after this long (the JSON is rewritten after every point)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     timer = Timer("cuda", reps=args.reps)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
            "heads": [HQ, HKV, D], "rows": []}
     best, best_batched = {}, {}
+    res["best"], res["best_batched"] = best, best_batched
+    t0 = time.monotonic()
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
     for bsz, cap in ((int(b), int(c)) for b in args.batch.split(",") for c in args.capacity.split(",")):
         ctx = cap - 128
         caches = [(torch.randn(bsz, HKV, cap, D, device=dev).bfloat16(),
                    torch.randn(bsz, HKV, cap, D, device=dev).bfloat16()) for _ in range(LAYERS)]
         cl = torch.full((bsz,), ctx, device=dev)
         for num_q in (int(v) for v in args.q.split(",")):
+            if args.max_seconds is not None and time.monotonic() - t0 > args.max_seconds:
+                print(f"[attention] stopping after {time.monotonic() - t0:.0f} s (--max-seconds)", flush=True)
+                break
             q = torch.randn(bsz, num_q, HQ, D, device=dev).bfloat16()
             default = A.launch_plan(bsz, num_q, HQ, HKV, D, cap, dev)
 
@@ -72,7 +88,7 @@ def main() -> None:
                     "fused_merge": default["fused_merge"]}
             t_default = timer(lambda: run(base), inner=LAYERS) * 1e6
             rows = []
-            for plan in candidates(num_q):
+            for plan in candidates(num_q, bsz):
                 try:
                     us = timer(lambda: run(plan), inner=LAYERS) * 1e6
                 except Exception as e:  # noqa: BLE001 - a plan that does not compile is a data point
@@ -90,11 +106,10 @@ def main() -> None:
             res["rows"] += rows + [{"B": bsz, "capacity": cap, "Q": num_q, **base, "us": t_default, "default": True}]
             print(f"[attention] B={bsz} cap={cap} Q={num_q:3d}: default {t_default:6.2f} us {base} | best {top['us']:6.2f} us "
                   f"bm={top['block_m']} splits={top['num_splits']} fused={top['fused_merge']}", flush=True)
+            save()
         del caches
         torch.cuda.empty_cache()
-    res["best"], res["best_batched"] = best, best_batched
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    save()
 
 
 if __name__ == "__main__":

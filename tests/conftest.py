@@ -18,6 +18,16 @@ from model_factory import make_constant, make_dflash_checkpoint, make_hf_model, 
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests, in any directory, skip without a CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_search_memory(tmp_path_factory):
     """Never read or write the user's search memory (~/.cache/specc/memory) from tests."""

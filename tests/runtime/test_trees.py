@@ -157,3 +157,19 @@ def test_plan_tree_is_build_tree_over_log_softmax(budget, topk):
     assert torch.equal(depths, want.depths)
     assert torch.equal(positions, torch.tensor([4, 9, 0])[:, None] + want.depths)
     assert torch.equal(mask, want.ancestor_mask(6))
+
+
+@pytest.mark.gpu
+def test_top_logprobs_bf16_gpu_matches_fp32_log_softmax():
+    """On the GPU, bf16 logits at a DFlash block's shape (15 x 151936): the top-k's values equal
+    the fp32 log-softmax's top-k values; tokens agree wherever the value is not tied."""
+    from specc.runtime.trees import top_logprobs
+
+    logits = (torch.randn(1, 15, 151936, device="cuda") * 3).bfloat16()
+    want_lp, want_tok = logits.float().log_softmax(-1).topk(16, dim=-1)
+    got_lp, got_tok = top_logprobs(logits, 16)
+    torch.testing.assert_close(got_lp, want_lp, rtol=0, atol=1e-4)
+    untied = torch.ones_like(want_lp, dtype=torch.bool)
+    untied[..., 1:] &= want_lp[..., 1:] != want_lp[..., :-1]
+    untied[..., :-1] &= want_lp[..., :-1] != want_lp[..., 1:]
+    assert torch.equal(got_tok[untied], want_tok[untied])

@@ -94,3 +94,35 @@ def test_kv_compact_layers_mixed_layouts_fall_back(dev):
     for k, v in want:
         C.kv_compact_reference(k, v, src, dst, count)
     assert all(torch.equal(a, b) for pair, ref in zip(caches, want) for a, b in zip(pair, ref))
+
+
+@pytest.mark.gpu
+def test_kv_compact_layers_bf16_gpu_in_cuda_graph():
+    """36 layers of Qwen3-8B-shaped bf16 caches compacted by one launch, eagerly and replayed from
+    a CUDA graph (the tree commit's path: the graph reads the cached address table), equal the
+    reference per layer."""
+    torch.manual_seed(0)
+    caches = [(torch.randn(2, 8, 1152, 128, device="cuda").bfloat16(),
+               torch.randn(2, 8, 1152, 128, device="cuda").bfloat16()) for _ in range(36)]
+    src = torch.tensor([[1000, 1003, 1007, -1], [1000, 1001, 1002, 1005]], device="cuda")
+    dst = torch.tensor([[1000, 1001, 1002, 1003], [1000, 1001, 1002, 1003]], device="cuda")
+    count = torch.tensor([3, 4], device="cuda")
+    want = [(k.clone(), v.clone()) for k, v in caches]
+    for k, v in want:
+        C.kv_compact_reference(k, v, src, dst, count)
+    C.kv_compact_layers(caches, src, dst, count)  # eager first call builds the table
+    assert all(torch.equal(a, b) for pair, ref in zip(caches, want) for a, b in zip(pair, ref))
+    fresh = [(torch.randn_like(k), torch.randn_like(v)) for k, v in caches]
+    for (k, v), (fk, fv) in zip(caches, fresh):
+        k.copy_(fk), v.copy_(fv)
+    want = [(k.clone(), v.clone()) for k, v in fresh]
+    for k, v in want:
+        C.kv_compact_reference(k, v, src, dst, count)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        C.kv_compact_layers(caches, src, dst, count)
+    for (k, v), (fk, fv) in zip(caches, fresh):  # capture may have run the copy: restore the inputs
+        k.copy_(fk), v.copy_(fv)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for pair, ref in zip(caches, want) for a, b in zip(pair, ref))
