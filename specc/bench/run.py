@@ -222,6 +222,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     from specc.runtime.engine import build_loop
     from specc.runtime.replay import REPLAY_NOTICE, TREE_REPLAY_NOTICE, ReplayVerifier
     from specc.runtime.verifiers import ChainVerifier
+    from specc.runtime.state import reserve_block
     from specc.search.acceptance import AcceptanceModel
     from specc.search.cost_model import CostModel
     from specc.search.deployments import get_deployment
@@ -328,6 +329,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         if not with_drafter:
             target.capture_layers = ()  # plain AR returns no hidden states
         try:
+            if draft is not None:  # a hybrid target keeps per-node GDN states for its largest verify block
+                reserve_block(target, max(s.k, tree_budget) + 1)
             target.setup_caches(1, 16)
             if draft is not None:
                 draft.setup_caches(1, 16)

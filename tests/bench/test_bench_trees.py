@@ -111,3 +111,16 @@ def test_tree_acceptance_specs(tmp_path):
     for bad in (f"alpha:0.9+{ranks}", "ranks:/nonexistent.json", f"measured+ranks:{ranks}", f"ranks:{empty}"):
         with pytest.raises(UserError):
             parse_tree_acceptance(bad, 4)
+
+
+def test_hybrid_checkpoint_bench_tree_larger_than_the_chain_block(capsys):
+    """A hybrid target keeps one GDN state entry per verify-block node: `specc bench --tree N`
+    on a checkpoint sizes them for the tree (31 nodes over a 16-token chain block), and the
+    tree's tokens equal the chain's and HF's (real acceptance)."""
+    assert main(["bench", "specc-tiny-hybrid", "--drafter", "specc-tiny-hybrid-dflash", "--tree", "31",
+                 "--systems", "hf-eager,specc", "--tokens", "6", "--prompts", "1", "--warmup", "0",
+                 "--json", "-"]) == 0
+    rows = {r["system"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert set(rows) == {"hf-eager", "specc-dflash", "specc-dflash-tree31"}
+    assert rows["specc-dflash-tree31"]["tree_budget"] == 31
+    assert all(r["same_tokens_as_hf_eager"] is True for r in rows.values())

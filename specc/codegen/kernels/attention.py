@@ -297,6 +297,17 @@ def _attn_merge_kernel(part_ptr, lse_ptr, o_ptr, QN, HQ, D, stride_ob, stride_oq
     tl.store(o_ptr + o_offs, round_to(out, o_ptr.dtype.element_ty), mask=mask_d)
 
 
+BATCHED_FROM = 8  # the batch from which the batched rule plans (the batched sweep's smallest B)
+BATCHED_MIN_ROWS = 16  # ... at verify blocks of this many query rows per KV head up (Q >= 4 at G = 4)
+BATCHED_ROWS_PER_SM = 48  # split programs x their query rows per SM (fitted, see pick_splits)
+
+
+def batched_plan(batch: int, rows: int) -> bool:
+    """Whether the batched rule plans this call (the swept range: batched verify blocks; a
+    batched decode step keeps the bs1 rule, which it was not swept against)."""
+    return batch >= BATCHED_FROM and rows >= BATCHED_MIN_ROWS
+
+
 def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
                 device: torch.device, block_n: int = 64, rows: int = 1, sms: int | None = None) -> int:
     """KV splits: ~4 programs per SM, at least ``block_n`` keys per split, and the fp32 partial
@@ -309,11 +320,23 @@ def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
     to 64; at 1152 the traffic bound alone picked 4 / 2 / 1 splits for Q = 16 / 32 / 64
     (13.3 / 16.5 / 22.5 us) where 12 / 8 / 4 were fastest (11.3 / 13.6 / 15.5 us); the SM floor
     gives 12 / 6 / 3. ``sms``: the SM count to plan for (default: the device's; the cost model
-    passes a deployment's)."""
+    passes a deployment's).
+
+    Batched verify blocks (:func:`batched_plan`: ``BATCHED_FROM`` rows of batch, ``BATCHED_MIN_ROWS``
+    query rows per KV head) plan differently: the programs nearly fill the SMs on their own and the
+    partials cost more than the parallelism gains: one split once the programs reach the SM
+    count, else ``round(48 * sms / (programs * rows))`` (the split programs' query rows about
+    48 per SM). H200 batched sweep (B = 8 / 16 / 32 x Q = 4 / 8 / 16, capacity 1152, fused
+    merge; docs/benchmarks/h200-run8.md): within 3% of the fastest plan at every point, where the
+    bs1 rule was 1.18-2.47x slower (B = 16, Q = 16: 4 splits 56 us, 1 split 25 us per layer)."""
     programs = max(batch * num_kv_heads * row_blocks, 1)
     sms = num_sms(device) if sms is None else int(sms)
-    want = triton.cdiv(4 * sms, programs)
     cap = max(1, triton.cdiv(max_kv_len, block_n))
+    if batched_plan(batch, rows):
+        if programs >= sms:
+            return 1
+        return int(max(1, min(round(BATCHED_ROWS_PER_SM * sms / (programs * max(rows, 1))), cap, 128)))
+    want = triton.cdiv(4 * sms, programs)
     traffic_cap = max(1, max_kv_len // (4 * max(rows, 1)), (3 * sms) // (4 * programs))
     return int(max(1, min(want, cap, traffic_cap, 128)))
 
@@ -336,8 +359,9 @@ def launch_plan(bsz: int, num_q: int, num_heads: int, num_kv_heads: int, head_di
     return {"block_m": block_m, "block_n": block_n, "block_d": max(16, next_pow2(head_dim)),
             "row_blocks": row_blocks, "num_stages": 3 if block_m >= 64 else 2,
             # the last split merges in the kernel from 256 query rows per KV head up (Q = 64 with
-            # G = 4: 12% faster on the H200 at both swept capacities; slower or equal below)
-            "fused_merge": rows >= 256,
+            # G = 4: 12% faster on the H200 at both swept capacities; slower or equal below), and
+            # always in batched plans (faster at 2-8 splits at every batched point swept)
+            "fused_merge": rows >= 256 or batched_plan(bsz, rows),
             "num_splits": pick_splits(bsz, num_kv_heads, row_blocks, max_kv_len, device, block_n,
                                       rows, sms)}
 
