@@ -31,6 +31,7 @@ steps use a forced choice (cuBLAS from 2 rows up) instead of a measured one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import time
@@ -82,6 +83,33 @@ def linear_shapes(ir) -> list[tuple[int, int]]:
     return sorted(shapes)
 
 
+class Bs1AttentionPlan:
+    """A step whose attention calls plan with the bs1 rule at every batch (the rule before the
+    batched sweep): ``--bs1-attention-plan`` times it beside the default in the same run. A CUDA
+    graph freezes the plan it captured, so the rule is switched around every call, capture too."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def setup_caches(self, *args, **kwargs):
+        return self.step.setup_caches(*args, **kwargs)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def rule():
+        from specc.codegen.kernels import attention
+
+        saved, attention.BATCHED_FROM = attention.BATCHED_FROM, 10 ** 9
+        try:
+            yield
+        finally:
+            attention.BATCHED_FROM = saved
+
+    def __call__(self, *args):
+        with self.rule():
+            return self.step(*args)
+
+
 def time_steps(steps: dict, model_for: dict, ir, cfg, dev, batches, qs, context, reps) -> list[dict]:
     """Median step times of each variant at every (B, Q), beside its prediction."""
     from specc.search.calibrate import Timer
@@ -97,7 +125,8 @@ def time_steps(steps: dict, model_for: dict, ir, cfg, dev, batches, qs, context,
                 lens = torch.full((b,), context, dtype=torch.long, device=dev)
                 with torch.inference_mode():
                     measured = timer(lambda: step(ids, pos, lens))
-                pred = model_for[label].step(ir, {"B": b, "Q": q, "C": context}, sync=False)
+                with step.rule() if isinstance(step, Bs1AttentionPlan) else contextlib.nullcontext():
+                    pred = model_for[label].step(ir, {"B": b, "Q": q, "C": context}, sync=False)
                 row = {"B": b, "Q": q, "C": context, "linear_choice": label, "measured_ms": measured * 1e3,
                        "predicted_ms": pred.time * 1e3, "error": pred.time / measured - 1}
                 rows.append(row)
@@ -178,6 +207,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--forcing", action="store_true", help="also bf16 token forcing with cuBLAS forced (GPU)")
     ap.add_argument("--profile", default="16:16,32:8",
                     help="B:Q steps (choice on) to profile by kernel category against the cost model (CUDA only; '' none)")
+    ap.add_argument("--bs1-attention-plan", action="store_true",
+                    help="also time the choice-on steps with the attention kernel's bs1 plan rule at every batch "
+                         "(variant 'on-bs1-attention', priced under the same rule)")
     ap.add_argument("--out", default="linears.json")
     args = ap.parse_args(argv)
 
@@ -237,12 +269,16 @@ def main(argv: list[str] | None = None) -> dict:
     on_emitted, on_lowering = emit_ir(ir, "target", 0, table)
     result["lowering_on"] = on_lowering.get("linear_impl")
     steps = {"off": instantiate(built.emitted["target"]), "on": instantiate(on_emitted)}
+    if args.bs1_attention_plan:
+        steps["on-bs1-attention"] = Bs1AttentionPlan(steps["on"])
     cal_dep = get_deployment(cal_path)
     # "off" is priced with Triton's measured times at every measured shape, "on" with the choice's
     model_for = {"off": CostModel(cal_dep, graphs=dev.type == "cuda",
                                   calibration=dataclasses.replace(record, linear_choice=table.with_impl("triton").to_json())),
                  "on": CostModel(cal_dep, graphs=dev.type == "cuda",
                                  calibration=dataclasses.replace(record, linear_choice=table.to_json()))}
+    if args.bs1_attention_plan:
+        model_for["on-bs1-attention"] = model_for["on"]  # time_steps prices it under the bs1 rule
     result["steps"] = time_steps(steps, model_for, ir, cfg, dev, parse_ints(args.batches), parse_ints(args.qs),
                                  args.context, args.reps)
     result["goals"] = goals(result["steps"])

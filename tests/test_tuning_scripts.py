@@ -75,12 +75,13 @@ def test_bench_linears_cpu_smoke(tmp_path):
 
     out = tmp_path / "l.json"
     res = bench_linears.main(["--device", "cpu", "--tiny", "--batches", "1", "--qs", "1,4", "--reps", "2",
-                              "--out", str(out)])
+                              "--bs1-attention-plan", "--out", str(out)])
     assert json.loads(out.read_text())["goals"] == res["goals"]
     assert res["linears"] and all(r["cublas_ms"] > 0 and "triton_ms" not in r for r in res["linears"])
-    assert {(r["linear_choice"], r["Q"]) for r in res["steps"]} == {(v, q) for v in ("off", "on") for q in (1, 4)}
+    variants = ("off", "on", "on-bs1-attention")
+    assert {(r["linear_choice"], r["Q"]) for r in res["steps"]} == {(v, q) for v in variants for q in (1, 4)}
     assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in res["steps"])
-    assert set(res["goals"]) == {"off: verify B=1 Q=4 / AR B=1", "on: verify B=1 Q=4 / AR B=1"}
+    assert set(res["goals"]) == {f"{v}: verify B=1 Q=4 / AR B=1" for v in variants}
     assert res["lowering_on"] and all([x["impl"] for x in r["ranges"]] == ["triton", "cublas"]
                                       for r in res["lowering_on"])
     assert "profiles" not in res  # the kernel profile needs CUDA
@@ -90,6 +91,22 @@ def test_bench_linears_cpu_smoke(tmp_path):
                                                                              "attention"]
     assert [bench_linears.node_category(k) for k in ("norm_linear", "linear_add", "rope_attention", "swiglu")] == [
         "linear", "linear", "attention", "other"]
+
+
+def test_bs1_attention_plan_switches_the_rule_around_each_call():
+    """bench_linears' bs1-rule variant plans a batched verify block as the bs1 rule does while it
+    runs (a graph captured inside keeps that plan) and restores the batched rule after."""
+    pytest.importorskip("triton")
+    from examples import bench_linears
+    from specc.codegen.kernels.attention import launch_plan
+
+    def splits():
+        return launch_plan(16, 16, 32, 8, 128, 1040, torch.device("cpu"), sms=132)["num_splits"]
+
+    seen = []
+    wrapped = bench_linears.Bs1AttentionPlan(lambda *a: seen.append(splits()))
+    wrapped()
+    assert seen == [4] and splits() == 1
 
 
 def test_bench_bf12_tiny_runs_both_layouts(tmp_path):

@@ -165,3 +165,19 @@ def test_attention_bf16_gpu(num_q, kind):
     out = A.attention(q, ck, cv, cl, num_q, kind, d ** -0.5)
     ref = A.attention_reference(q, ck, cv, cl, num_q, kind, d ** -0.5)
     assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bsz,num_q", [(8, 4), (8, 16), (16, 8), (16, 16), (32, 4)])
+def test_attention_bf16_gpu_batched_plan(bsz, num_q):
+    """Batched verify blocks take the batched plan (few splits, merged in the split kernel):
+    equal to the reference as the bs1 rule's plan is, at the batched sweep's shapes."""
+    hq, hkv, d, s = 32, 8, 128, 1152
+    lens = [1024 - 7 * i for i in range(bsz)]
+    q, k, v, ck, cv, cl = _setup("cuda", bsz, num_q, num_q, hq, hkv, d, s, lens, torch.bfloat16)
+    _write(ck, cv, k, v, cl)
+    plan = A.launch_plan(bsz, num_q, hq, hkv, d, s, torch.device("cuda"))
+    assert A.batched_plan(bsz, num_q * hq // hkv) and plan["fused_merge"]
+    out = A.attention(q, ck, cv, cl, num_q, "causal", d ** -0.5)
+    ref = A.attention_reference(q, ck, cv, cl, num_q, "causal", d ** -0.5)
+    assert _rel(out, ref) < 1e-2
