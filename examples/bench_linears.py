@@ -277,8 +277,9 @@ def main(argv: list[str] | None = None) -> dict:
                                   calibration=dataclasses.replace(record, linear_choice=table.with_impl("triton").to_json())),
                  "on": CostModel(cal_dep, graphs=dev.type == "cuda",
                                  calibration=dataclasses.replace(record, linear_choice=table.to_json()))}
-    if args.bs1_attention_plan:
-        model_for["on-bs1-attention"] = model_for["on"]  # time_steps prices it under the bs1 rule
+    if args.bs1_attention_plan:  # its own model: a model caches the attention plans it priced
+        model_for["on-bs1-attention"] = CostModel(cal_dep, graphs=dev.type == "cuda",
+                                                  calibration=dataclasses.replace(record, linear_choice=table.to_json()))
     result["steps"] = time_steps(steps, model_for, ir, cfg, dev, parse_ints(args.batches), parse_ints(args.qs),
                                  args.context, args.reps)
     result["goals"] = goals(result["steps"])
