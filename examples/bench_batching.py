@@ -39,7 +39,9 @@ decode step alone (each ends in the step's host read, so it is the device's step
 host's glue), the figure to set beside a bs1 loop's ms/step; ``prefill_seconds`` is the rest
 (admissions). ``--audit`` adds each step's host reads, blocking host -> device copies, eager glue
 ops and forwards (``specc.bench.step_audit``), from an extra untimed pass; ``graphs`` says which
-steps replayed CUDA graphs.
+steps replayed CUDA graphs. ``--kernels`` adds, for the one-level pass, the kernels launched inside
+its decode steps by name and per step, beside the steps' wall time (one more pass under
+``torch.profiler``).
 
 One untimed pass precedes every timed one (Triton compiles, CUDA-graph captures per shape).
 Rows go to ``--out-dir``/batching.jsonl as they are measured (one JSON object per line) and
@@ -272,7 +274,8 @@ def drive(loop, prompts, tokens, rule=None, audit: bool = False) -> Run:
         if not scheduler.num_running:
             continue
         start = time.perf_counter()
-        with StepAudit(loop) if audit else contextlib.nullcontext() as counted:
+        with StepAudit(loop) if audit else contextlib.nullcontext() as counted, \
+                torch.profiler.record_function(DECODE_RANGE):
             scheduler.decode()
         seconds += time.perf_counter() - start
         steps += 1
@@ -283,6 +286,30 @@ def drive(loop, prompts, tokens, rule=None, audit: bool = False) -> Run:
             ks.extend(k if isinstance(k, (list, tuple)) else [k])
     mean = {f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()} if audit else None
     return Run([scheduler.take(r) for r in rids], ks, seconds, steps, mean)
+
+
+DECODE_RANGE = "bench_batching.decode_step"  # the host range around each decode step (``--kernels``)
+
+
+def kernel_profile(loop, prompts, tokens, dev, rule=None) -> dict:
+    """One more pass under ``torch.profiler``: the kernels launched inside the decode steps, by
+    name, per step (``specc.bench.gaps.kernels_in_ranges``), beside the steps' wall time: what a
+    batched step's time is made of (run 8: a 17.7 ms B = 16 step around an 8.1 ms verify)."""
+    import tempfile
+
+    from specc.bench.gaps import kernels_in_ranges
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        drive(loop, prompts, tokens, rule)
+        _sync(dev)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    return kernels_in_ranges(trace, DECODE_RANGE)
 
 
 def measured(run: Run, seconds, batch):
@@ -349,6 +376,9 @@ def main() -> None:
     ap.add_argument("--audit", action="store_true",
                     help="after each timed pass, one more pass counting each decode step's host reads, blocking "
                          "host -> device copies, eager glue ops and forwards (the row's 'audit')")
+    ap.add_argument("--kernels", action="store_true",
+                    help="after each one-level pass, one more under torch.profiler: the kernels of its decode steps by "
+                         "name, per step, beside the steps' wall time (the row's 'kernels')")
     ap.add_argument("--out-dir", help="write batching.jsonl (a row per line, as measured) and run.json here")
     ap.add_argument("--out", help="also write every row in one JSON file")
     opts = ap.parse_args()
@@ -426,8 +456,14 @@ def main() -> None:
 
             ties = exact_ties("one-level", results)
             one = pair.pricer.one_level(b, acc)
+            kernels = {"kernels": kernel_profile(loop, prompts, opts.tokens, dev)} if opts.kernels else {}
             emit({**base, "system": "one-level", **measured(run, seconds, b), "graphs": loop.graph_stats(),
-                  "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source, **ties})
+                  "predicted_tokens_per_s": one.tokens_per_s, "acceptance": acc.source, **ties, **kernels})
+            if kernels:
+                kp = kernels["kernels"]
+                print(f"  kernels of a decode step ({kp['ranges']} steps): {kp['kernel_us'] / 1e3:.2f} ms of "
+                      f"{kp['what']}s in {kp['range_ms']:.2f} ms, {kp['launches']:.0f} launches; largest: "
+                      + ", ".join(f"{r['kernel']} {r['us_per_range']:.0f} us" for r in kp["top"][:8]), flush=True)
 
             two = best_k1(pair.pricer, b, acc)
             # both mechanisms need a packed verify; without one the loop would time one level under their name

@@ -15,7 +15,7 @@ def test_bench_batching_cpu_smoke(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.setattr(sys, "argv", ["bench_batching.py", "--device", "cpu", "--shapes", "tiny-qwen3",
                                       "--drafter-shapes", "pard", "--acceptance", "tau:3", "--tokens", "4",
-                                      "--batches", "2", "--out-dir", str(out), "--audit"])
+                                      "--batches", "2", "--out-dir", str(out), "--audit", "--kernels"])
     bench_batching.main()
     rows = [json.loads(line) for line in (out / "batching.jsonl").read_text().splitlines()]
     assert [r["system"] for r in rows] == ["ar", "one-level", "two-level", "per-request"]
@@ -29,8 +29,33 @@ def test_bench_batching_cpu_smoke(tmp_path, monkeypatch):
             audit = row["audit"]  # one device -> host read per step (two-level: up to two), no blocking upload
             assert 1 <= audit["host_reads_per_step"] <= 2 and audit["blocking_uploads_per_step"] == 0
             assert audit["forwards_per_step"] >= 1
+    kernels = rows[1]["kernels"]  # --kernels: the one-level pass's decode steps, by op (host ops on the CPU)
+    assert kernels["what"] == "cpu_op" and kernels["ranges"] == rows[1]["decode_steps"]
+    assert kernels["range_ms"] > 0 and kernels["launches"] > 0 and kernels["top"][0]["us_per_range"] > 0
+    assert all("kernels" not in r for r in rows if r["system"] != "one-level")
     run = json.loads((out / "run.json").read_text())
     assert "replayed" in run["notice"] and run["acceptance"] == "tau:3"
+
+
+def test_kernels_in_ranges_counts_only_kernels_launched_inside_the_ranges():
+    """A kernel belongs to the range its launch (by correlation id) was issued in: kernels of a
+    graph launch inside a step count, a prefill's kernel launched outside does not."""
+    from specc.bench.gaps import kernels_in_ranges
+
+    ev = [{"name": "step", "ph": "X", "ts": 100.0, "dur": 50.0},
+          {"name": "step", "ph": "X", "ts": 300.0, "dur": 50.0},
+          {"name": "cudaGraphLaunch", "cat": "cuda_runtime", "ts": 110.0, "args": {"correlation": 1}},
+          {"name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 200.0, "args": {"correlation": 2}},
+          {"name": "cudaGraphLaunch", "cat": "cuda_runtime", "ts": 320.0, "args": {"correlation": 3}},
+          {"name": "gemm(a)", "cat": "kernel", "ts": 120.0, "dur": 10.0, "args": {"correlation": 1}},
+          {"name": "attn", "cat": "kernel", "ts": 131.0, "dur": 4.0, "args": {"correlation": 1}},
+          {"name": "prefill", "cat": "kernel", "ts": 210.0, "dur": 30.0, "args": {"correlation": 2}},
+          {"name": "gemm(b)", "cat": "kernel", "ts": 330.0, "dur": 12.0, "args": {"correlation": 3}}]
+    out = kernels_in_ranges({"traceEvents": ev}, "step")
+    assert out["what"] == "kernel" and out["ranges"] == 2 and out["range_ms"] == 0.05
+    assert out["kernel_us"] == 13.0 and out["launches"] == 1.5
+    assert [(r["kernel"], r["calls_per_range"], r["us_per_range"]) for r in out["top"]] == [("gemm", 1.0, 11.0),
+                                                                                         ("attn", 0.5, 2.0)]
 
 
 def _flip_batched_ar(monkeypatch):

@@ -7,7 +7,8 @@ reads a trace exported by ``torch.profiler`` (CUDA + CPU activities; ``with_stac
 Python frames) and sums the gaps per step, split into the part where the host had not yet issued
 the next kernel's launch call (``host_late``) and the rest, and groups them by the launching call
 and the innermost Python frames of the project at the launch: which line of the loop the GPU
-waited for. Used by ``examples/bench_tree.py --kernels``.
+waited for. Used by ``examples/bench_tree.py --kernels``; :func:`kernels_in_ranges` (the kernels
+of annotated host ranges, e.g. a batched loop's decode steps) by ``examples/bench_batching.py --kernels``.
 """
 
 from __future__ import annotations
@@ -82,3 +83,44 @@ def _frame_name(name: str) -> str:
     path, _, func = name.partition(": ")
     file = path.rsplit("/", 1)[-1].replace("(", ":").rstrip(")")
     return f"{file} {func}".strip()
+
+
+def kernels_in_ranges(trace: dict, range_name: str, top: int = 25) -> dict:
+    """Device kernels launched inside the host ranges named ``range_name`` (``torch.profiler.
+    record_function`` annotations, e.g. one per decode step of a batched loop), grouped by name:
+    calls and microseconds per range, the ``top`` largest. A kernel belongs to a range when its
+    launch call (matched by correlation id: a CUDA graph's kernels share their graph launch's)
+    was issued inside it, so a step's admissions and prefills outside the ranges are left out.
+    Without device kernels in the trace (a CPU run) the host ops inside the ranges are counted
+    instead (nested ops at every level, so their sum can exceed the range). Also: ``range_ms`` (mean wall time of a range) and ``kernel_us`` (kernel time per
+    range), whose difference is the time the device did not spend on the step's kernels."""
+    events = trace.get("traceEvents", [])
+    ranges = sorted(((e["ts"], e["ts"] + e.get("dur", 0.0)) for e in events
+                     if e.get("name") == range_name and e.get("ph") == "X"), key=lambda r: r[0])
+    count = max(len(ranges), 1)
+    starts = [r[0] for r in ranges]
+
+    def inside(ts: float) -> bool:
+        i = bisect.bisect_right(starts, ts) - 1
+        return i >= 0 and ts <= ranges[i][1]
+
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    if kernels:
+        launches = {e["args"]["correlation"]: e["ts"] for e in events
+                    if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+        picked = [e for e in kernels if inside(launches.get(e.get("args", {}).get("correlation"), -1.0))]
+        what = "kernel"
+    else:
+        picked = [e for e in events if e.get("cat") == "cpu_op" and inside(e["ts"])]
+        what = "cpu_op"
+    groups: dict = collections.defaultdict(lambda: [0, 0.0])
+    for e in picked:
+        g = groups[_short(e["name"])]
+        g[0] += 1
+        g[1] += e.get("dur", 0.0)
+    rows = sorted(({"kernel": name, "calls_per_range": c / count, "us_per_range": t / count}
+                   for name, (c, t) in groups.items()), key=lambda r: -r["us_per_range"])
+    return {"ranges": len(ranges), "what": what,
+            "range_ms": sum(b - a for a, b in ranges) / count / 1e3,
+            "kernel_us": sum(e.get("dur", 0.0) for e in picked) / count,
+            "launches": len(picked) / count, "top": rows[:top]}
