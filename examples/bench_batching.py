@@ -299,17 +299,25 @@ def kernel_profile(loop, prompts, tokens, dev, rule=None) -> dict:
 
     from specc.bench.gaps import kernels_in_ranges
 
+    from specc.bench.gaps import kernel_gaps
+
     activities = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        drive(loop, prompts, tokens, rule)
-        _sync(dev)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
-    return kernels_in_ranges(trace, DECODE_RANGE)
+
+    def traced(stack: bool) -> dict:
+        with torch.profiler.profile(activities=activities, with_stack=stack) as prof:
+            drive(loop, prompts, tokens, rule)
+            _sync(dev)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            return json.loads(path.read_text())
+
+    out = kernels_in_ranges(traced(False), DECODE_RANGE)
+    if dev.type == "cuda":  # where the device waited, by the loop's line that launched next (stacks inflate times)
+        out["gaps_with_stacks"] = kernel_gaps(traced(True), out["ranges"], top=12)
+    return out
 
 
 def measured(run: Run, seconds, batch):
@@ -464,6 +472,9 @@ def main() -> None:
                 print(f"  kernels of a decode step ({kp['ranges']} steps): {kp['kernel_us'] / 1e3:.2f} ms of "
                       f"{kp['what']}s in {kp['range_ms']:.2f} ms, {kp['launches']:.0f} launches; largest: "
                       + ", ".join(f"{r['kernel']} {r['us_per_range']:.0f} us" for r in kp["top"][:8]), flush=True)
+                for g in kp.get("gaps_with_stacks", {}).get("gaps", [])[:8]:
+                    print(f"  idle {g['us_per_step']:.0f} us/step (host late {g['host_late_us_per_step']:.0f}) before "
+                          f"{g['before']} after {g['after']}, launched by {g['launch']} at {g['frames']}", flush=True)
 
             two = best_k1(pair.pricer, b, acc)
             # both mechanisms need a packed verify; without one the loop would time one level under their name
