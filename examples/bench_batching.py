@@ -125,6 +125,18 @@ def linears_of(opts, dev):
     return None if record is None else record.choice_table()
 
 
+def linears_used(opts, dev) -> str:
+    """What the steps' linears run, in words (run.json's ``linears``): a built-in deployment has no
+    calibration record, so ``--linears auto`` then means Triton at every row count, cuBLAS never
+    (H200: 1.6x slower at B = 16, Q = 16; docs/benchmarks/h200-run8.md)."""
+    if dev.type != "cuda" or opts.linears == "triton":
+        return "triton"
+    if linears_of(opts, dev) is None:
+        return (f"triton at every row count (deployment {opts.deployment} has no calibration record; pass a "
+                "calibrated deployment file for the per-shape Triton / cuBLAS choice)")
+    return f"per-shape choice of {opts.deployment}'s calibration record"
+
+
 def random_prompts(count, mean_len, vocab, seed):
     g = torch.Generator().manual_seed(seed)
     lo, hi = int(mean_len * 0.75), int(mean_len * 1.25)
@@ -371,7 +383,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128, help="mean prompt length (+- 25%%)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--goodput", action="store_true", help="also run the goodput rule with one k per step")
-    ap.add_argument("--deployment", default="h200-bs1", help="deployment whose cost model predicts (any batch size)")
+    ap.add_argument("--deployment", default="h200-bs1",
+                    help="deployment whose cost model predicts (any batch size) and whose calibration record, if it "
+                         "is a calibrated file, gives the linear choice (a built-in name has none: Triton linears)")
     ap.add_argument("--linears", choices=("auto", "triton"), default="auto",
                     help="auto: the deployment's calibrated Triton/cuBLAS choice per linear, as specc compile "
                          "builds (CUDA); triton: Triton linears everywhere")
@@ -402,6 +416,9 @@ def main() -> None:
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "batching.jsonl").write_text("")
+    linears = linears_used(opts, dev)
+    if linears.startswith("triton at every row count ("):
+        print(f"note: {linears}", flush=True)
     pairs = (shaped_pairs(opts, dev) if opts.drafter_shapes.strip() else []) + real_pairs(opts, dev)
     rows = []
 
@@ -529,7 +546,7 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
               "shapes": opts.shapes, "drafter_shapes": opts.drafter_shapes, "real": opts.real, "tokens": opts.tokens,
               "prompt_len": opts.prompt_len, "deployment": opts.deployment, "acceptance": opts.acceptance,
-              "tie_tolerance": opts.tie_tolerance, "linears": opts.linears if dev.type == "cuda" else "triton",
+              "tie_tolerance": opts.tie_tolerance, "linears": linears,
               "seconds": time.perf_counter() - t0,
               "notice": "random weights: speculative acceptance replayed from the stated model, tokens are not the "
                         "model's output; --real pairs decide with the target (output checked equal to AR)"}

@@ -104,3 +104,21 @@ def test_bench_batching_records_a_tie_and_keeps_timing(tmp_path, monkeypatch):
     assert (tie["request"], tie["position"]) == (0, 1) and tie["expected"] != tie["got"]
     assert 0 < tie["margin"] < 1e9 and tie["fp32_margin"] is not None
     assert [r["system"] for r in rows] == ["ar", "one-level", "two-level", "per-request"]
+
+
+def test_linears_used_says_when_no_calibration_gives_the_choice():
+    """A built-in deployment on CUDA has no calibration record: the run says its linears are all
+    Triton (what runs 5b-8 measured) instead of 'auto'."""
+    import argparse
+
+    import torch
+
+    from examples import bench_batching
+
+    opts = argparse.Namespace(linears="auto", deployment="h200-bs1")
+    assert bench_batching.linears_used(opts, torch.device("cpu")) == "triton"
+    said = bench_batching.linears_used(opts, torch.device("cuda"))
+    assert said.startswith("triton at every row count (deployment h200-bs1 has no calibration record")
+    run8 = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "linears-h200-run8.deployment.json"
+    opts = argparse.Namespace(linears="auto", deployment=str(run8))
+    assert bench_batching.linears_used(opts, torch.device("cuda")).startswith("per-shape choice of ")
