@@ -118,22 +118,27 @@ def linears_of(opts, dev):
     lowers (on CUDA; ``--linears triton``: none)."""
     if dev.type != "cuda" or opts.linears == "triton":
         return None
-    from specc.search.calibrate import calibration_for
+    from specc.search.calibrate import linear_choice_for
     from specc.search.deployments import get_deployment
 
-    record = calibration_for(get_deployment(opts.deployment))
-    return None if record is None else record.choice_table()
+    return linear_choice_for(get_deployment(opts.deployment))
 
 
 def linears_used(opts, dev) -> str:
-    """What the steps' linears run, in words (run.json's ``linears``): a built-in deployment has no
-    calibration record, so ``--linears auto`` then means Triton at every row count, cuBLAS never
-    (H200: 1.6x slower at B = 16, Q = 16; docs/benchmarks/h200-run8.md)."""
+    """What the steps' linears run, in words (run.json's ``linears``): a calibrated deployment's
+    measured table, a built-in deployment's stated rule for its GPU, or (neither) Triton at every
+    row count (runs 5b-8 measured that by mistake: on the H200 1.6x slower at B = 16, Q = 16;
+    docs/benchmarks/h200-run8.md)."""
+    from specc.codegen.linear_choice import RowRule
+
     if dev.type != "cuda" or opts.linears == "triton":
         return "triton"
-    if linears_of(opts, dev) is None:
-        return (f"triton at every row count (deployment {opts.deployment} has no calibration record; pass a "
-                "calibrated deployment file for the per-shape Triton / cuBLAS choice)")
+    choice = linears_of(opts, dev)
+    if choice is None:
+        return (f"triton at every row count (deployment {opts.deployment} has no calibration record and its GPU "
+                "no stated rule; pass a calibrated deployment file for the per-shape Triton / cuBLAS choice)")
+    if isinstance(choice, RowRule):
+        return choice.source
     return f"per-shape choice of {opts.deployment}'s calibration record"
 
 
@@ -384,8 +389,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--goodput", action="store_true", help="also run the goodput rule with one k per step")
     ap.add_argument("--deployment", default="h200-bs1",
-                    help="deployment whose cost model predicts (any batch size) and whose calibration record, if it "
-                         "is a calibrated file, gives the linear choice (a built-in name has none: Triton linears)")
+                    help="deployment whose cost model predicts (any batch size) and whose linear choice the steps "
+                         "take: a calibrated file's measured table, or a built-in GPU's stated rule")
     ap.add_argument("--linears", choices=("auto", "triton"), default="auto",
                     help="auto: the deployment's calibrated Triton/cuBLAS choice per linear, as specc compile "
                          "builds (CUDA); triton: Triton linears everywhere")

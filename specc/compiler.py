@@ -132,8 +132,9 @@ def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree
 
 def _linear_choice(dep, given):
     """The LinearChoice the lowering uses: ``given`` (a LinearChoice, or the path of its JSON),
-    else the deployment's calibrated table (``specc calibrate``), else None (Triton linears
-    everywhere); False: None."""
+    else the deployment's calibrated table (``specc calibrate``), else on CUDA the stated rule
+    for its GPU (``linear_choice.BUILTIN_RULES``), else None (Triton linears everywhere);
+    False: None."""
     if given is False:
         return None
     if isinstance(given, (str, Path)):
@@ -147,10 +148,9 @@ def _linear_choice(dep, given):
             raise UserError(f"{given}: unreadable linear choice table ({exc})") from exc
     if given is not None:
         return given
-    from specc.search.calibrate import calibration_for
+    from specc.search.calibrate import linear_choice_for
 
-    record = calibration_for(dep)
-    return None if record is None else record.choice_table()
+    return linear_choice_for(dep)
 
 
 def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:

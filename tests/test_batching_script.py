@@ -106,9 +106,10 @@ def test_bench_batching_records_a_tie_and_keeps_timing(tmp_path, monkeypatch):
     assert [r["system"] for r in rows] == ["ar", "one-level", "two-level", "per-request"]
 
 
-def test_linears_used_says_when_no_calibration_gives_the_choice():
-    """A built-in deployment on CUDA has no calibration record: the run says its linears are all
-    Triton (what runs 5b-8 measured) instead of 'auto'."""
+def test_linears_used_says_which_choice_the_steps_take():
+    """run.json says what the linears ran: a built-in H200 deployment the stated rule (runs 5b-8
+    ran Triton everywhere before it existed), a GPU without one Triton at every row count, a
+    calibrated file its measured table."""
     import argparse
 
     import torch
@@ -117,8 +118,10 @@ def test_linears_used_says_when_no_calibration_gives_the_choice():
 
     opts = argparse.Namespace(linears="auto", deployment="h200-bs1")
     assert bench_batching.linears_used(opts, torch.device("cpu")) == "triton"
+    assert bench_batching.linears_used(opts, torch.device("cuda")).startswith("built-in rule for NVIDIA H200")
+    opts = argparse.Namespace(linears="auto", deployment="a100-bs16")
     said = bench_batching.linears_used(opts, torch.device("cuda"))
-    assert said.startswith("triton at every row count (deployment h200-bs1 has no calibration record")
+    assert said.startswith("triton at every row count (deployment a100-bs16 has no calibration record")
     run8 = Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "linears-h200-run8.deployment.json"
     opts = argparse.Namespace(linears="auto", deployment=str(run8))
     assert bench_batching.linears_used(opts, torch.device("cuda")).startswith("per-shape choice of ")

@@ -166,3 +166,8 @@ def test_calibrated_cublas_choice_is_lowered_forced_and_recorded(checkpoints, tm
     path = tmp_path / "choice.json"
     path.write_text(json.dumps(table.to_json()))
     assert _linear_choice(BUILTIN["cpu"], str(path)) == table and _linear_choice(BUILTIN["cpu"], None) is None
+    # a built-in H200 deployment without a calibration: its GPU's stated rule; False: none
+    from specc.codegen.linear_choice import RowRule
+
+    assert isinstance(_linear_choice(BUILTIN["h200-bs16"], None), RowRule)
+    assert _linear_choice(BUILTIN["h200-bs16"], False) is None

@@ -224,6 +224,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     from specc.runtime.verifiers import ChainVerifier
     from specc.runtime.state import reserve_block
     from specc.search.acceptance import AcceptanceModel
+    from specc.search.calibrate import linear_choice_for
     from specc.search.cost_model import CostModel
     from specc.search.deployments import get_deployment
     from specc.runtime import warmup as warm
@@ -322,6 +323,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         torch.cuda.empty_cache()
 
     # ---------------------------------------------------------------- specc
+    choice = linear_choice_for(dep) if dev.type == "cuda" else cost.linear_choice
+
     def compiled(with_drafter: bool):
         t0 = time.perf_counter()
         target, draft = s.loaded.target, s.loaded.draft if with_drafter else None
@@ -335,7 +338,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             if draft is not None:
                 draft.setup_caches(1, 16)
             spec = s.loaded.draft_spec if draft is not None else None
-            built = build_steps(target, draft, pipeline, spec, linear_choice=cost.linear_choice,  # as compile does
+            built = build_steps(target, draft, pipeline, spec, linear_choice=choice,  # as compile does
                                 tree=bool(tree_budget and draft is not None))
         finally:
             target.capture_layers = saved

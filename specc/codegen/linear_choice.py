@@ -269,6 +269,9 @@ class LinearChoice:
                       for key in ("triton_s", "cublas_s")}
                 points.append(ChoicePoint(m, impl, ts["triton_s"], ts["cublas_s"]))
             shapes[(n, k)] = ShapeChoice(n, k, tuple(points))
+        if "cublas_from_rows" in data:  # a RowRule's table
+            rows = _count(data["cublas_from_rows"], "cublas_from_rows")
+            return RowRule(shapes, float(margin), float(overhead), dtype, source, cublas_from_rows=rows)
         return cls(shapes, float(margin), float(overhead), dtype, source)
 
     # ------------------------------------------------------------ reporting
@@ -281,6 +284,53 @@ class LinearChoice:
             where = ", ".join(f"M {lo}+" if hi is None else f"M {lo}..{hi}" for lo, hi in rows) if rows else "nowhere"
             lines.append(f"N={n} K={k}: cuBLAS at {where}")
         return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class RowRule(LinearChoice):
+    """cuBLAS from ``cublas_from_rows`` rows up at every weight shape, Triton below: a choice
+    stated for a GPU, for deployments without a measured table (``BUILTIN_RULES``). No times:
+    the cost model prices these linears as it prices unmeasured ones."""
+
+    cublas_from_rows: int = 128
+
+    def shape(self, n: int, k: int) -> ShapeChoice | None:
+        lo = self.cublas_from_rows
+        points = ((ChoicePoint(lo - 1, "triton"),) if lo > 1 else ()) + (ChoicePoint(lo, "cublas"),)
+        return ShapeChoice(int(n), int(k), points)
+
+    @property
+    def uses_cublas(self) -> bool:
+        return True
+
+    def with_impl(self, impl: str) -> LinearChoice:
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(IMPLS)} (got {impl!r})")
+        return dataclasses.replace(self, cublas_from_rows=1) if impl == "cublas" else \
+            LinearChoice({}, source=f"{self.source} (triton everywhere)".strip())
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "cublas_from_rows": self.cublas_from_rows}
+
+    def summary(self) -> list[str]:
+        return [f"every shape: cuBLAS at M {self.cublas_from_rows}+ ({self.source})"]
+
+
+# Deployments' GPUs with a stated rule, used when no measured table exists (a built-in deployment
+# has no calibration record). NVIDIA H200, run 8 (docs/benchmarks/h200-run8.md, bench_linears):
+# cuBLAS was faster than the Triton linear at every measured Qwen3-8B shape from M = 128 (by
+# 1.3-1.9x at 128, 1.6-2.9x at 256 and above) and slower or even at M = 1-32; at M = 64 it won
+# two shapes of five. A B = 16, Q = 16 verify step: 13.76 ms Triton-only, 8.11 ms with the choice.
+BUILTIN_RULES: dict[str, int] = {"NVIDIA H200": 128}
+
+
+def builtin_choice(gpu: str) -> LinearChoice | None:
+    """The stated rule for a deployment's GPU (``BUILTIN_RULES``), or None (Triton everywhere)."""
+    rows = BUILTIN_RULES.get(gpu)
+    if rows is None:
+        return None
+    return RowRule({}, source=f"built-in rule for {gpu}: cuBLAS from {rows} rows (docs/benchmarks/h200-run8.md)",
+                   cublas_from_rows=rows)
 
 
 def in_rows(rows: int, ranges: Iterable[tuple[int, int | None]]) -> bool:

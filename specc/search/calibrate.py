@@ -207,6 +207,19 @@ def calibration_for(deployment) -> Calibration | None:
         raise UserError(f"{path}: unreadable calibration record ({exc})") from exc
 
 
+def linear_choice_for(deployment):
+    """The linear choice steps are built with for ``deployment`` (what ``specc compile`` lowers):
+    its calibration record's measured table, else on CUDA the stated rule for its GPU
+    (``codegen.linear_choice.BUILTIN_RULES``), else None (the Triton linear everywhere)."""
+    from specc.codegen.linear_choice import builtin_choice
+
+    record = calibration_for(deployment)
+    table = None if record is None else record.choice_table()
+    if table is not None:
+        return table
+    return builtin_choice(deployment.gpu) if deployment.device == "cuda" else None
+
+
 # --------------------------------------------------------------------------- timing
 
 

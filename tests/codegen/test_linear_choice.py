@@ -118,3 +118,35 @@ def test_h200_measurements_choose_cublas_at_large_m():
         assert all(table.impl_at(m, n, k) == "cublas" for m in (128, 256, 512, 1024, 2048, 4096)), (n, k)
         assert shape.points[-1].cublas_s < 0.6 * shape.points[-1].triton_s
         assert table.impl_at(1, n, k) == "triton", (n, k)
+
+
+RUN8_RECORD = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "linears-h200-run8.deployment.calibration.json"
+
+
+@pytest.mark.parametrize("record", [H200_RECORD, RUN8_RECORD], ids=["bs1-calibration", "run8"])
+def test_the_h200_rule_is_what_both_h200_calibrations_measured_from_128_rows(record):
+    """The built-in H200 rule (cuBLAS from 128 rows at every shape) agrees with the measured
+    choice of both H200 calibration records at every shape from M = 128 up, and keeps the M = 1
+    GEMV on Triton, as both measured."""
+    from specc.codegen.linear_choice import builtin_choice
+
+    rule = builtin_choice("NVIDIA H200")
+    measured = LinearChoice.from_measurements(json.loads(record.read_text())["measurements"]["linear"], margin=0.02)
+    assert len(measured.shapes) == 5
+    for (n, k), shape in measured.shapes.items():
+        for p in shape.points:
+            if p.m >= 128 or p.m == 1:
+                assert rule.impl_at(p.m, n, k) == p.impl, (n, k, p.m)
+
+
+def test_row_rule_json_and_variants():
+    from specc.codegen.linear_choice import RowRule, builtin_choice
+
+    rule = builtin_choice("NVIDIA H200")
+    assert builtin_choice("NVIDIA A100 SXM 80GB") is None
+    back = LinearChoice.from_json(json.loads(json.dumps(rule.to_json())))
+    assert isinstance(back, RowRule) and back.cublas_from_rows == 128 and back.source == rule.source
+    assert rule.cublas_rows(7, 9) == ((128, None),) and rule.uses_cublas
+    assert not rule.with_impl("triton").uses_cublas
+    assert rule.with_impl("cublas").impl_at(1, 7, 9) == "cublas"
+    assert rule.summary() == [f"every shape: cuBLAS at M 128+ ({rule.source})"]

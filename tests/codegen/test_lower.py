@@ -123,3 +123,17 @@ def test_tree_step_packs_the_mask_once_and_matches_the_model(model):
     want = model(ids, pos, cache_len, tree_mask=mask)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert not torch.equal(got, model(ids, pos, cache_len, tree_mask=torch.tril(torch.ones_like(mask))))
+
+
+def test_a_row_rule_covers_every_shape(model):
+    """A GPU's stated rule (``RowRule``, what a built-in H200 deployment lowers with): every linear
+    of every shape gets the same cuBLAS range, recorded per shape."""
+    from specc.codegen.linear_choice import builtin_choice
+
+    rule = builtin_choice("NVIDIA H200")
+    step = build_step(model, "target", DEFAULT_PIPELINE, linear_choice=rule)
+    records = {(r["N"], r["K"]): r for r in step.lowering["linear_impl"]}
+    assert set(records) == {QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD}
+    assert all([(x["rows"], x["impl"]) for x in r["ranges"]] == [([1, 127], "triton"), ([128, None], "cublas")]
+               for r in records.values())
+    assert step.emitted.source.count("cublas_rows = ((128, None),)") == 4 * CFG["num_hidden_layers"] + 1

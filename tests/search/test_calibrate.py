@@ -191,3 +191,21 @@ def test_builtin_h200_prices_packed_linears_by_their_measured_rows(tmp_path):
     path.write_text(json.dumps({"base": "h200", "packed_linear_bandwidth_by_m": "fast"}))
     with pytest.raises(UserError, match="packed_linear_bandwidth_by_m"):
         get_deployment(str(path))
+
+
+def test_linear_choice_for_a_deployment():
+    """What steps are built with: a calibrated file's measured table, a built-in H200 deployment
+    its GPU's stated rule, a GPU without a rule and the CPU nothing (Triton everywhere)."""
+    from pathlib import Path
+
+    from specc.codegen.linear_choice import RowRule
+    from specc.search.calibrate import linear_choice_for
+    from specc.search.deployments import get_deployment
+
+    assert isinstance(linear_choice_for(get_deployment("h200-bs16")), RowRule)
+    assert isinstance(linear_choice_for(get_deployment("h200-bs1")), RowRule)
+    assert linear_choice_for(get_deployment("a100-bs16")) is None
+    assert linear_choice_for(get_deployment("cpu")) is None
+    run8 = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "linears-h200-run8.deployment.json"
+    table = linear_choice_for(get_deployment(str(run8)))
+    assert not isinstance(table, RowRule) and len(table.shapes) == 5
