@@ -25,24 +25,18 @@ __all__ = ["kv_compact", "kv_compact_layers", "kv_compact_reference"]
 
 
 @triton.jit
-def _kv_compact_kernel(ck_ptr, cv_ptr, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
-                       stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                       stride_src, stride_dst,
-                       HAS_CNT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid = tl.program_id(0)
-    b = pid // HKV
-    h = pid % HKV
+def _compact_tile(kb, vb, src_ptr, dst_ptr, b, limit, P, S, D, stride_ks, stride_vs, stride_src, stride_dst,
+                  BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Move one (row, KV head)'s entries ``src -> dst`` (the first ``min(P, limit)`` pairs of row
+    ``b``; invalid slots skipped) for a ``BLOCK_D`` slice of the head dim: ``kb`` / ``vb`` point at
+    the row and head of K and V. Every read lands before any write (the debug barrier)."""
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_p = tl.arange(0, BLOCK_P)
-    mask_p = offs_p < P
-    if HAS_CNT:
-        mask_p = mask_p & (offs_p < tl.load(cnt_ptr + b))
+    mask_p = (offs_p < P) & (offs_p < limit)
     src = tl.load(src_ptr + b.to(tl.int64) * stride_src + offs_p, mask=mask_p, other=-1)
     dst = tl.load(dst_ptr + b.to(tl.int64) * stride_dst + offs_p, mask=mask_p, other=-1)
     ok = mask_p & (src >= 0) & (src < S) & (dst >= 0) & (dst < S)
     m2 = ok[:, None] & (offs_d < D)[None, :]
-    kb = ck_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
-    vb = cv_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
     src64 = src.to(tl.int64)[:, None]
     dst64 = dst.to(tl.int64)[:, None]
     kt = tl.load(kb + src64 * stride_ks + offs_d[None, :], mask=m2, other=0.0)
@@ -50,6 +44,24 @@ def _kv_compact_kernel(ck_ptr, cv_ptr, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
     tl.debug_barrier()
     tl.store(kb + dst64 * stride_ks + offs_d[None, :], kt, mask=m2)
     tl.store(vb + dst64 * stride_vs + offs_d[None, :], vt, mask=m2)
+
+
+@triton.jit
+def _kv_compact_kernel(ck_ptr, cv_ptr, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
+                       stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
+                       stride_src, stride_dst,
+                       HAS_CNT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)
+    b = pid // HKV
+    h = pid % HKV
+    if HAS_CNT:
+        limit = tl.load(cnt_ptr + b)
+    else:
+        limit = P
+    kb = ck_ptr + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
+    vb = cv_ptr + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
+    _compact_tile(kb, vb, src_ptr, dst_ptr, b, limit, P, S, D, stride_ks, stride_vs, stride_src, stride_dst,
+                  BLOCK_P, BLOCK_D)
 
 
 @triton.jit
@@ -62,23 +74,11 @@ def _kv_compact_layers_kernel(kptrs, vptrs, src_ptr, dst_ptr, cnt_ptr, P, S, D, 
     b = pid // HKV
     h = pid % HKV
     layer = tl.program_id(2)
-    ck_ptr = tl.load(kptrs + layer).to(tl.pointer_type(DTYPE))
-    cv_ptr = tl.load(vptrs + layer).to(tl.pointer_type(DTYPE))
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_p = tl.arange(0, BLOCK_P)
-    mask_p = (offs_p < P) & (offs_p < tl.load(cnt_ptr + b))
-    src = tl.load(src_ptr + b.to(tl.int64) * stride_src + offs_p, mask=mask_p, other=-1)
-    dst = tl.load(dst_ptr + b.to(tl.int64) * stride_dst + offs_p, mask=mask_p, other=-1)
-    ok = mask_p & (src >= 0) & (src < S) & (dst >= 0) & (dst < S)
-    m2 = ok[:, None] & (offs_d < D)[None, :]
     row = b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
-    src64 = src.to(tl.int64)[:, None] * stride_s + offs_d[None, :]
-    dst64 = dst.to(tl.int64)[:, None] * stride_s + offs_d[None, :]
-    kt = tl.load(ck_ptr + row + src64, mask=m2, other=0.0)
-    vt = tl.load(cv_ptr + row + src64, mask=m2, other=0.0)
-    tl.debug_barrier()
-    tl.store(ck_ptr + row + dst64, kt, mask=m2)
-    tl.store(cv_ptr + row + dst64, vt, mask=m2)
+    kb = tl.load(kptrs + layer).to(tl.pointer_type(DTYPE)) + row
+    vb = tl.load(vptrs + layer).to(tl.pointer_type(DTYPE)) + row
+    _compact_tile(kb, vb, src_ptr, dst_ptr, b, tl.load(cnt_ptr + b), P, S, D, stride_s, stride_s, stride_src,
+                  stride_dst, BLOCK_P, BLOCK_D)
 
 
 _TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
