@@ -94,24 +94,16 @@ class Bs1AttentionPlan:
     def setup_caches(self, *args, **kwargs):
         return self.step.setup_caches(*args, **kwargs)
 
-    @staticmethod
-    @contextlib.contextmanager
-    def rule():
-        from specc.codegen.kernels import attention
-
-        saved, attention.BATCHED_FROM = attention.BATCHED_FROM, 10 ** 9
-        try:
-            yield
-        finally:
-            attention.BATCHED_FROM = saved
-
     def __call__(self, *args):
-        with self.rule():
+        from specc.codegen.kernels.attention import bs1_plan_rule
+
+        with bs1_plan_rule():
             return self.step(*args)
 
 
 def time_steps(steps: dict, model_for: dict, ir, cfg, dev, batches, qs, context, reps) -> list[dict]:
     """Median step times of each variant at every (B, Q), beside its prediction."""
+    from specc.codegen.kernels.attention import bs1_plan_rule
     from specc.search.calibrate import Timer
 
     timer = Timer(dev.type, reps=reps)
@@ -125,7 +117,7 @@ def time_steps(steps: dict, model_for: dict, ir, cfg, dev, batches, qs, context,
                 lens = torch.full((b,), context, dtype=torch.long, device=dev)
                 with torch.inference_mode():
                     measured = timer(lambda: step(ids, pos, lens))
-                with step.rule() if isinstance(step, Bs1AttentionPlan) else contextlib.nullcontext():
+                with bs1_plan_rule() if isinstance(step, Bs1AttentionPlan) else contextlib.nullcontext():
                     pred = model_for[label].step(ir, {"B": b, "Q": q, "C": context}, sync=False)
                 row = {"B": b, "Q": q, "C": context, "linear_choice": label, "measured_ms": measured * 1e3,
                        "predicted_ms": pred.time * 1e3, "error": pred.time / measured - 1}
@@ -269,8 +261,6 @@ def main(argv: list[str] | None = None) -> dict:
     on_emitted, on_lowering = emit_ir(ir, "target", 0, table)
     result["lowering_on"] = on_lowering.get("linear_impl")
     steps = {"off": instantiate(built.emitted["target"]), "on": instantiate(on_emitted)}
-    if args.bs1_attention_plan:
-        steps["on-bs1-attention"] = Bs1AttentionPlan(steps["on"])
     cal_dep = get_deployment(cal_path)
     # "off" is priced with Triton's measured times at every measured shape, "on" with the choice's
     model_for = {"off": CostModel(cal_dep, graphs=dev.type == "cuda",
@@ -278,6 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "on": CostModel(cal_dep, graphs=dev.type == "cuda",
                                  calibration=dataclasses.replace(record, linear_choice=table.to_json()))}
     if args.bs1_attention_plan:  # its own model: a model caches the attention plans it priced
+        steps["on-bs1-attention"] = Bs1AttentionPlan(steps["on"])
         model_for["on-bs1-attention"] = CostModel(cal_dep, graphs=dev.type == "cuda",
                                                   calibration=dataclasses.replace(record, linear_choice=table.to_json()))
     result["steps"] = time_steps(steps, model_for, ir, cfg, dev, parse_ints(args.batches), parse_ints(args.qs),

@@ -10,17 +10,17 @@ from specc.search.attention_traffic import PARTIAL_ITEMSIZE, split_kv_traffic
 QWEN3_8B_HEADS = (32, 8, 128)
 
 
-def test_the_plan_is_the_kernels_at_the_profiled_steps(monkeypatch):
+def test_the_plan_is_the_kernels_at_the_profiled_steps():
     """B=16 Q=16 and B=32 Q=8 at context 1024 on 132 SMs: the grids the H200 profile shows
     (docs/benchmarks/linears-h200-run6.json: split grid [128, 4, 1] and [256, 3, 1], merge grid
     [8192]); 4 splits and 3 splits both load 4 slots per merge program. (Run 6 ran the bs1 plan
     rule at every batch: the batched rule came later.)"""
-    from specc.codegen.kernels import attention
+    from specc.codegen.kernels.attention import bs1_plan_rule
 
-    monkeypatch.setattr(attention, "BATCHED_FROM", 10 ** 9)
-    a = split_kv_traffic(16, 16, *QWEN3_8B_HEADS, 1040, 132)
+    with bs1_plan_rule():
+        a = split_kv_traffic(16, 16, *QWEN3_8B_HEADS, 1040, 132)
+        b = split_kv_traffic(32, 8, *QWEN3_8B_HEADS, 1032, 132)
     assert (a.splits, a.row_blocks, a.merge_rows, a.merge_slots) == (4, 1, 8192, 4)
-    b = split_kv_traffic(32, 8, *QWEN3_8B_HEADS, 1032, 132)
     assert (b.splits, b.row_blocks, b.merge_rows, b.merge_slots) == (3, 1, 8192, 4)
     assert a.merge_work == b.merge_work == 8192 * 4
     # partials: written by the split kernel and read by the merge, fp32

@@ -31,13 +31,14 @@ GOAL = 0.10  # issue 21: the calibrated model within 10% of every measured step
 
 
 @pytest.fixture(autouse=True)
-def _run6_attention_plan(monkeypatch):
+def _run6_attention_plan():
     """Run 6 (and the calibration record) ran the attention kernel's bs1 plan rule at every batch:
     the batched rule (``attention.batched_plan``, from the batched sweep of run 8) came later, so
     these measurements are priced with the plan they ran."""
-    from specc.codegen.kernels import attention
+    from specc.codegen.kernels.attention import bs1_plan_rule
 
-    monkeypatch.setattr(attention, "BATCHED_FROM", 10 ** 9)
+    with bs1_plan_rule():
+        yield
 
 
 @pytest.fixture(scope="module")

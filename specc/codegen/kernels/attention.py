@@ -38,6 +38,7 @@ the interpreter or with fp32 V), fp32 accumulation. A row that sees no key retur
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -306,6 +307,19 @@ def batched_plan(batch: int, rows: int) -> bool:
     """Whether the batched rule plans this call (the swept range: batched verify blocks; a
     batched decode step keeps the bs1 rule, which it was not swept against)."""
     return batch >= BATCHED_FROM and rows >= BATCHED_MIN_ROWS
+
+
+@contextlib.contextmanager
+def bs1_plan_rule():
+    """Plan every call with the bs1 rule while inside (the rule before the batched sweep): what
+    benchmarks time beside the batched rule and what tests price measurements taken before it
+    with. A CUDA graph captured inside keeps the plan it captured."""
+    global BATCHED_FROM
+    saved, BATCHED_FROM = BATCHED_FROM, 10 ** 9
+    try:
+        yield
+    finally:
+        BATCHED_FROM = saved
 
 
 def pick_splits(batch: int, num_kv_heads: int, row_blocks: int, max_kv_len: int,
