@@ -311,25 +311,12 @@ DECODE_RANGE = "bench_batching.decode_step"  # the host range around each decode
 def kernel_profile(loop, prompts, tokens, dev, rule=None) -> dict:
     """One more pass under ``torch.profiler``: the kernels launched inside the decode steps, by
     name, per step (``specc.bench.gaps.kernels_in_ranges``), beside the steps' wall time: what a
-    batched step's time is made of (run 8: a 17.7 ms B = 16 step around an 8.1 ms verify)."""
-    import tempfile
-
-    from specc.bench.gaps import kernels_in_ranges
-
-    from specc.bench.gaps import kernel_gaps
-
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if dev.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    batched step's time is made of (docs/benchmarks/h200-run8.md: the profiler matched only part
+    of the graph-replayed kernels to their steps there, so ``kernel_us`` is a lower bound)."""
+    from specc.bench.gaps import kernel_gaps, kernels_in_ranges, profiled
 
     def traced(stack: bool) -> dict:
-        with torch.profiler.profile(activities=activities, with_stack=stack) as prof:
-            drive(loop, prompts, tokens, rule)
-            _sync(dev)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(path))
-            return json.loads(path.read_text())
+        return profiled(lambda: drive(loop, prompts, tokens, rule), dev.type == "cuda", stack)[1]
 
     out = kernels_in_ranges(traced(False), DECODE_RANGE)
     if dev.type == "cuda":  # where the device waited, by the loop's line that launched next (stacks inflate times)

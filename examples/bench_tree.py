@@ -392,23 +392,9 @@ def profiled_pass(system, prompt, new_tokens) -> dict:
 
 def _profiled_generation(system, prompt, new_tokens, cuda: bool, stack: bool = False):
     """One generation under ``torch.profiler``: (its Chrome trace as a dict, steps, wall seconds)."""
-    import tempfile
+    from specc.bench.gaps import profiled
 
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with profile(activities=activities, with_stack=stack) as prof:
-        res = system.generate(prompt, new_tokens, ())
-        if cuda:
-            torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as d:
-        path = pathlib.Path(d) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
+    res, trace, wall = profiled(lambda: system.generate(prompt, new_tokens, ()), cuda, stack)
     return trace, max(len(res.stats.accepted_lengths), 1), wall
 
 

@@ -15,9 +15,38 @@ from __future__ import annotations
 
 import bisect
 import collections
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
 
 MIN_GAP_US = 2.0  # gaps below this are the GPU's own kernel-to-kernel latency
 SCAN = 20000  # Python frames looked back through for the ones open at a launch (innermost start last)
+
+
+def profiled(fn: Callable[[], Any], cuda: bool, stack: bool = False) -> tuple[Any, dict, float]:
+    """Run ``fn()`` once under ``torch.profiler`` (CPU activities, and CUDA ones with ``cuda``;
+    Python frames with ``stack``): its result, the exported Chrome trace as a dict (what
+    :func:`kernel_gaps` and :func:`kernels_in_ranges` read), and the seconds it ran, the device
+    synchronised before and after."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=activities, with_stack=stack) as prof:
+        result = fn()
+        if cuda:
+            torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    return result, trace, seconds
 
 
 def kernel_gaps(trace: dict, steps: int, frames: str = "specc/", top: int = 12) -> dict:
