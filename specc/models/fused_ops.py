@@ -56,10 +56,13 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n: int, k: int, base_mode: 
 @torch.fx.wrap
 def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,
                    eps: float, mask_kind: str, scale: float, tree_mask=None):
-    """``attention(rope(norm(q)), rope(norm(k)), v, ...)`` with cos/sin from positions (norms optional)."""
+    """``attention(rope(norm(q)), rope(norm(k)), v, ...)`` with cos/sin from positions (norms optional).
+    ``positions`` are the keys' [B, Qk]; the queries are the last Q of them (Q < Qk: DFlash)."""
     if q_norm_weight is not None:
         q = ops.rms_norm(q, q_norm_weight, eps)
         k = ops.rms_norm(k, k_norm_weight, eps)
     cos, sin = ops.rope_tables(positions, inv_freq, q)
-    q, k = ops.rope(q, cos, sin), ops.rope(k, cos, sin)
+    num_q = q.shape[1]
+    q_cos, q_sin = (cos, sin) if num_q == k.shape[1] else (cos[:, -num_q:], sin[:, -num_q:])
+    q, k = ops.rope(q, q_cos, q_sin), ops.rope(k, cos, sin)
     return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask)

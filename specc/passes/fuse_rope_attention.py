@@ -11,13 +11,17 @@ every step. This pass rewrites
 into ``rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm, k_norm,
 eps, mask_kind, scale)``, which codegen lowers to two kernels: ``rope_and_cache`` (norm, rotation
 with cos/sin computed in-kernel, cache write) and the attention kernel. The op's eager body calls
-the same leaf ops in the same order, so on CPU the rewritten step is bit-identical. Only the
-target-style pattern (q and k rotated with the same cos/sin, as many keys as queries) is fused;
-DFlash drafter layers (queries rotated with the last Q positions only) are left alone.
+the same leaf ops in the same order, so on CPU the rewritten step is bit-identical. Two patterns
+are fused: the target's (q and k rotated with the same cos/sin, as many keys as queries) and the
+DFlash drafter's (keys over [context; block], queries over the block only, rotated with the last
+Q rows of the keys' cos/sin: ``cos[:, -Q:]``). The kernel takes q's positions as the last Q of
+the keys', so both lower to the same two kernels; in a DFlash layer that replaces about a dozen
+launches (two per-head norms, two rotations, the rotate-half cats, the K/V scatters).
 """
 
 from __future__ import annotations
 
+import sympy
 import torch
 import torch.fx
 
@@ -47,14 +51,34 @@ def _unnormed(ir: IR, node: torch.fx.Node):
     return node, None, None
 
 
+def _trailing_rows(ir: IR, table: torch.fx.Node, source: torch.fx.Node, rows) -> bool:
+    """Is ``table`` ``source[:, -rows:]`` (the last ``rows`` positions of a [B, T, D] cos/sin)?"""
+    if table.op != "call_function" or ir.meta(table).kind != "slice" or table.args[0] is not source:
+        return False
+    index = table.args[1] if len(table.args) > 1 else None
+    if not (isinstance(index, tuple) and len(index) == 2 and all(isinstance(i, slice) for i in index)):
+        return False
+    whole, tail = index
+    if (whole.start, whole.stop, whole.step) != (None, None, None) or tail.stop is not None or tail.step is not None:
+        return False
+    start = ir.meta(tail.start).out if isinstance(tail.start, torch.fx.Node) else tail.start
+    try:
+        return bool(sympy.simplify(sympy.sympify(start) + rows) == 0)
+    except (TypeError, sympy.SympifyError):
+        return False
+
+
 def _match(ir: IR, attn: torch.fx.Node):
     q_rot, k_rot = attn.args[0], attn.args[1]
     for rot in (q_rot, k_rot):
         if rot.op != "call_function" or ir.meta(rot).kind != "rope" or len(rot.users) != 1:
             return None
-    if q_rot.args[1] is not k_rot.args[1] or q_rot.args[2] is not k_rot.args[2]:
-        return None  # q rotated with other positions than k (DFlash)
-    cos = q_rot.args[1]
+    same_tables = q_rot.args[1] is k_rot.args[1] and q_rot.args[2] is k_rot.args[2]
+    if not same_tables:  # DFlash: q rotated with the last Q rows of k's tables
+        rows = ir.meta(q_rot).shape[1]
+        if not all(_trailing_rows(ir, q_t, k_t, rows) for q_t, k_t in zip(q_rot.args[1:3], k_rot.args[1:3])):
+            return None
+    cos = k_rot.args[1]
     tables = cos.args[0] if cos.op == "call_function" and cos.args else None
     if tables is None or tables.op != "call_function" or ir.meta(tables).kind != "rope_tables":
         return None
