@@ -39,9 +39,10 @@ from specc.bench.shapes import (  # noqa: E402
 
 
 def compiled_system(target, draft_module, method: str, k: int, spec, max_len: int, graphs: bool,
-                    linear_choice=None):
+                    linear_choice=None, pipeline: str | None = None):
     """The compiled steps under the engine's loop (``specc.runtime.engine.build_loop``);
-    ``linear_choice``: a ``codegen.linear_choice.LinearChoice`` for the lowering (None: Triton)."""
+    ``linear_choice``: a ``codegen.linear_choice.LinearChoice`` for the lowering (None: Triton);
+    ``pipeline``: the pass pipeline (None: the compile default)."""
     from specc.codegen.build import build_steps
     from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
@@ -49,7 +50,7 @@ def compiled_system(target, draft_module, method: str, k: int, spec, max_len: in
 
     target.setup_caches(1, 16)
     draft_module.setup_caches(1, 16)
-    built = build_steps(target, draft_module, DEFAULT_PIPELINE, spec, linear_choice=linear_choice)
+    built = build_steps(target, draft_module, pipeline or DEFAULT_PIPELINE, spec, linear_choice=linear_choice)
     steps = {"target": instantiate(built.emitted["target"]), "drafter": instantiate(built.emitted["drafter"], spec)}
     pard_token = draft_module.config.raw["pard_token"] if method == "pard" else None
     system = build_loop(steps, method, k, max_len, pard_token, graphs=graphs)
