@@ -248,9 +248,9 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     if graphs is None:
         graphs = target.device.type == "cuda"
     if graphs:
-        from specc.runtime.graphs import GraphedStep
+        from specc.runtime.graphs import GraphedStep, new_pool
 
-        pool = torch.cuda.graph_pool_handle()
+        pool = new_pool()  # shared by the loop's graphed steps; lives as long as they do
         rows = {"target": num_draft + 1, "target_tree": tree_budget + 1}
         from specc.runtime.ragged_graphs import GraphedRaggedStep
 

@@ -16,6 +16,14 @@ signature, and ``eager_reasons`` says why. Calls whose token dimension (dim 1 of
 argument of rank >= 2) exceeds ``max_tokens`` run eagerly: prefills and a DFlash drafter's first
 call over a whole prompt's context are one-offs, not worth a graph each. Outputs are static
 buffers: consume them before the next call of the same step.
+
+Graph memory pools are ``torch.cuda.MemPool`` objects (``new_pool``), held by every step that
+captures into them. A bare ``graph_pool_handle()`` id is referenced only by the graphs captured
+into it: once they are all dropped (``setup_caches``, a loop's ``resize`` to another batch) its
+use count reaches zero while blocks allocated during capture can outlive them (cuBLAS caches its
+workspace per stream, allocated inside the first capture of a GEMM), and the next capture into
+that id fails inside the allocator (``use_count > 0 INTERNAL ASSERT``): every later shape then
+ran eagerly. A MemPool object keeps one use of its pool for as long as it lives.
 """
 
 from __future__ import annotations
@@ -23,6 +31,18 @@ from __future__ import annotations
 import torch
 
 from specc.models.state import idempotent_step
+
+
+def new_pool():
+    """A graph memory pool that stays valid while referenced (module doc): a ``torch.cuda.MemPool``
+    where torch has it, else a ``graph_pool_handle()`` id (older torch)."""
+    mem_pool = getattr(torch.cuda, "MemPool", None)
+    return mem_pool() if mem_pool is not None else torch.cuda.graph_pool_handle()
+
+
+def pool_id(pool):
+    """The id ``torch.cuda.graph(pool=...)`` takes, for a ``new_pool()`` result or a bare id."""
+    return pool if pool is None or isinstance(pool, tuple) else pool.id
 
 
 class GraphedStep:
@@ -40,7 +60,7 @@ class GraphedStep:
         self._seen = set()
         self.graphs: dict = {}
         self.eager_reasons: dict = {}
-        self.pool = pool  # None: a pool of its own, made at the first capture
+        self.pool = pool  # None: a pool of its own (``new_pool``), made at the first capture
         self.replays = 0
         self.eager_calls = 0
 
@@ -135,8 +155,8 @@ class GraphedStep:
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool):
+                self.pool = new_pool()
+            with torch.cuda.graph(graph, pool=pool_id(self.pool)):
                 out = self._run(*static_in)
         except Exception as exc:  # a host sync or an unsupported op inside the step
             torch.cuda.synchronize()

@@ -168,3 +168,46 @@ def test_stats_print_keys_with_tuple_shapes():
     step = _AnyDevice(lambda *a: None, warmup=0, eager_first=False)
     step.eager_reasons[step._signature((torch.zeros(1, 2),))] = "why"
     assert step.stats()["eager_reasons"] == {str((((1, 2), torch.float32),)): "why"}
+
+
+def test_pools_are_held_objects_and_ids_pass_through():
+    """``new_pool`` gives what ``torch.cuda.graph`` takes through ``pool_id``: a MemPool's id (the
+    object keeps its pool alive), or a bare id as is (older torch)."""
+    from specc.runtime.graphs import pool_id
+
+    assert pool_id(None) is None and pool_id((1, 0)) == (1, 0)
+
+    class _Held:
+        id = (7, 0)
+
+    assert pool_id(_Held()) == (7, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cublas_step_captures_again_after_its_graphs_are_dropped():
+    """A step whose GEMM runs on cuBLAS, captured, its graphs dropped (as ``setup_caches`` and a
+    loop's resize to another batch do), then captured again into the same pool: the second capture
+    works and replays the eager result. (With a bare ``graph_pool_handle`` id, the allocator's
+    pool use count had reached zero and every later capture failed: H200 run 9's batched loop
+    ran all its steps eagerly.)"""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(2048, 1024, generator=g).to("cuda", torch.bfloat16)
+
+    def step(x):
+        return torch.nn.functional.linear(x, weight) * 2
+
+    graphed = GraphedStep(step, max_tokens=1 << 20)
+    shared = GraphedStep(lambda x: torch.nn.functional.linear(x, weight), max_tokens=1 << 20, pool=graphed.pool)
+    for rows in (256, 256, 512):
+        x = torch.randn(rows, 1024, generator=g).to("cuda", torch.bfloat16)
+        for _ in range(3):
+            assert torch.equal(graphed(x), step(x))
+        graphed.graphs.clear()
+        torch.cuda.synchronize()
+    assert not graphed.eager_reasons and graphed.replays >= 6
+    x = torch.randn(256, 1024, generator=g).to("cuda", torch.bfloat16)
+    shared.pool = graphed.pool  # one pool shared by two steps, as a loop's steps share one
+    for _ in range(3):
+        assert torch.equal(shared(x), torch.nn.functional.linear(x, weight))
+    assert not shared.eager_reasons and shared.replays >= 1
