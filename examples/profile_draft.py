@@ -20,6 +20,49 @@ from examples.bench_steps import QWEN3_8B, build_causal, build_dflash, compiled_
 from examples.profile_step import kernel_profile
 
 
+def launch_latency(step, args, reps: int = 20, burst: int = 10) -> dict:
+    """What a graph replay costs when the GPU waits for it (at batch 1 the draft is launched after
+    the step's host copy, onto an idle GPU) against replays queued back to back (launch hidden):
+    ``idle_ms`` (sync, replay, sync: CUDA events around one replay), ``back_to_back_ms`` (per replay
+    of ``burst`` queued ones) and ``replay_host_us`` (host time of the ``replay()`` call)."""
+    import statistics
+    import time
+
+    with torch.inference_mode():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            step(*args)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(*args)
+        graph.replay()
+        torch.cuda.synchronize()
+        idle, host, b2b = [], [], []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            a.record()
+            t0 = time.perf_counter()
+            graph.replay()
+            host.append(time.perf_counter() - t0)
+            b.record()
+            torch.cuda.synchronize()
+            idle.append(a.elapsed_time(b))
+        for _ in range(max(reps // 4, 3)):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            graph.replay()  # the GPU is busy when ``a`` is recorded: no launch waited for inside
+            a.record()
+            for _ in range(burst):
+                graph.replay()
+            b.record()
+            torch.cuda.synchronize()
+            b2b.append(a.elapsed_time(b) / burst)
+    return {"idle_ms": statistics.median(idle), "back_to_back_ms": statistics.median(b2b),
+            "replay_host_us": 1e6 * statistics.median(host)}
+
+
 def main() -> None:
     from specc.models.dflash import DFlashDrafter
     from specc.passes.pipelines import DEFAULT_PIPELINE
@@ -51,6 +94,7 @@ def main() -> None:
                                     pipeline=pipeline)
         d_step = system.drafter.drafter
         ms = time_graph(d_step, step_args)
+        launch = launch_latency(d_step, step_args)
         prof = kernel_profile(d_step, step_args)
         logits = d_step(*step_args).float()
         print(f"[draft] {pipeline}: {ms:.3f} ms graphed; kernels {prof['kernel_us_per_step']:.1f} us, span "
@@ -58,7 +102,9 @@ def main() -> None:
               f"{weights / 4.8e12 * 1e3:.3f} ms at 4.8 TB/s")
         for r in prof["kernels"][:12]:
             print(f"    {r['us_per_step']:9.1f} us  x{r['calls_per_step']:4.0f}  {r['kernel']}")
-        runs.append({"pipeline": pipeline, "ms": ms, **prof, "argmax": logits.argmax(-1).tolist()})
+        print(f"[draft] launch from an idle GPU: {launch['idle_ms']:.3f} ms per replay vs {launch['back_to_back_ms']:.3f} "
+              f"back to back; replay() returns after {launch['replay_host_us']:.1f} us on the host")
+        runs.append({"pipeline": pipeline, "ms": ms, **launch, **prof, "argmax": logits.argmax(-1).tolist()})
         del system
     if len(runs) > 1:  # the same drafts from every pipeline (bf16: a differing position is reported, not hidden)
         for r in runs[1:]:
