@@ -405,10 +405,12 @@ def kernel_pass(system, prompt, new_tokens, cuda: bool, top: int = 30) -> dict:
     launches per step beside the wall time per step, and on a GPU the idle time between kernels
     (``specc.bench.gaps``: how much of it the host was late for). The second (GPU only, Python
     stacks on, so its times are inflated): the idle gaps grouped by the loop's line that launched
-    the kernel after them (``gaps``). What a step's time beyond its kernels is made of."""
+    the kernel after them (``gaps``). What a step's time beyond its kernels is made of; and from the
+    first (``host_window``, ``specc.bench.gaps.host_windows``): the host's time per step from its
+    blocking copy to the next graph launch, by host op."""
     import collections
 
-    from specc.bench.gaps import kernel_gaps
+    from specc.bench.gaps import host_windows, kernel_gaps
 
     trace, steps, wall = _profiled_generation(system, prompt, new_tokens, cuda)
     cat = "kernel" if cuda else "cpu_op"
@@ -426,6 +428,7 @@ def kernel_pass(system, prompt, new_tokens, cuda: bool, top: int = 30) -> dict:
         clean = kernel_gaps(trace, steps)
         out["idle_us_per_step"], out["host_late_us_per_step"] = clean["idle_us_per_step"], clean["host_late_us_per_step"]
         out["span_us_per_step"] = clean["span_us_per_step"]
+        out["host_window"] = host_windows(trace, steps)
         trace, steps, _ = _profiled_generation(system, prompt, new_tokens, cuda, stack=True)
         out["gaps_with_stacks"] = kernel_gaps(trace, steps, top=15)
     return out
@@ -437,6 +440,11 @@ def _print_gaps(label: str, kp: dict) -> None:
     print(f"[e2e-8b] {label:18s} GPU idle between kernels {kp['idle_us_per_step']:.0f} us/step (host late "
           f"{kp['host_late_us_per_step']:.0f}); kernels {kp['kernel_us_per_step']:.0f}, span {kp['span_us_per_step']:.0f}",
           flush=True)
+    hw = kp.get("host_window")
+    if hw:
+        print(f"[e2e-8b] {label:18s} host from a blocking copy to the next graph launch: {hw['window_us_per_step']:.0f} "
+              f"us/step in {hw['windows_per_step']:.2f} windows; ops: " + ", ".join(
+                  f"{r['op']} {r['us_per_step']:.0f}" for r in hw["ops"][:8]), flush=True)
     for g in kp["gaps_with_stacks"]["gaps"][:8]:
         print(f"[e2e-8b]   {g['us_per_step']:7.1f} us/step ({g['count_per_step']:.1f}x, host late "
               f"{g['host_late_us_per_step']:.1f}) {g['launch']} at {g['frames'] or '?'}: {g['after'][:30]} -> "

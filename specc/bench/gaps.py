@@ -9,6 +9,9 @@ the next kernel's launch call (``host_late``) and the rest, and groups them by t
 and the innermost Python frames of the project at the launch: which line of the loop the GPU
 waited for. Used by ``examples/bench_tree.py --kernels``; :func:`kernels_in_ranges` (the kernels
 of annotated host ranges, e.g. a batched loop's decode steps) by ``examples/bench_batching.py --kernels``.
+:func:`host_windows` measures, without Python stacks (which inflate it), the host's time from the
+end of each blocking device -> host copy to its next graph launch, and the host ops inside: at
+batch 1 the GPU has nothing queued in that window.
 """
 
 from __future__ import annotations
@@ -88,6 +91,45 @@ def kernel_gaps(trace: dict, steps: int, frames: str = "specc/", top: int = 12) 
     return {"steps": steps, "idle_us_per_step": idle / steps, "host_late_us_per_step": late / steps,
             "kernel_us_per_step": sum(e.get("dur", 0.0) for e in kernels) / steps, "span_us_per_step": span / steps,
             "gaps": rows[:top]}
+
+
+BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def host_windows(trace: dict, steps: int, top: int = 15) -> dict:
+    """Per step, the host time from the end of a blocking runtime call (a synchronising copy or
+    synchronize: ``BLOCKING``) to the next ``cudaGraphLaunch`` (``window_us_per_step``), over the
+    windows that contain no other graph launch; and the top-level host ops (``cpu_op``) that ran
+    inside them, by name: calls and microseconds per step (``ops``), largest first. When the
+    device has nothing queued at the copy (batch 1: the step's one host copy waits for its end),
+    each window is time the GPU waits."""
+    events = trace.get("traceEvents", [])
+    runtime = sorted((e for e in events if e.get("cat") == "cuda_runtime"), key=lambda e: e["ts"])
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    steps = max(int(steps), 1)
+    windows, open_at = [], None
+    for e in runtime:
+        if e["name"].startswith(BLOCKING):
+            open_at = e["ts"] + e.get("dur", 0.0)
+        elif e["name"] == "cudaGraphLaunch":
+            if open_at is not None and e["ts"] >= open_at:
+                windows.append((open_at, e["ts"]))
+            open_at = None
+    groups: dict = collections.defaultdict(lambda: [0, 0.0])
+    starts = [e["ts"] for e in ops]
+    for lo, hi in windows:
+        edge = lo  # top-level ops only: skip ops nested in one already counted
+        for e in ops[bisect.bisect_left(starts, lo):bisect.bisect_left(starts, hi)]:
+            if e["ts"] < edge:
+                continue
+            end = min(e["ts"] + e.get("dur", 0.0), hi)
+            groups[e["name"]][0] += 1
+            groups[e["name"]][1] += end - e["ts"]
+            edge = end
+    rows = sorted(({"op": name, "calls_per_step": c / steps, "us_per_step": t / steps}
+                   for name, (c, t) in groups.items()), key=lambda r: -r["us_per_step"])
+    return {"windows_per_step": len(windows) / steps,
+            "window_us_per_step": sum(hi - lo for lo, hi in windows) / steps, "ops": rows[:top]}
 
 
 def _short(name: str) -> str:

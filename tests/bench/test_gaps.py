@@ -1,6 +1,6 @@
 """specc.bench.gaps on a hand-made trace: gaps summed per step, host lateness, attribution."""
 
-from specc.bench.gaps import kernel_gaps
+from specc.bench.gaps import host_windows, kernel_gaps
 
 
 def _trace():
@@ -39,3 +39,23 @@ def test_gaps_sum_split_and_attribute():
 def test_no_kernels():
     res = kernel_gaps({"traceEvents": []}, steps=0)
     assert res["idle_us_per_step"] == 0 and res["gaps"] == [] and res["span_us_per_step"] == 0
+
+
+def test_host_windows_from_a_blocking_copy_to_the_next_graph_launch():
+    rt = lambda name, ts, dur: {"cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur}
+    op = lambda name, ts, dur: {"cat": "cpu_op", "name": name, "ts": ts, "dur": dur}
+    trace = {"traceEvents": [
+        rt("cudaGraphLaunch", 0, 5),
+        rt("cudaMemcpyAsync", 10, 90),  # blocks until t = 100
+        op("aten::cat", 120, 10), op("aten::copy_", 140, 6), op("aten::empty", 142, 2),  # nested: not counted
+        rt("cudaGraphLaunch", 160, 4),  # window 100 -> 160
+        rt("cudaLaunchKernel", 170, 2), rt("cudaGraphLaunch", 180, 4),  # no blocking call before: no window
+        rt("cudaStreamSynchronize", 200, 50), op("aten::cat", 260, 20),
+        rt("cudaGraphLaunch", 290, 4),  # window 250 -> 290
+    ]}
+    res = host_windows(trace, steps=2)
+    assert res["windows_per_step"] == 1 and res["window_us_per_step"] == (60 + 40) / 2
+    by_op = {r["op"]: r for r in res["ops"]}
+    assert by_op["aten::cat"]["us_per_step"] == 15 and by_op["aten::cat"]["calls_per_step"] == 1
+    assert by_op["aten::copy_"]["us_per_step"] == 3 and "aten::empty" not in by_op
+    assert host_windows({"traceEvents": []}, 0)["window_us_per_step"] == 0
