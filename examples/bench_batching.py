@@ -34,7 +34,11 @@ model definition over that prefix, ``specc.verify.output_equality``); within ``-
 the row records the tie (``ties``: request, position, tokens, margin, and with ``--fp32-audit`` the
 fp32 gap between the two tokens) and timing goes on, otherwise the run stops.
 
-Each row gives tokens/s end to end (prefills included) and ``step_ms``, the mean wall time of a
+Each row gives tokens/s end to end (prefills included), two decode throughputs
+(``decode_tokens_per_s``: this static batch's decode tokens / decode seconds, rows that finished
+early idle while the slowest request ends; ``steady_tokens_per_s``: B x tokens per request-step /
+step time, every slot full as under continuous batching; each over the same B's AR row as
+``vs_ar_decode`` / ``vs_ar_steady``; the cost model predicts the steady one) and ``step_ms``, the mean wall time of a
 decode step alone (each ends in the step's host read, so it is the device's step time plus the
 host's glue), the figure to set beside a bs1 loop's ms/step; ``prefill_seconds`` is the rest
 (admissions). ``--audit`` adds each step's host reads, blocking host -> device copies, eager glue
@@ -334,7 +338,21 @@ def measured(run: Run, seconds, batch):
             "decode_steps": run.decode_steps, "decode_seconds": run.decode_seconds,
             "prefill_seconds": seconds - run.decode_seconds,  # admissions: prefills (and first tokens)
             "step_ms": 1e3 * run.decode_seconds / max(run.decode_steps, 1),
+            **decode_rates(new - len(results), run.decode_seconds, run.decode_steps, batch,
+                           (new - len(results)) / steps if steps else 0.0),
             **({"audit": run.audit} if run.audit is not None else {})}
+
+
+def decode_rates(decode_tokens: int, decode_seconds: float, decode_steps: int, batch: int,
+                 tokens_per_step: float) -> dict:
+    """The two decode throughputs of a row. ``decode_tokens_per_s``: tokens committed by decode
+    steps / their seconds, this static batch as it ran (rows that finished early sit idle while
+    the slowest request ends, so speculation's uneven finishing costs it). ``steady_tokens_per_s``:
+    B x tokens per request-step / step time, what the same step gives when every slot stays full
+    (continuous batching refills finished rows); runs 5b-8 reported this one."""
+    step_s = decode_seconds / max(decode_steps, 1)
+    return {"decode_tokens_per_s": decode_tokens / decode_seconds if decode_seconds > 0 else 0.0,
+            "steady_tokens_per_s": batch * tokens_per_step / step_s if step_s > 0 else 0.0}
 
 
 def run_batch(loop, prompts, tokens, dev, rule=None, audit: bool = False):
@@ -413,8 +431,17 @@ def main() -> None:
         print(f"note: {linears}", flush=True)
     pairs = (shaped_pairs(opts, dev) if opts.drafter_shapes.strip() else []) + real_pairs(opts, dev)
     rows = []
+    ar_rates: dict = {}  # (pair, B) -> the AR row's (decode, steady) tok/s
 
     def emit(row):
+        if "skipped" not in row:
+            key = (row["pair"], row["batch"])
+            if row["system"] == "ar":
+                ar_rates[key] = (row["decode_tokens_per_s"], row["steady_tokens_per_s"])
+            base_rates = ar_rates.get(key)
+            if base_rates and base_rates[0] > 0 and base_rates[1] > 0:
+                row["vs_ar_decode"] = row["decode_tokens_per_s"] / base_rates[0]
+                row["vs_ar_steady"] = row["steady_tokens_per_s"] / base_rates[1]
         rows.append(row)
         if out_dir:
             with open(out_dir / "batching.jsonl", "a") as f:
@@ -423,12 +450,19 @@ def main() -> None:
             print(f"{row['pair']:>28} {row['system']:>12} {row['batch']:>4}  skipped: {row['skipped']}")
             return
         pred = row.get("predicted_tokens_per_s")
+        ratios = (f"{row['vs_ar_decode']:>6.2f}x {row['vs_ar_steady']:>6.2f}x" if "vs_ar_decode" in row
+                  else f"{'-':>7} {'-':>7}")
         print(f"{row['pair']:>28} {row['system']:>12} {row['batch']:>4} {row['tokens_per_s']:>10,.1f} "
-              f"{row['tokens_per_step']:>8.2f} {row['step_ms']:>8.2f} " + (f"{pred:>10,.1f}" if pred else f"{'-':>10}")
+              f"{row['tokens_per_step']:>8.2f} {row['step_ms']:>8.2f} {row['decode_tokens_per_s']:>10,.1f} "
+              f"{row['steady_tokens_per_s']:>10,.1f} {ratios} " + (f"{pred:>10,.1f}" if pred else f"{'-':>10}")
               + (f"  {row['note']}" if row.get("note") else "")
               + (f"  {len(row['ties'])} numerical ties" if row.get("ties") else ""))
 
-    print(f"{'pair':>28} {'system':>12} {'B':>4} {'tok/s':>10} {'tok/step':>8} {'ms/step':>8} {'predicted':>10}")
+    print("tok/s: end to end (prefills included); decode: decode tokens / decode seconds of this static batch; "
+          "steady: B x tok/step / ms/step (every slot full); x AR: decode, steady; predicted: the cost model's "
+          "steady decode tok/s")
+    print(f"{'pair':>28} {'system':>12} {'B':>4} {'tok/s':>10} {'tok/step':>8} {'ms/step':>8} {'decode':>10} "
+          f"{'steady':>10} {'x AR':>15} {'predicted':>10}")
     ar_tokens_at: dict = {}  # (AR loop, B) -> the AR tokens of each prompt
     for pair in pairs:
         for b in opts.batches:

@@ -26,9 +26,17 @@ def test_bench_batching_cpu_smoke(tmp_path, monkeypatch):
         if "tokens_per_s" in row:
             assert row["tokens"] == 8 and row["tokens_per_s"] > 0
             assert row["decode_steps"] > 0 and 0 < row["decode_seconds"] < row["seconds"]
+            # decode tokens (the first token of each request comes from its prefill) / decode seconds
+            assert abs(row["decode_tokens_per_s"] * row["decode_seconds"] - (8 - 2)) < 1e-6
+            # steady: B x tokens per request-step / step time; uneven finishing makes it the larger
+            step_s = row["decode_seconds"] / row["decode_steps"]
+            assert abs(row["steady_tokens_per_s"] - 2 * row["tokens_per_step"] / step_s) < 1e-6
+            assert row["steady_tokens_per_s"] >= row["decode_tokens_per_s"] * (1 - 1e-9)
+            assert "vs_ar_decode" in row and "vs_ar_steady" in row
             audit = row["audit"]  # one device -> host read per step (two-level: up to two), no blocking upload
             assert 1 <= audit["host_reads_per_step"] <= 2 and audit["blocking_uploads_per_step"] == 0
             assert audit["forwards_per_step"] >= 1
+    assert rows[0]["vs_ar_decode"] == rows[0]["vs_ar_steady"] == 1.0
     kernels = rows[1]["kernels"]  # --kernels: the one-level pass's decode steps, by op (host ops on the CPU)
     assert kernels["what"] == "cpu_op" and kernels["ranges"] == rows[1]["decode_steps"]
     assert kernels["range_ms"] > 0 and kernels["launches"] > 0 and kernels["top"][0]["us_per_range"] > 0
