@@ -9,10 +9,11 @@ decode + GEMV/GEMM kernel (``specc.codegen.kernels.linear_bf12``) reads 25% fewe
 Options (``PassContext.option``): ``pack_include`` / ``pack_exclude``: substrings of weight
 names selecting the linears (default: all), so the cost model can pack a subset (e.g. only the
 MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
-``pack_version``: the bf12 layout, 1 (default: the layout whose kernels have run on
-a GPU) or 2 (the wide-load layout of ``specc.codegen.kernels.linear_bf12_v2``: exact on CPU
-and compiled for sm_90, not yet run on a GPU; it becomes the default once it has been
-measured there). The layout version is a keyword of each
+``pack_version``: the bf12 layout, 1 (default) or 2 (the wide-load layout of
+``specc.codegen.kernels.linear_bf12_v2``). Both are exact; on the H200 (runs 5 and 8,
+docs/benchmarks/h200-run8.md) layout 2's kernels were the slower ones (packed / unpacked Qwen3-8B
+AR step 1.21x against layout 1's 0.98x; verify Q = 16 2.45x against 1.81x), so layout 1 stays
+the default. The layout version is a keyword of each
 ``packed_linear`` call (the emitted step's source shows it) and ``format_version`` in the
 pass's stats (the manifest's record of applied passes).
 """
