@@ -17,7 +17,7 @@ import json
 import torch
 
 from examples.bench_steps import QWEN3_8B, build_causal, build_dflash, compiled_system, dflash_config, time_graph
-from examples.profile_step import kernel_profile
+from examples.profile_step import captured_graph, kernel_profile
 
 
 def launch_latency(step, args, reps: int = 20, burst: int = 10) -> dict:
@@ -29,16 +29,7 @@ def launch_latency(step, args, reps: int = 20, burst: int = 10) -> dict:
     import time
 
     with torch.inference_mode():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            step(*args)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step(*args)
-        graph.replay()
-        torch.cuda.synchronize()
+        graph = captured_graph(step, args)
         idle, host, b2b = [], [], []
         for _ in range(reps):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -53,21 +53,28 @@ def step_args(cfg: dict, dev, q: int, context: int):
     return ids, pos, torch.tensor([context], device=dev)
 
 
+def captured_graph(step, args) -> "torch.cuda.CUDAGraph":
+    """``step(*args)`` run once on a side stream (Triton compiles, allocations settle), captured
+    into a CUDA graph and replayed once, the device synchronised; call under inference mode."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
 def kernel_profile(step, args, replays: int = 5) -> dict:
     """Device time per (kernel, grid) per step, from a profiled CUDA-graph replay."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.inference_mode():
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            step(*args)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step(*args)
-        graph.replay()
-        torch.cuda.synchronize()
+        graph = captured_graph(step, args)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(replays):
                 graph.replay()
