@@ -372,13 +372,18 @@ def profiled_pass(system, prompt, new_tokens) -> dict:
     apart. ``part_ms_per_step``: wall time, synchronising at every part boundary (so not the
     timed figure); ``device_part_ms_per_step``: device time between CUDA events recorded at the
     boundaries, no synchronisation (``EventTimer``: adds up to the wall time; ``between`` is the
-    host's bookkeeping between steps while the GPU waits). Also what each graphed step did
+    host's bookkeeping between steps while the GPU waits); in the events pass also each graph's
+    own replays (``graph_replay_ms_per_step``: CUDA events around every replay, so a part minus
+    its graph is the eager work and waits around it). Also what each graphed step did
     (``DeviceSpeculativeDecoder.graph_stats``: is some step running eagerly, and why)."""
+    from specc.runtime.graphs import logging_replays, replay_seconds
+
     out = {}
     for mode, key in ((True, "part_ms_per_step"), ("events", "device_part_ms_per_step")):
         system.profile = mode
         try:
-            res = system.generate(prompt, new_tokens, ())
+            with logging_replays() as log:
+                res = system.generate(prompt, new_tokens, ())
         finally:
             system.profile = False
         steps = max(len(res.stats.accepted_lengths), 1)
@@ -386,6 +391,10 @@ def profiled_pass(system, prompt, new_tokens) -> dict:
         out["steps"] = steps
         out["prefill_ms" if mode is True else "device_prefill_ms"] = 1e3 * parts.pop("prefill", 0.0)
         out[key] = {name: 1e3 * sec / steps for name, sec in parts.items()}
+        if mode == "events":  # each graph's own replays, inside its part
+            names = {id(step): name for name, step in system.graphed_steps().items()}
+            out["graph_replay_ms_per_step"] = {name: 1e3 * sec / steps
+                                               for name, sec in replay_seconds(log, names).items()}
     out["graphs"] = system.graph_stats()
     return out
 
@@ -459,6 +468,10 @@ def _print_profile(label: str, profile: dict) -> None:
     total = sum(profile["device_part_ms_per_step"].values())
     print(f"[e2e-8b] {label:9s} device time per part, ms/step (CUDA events, no sync): {parts} (sum {total:.3f}); "
           f"prefill {profile['device_prefill_ms']:.1f} ms", flush=True)
+    graphs = profile.get("graph_replay_ms_per_step")
+    if graphs:
+        print(f"[e2e-8b] {label:9s} graph replays inside those parts, ms/step: "
+              + ", ".join(f"{name} {ms:.3f}" for name, ms in graphs.items()), flush=True)
     for role, st in profile["graphs"].items():
         if st["eager_calls"] or st["eager_reasons"]:
             print(f"[e2e-8b] {label:9s}   {role}: {st['captures']} graphs, {st['replays']} replays, "

@@ -580,9 +580,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         accept + commit (``chain_accept``, once a chain step ran): graphs captured, replays,
         eager calls and why a shape could not be captured; empty where nothing is graphed (the
         CPU). What a benchmark reports to show which parts of its steps replayed graphs."""
-        stats = {role: step.stats() for role, step in getattr(self, "steps", {}).items() if hasattr(step, "stats")}
-        stats.update({name: fn.stats() for name, fn in self.graphed_functions().items()})
-        return stats
+        return {name: step.stats() for name, step in self.graphed_steps().items()}
+
+    def graphed_steps(self) -> dict:
+        """Every graphed callable of the loop by name: the steps as ``engine.build_loop`` wrapped
+        them (by role) and ``graphed_functions``; what ``graph_stats`` reports and what
+        ``graphs.replay_seconds`` names a replay log by."""
+        steps = {role: step for role, step in getattr(self, "steps", {}).items() if hasattr(step, "stats")}
+        return {**steps, **self.graphed_functions()}
 
     def graphed_functions(self) -> dict:
         """The loop's own graphed functions around the verify forward, by name (``tree_plan`` /

@@ -28,9 +28,50 @@ ran eagerly. A MemPool object keeps one use of its pool for as long as it lives.
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import torch
 
 from specc.models.state import idempotent_step
+
+
+_REPLAY_LOG: list | None = None  # (step, start, end) per replay while ``logging_replays`` is active
+
+
+@contextlib.contextmanager
+def logging_replays():
+    """Within it, every ``GraphedStep`` replay is timed into the yielded list as (step, start,
+    end): CUDA events recorded around the replay (a CUDA graph), else ``perf_counter`` stamps (the
+    CPU stand-ins). ``replay_seconds`` sums them per step. What a loop part's device time holds
+    besides its graph: the part minus its replays is the eager work and the waits around them."""
+    global _REPLAY_LOG
+    outer, _REPLAY_LOG = _REPLAY_LOG, []
+    try:
+        yield _REPLAY_LOG
+    finally:
+        _REPLAY_LOG = outer
+
+
+def replay_seconds(log: list, names: dict[int, str]) -> dict[str, float]:
+    """Seconds of the logged replays per step name (``names``: ``id(step)`` -> name; other steps
+    under their class name); synchronises the device once when the log holds CUDA events."""
+    if any(isinstance(start, torch.cuda.Event) for _, start, _ in log):
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for step, start, end in log:
+        sec = start.elapsed_time(end) / 1e3 if isinstance(start, torch.cuda.Event) else end - start
+        name = names.get(id(step), type(step).__name__)
+        out[name] = out.get(name, 0.0) + sec
+    return out
+
+
+def _stamp(graph):
+    if isinstance(graph, torch.cuda.CUDAGraph):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
 
 
 def new_pool():
@@ -140,7 +181,13 @@ class GraphedStep:
         for buf, a in zip(static_in, args):
             if torch.is_tensor(a):
                 buf.copy_(a, non_blocking=True)
-        graph.replay()
+        log = _REPLAY_LOG
+        if log is None:
+            graph.replay()
+        else:
+            start = _stamp(graph)
+            graph.replay()
+            log.append((self, start, _stamp(graph)))
         self.replays += 1
         return out
 

@@ -211,3 +211,25 @@ def test_cublas_step_captures_again_after_its_graphs_are_dropped():
     for _ in range(3):
         assert torch.equal(shared(x), torch.nn.functional.linear(x, weight))
     assert not shared.eager_reasons and shared.replays >= 1
+
+
+def test_logging_replays_times_each_replay_by_step():
+    """Within ``logging_replays`` every replay of a graphed step is logged (the CPU stand-in's
+    replays by perf_counter), ``replay_seconds`` sums them per name; outside, nothing is logged."""
+    from specc.runtime.graphs import logging_replays, replay_seconds
+
+    class _Step(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    step = CpuGraphedStep(_Step(), max_tokens=8)
+    x = torch.ones(1, 3)
+    step(x)  # captured (and replayed once, outside the log)
+    with logging_replays() as log:
+        for _ in range(3):
+            assert torch.equal(step(x), x * 2)
+    step(x)
+    assert len(log) == 3 and all(entry[0] is step for entry in log)
+    seconds = replay_seconds(log, {id(step): "target"})
+    assert set(seconds) == {"target"} and seconds["target"] >= 0
+    assert replay_seconds(log, {}) == {"CpuGraphedStep": seconds["target"]}
