@@ -329,30 +329,26 @@ def kernel_profile(loop, prompts, tokens, dev, rule=None) -> dict:
 
 
 def measured(run: Run, seconds, batch):
+    """A row's figures. Two decode throughputs: ``decode_tokens_per_s``, tokens committed by
+    decode steps / their seconds, this static batch as it ran (rows that finished early sit idle
+    while the slowest request ends, so speculation's uneven finishing costs it); and
+    ``steady_tokens_per_s``, B x tokens per request-step / step time, what the same step gives when
+    every slot stays full (continuous batching refills finished rows); runs 5b-8 reported this one."""
     results = run.results
     new = sum(len(r.tokens) for r in results)
     steps = sum(r.stats.steps for r in results)
+    decode_tokens = new - len(results)  # each request's first token comes from its prefill
+    tokens_per_step = decode_tokens / steps if steps else 0.0
+    step_s = run.decode_seconds / max(run.decode_steps, 1)
     return {"batch": batch, "seconds": seconds, "tokens": new, "tokens_per_s": new / seconds,
             "tokens_per_s_per_request": new / seconds / batch,
-            "tokens_per_step": (new - len(results)) / steps if steps else 0.0,
+            "tokens_per_step": tokens_per_step,
             "decode_steps": run.decode_steps, "decode_seconds": run.decode_seconds,
             "prefill_seconds": seconds - run.decode_seconds,  # admissions: prefills (and first tokens)
-            "step_ms": 1e3 * run.decode_seconds / max(run.decode_steps, 1),
-            **decode_rates(new - len(results), run.decode_seconds, run.decode_steps, batch,
-                           (new - len(results)) / steps if steps else 0.0),
+            "step_ms": 1e3 * step_s,
+            "decode_tokens_per_s": decode_tokens / run.decode_seconds if run.decode_seconds > 0 else 0.0,
+            "steady_tokens_per_s": batch * tokens_per_step / step_s if step_s > 0 else 0.0,
             **({"audit": run.audit} if run.audit is not None else {})}
-
-
-def decode_rates(decode_tokens: int, decode_seconds: float, decode_steps: int, batch: int,
-                 tokens_per_step: float) -> dict:
-    """The two decode throughputs of a row. ``decode_tokens_per_s``: tokens committed by decode
-    steps / their seconds, this static batch as it ran (rows that finished early sit idle while
-    the slowest request ends, so speculation's uneven finishing costs it). ``steady_tokens_per_s``:
-    B x tokens per request-step / step time, what the same step gives when every slot stays full
-    (continuous batching refills finished rows); runs 5b-8 reported this one."""
-    step_s = decode_seconds / max(decode_steps, 1)
-    return {"decode_tokens_per_s": decode_tokens / decode_seconds if decode_seconds > 0 else 0.0,
-            "steady_tokens_per_s": batch * tokens_per_step / step_s if step_s > 0 else 0.0}
 
 
 def run_batch(loop, prompts, tokens, dev, rule=None, audit: bool = False):

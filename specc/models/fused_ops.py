@@ -62,7 +62,6 @@ def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_
         q = ops.rms_norm(q, q_norm_weight, eps)
         k = ops.rms_norm(k, k_norm_weight, eps)
     cos, sin = ops.rope_tables(positions, inv_freq, q)
-    num_q = q.shape[1]
-    q_cos, q_sin = (cos, sin) if num_q == k.shape[1] else (cos[:, -num_q:], sin[:, -num_q:])
-    q, k = ops.rope(q, q_cos, q_sin), ops.rope(k, cos, sin)
+    first_q = k.shape[1] - q.shape[1]  # the queries' rows of the keys' tables
+    q, k = ops.rope(q, cos[:, first_q:], sin[:, first_q:]), ops.rope(k, cos, sin)
     return ops.attention(q, k, v, cache_k, cache_v, cache_len, mask_kind, scale, tree_mask)
