@@ -39,7 +39,7 @@ def print_table(report: dict, console=None) -> None:
             else f"{r['time_to_first_token_s'] * 1e3:.1f} ms",
             _f(r.get("tau"), "{:.2f}"), _f(r.get("speedup_vs_best_ar"), "{:.2f}x"), _f(pred),
             _f(pred / r["tokens_per_s"] if pred and r["tokens_per_s"] else None, "{:.2f}"),
-            f"{r.get('one_time_s', 0.0):.1f} s", {True: "yes", False: "no", None: "n/a"}[same])
+            f"{r.get('one_time_s', 0.0):.1f} s", {True: "yes", "tie": "tie", False: "NO", None: "n/a"}[same])
     console.print(table)
     for r in report["rows"]:
         if r.get("skipped"):
@@ -65,6 +65,16 @@ def print_table(report: dict, console=None) -> None:
         console.print(f"AR bandwidth floor on {report['deployment']} (cost model): "
                       f"{report['ar_floor_tokens_per_s']:,.1f} tok/s; best AR in this run: {report['best_ar']}")
     console.print("predicted: cost model (specc.search.cost_model) for the row's acceptance; HF rows are not modelled")
+    for r in report["rows"]:
+        same = r.get("same_tokens_as_hf_eager")
+        if same == "tie" or same is False:
+            ties = ", ".join(f"prompt {d['request']} token {d['position']} (margin {d['margin']:.3g})"
+                             for d in r.get("numerical_ties", []))
+            text = (f"= HF eager: {r['system']} leaves HF eager's tokens only at numerical ties (reference top-2 "
+                    f"margin < {r.get('tie_tolerance', 0):g}): {ties}" if same == "tie" else
+                    f"= HF eager: [bold red]{r['system']} differs from HF eager beyond a numerical tie[/bold red] "
+                    f"({len(r.get('token_differences', []))} prompts; token_differences in the JSON)")
+            console.print(text)
 
 
 def write_json(report: dict, path) -> Path:

@@ -276,7 +276,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     max_len = max(map(len, prompts)) + n + 2
     context = int(statistics.mean(len(p) for p in prompts) + n / 2)
     rows: list[dict] = []
-    reference = None
+    reference, differing = None, {}  # differing: system -> its outputs, where they are not HF eager's
 
     def record(name, system, kind, extra=None, warmup=None, one_time=0.0):
         nonlocal reference
@@ -289,6 +289,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             row["same_tokens_as_hf_eager"] = None
         elif reference is not None:
             row["same_tokens_as_hf_eager"] = outs == reference
+            if outs != reference:
+                differing[name] = outs
         rows.append(row)
         say(f"{name}: {row['tokens_per_s']:,.1f} tok/s")
         return row
@@ -400,6 +402,11 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             record_tree_row(record, loop, dev, name, s, irs, cost, context, stated_tree if replay else None, opts.seed,
                             row)
 
+    if differing:
+        from specc.bench.equality import classify_differences
+
+        say("auditing the differences from HF eager's tokens (numerical ties?)")
+        classify_differences(rows, differing, reference, prompts, getattr(s.loaded, "target", None), dtype)
     measured = [r for r in rows if not r.get("skipped")]
     best_ar = max((r for r in measured if r["system"] in ("hf-eager", "hf-compiled", "specc-ar")),
                   key=lambda r: r["tokens_per_s"], default=None)

@@ -59,6 +59,9 @@ class HFSystem:
     def __init__(self, hf_model, device, static: bool = False):
         self.model, self.device, self.static = hf_model, torch.device(device), static
         self.name = "hf-compiled" if static else "hf-eager"
+        # every system generates exactly n tokens: transformers fills a generation config's unset
+        # eos_token_id from the model's own, so that one is cleared too (the bench's own HF copy)
+        hf_model.generation_config.eos_token_id = None
 
     def _config(self, n: int):
         gc = copy.deepcopy(self.model.generation_config)

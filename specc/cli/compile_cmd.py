@@ -246,12 +246,18 @@ def _run_prompts(engine, prompts, tokenizer, args, sampling=None) -> int:
     return 0
 
 
+# engine.load_stats phases, in order: integrity check, the GPU driver's context, weights onto the
+# device, the artifact's step modules imported and bound, tokenizer, then the warm-up's kernel
+# compilation (or cache load) and CUDA-graph capture
+LOAD_PHASES = ("verify", "device_init", "weights", "modules", "tokenizer", "kernels", "graphs")
+
+
 def run_timings(engine) -> dict:
     """The one-time work (load) apart from time to first token and steady decode."""
     s, load = engine.last_stats, engine.load_stats
     return {"tokens_per_s": s["tokens_per_s"],
             "load_seconds": load.get("total", 0.0),
-            "load_phases_s": {k: load[k] for k in ("read", "kernels", "graphs") if k in load},
+            "load_phases_s": {k: load[k] for k in LOAD_PHASES if k in load},
             "kernel_cache": load.get("kernel_cache"),
             "time_to_first_token_s": s["time_to_first_token_s"],
             "decode_tokens_per_s": s["decode_tokens_per_s"], "decode_seconds": s["decode_seconds"],
@@ -260,7 +266,8 @@ def run_timings(engine) -> dict:
 
 
 def timings_line(t: dict) -> str:
-    phases = ", ".join(f"{k} {v:.2f} s" for k, v in t["load_phases_s"].items())
+    phases = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in t["load_phases_s"].items()
+                       if v >= 0.005 or k in ("kernels", "graphs"))
     return (f"load {t['load_seconds']:.2f} s ({phases}; one-time) | first token {t['time_to_first_token_s'] * 1e3:.1f} ms"
             f" | decode {t['decode_tokens_per_s']:,.1f} tok/s steady ({t['decode_steps']} steps of "
             f"{t['decode_step_s'] * 1e3:.2f} ms, {t['tokens_per_step']:.2f} tokens/step)")
