@@ -112,9 +112,18 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_tokenizer(path: Path):
-    """The checkpoint's tokenizer, or None when it ships none."""
+    """The checkpoint's tokenizer, or None when it ships none: a ``FastTokenizer`` (encode and
+    decode through the ``tokenizers`` library alone, the rest through transformers on first use)
+    for a generic fast tokenizer, else transformers' ``AutoTokenizer``."""
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
+    from specc.models.fast_tokenizer import FastTokenizer, eligible
+
+    if eligible(path):  # encode / decode without importing transformers (seconds on some machines)
+        try:
+            return FastTokenizer(path)
+        except Exception as exc:
+            raise CheckpointError(f"{path}: tokenizer unreadable ({type(exc).__name__}: {exc})") from exc
     from transformers import AutoTokenizer
 
     try:
