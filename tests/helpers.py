@@ -93,3 +93,14 @@ class SignatureSpy:
     def shapes(self) -> list[tuple]:
         """Per call, the shapes of its tensor arguments alone."""
         return [tuple(a.shape for a in sig if isinstance(a, TensorSig)) for sig in self.signatures]
+
+
+def greedy_by_prefix(model, prompt, n):
+    """n greedy tokens of a model definition, each from one forward over the whole prefix
+    (``PrefixLogits.logits``): the slow, obviously right reference of the equality tests."""
+    from specc.verify import PrefixLogits
+
+    out = []
+    for _ in range(n):
+        out.append(int(PrefixLogits.logits(model, prompt, out + [0], len(out)).argmax()))
+    return out

@@ -82,21 +82,14 @@ class FastTokenizer:
         value = self.config.get(key)
         return value.get("content") if isinstance(value, dict) else value
 
-    @property
-    def eos_token(self) -> str | None:
-        return self._special("eos_token")
+    def _special_id(self, key: str) -> int | None:
+        token = self._special(key)
+        return self.backend.token_to_id(token) if token else None
 
-    @property
-    def eos_token_id(self) -> int | None:
-        return self.backend.token_to_id(self.eos_token) if self.eos_token else None
-
-    @property
-    def pad_token(self) -> str | None:
-        return self._special("pad_token")
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self.backend.token_to_id(self.pad_token) if self.pad_token else None
+    eos_token = property(lambda self: self._special("eos_token"))
+    eos_token_id = property(lambda self: self._special_id("eos_token"))
+    pad_token = property(lambda self: self._special("pad_token"))
+    pad_token_id = property(lambda self: self._special_id("pad_token"))
 
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import torch
+from helpers import greedy_by_prefix
 
 from specc.bench.equality import classify_differences
 from specc.bench.shapes import build_causal, target_config
@@ -14,17 +15,11 @@ from specc.verify import PrefixLogits
 PROMPT = [5, 17, 33, 2]
 
 
-def _greedy(model, prompt, n):
-    out = []
-    for _ in range(n):
-        out.append(int(PrefixLogits.logits(model, prompt, out + [0], len(out)).argmax()))
-    return out
-
 
 @torch.inference_mode()
 def test_ties_and_real_differences_are_told_apart():
     model = build_causal(target_config("tiny-qwen3"), torch.float32, torch.device("cpu"), seed=1)
-    reference = [_greedy(model, PROMPT, 4)]
+    reference = [greedy_by_prefix(model, PROMPT, 4)]
     logits = PrefixLogits.logits(model, PROMPT, reference[0], 2)
     winner, runner_up = (int(i) for i in logits.topk(2).indices)
     flipped = [reference[0][:2] + [runner_up, 0]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+from helpers import greedy_by_prefix
 
 from specc.bench.shapes import build_causal, target_config
 from specc.verify import PrefixLogits, compare_outputs
@@ -55,18 +56,12 @@ def test_non_finite_margins_and_truncated_outputs_fail():
     assert not compare_outputs(PROMPTS[:1], [[1, 2]], [[1, 2, 7]], small, 1e9).passed  # ran on
 
 
-def _greedy(model, prompt, n):
-    out = []
-    for _ in range(n):
-        out.append(int(PrefixLogits.logits(model, prompt, out + [0], len(out)).argmax()))
-    return out
-
 
 @torch.inference_mode()
 def test_prefix_logits_measures_the_reference_margin_and_finds_a_real_tie():
     model = build_causal(target_config("tiny-qwen3"), torch.float32, torch.device("cpu"), seed=1)
     prompt = PROMPTS[0]
-    tokens = _greedy(model, prompt, 4)
+    tokens = greedy_by_prefix(model, prompt, 4)
     probe = PrefixLogits(model)
     logits = PrefixLogits.logits(model, prompt, tokens, 2)
     top = logits.topk(2)
