@@ -27,6 +27,22 @@ QWEN3_8B = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, interme
                 max_position_embeddings=40960, tie_word_embeddings=False, eos_token_id=151645)
 TINY = dict(QWEN3_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, num_hidden_layers=4, eos_token_id=511)
+QWEN3_0_6B = dict(QWEN3_8B, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, tie_word_embeddings=True)
+# specc-tiny v1's shapes (8.4M parameters; the zoo now ships v2, whose config --config specc-tiny reads)
+SPECC_TINY_V1 = dict(QWEN3_8B, vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=1e4, tie_word_embeddings=True,
+                     eos_token_id=0)
+CONFIGS = {"qwen3-8b": QWEN3_8B, "qwen3-0.6b": QWEN3_0_6B, "specc-tiny-v1": SPECC_TINY_V1, "tiny": TINY}
+
+
+def target_shapes(name: str) -> dict:
+    """A named config (CONFIGS) or the config.json of a checkpoint (zoo name, directory, hub id)."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    from specc.models.loading import load_config, resolve_checkpoint
+
+    return dict(load_config(resolve_checkpoint(name)))
 
 
 def build_target(cfg: dict, dtype, device, seed: int = 1):
@@ -55,7 +71,10 @@ def parse_ints(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU smoke run)")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU smoke run; = --config tiny)")
+    ap.add_argument("--config", default="qwen3-8b", help=f"target shapes: {', '.join(CONFIGS)} or a checkpoint "
+                    "(zoo name, directory) whose config.json is read (default qwen3-8b)")
+    ap.add_argument("--nodes", action="store_true", help="also write every node's predicted terms per row")
     ap.add_argument("--deployment", help="deployment name or calibrated file (default: h200-bs1, or cpu on CPU)")
     ap.add_argument("--calibrate", action="store_true", help="calibrate the deployment first, in this run")
     ap.add_argument("--quick", action="store_true", help="quick calibration")
@@ -83,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     dep = get_deployment(args.deployment or ("h200-bs1" if dev.type == "cuda" else "cpu"))
     result: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
                     "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-                    "shapes": "tiny qwen3" if args.tiny else "Qwen3-8B (random bf16 weights)",
+                    "shapes": f"{'tiny' if args.tiny else args.config} (random weights)",
                     "context": args.context}
     try:
         import triton
@@ -106,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["graphs"] = model.graphs
     result["linear_choice"] = None if model.linear_choice is None else model.linear_choice.summary()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    cfg = TINY if args.tiny else QWEN3_8B
+    cfg = TINY if args.tiny else target_shapes(args.config)
     target = build_target(cfg, dtype, dev)
     target.setup_caches(1, 16)
     pipeline = DEFAULT_PIPELINE if args.passes is None else args.passes
@@ -132,6 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append({"B": b, "Q": q, "C": c, "predicted_s": pred.time, "measured_s": measured, "error": err,
                          "floor_s": pred.floor, "launch_s": pred.launch_time, "launches": pred.launches,
                          "bytes": pred.bytes, "flops": pred.flops, "bound": bound})
+            if args.nodes:  # what a refit of the per-node terms needs: kind, launches, memory / compute / launch time
+                rows[-1]["nodes"] = [[n.kind, n.launches, n.t_memory, n.t_compute, n.t_launch] for n in pred.nodes]
             print(f"{b:>3} {q:>3} {pred.time * 1e3:13.3f} {measured * 1e3:12.3f} {err:+8.1%}  {bound}", flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()

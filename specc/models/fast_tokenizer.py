@@ -16,6 +16,8 @@ from pathlib import Path
 
 __all__ = ["FastTokenizer", "eligible"]
 
+_OWN = ("path", "backend", "config", "_hf")  # FastTokenizer's own fields; every other attribute is transformers'
+
 # tokenizer classes that are the tokenizer.json and nothing more (transformers 4.x / 5.x names)
 GENERIC_CLASSES = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 # config keys with which transformers changes the tokenizer.json's behaviour at load time
@@ -105,9 +107,17 @@ class FastTokenizer:
         return self._hf
 
     def __getattr__(self, name):
-        if name.startswith("__") or name in ("backend", "config", "path", "_hf"):
+        if name.startswith("__") or name in _OWN:
             raise AttributeError(name)
         return getattr(self.hf, name)
+
+    def __setattr__(self, name, value):
+        """Its own fields here; anything else (``chat_template``...) on transformers' tokenizer,
+        which is what answers for it."""
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.hf, name, value)
 
     def __repr__(self) -> str:
         return f"FastTokenizer({str(self.path)!r}, vocab {len(self)})"

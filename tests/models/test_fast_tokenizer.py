@@ -48,6 +48,9 @@ def test_other_attributes_reach_transformers(both, tmp_path):
     assert fast(["a b", "c"])["input_ids"] == hf(["a b", "c"])["input_ids"]  # batches go to transformers too
     fast.save_pretrained(tmp_path)
     assert (tmp_path / "tokenizer.json").is_file()
+    fast.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"  # set on transformers'
+    assert fast.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "<user>hi"
+    assert fast.hf.chat_template == fast.chat_template
 
 
 def test_zoo_loads_fast_without_importing_transformers():
