@@ -312,36 +312,6 @@ def measure_launch(device: str, n: int, timer: Timer) -> dict[str, float]:
     return {"launch_overhead_s": per_op, "graph_node_overhead_s": per_op, "kernels": n}
 
 
-def measure_kernel_floor(device: str, n: int, timer: Timer, shapes=((256, 256), (512, 1536), (1024, 1024))
-                         ) -> dict[str, Any]:
-    """The shortest time of a kernel that reads real weights (``kernel_floor_s``): n dependent
-    GEMVs ``x = W @ x`` of a small weight in one CUDA graph, per kernel, minus the graph node
-    overhead of :func:`measure_launch`'s near-empty kernels; the median over small shapes (their
-    bytes take well under a microsecond at HBM speed, so what is left is the floor). CPU: 0."""
-    import torch
-
-    if device != "cuda":
-        return {"kernel_floor_s": 0.0, "per_shape": []}
-    launch = measure_launch(device, n, timer)
-    rows = []
-    for rows_n, cols in shapes:
-        w = torch.randn(rows_n, cols, device=device, dtype=torch.bfloat16) * 0.01
-        w2 = torch.randn(cols, rows_n, device=device, dtype=torch.bfloat16) * 0.01
-        x = torch.randn(cols, device=device, dtype=torch.bfloat16)
-
-        def chain():
-            y = x
-            for _ in range(n // 2):
-                y = torch.mv(w2, torch.mv(w, y))
-            return y
-
-        per_kernel = timer(chain, inner=2 * (n // 2))
-        nbytes = 2 * rows_n * cols
-        rows.append({"shape": [rows_n, cols], "per_kernel_s": per_kernel, "bytes": nbytes})
-    floor = max(0.0, statistics.median(r["per_kernel_s"] for r in rows) - launch["graph_node_overhead_s"])
-    return {"kernel_floor_s": floor, "graph_node_overhead_s": launch["graph_node_overhead_s"], "per_shape": rows}
-
-
 def measure_copy(device: str, nbytes: int, timer: Timer) -> dict[str, float]:
     import torch
 

@@ -27,10 +27,7 @@ Every number is a formula over node metadata (docs/ir.md) and deployment fields
 - ``latency``: a calibrated fixed time per call (attention's fitted intercept), else 0;
 - ``overhead``: ``graph_node_overhead_s`` when the step is CUDA-graphed (the default on CUDA
   deployments), ``launch_overhead_s`` otherwise; ``launches(kind)`` is how many kernels the kind
-  lowers to (:data:`LAUNCHES`, default 1); structural nodes (views, weights, sizes) cost nothing;
-- the launch-bound regime: a node's work takes at least ``launches x kernel_floor_s`` (the
-  deployment's shortest real kernel; small models' kernels sit there), the difference priced with
-  its launch terms: ``time(node) = max(work, launches x kernel_floor_s) + launches x overhead + ...``.
+  lowers to (:data:`LAUNCHES`, default 1); structural nodes (views, weights, sizes) cost nothing.
 
 A speculative step is ``[draft forwards] + verify`` plus a greedy-acceptance pseudo node per
 forward whose logits are read on the host (argmax over the logits + one host sync, priced as
@@ -347,9 +344,6 @@ class CostModel:
                 bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
         more_bytes, flops_scale, more_s = self.kernel_terms(meta, values, eclass, rows, n_launch, measured)
         moved, work_flops, extra = nbytes + more_bytes, flops * flops_scale, extra + more_s
-        # every kernel takes at least the deployment's kernel floor: a node whose work is shorter
-        # is launch-bound, and the difference is priced with its launches
-        extra += max(0.0, n_launch * dep.kernel_floor_s - max(moved / bw, work_flops / peak))
         return NodeCost(
             node=node.name, kind=meta.kind, component=component_of(meta, node.name), bytes=nbytes, flops=flops,
             weight_bytes=self._num(meta.weight_bytes, values),

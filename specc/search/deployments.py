@@ -59,10 +59,6 @@ class Deployment:
     # all-reduce nodes of tensor-parallel steps. 0 = no link (single GPU, CPU).
     link_bandwidth: float = 0.0
     link_latency_s: float = 0.0
-    # The shortest time a kernel that moves real data takes, launch overhead apart: DRAM latency,
-    # ramp-up and tail of a grid too small to reach the bandwidth. Small models' steps (specc-tiny)
-    # are made of such kernels, so without it their steps are predicted 2-4x too fast. 0 = none.
-    kernel_floor_s: float = 0.0
     # Bandwidth efficiency (on packed bytes) of the bf12 linears per row count M, where measured:
     # they lose efficiency with M much faster than bf16 ones, so ``bandwidth_efficiency`` would
     # have the cost model pack where packing loses. A calibration record's table replaces it.
@@ -126,7 +122,7 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 
 _POSITIVE = ("hbm_bandwidth", "bf16_flops", "memory_bytes", "bandwidth_efficiency", "flops_efficiency")
-_NON_NEGATIVE = ("launch_overhead_s", "graph_node_overhead_s", "link_bandwidth", "link_latency_s", "kernel_floor_s")
+_NON_NEGATIVE = ("launch_overhead_s", "graph_node_overhead_s", "link_bandwidth", "link_latency_s")
 
 
 def _check_fields(fields: dict[str, Any], source: str) -> None:

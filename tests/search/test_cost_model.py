@@ -260,30 +260,3 @@ def test_linears_priced_by_the_chosen_implementations_measured_time(qwen8b):
     assert chosen.step(t_ir, ar).time == pytest.approx(plain.step(t_ir, ar).time, rel=0.05)
     # the symbolic formula uses the same per-node prices
     assert float(evaluate(chosen.step_formula(t_ir, values), values)) == pytest.approx(step.time, rel=1e-4)
-
-
-def test_kernel_floor_prices_the_launch_bound_regime(qwen8b):
-    """Every kernel takes at least the deployment's kernel_floor_s: a tiny model's step becomes
-    launches x (floor + node overhead); an 8B step's large kernels are above it and keep their price."""
-    import dataclasses
-
-    from specc.ir import trace
-    from specc.ir.testing import random_model
-
-    dep = get_deployment("h200-bs1")
-    floored = dataclasses.replace(dep, kernel_floor_s=5e-6)
-    tiny = trace(random_model("qwen3"), "verify")
-    at = {"B": 1, "Q": 1, "C": 64}
-    before = CostModel(dataclasses.replace(dep, kernel_floor_s=0.0)).step(tiny, at, sync=False)
-    after = CostModel(floored).step(tiny, at, sync=False)
-    assert all(n.work_time < 5e-6 * n.launches for n in before.nodes)  # all tiny: every node at the floor
-    assert after.time == pytest.approx(after.launches * (5e-6 + dep.graph_node_overhead_s), rel=1e-9)
-    assert all(n.bound == "launch" for n in after.nodes)
-    t_ir, _ = qwen8b
-    big_before = CostModel(dataclasses.replace(dep, kernel_floor_s=0.0)).step(t_ir, {"B": 1, "Q": 1, "C": 1024},
-                                                                             sync=False)
-    big_after = CostModel(floored).step(t_ir, {"B": 1, "Q": 1, "C": 1024}, sync=False)
-    for b, a in zip(big_before.nodes, big_after.nodes):  # only nodes under the floor change, and only to it
-        assert a.time == pytest.approx(max(b.work_time, 5e-6 * b.launches) + b.t_launch, rel=1e-9)
-    linears = [a for a in big_after.nodes if a.kind.endswith("linear")]
-    assert linears and all(a.bound == "memory" for a in linears)
