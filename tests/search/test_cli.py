@@ -60,3 +60,23 @@ def test_bench_cost_model_cpu_tiny(tmp_path):
         assert row["predicted_s"] > 0 and row["measured_s"] > 0 and row["launches"] > 0
     assert result["summary"]["median_abs_error"] >= 0
     assert Path(data["calibration_file"]).is_file()
+
+
+def test_bench_cost_model_config_nodes_and_the_floor_sweep(tmp_path, capsys):
+    """--config takes a zoo checkpoint's shapes; --nodes writes each node's priced terms, which
+    examples/fit_kernel_floor.py re-prices (floor 0 reproduces the prediction)."""
+    spec = importlib.util.spec_from_file_location("bench_cost_model", ROOT / "examples" / "bench_cost_model.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cm.json"
+    bench.main(["--device", "cpu", "--config", "specc-tiny", "--batches", "1", "--qs", "1", "--context", "16",
+                "--reps", "1", "--nodes", "--out", str(out)])
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["nodes"] and all(len(n) == 5 for n in row["nodes"])
+    spec = importlib.util.spec_from_file_location("fit_kernel_floor", ROOT / "examples" / "fit_kernel_floor.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    (zero,) = fit.errors([out], 0.0)
+    assert zero["predicted_s"] == pytest.approx(row["predicted_s"], rel=1e-9)
+    (floored,) = fit.errors([out], 1.0)  # a 1 s floor: every kernel at it
+    assert floored["predicted_s"] == pytest.approx(sum(n[1] * 1.0 + n[4] for n in row["nodes"]), rel=1e-9)
