@@ -394,5 +394,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         p = manifest["prediction"]
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "
                         f"(step {p['step_s'] * 1e3:.3f} ms, {p['expected_tokens_per_step']:.2f} tokens/step, "
-                        f"acceptance {p['acceptance_source']}; `specc cost` shows the gap report)")
+                        f"acceptance {p['acceptance_source']}; `specc cost` shows the gap report"
+                        + ("" if dep.calibrated else "; an uncalibrated deployment's leads, often far from this "
+                           "machine: `specc calibrate` measures it") + ")")
     return CompileResult(out, manifest, lines, digest)
