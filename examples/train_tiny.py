@@ -150,6 +150,7 @@ class Config:
     dflash_gamma: float = 7.0  # loss weight exp(-(i - 1) / gamma) at block slot i
     dflash_short_blocks: float = 0.25  # share of training blocks cut to a random shorter length
     dflash_init_from_target: bool = True  # start the drafter layers as copies of the target's last layers
+    dflash_resume: bool = False  # start from the workdir's DFlash drafter instead (a new LR schedule)
     # eval
     eval_prompts: int = 32
     eval_prompt_min: int = 64
@@ -1035,6 +1036,7 @@ def stage_pard(cfg: Config, work: Path) -> dict:
     model.eval()
     save_hf(model, work / "models" / names(cfg)["pard"], cfg, work, {"pard_token": int(pard_token), "spd_type": "pard"})
     metrics = {"params": nparams, "steps": step, "steps_capped_by_time": budget.capped, "seconds": round(seconds, 1),
+               "resumed": bool(cfg.dflash_resume),
                "elements_per_row": width, "final_loss": curve[-1][1] if curve else None, "loss_curve": curve,
                "last_batch_loss_by_depth": depth_loss.round(4).tolist(),
                "last_batch_top1_by_depth": depth_acc.round(4).tolist(), "pard_token": int(pard_token)}
@@ -1156,7 +1158,17 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
     for p in target.parameters():
         p.requires_grad_(False)
     draft, raw = new_dflash(cfg, mask_id)
-    if cfg.dflash_init_from_target and cfg.dflash_intermediate == cfg.intermediate:
+    resumed = work / "models" / names(cfg)["dflash"] / "model.safetensors"
+    if cfg.dflash_resume and resumed.is_file():  # continue the workdir's (e.g. restored) drafter
+        from safetensors.torch import load_file
+
+        missing, unexpected = draft.load_state_dict(load_file(str(resumed)), strict=False)
+        if unexpected or any("rotary" not in k for k in missing):
+            raise SystemExit(f"dflash: {resumed} does not fit this configuration ({missing}, {unexpected})")
+        log(f"dflash: resuming from {resumed}")
+    elif cfg.dflash_resume:
+        raise SystemExit(f"dflash: dflash_resume but no {resumed} (restore the family first)")
+    elif cfg.dflash_init_from_target and cfg.dflash_intermediate == cfg.intermediate:
         init_from_target(draft, target)
     draft.to(dev).train()
     ids_layers = layer_ids(cfg)
@@ -1226,6 +1238,7 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in draft.state_dict().items() if "rotary" not in k}
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     metrics = {"params": nparams, "steps": step, "steps_capped_by_time": budget.capped, "seconds": round(seconds, 1),
+               "resumed": bool(cfg.dflash_resume),
                "final_loss": curve[-1][1] if curve else None, "loss_curve": curve, "target_layer_ids": ids_layers,
                "last_batch_top1_by_slot": [None] + acc_slot[1:].round(4).tolist()}
     write_json(work / "metrics" / "dflash.json", metrics)
@@ -1539,16 +1552,22 @@ def _export_tree(src: Path, scratch: Path) -> Path:
 def stage_restore(cfg: Config, work: Path, src: Path | None = None) -> dict:
     """Put an earlier call's exported models (and distillation data) into this workdir, after
     this call rebuilt the corpus and tokenizer: the target must use the very same tokenizer and
-    the configuration this workdir was set up with."""
+    the configuration this workdir was set up with. ``src`` may also be a folder of model
+    directories such as ``specc/zoo`` (the shipped family: retrain a drafter against it)."""
     from specc.models.packed_checkpoint import is_packed, read_packed_state
 
     if src is None:
         raise SystemExit("restore: give --restore-dir")
-    tree = _export_tree(src.resolve(), work)
+    src = src.resolve()
+    if (src / names(cfg)["target"] / "config.json").is_file():  # a folder of model directories: specc/zoo
+        tree, models = src, src
+    else:
+        tree = _export_tree(src, work)
+        models = tree / "models"
     mine = read_json(work / "tokenizer" / "tokenizer.json")
     restored = []
     for name in names(cfg).values():
-        packed = tree / "models" / name
+        packed = models / name
         if not (packed / "config.json").is_file():
             continue
         theirs = read_json(packed / "tokenizer.json") if (packed / "tokenizer.json").is_file() else None

@@ -8,7 +8,9 @@
 # models in bf12; parts of at most 15 MiB) and its log to $OUT/train-N.log, also when the
 # training was stopped by the time limit (stages that finished are kept and exported).
 # Call 2 reuses the workdir if call 1 ran on this same machine; otherwise it restores call 1's
-# export from $TINY_RESTORE (default .tiny2: the parts, carried there by the caller).
+# export from $TINY_RESTORE (default .tiny2: the parts, carried there by the caller), or a
+# folder of model directories (TINY_RESTORE=specc/zoo: continue from the shipped family, e.g.
+# TINY_STAGES=dflash,eval with --set dflash_resume=true to train the shipped DFlash further).
 # TINY_STAGES (call 2's stages, default pard,dflash,eval; "eval" re-evaluates a restored family),
 # TINY_PRESET / TINY_WORKDIR / TINY_LIMIT and extra arguments (passed to every train_tiny.py
 # run, e.g. --source-dir DIR) let the tests run the same two calls at toy scale on a CPU.

@@ -178,11 +178,14 @@ def _toy_sources(tmp_path: Path) -> Path:
     return src
 
 
-def _call(n: int, out: Path, work: Path, src: Path, restore: Path | None = None) -> str:
+def _call(n: int, out: Path, work: Path, src: Path, restore: Path | None = None, stages: str | None = None,
+          extra: tuple[str, ...] = ()) -> str:
     """One call of examples/train_tiny_v2.sh at toy scale, as the GPU machine runs it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "OUT": str(out),
            "TINY_WORKDIR": str(work), "TINY_PRESET": "toy", "TINY_RESTORE": str(restore or out)}
-    proc = subprocess.run(["bash", str(V2_SCRIPT), str(n), "--source-dir", str(src), "--set", "save_bf16=true"],
+    if stages:
+        env["TINY_STAGES"] = stages
+    proc = subprocess.run(["bash", str(V2_SCRIPT), str(n), "--source-dir", str(src), "--set", "save_bf16=true", *extra],
                           capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
@@ -250,6 +253,17 @@ def test_two_calls_end_to_end_toy(tt, tmp_path, monkeypatch):
     manifest = json.loads((models / "MANIFEST.json").read_text())
     assert manifest["seed"] == 0 and manifest["training"]["target"]["steps"] == 4
     assert manifest["save_dtype"] == "bfloat16" and manifest["eval"]["lossless_all_methods_equal"]
+
+    # a third call retrains DFlash against a shipped family: restored from a folder of model
+    # directories (the zoo's layout), resumed from its weights; 0 steps leaves them unchanged
+    work3, out3 = tmp_path / "work3", tmp_path / "out3"
+    log3 = _call(2, out3, work3, src, restore=models, stages="dflash",
+                 extra=("--set", "dflash_resume=true", "--set", "dflash_steps=0"))
+    assert "restore: ['specc-tiny', 'specc-tiny-pard', 'specc-tiny-dflash']" in log3 and "dflash: resuming" in log3
+    assert "greedy target continuations" in log3  # no distillation data in a zoo: generated again
+    for name in ("specc-tiny", "specc-tiny-pard", "specc-tiny-dflash"):
+        assert _same_tensors(work / "models" / name / "model.safetensors", work3 / "models" / name / "model.safetensors")
+    assert json.loads((work3 / "metrics" / "dflash.json").read_text())["resumed"]
 
 
 def _same_tensors(a: Path, b: Path) -> bool:
