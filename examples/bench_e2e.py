@@ -16,6 +16,7 @@ where stock AR's top-2 logits are within bf16 rounding: reported with the positi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -62,30 +63,28 @@ def run(system, prompts, new_tokens, device):
                   "tau": sum(lengths) / len(lengths) if lengths else 0.0}
 
 
-_MARGINS = {}
+@functools.cache
+def _margins(dtype, device):
+    from specc.bench.equality import reference_margins
+    from specc.pairing import resolve_pair
+
+    pair = resolve_pair("specc-tiny")
+    return reference_margins(pair.impl.load(pair, dtype, device).target, dtype)
 
 
 def lossless(outs, reference, prompts, dtype, device) -> dict:
     """``lossless``: True when the tokens equal stock AR's; "tie" when every prompt's first
-    difference is at a numerical tie of stock AR (its top-2 margin, measured by specc's model
-    definition of the target in the same dtype, below ``specc.verify.DEFAULT_TOLERANCE``: in
-    bf16 the compiled kernels and HF's round differently, so a near-tie may flip), listed in
-    ``numerical_ties``; False for any other difference (``token_differences``)."""
+    difference is at a numerical tie of stock AR (``specc.bench.equality.audit``: its top-2
+    margin, measured by specc's model definition of the target in the same dtype, below
+    ``specc.verify.DEFAULT_TOLERANCE``; in bf16 the compiled kernels and HF's round differently,
+    so a near-tie may flip), listed in ``numerical_ties``; False for any other difference
+    (``token_differences``)."""
     if outs == reference:
         return {"lossless": True}
-    from specc.pairing import resolve_pair
-    from specc.verify import DEFAULT_TOLERANCE, PrefixLogits, compare_outputs
+    from specc.bench.equality import audit, tie_tolerance
 
-    if "m" not in _MARGINS:
-        pair = resolve_pair("specc-tiny")
-        _MARGINS["m"] = PrefixLogits(pair.impl.load(pair, dtype, device).target, fp32=dtype != torch.float32)
-    tolerance = DEFAULT_TOLERANCE[str(dtype).replace("torch.", "")]
-    report = compare_outputs(prompts, reference, outs, _MARGINS["m"], tolerance)
-    out = {"lossless": "tie" if report.passed else False, "tie_tolerance": tolerance,
-           "numerical_ties": [d.to_json() for d in report.ties]}
-    if report.failures:
-        out["token_differences"] = [d.to_json() for d in report.failures]
-    return out
+    found = audit(prompts, reference, outs, _margins(dtype, device), tie_tolerance(dtype))
+    return {"lossless": found.pop("same"), **found}
 
 
 def main() -> None:

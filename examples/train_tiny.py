@@ -1036,7 +1036,6 @@ def stage_pard(cfg: Config, work: Path) -> dict:
     model.eval()
     save_hf(model, work / "models" / names(cfg)["pard"], cfg, work, {"pard_token": int(pard_token), "spd_type": "pard"})
     metrics = {"params": nparams, "steps": step, "steps_capped_by_time": budget.capped, "seconds": round(seconds, 1),
-               "resumed": bool(cfg.dflash_resume),
                "elements_per_row": width, "final_loss": curve[-1][1] if curve else None, "loss_curve": curve,
                "last_batch_loss_by_depth": depth_loss.round(4).tolist(),
                "last_batch_top1_by_depth": depth_acc.round(4).tolist(), "pard_token": int(pard_token)}

@@ -19,22 +19,37 @@ from specc.verify import DEFAULT_TOLERANCE, PrefixLogits, compare_outputs
 FP32_AUDIT_MAX_PARAMS = 500_000_000
 
 
+def tie_tolerance(dtype: torch.dtype) -> float:
+    return DEFAULT_TOLERANCE.get(str(dtype).replace("torch.", ""), 1e-3)
+
+
+def reference_margins(model, dtype: torch.dtype) -> PrefixLogits:
+    """Margins measured by ``model`` (specc's definition of the target, in ``dtype``), with the
+    fp32 gap between the two tokens where an fp32 copy is affordable."""
+    fp32 = sum(p.numel() for p in model.parameters()) <= FP32_AUDIT_MAX_PARAMS
+    return PrefixLogits(model, fp32=fp32 and dtype != torch.float32)
+
+
+def audit(prompts, reference, got, margins, tolerance: float) -> dict:
+    """``same``: "tie" when every request's first difference from ``reference`` is at a
+    numerical tie, else False; ``numerical_ties`` / ``token_differences`` list the positions."""
+    report = compare_outputs(prompts, reference, got, margins, tolerance)
+    out = {"same": "tie" if report.passed else False, "tie_tolerance": tolerance,
+           "numerical_ties": [d.to_json() for d in report.ties]}
+    if report.failures:
+        out["token_differences"] = [d.to_json() for d in report.failures]
+    return out
+
+
 def classify_differences(rows: list[dict], outputs: dict, reference, prompts, model, dtype: torch.dtype) -> None:
     """Set ``same_tokens_as_hf_eager`` of each row in ``outputs`` (name -> its token lists, rows
-    whose tokens differ from ``reference``) to "tie" when every difference starts at a numerical
-    tie, else False; ``numerical_ties`` / ``token_differences`` list the positions (JSON)."""
+    whose tokens differ from ``reference``) by :func:`audit`, with its lists beside it (JSON)."""
     if not outputs or model is None:
         return
-    tolerance = DEFAULT_TOLERANCE.get(str(dtype).replace("torch.", ""), 1e-3)
-    fp32 = sum(p.numel() for p in model.parameters()) <= FP32_AUDIT_MAX_PARAMS
-    margins = PrefixLogits(model, fp32=fp32 and dtype != torch.float32)
+    margins, tolerance = reference_margins(model, dtype), tie_tolerance(dtype)
     for row in rows:
         got = outputs.get(row["system"])
-        if got is None:
-            continue
-        report = compare_outputs(prompts, reference, got, margins, tolerance)
-        row["tie_tolerance"] = tolerance
-        row["numerical_ties"] = [d.to_json() for d in report.ties]
-        if report.failures:
-            row["token_differences"] = [d.to_json() for d in report.failures]
-        row["same_tokens_as_hf_eager"] = "tie" if report.passed else False
+        if got is not None:
+            found = audit(prompts, reference, got, margins, tolerance)
+            row["same_tokens_as_hf_eager"] = found.pop("same")
+            row.update(found)

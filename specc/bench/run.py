@@ -288,8 +288,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         if row.get("replay"):
             row["same_tokens_as_hf_eager"] = None
         elif reference is not None:
-            row["same_tokens_as_hf_eager"] = outs == reference
-            if outs != reference:
+            row["same_tokens_as_hf_eager"] = same = outs == reference
+            if not same:
                 differing[name] = outs
         rows.append(row)
         say(f"{name}: {row['tokens_per_s']:,.1f} tok/s")

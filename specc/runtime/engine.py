@@ -336,7 +336,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
 
         engine.tokenizer = load_tokenizer(path)
     t_read = time.perf_counter()
-    # "read" is the sum of the four phases before it (kept for callers that want one number)
+    # "read" is the sum of the phases before it (kept for callers that want one number)
     engine.load_stats = {"verify": t_verified - t_start, "device_init": t_device - t_verified,
                          "weights": t_weights - t_device, "modules": t_bound - t_weights,
                          "tokenizer": t_read - t_bound, "read": t_read - t_start, "kernel_cache": cache_dir}
