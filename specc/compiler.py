@@ -168,6 +168,30 @@ def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
         pass
 
 
+def _stock_acceptance(pair, dep, memory, prompts, max_new_tokens, dtype, device, say, count, runs: dict):
+    """The ``measure`` callback ``choose_pipeline`` calls when the search memory holds no measured
+    acceptance for the pair (a first compile): stock on the calibration prompts at k drafts per
+    step, its accepted lengths as an AcceptanceModel (None when no step drafted), remembered in the
+    memory at k. Choosing drafts per step from it, not from an assumed E = 1, makes a first compile
+    choose what a later one reading the memory chooses. ``runs[k]`` keeps stock's runs: token
+    forcing reuses them when the artifact drafts k per step."""
+    from specc.search.acceptance import AcceptanceModel
+    from specc.verify import run_stock_reference
+
+    def measure(k: int):
+        say(f"measuring acceptance: stock at k={k} on {len(prompts)} calibration prompts "
+            "(the search memory holds none at that k)")
+        runs[k] = run_stock_reference(pair, prompts, max_new_tokens, k, dtype, device, progress=count("stock"))
+        if not any(r.accepted_lengths for r in runs[k]):
+            return None
+        source = f"measured by stock at k={k} on {len(runs[k])} calibration prompts"
+        acc = AcceptanceModel.from_accepted_lengths([r.accepted_lengths for r in runs[k]], k, source=source)
+        _remember_acceptance(pair, dep, memory, k, acc)
+        return acc
+
+    return measure
+
+
 def _cublas_nodes(summary: dict) -> int:
     """Linear nodes a role's lowering gave cuBLAS row ranges."""
     return sum(len(r["nodes"]) for r in summary.get("linear_impl") or []
@@ -200,8 +224,10 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step
     (``specc.search.choose_pipeline``: validated mechanisms from the search memory first, else
-    the default pipeline); ``memory``: a memory file, None for the default location, False for
-    none. Raises ``VerificationFailed`` (nothing written) when token forcing fails.
+    the default pipeline), with the memory's measured acceptance for the pair, else stock's
+    measured first on the calibration prompts (``_stock_acceptance``), so an empty memory and one
+    holding that measurement choose alike; ``memory``: a memory file, None for the default
+    location, False for none. Raises ``VerificationFailed`` (nothing written) when token forcing fails.
 
     ``tree``: tree verification. "auto" (default): where the method has per-position draft
     distributions (``Method.supports_tree``), measure per-rank acceptance on the calibration
@@ -262,16 +288,6 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     if draft_module is not None:
         draft_module.setup_caches(1, 16)
 
-    choice = None
-    if passes is None:
-        from specc.search.choose import choose_pipeline
-
-        choice = choose_pipeline(pair, dep, memory, num_draft=num_draft)
-        pipeline = choice.pipeline
-        if method_impl.uses_drafter and not num_draft:
-            k = choice.num_draft
-    else:
-        pipeline = passes
     vocab = int(pair.target.raw["vocab_size"])
     if prompts is None:
         prompts = load_prompts_file(prompts_file, tokenizer, vocab) if prompts_file else calibration_prompts(tokenizer, vocab)
@@ -279,6 +295,19 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     if isinstance(positions, int) and longest + max_new_tokens > positions:
         raise UserError(f"a calibration prompt of {longest} tokens plus {max_new_tokens} verify tokens exceeds "
                         f"the model's {positions} positions")
+    count = getattr(progress, "counter", lambda label: None)  # specc.cli.progress: bars per prompt
+    choice = None
+    stock_runs: dict[int, list] = {}  # stock's runs by drafts per step, reused for token forcing
+    if passes is None:
+        from specc.search.choose import choose_pipeline
+
+        measure = _stock_acceptance(pair, dep, memory, prompts, max_new_tokens, dtype, device, say, count, stock_runs)
+        choice = choose_pipeline(pair, dep, memory, num_draft=num_draft, measure=measure)
+        pipeline = choice.pipeline
+        if method_impl.uses_drafter and not num_draft:
+            k = choice.num_draft
+    else:
+        pipeline = passes
     say(f"tracing and running passes: {pipeline or '(none)'}")
     snapshots = pair.target.kind == "hybrid"  # GDN states keep one entry per verify-block node
     if snapshots:
@@ -322,7 +351,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
             "source": choice_table.source, "margin": choice_table.margin, "summary": choice_table.summary()},
         "prediction": None if choice is None else {
             key: choice.prediction.get(key) for key in ("tokens_per_s", "speedup", "step_s", "ar_step_s",
-                                                         "expected_tokens_per_step", "acceptance_source", "source")},
+                                                         "expected_tokens_per_step", "acceptance_source", "source",
+                                                         "choice_acceptance")},
     }
     say("emitting the compiled module")
     tmp = stage_artifact(out, steps, manifest, pair.target.path if tokenizer is not None else None)
@@ -330,8 +360,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     try:
         say(f"token forcing against stock on {len(prompts)} prompts x {max_new_tokens} tokens")
         engine = load(tmp, device, max_len=max(len(p) for p in prompts) + max_new_tokens + 1, warmup=False)
-        count = getattr(progress, "counter", lambda label: None)  # specc.cli.progress: bars per prompt
-        runs = run_stock_reference(pair, prompts, max_new_tokens, k or None, dtype, device, progress=count("stock"))
+        runs = stock_runs.get(k) or run_stock_reference(pair, prompts, max_new_tokens, k or None, dtype, device,
+                                                        progress=count("stock"))
         report = verify_system(engine, runs, tolerance, pair.eos_token_ids, progress=count("compiled, forced"))
         manifest = dict(engine.manifest, verification=report.to_json())
         if not report.passed:
@@ -356,6 +386,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
 
             measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc).prediction
             measured["acceptance_source"] = acc.source or "measured"
+            measured["choice_acceptance"] = choice.prediction["choice_acceptance"]  # what chose k and the pipeline
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}
         if k and dep.batch_size > 1:
             say("pricing two-level verification and per-request k")
@@ -394,7 +425,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         p = manifest["prediction"]
         lines.insert(3, f"predicted on {dep.name}: {p['tokens_per_s']:,.1f} tok/s, {p['speedup']:.2f}x over AR "
                         f"(step {p['step_s'] * 1e3:.3f} ms, {p['expected_tokens_per_step']:.2f} tokens/step, "
-                        f"acceptance {p['acceptance_source']}; `specc cost` shows the gap report"
+                        f"acceptance {p['acceptance_source']}; chosen with acceptance {p['choice_acceptance']}; "
+                        f"`specc cost` shows the gap report"
                         + ("" if dep.calibrated else "; an uncalibrated deployment's leads, often far from this "
                            "machine: `specc calibrate` measures it") + ")")
     return CompileResult(out, manifest, lines, digest)

@@ -171,3 +171,43 @@ def test_calibrated_cublas_choice_is_lowered_forced_and_recorded(checkpoints, tm
 
     assert isinstance(_linear_choice(BUILTIN["h200-bs16"], None), RowRule)
     assert _linear_choice(BUILTIN["h200-bs16"], False) is None
+
+
+@pytest.mark.parametrize("family", ["qwen3"], indirect=True)  # the choice is the family's own: one is enough
+def test_first_and_second_compile_choose_alike(checkpoints, tmp_path):
+    """An empty search memory: compile measures stock's acceptance at the largest drafts per step it
+    sweeps before choosing k, so it chooses what the next compile (reading that measurement from
+    the memory) chooses, not the method's default k priced at E = 1; the summary says which
+    acceptance chose. The choice is the fastest configuration priced, trees included."""
+    from specc.pairing import resolve_pair
+    from specc.search.choose import choose_pipeline
+    from specc.search.defaults import default_num_draft, k_choices
+    from specc.search.memory import Memory
+
+    target, drafter = checkpoints["target"], checkpoints["pard_same"]
+    memory = tmp_path / "memory"
+    first = compile_artifact(target, drafter, out=tmp_path / "a.specc", max_new_tokens=8, memory=str(memory))
+    second = compile_artifact(target, drafter, out=tmp_path / "b.specc", max_new_tokens=8, memory=str(memory))
+    none = compile_artifact(target, drafter, out=tmp_path / "c.specc", max_new_tokens=8, memory=False)
+    m1, m2, m3 = first.manifest, second.manifest, none.manifest
+    for m in (m2, m3):
+        assert (m["num_draft"], m["passes"]["pipeline"], m["tree"]["budget"]) == \
+            (m1["num_draft"], m1["passes"]["pipeline"], m1["tree"]["budget"])
+        assert m["prediction"]["tokens_per_s"] == m1["prediction"]["tokens_per_s"]
+    pair = resolve_pair(target, drafter)
+    default_k, k_max = default_num_draft(pair), max(k_choices(pair, default_num_draft(pair)))
+    assert "measured for this choice" in m1["prediction"]["choice_acceptance"]
+    assert f"k={k_max}" in m1["prediction"]["choice_acceptance"]
+    assert "(search memory)" in m2["prediction"]["choice_acceptance"]
+    assert any("chosen with acceptance measured by stock" in line for line in first.summary_lines)
+    mem = Memory.open("qwen3", "cpu", memory)
+    assert mem.find_acceptance(pair.target.name, pair.drafter.name, pair.method).measured_k == k_max
+    # the k chosen is the fastest priced with that acceptance, and faster than the default k
+    # (the drafter is the target: only its first draft is right, so more drafts only cost)
+    choice = choose_pipeline(pair, "cpu", str(memory))
+    priced = [c["tokens_per_s"] for c in choice.prediction["candidates"] if "tokens_per_s" in c]
+    assert choice.num_draft == m1["num_draft"] and choice.prediction["tokens_per_s"] == max(priced)
+    at_default = choose_pipeline(pair, "cpu", str(memory), num_draft=default_k).prediction["tokens_per_s"]
+    assert m1["num_draft"] != default_k and choice.prediction["tokens_per_s"] > at_default
+    chosen = next(r for r in m1["tree"]["candidates"] if r["budget"] == m1["tree"]["budget"])
+    assert chosen["tokens_per_s"] == max(r["tokens_per_s"] for r in m1["tree"]["candidates"])

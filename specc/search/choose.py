@@ -1,13 +1,15 @@
 """``choose_pipeline``: the cheap pipeline and drafts-per-step choice `specc compile` makes.
 
 No compilation and no weights: cost-model predictions on meta-device IRs (:class:`MetaPair`) of
-the default pipeline and the validated configurations in the search memory.
+the default pipeline and the validated configurations in the search memory. The one exception is
+the caller's ``measure`` callback (stock on the calibration prompts), run when the memory holds no
+measured acceptance to choose drafts per step with.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from specc.errors import UserError
 from specc.search.acceptance import AcceptanceModel
@@ -69,7 +71,8 @@ def resolve_acceptance(model: str, drafter: str | None, method: str, family: str
 
 
 def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = None,
-                    acceptance: AcceptanceModel | None = None, context: int | None = None) -> Choice:
+                    acceptance: AcceptanceModel | None = None, context: int | None = None,
+                    measure: Callable[[int], AcceptanceModel | None] | None = None) -> Choice:
     """Pick the pipeline and drafts per step for ``pair`` (a ``specc.pairing.Pair``) on
     ``deployment`` (a name, file or Deployment) by predicted tokens/s. Cheap: no compilation,
     no weights; the IRs are traced from config.json on the meta device.
@@ -81,6 +84,15 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
     assumed and step times decide; drafts per step then stay at the default unless the memory
     validated another k for this drafter). With a known acceptance and no ``num_draft``, drafts
     per step are swept too.
+
+    ``measure(k)``: stock's acceptance at k drafts per step on the calibration prompts (what
+    `specc compile` passes), called once, at the largest drafts per step swept, when no
+    ``acceptance`` is given, no ``num_draft`` fixes k and the memory holds no record measured at
+    that many drafts (``_needs_measuring``). Without it a first compile on an empty memory
+    assumes E = 1 and keeps the method's default k whatever the drafter accepts (a k its own
+    measured acceptance may then price far below another k, even below AR), while the next
+    compile, reading that measurement back from the memory, sweeps k and picks another. Measured
+    here, both choose from the same acceptance (``prediction["choice_acceptance"]`` says which).
     """
     from specc.passes import available_passes
     from specc.search.deployments import get_deployment
@@ -96,7 +108,7 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
     k_default = (num_draft or default_num_draft(pair)) if drafts else 0
     options: list[tuple[str, int, str]] = [(default_pipeline(), k_default, "default pipeline")]
     registered = available_passes()
-    acc_source = "given"
+    acc_source, given = "given", acceptance is not None
     skipped: list[str] = []  # memory entries whose pass code changed since they were validated
     if mem is not None:
         for m in [mem] + mem.siblings():
@@ -111,10 +123,16 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
         if acceptance is None and drafts:
             acceptance = memory_acceptance(mem, model_name, drafter_name, method)
             acc_source = "memory" if acceptance is not None else "unknown"
+    if measure is not None and not given and num_draft is None and drafts:
+        k_max = max(k_choices(pair, k_default))
+        if _needs_measuring(acceptance, k_max):
+            measured = measure(k_max)
+            if measured is not None:
+                acceptance, acc_source = _as_remembered(measured), "measured"
     if acceptance is None:
         acceptance = AcceptanceModel([], source="unknown: E = 1 assumed") if drafts else AcceptanceModel.none()
         acc_source = "unknown" if drafts else "ar"
-    if acc_source in ("given", "memory") and num_draft is None and drafts:
+    if acc_source in ("given", "memory", "measured") and num_draft is None and drafts:
         ks = k_choices(pair, k_default)
         options = [(p, k, s) for p, _, s in options for k in ks] + options
     metas = MetaPair(pair.target.raw, pair.drafter.raw if pair.drafter else None, method, dep.dtype)
@@ -144,6 +162,32 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
                   "expected_tokens_per_step": pred.expected_tokens, "deployment": dep.name,
                   "batch_size": pred.batch_size, "context": pred.context, "source": source,
                   "acceptance": acceptance.to_json(), "acceptance_source": acc_source,
+                  "choice_acceptance": _describe_source(acc_source, acceptance),
                   "gap_report": pred.gap_report().to_json(), "candidates": considered,
                   "memory": str(mem.path) if mem is not None else None, "skipped": skipped}
     return Choice(pipe, k, prediction)
+
+
+def _needs_measuring(acceptance: AcceptanceModel | None, k_max: int) -> bool:
+    """Whether a remembered acceptance (None: none) cannot price drafts per step up to ``k_max``:
+    it was measured at fewer drafts, so the positions beyond would only repeat its last alpha."""
+    if acceptance is None:
+        return True
+    return (acceptance.measured_k or len(acceptance.alphas)) < k_max
+
+
+def _as_remembered(acceptance: AcceptanceModel) -> AcceptanceModel:
+    """``acceptance`` with its alphas as the search memory keeps them (``to_json`` rounds), so
+    the compile that measured it and a later one that reads it back price the same numbers."""
+    return dataclasses.replace(acceptance, alphas=[float(a) for a in acceptance.to_json()["alphas"]])
+
+
+def _describe_source(kind: str, acceptance: AcceptanceModel) -> str:
+    """Which acceptance a choice was made with, in words."""
+    if kind == "memory":
+        return f"{acceptance.source} (search memory)"
+    if kind == "measured":
+        return f"{acceptance.source} (measured for this choice: the search memory held none at this k)"
+    if kind == "given":
+        return f"given: {acceptance.source}"
+    return acceptance.source
