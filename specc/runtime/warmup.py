@@ -13,7 +13,11 @@
 
    - ``kernels``: every step called with every shape the loop uses (prefill, the drafter's
      shapes via ``Drafter.capture_shapes``, the verify block), CUDA graphs bypassed: Triton
-     compiles (or loads from the cache) and autotunes here;
+     compiles (or loads from the cache) and autotunes here. On CUDA, short generations from
+     prompts of the lengths in :func:`prefill_lengths` follow: a prefill's kernels are compiled
+     per row bucket (the linear's M config) and Triton specializes integer arguments divisible
+     by 16, so one dummy prompt left most prompt lengths to compile on the user's first prompt
+     of that length (1.4 - 1.9 s stalls on two of eight prompts in an H200 `specc bench` run);
    - ``graphs``: the same again with CUDA graphs on: every step shape is captured now, not
      while the user's tokens are being timed (a step that is not idempotent, a hybrid target's,
      at its second call of a shape: ``specc.runtime.graphs``; a shape the dummy generation
@@ -86,6 +90,18 @@ def _graphed(loop) -> list:
     return [s for s in getattr(loop, "steps", {}).values() if isinstance(s, GraphedStep)]
 
 
+PREFILL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the Triton linear's M buckets (kernels.linear)
+
+
+def prefill_lengths(limit: int, skip: int = 0) -> list[int]:
+    """Prompt lengths whose prefills reach every kernel variant a prompt of at most ``limit``
+    tokens can: each row bucket's edge and its neighbours (b - 1, b, b + 1; a prefill feeds the
+    prompt or all but its last token), which also covers Triton's divisible-by-16
+    specializations; ``skip``: a length already run."""
+    out = sorted({n for b in PREFILL_BUCKETS for n in (b - 1, b, b + 1) if 1 <= n <= limit} - {skip})
+    return out
+
+
 def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | None = None) -> dict:
     """Run ``loop`` (a ``DeviceSpeculativeDecoder``) over the shapes it will use; returns
     ``{"kernels": s, "graphs": s, "generations": n, "graphs_captured": n}``."""
@@ -107,12 +123,20 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
         loop.generate(prompt, new, ())
         stats["generations"] += 1
 
+    def prefills():  # kernels of every prefill row bucket (see the module docstring)
+        for n in prefill_lengths(min(256, loop.max_len // 2), skip=prompt_len):
+            loop._shapes_captured = False
+            loop.generate([(7 + 13 * i) % max(vocab_size, 1) for i in range(n)], 2, ())
+            stats["generations"] += 1
+
     saved = [s.max_tokens for s in graphed]
     t0 = time.perf_counter()
     for s in graphed:  # kernels only: every call runs eagerly
         s.max_tokens = -1
     try:
         one_pass()
+        if cuda:
+            prefills()
     finally:
         for s, m in zip(graphed, saved):
             s.max_tokens = m

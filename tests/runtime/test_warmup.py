@@ -62,3 +62,37 @@ def test_warm_up_counts_and_resets_the_loops_own_graphed_functions():
     stats = warm_up(loop, vocab_size=50)
     assert stats["generations"] == 1 and stats["graphs_captured"] == 2
     assert chain.replays == chain.eager_calls == plan.replays == plan.eager_calls == 0
+
+
+def test_prefill_lengths_reach_every_row_bucket_edge():
+    lengths = warmup.prefill_lengths(40, skip=16)
+    assert lengths == [1, 2, 3, 4, 5, 7, 8, 9, 15, 17, 31, 32, 33]
+    # every bucket a prompt of at most 40 tokens can fall into is met at its edge, both ways
+    for b in (16, 32):
+        assert {b - 1, b + 1} <= set(lengths) | {16}
+    assert max(warmup.prefill_lengths(1000)) == 257 and warmup.prefill_lengths(0) == []
+
+
+def test_warm_up_on_cuda_also_prefills_each_bucket_edge(monkeypatch):
+    """On CUDA the kernels phase runs a short generation per length of ``prefill_lengths`` (eager,
+    no graphs), so the user's first prompt of a new length compiles nothing."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specc.runtime.graphs import GraphedStep
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    step = GraphedStep(SimpleNamespace(device=torch.device("cuda")))
+    seen = []
+
+    def generate(prompt, new, eos):
+        seen.append((len(prompt), new, step.max_tokens))
+
+    loop = SimpleNamespace(num_draft=3, max_len=80, steps={"target": step}, generate=generate)
+    stats = warmup.warm_up(loop, vocab_size=50, prompt_len=12)
+    eager = [n for n, new, limit in seen if limit == -1]  # the kernels phase: graphs bypassed
+    assert eager[0] == 12 and sorted(eager[1:]) == warmup.prefill_lengths(40, skip=12)
+    assert all(new == 2 for n, new, limit in seen[1:len(eager)])
+    assert [n for n, new, limit in seen if limit != -1] == [12]  # one graphed pass, as before
+    assert stats["generations"] == len(seen)
