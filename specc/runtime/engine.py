@@ -345,7 +345,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
     if warmup:
         try:
             engine.load_stats.update(_warm.warm_up(engine.loop, int(manifest["model"]["vocab_size"]),
-                                                   progress=progress))
+                                                   progress=progress, cache_dir=cache_dir))
         except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:  # its code does not fit
             raise ArtifactError(f"{path}: the artifact failed while warming up ({type(exc).__name__}: "
                                 f"{' '.join(str(exc).split())[:300]}); is it intact and from this specc version?"

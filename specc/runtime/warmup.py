@@ -17,7 +17,11 @@
      prompts of the lengths in :func:`prefill_lengths` follow: a prefill's kernels are compiled
      per row bucket (the linear's M config) and Triton specializes integer arguments divisible
      by 16, so one dummy prompt left most prompt lengths to compile on the user's first prompt
-     of that length (1.4 - 1.9 s stalls on two of eight prompts in an H200 `specc bench` run);
+     of that length (1.4 - 1.9 s stalls on two of eight prompts in an H200 `specc bench` run).
+     Given the artifact's kernel cache directory, a marker file there (:data:`PREFILLS_MARKER`)
+     records that this was done: a later load finds those kernels compiled on disk (a first use
+     then only loads a cached binary, milliseconds) and skips the sweep, keeping a second load
+     fast;
    - ``graphs``: the same again with CUDA graphs on: every step shape is captured now, not
      while the user's tokens are being timed (a step that is not idempotent, a hybrid target's,
      at its second call of a shape: ``specc.runtime.graphs``; a shape the dummy generation
@@ -91,6 +95,7 @@ def _graphed(loop) -> list:
 
 
 PREFILL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the Triton linear's M buckets (kernels.linear)
+PREFILLS_MARKER = "prefills-compiled"  # in the kernel cache directory: the sweep ran there
 
 
 def prefill_lengths(limit: int, skip: int = 0) -> list[int]:
@@ -102,9 +107,12 @@ def prefill_lengths(limit: int, skip: int = 0) -> list[int]:
     return out
 
 
-def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | None = None) -> dict:
+def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | None = None,
+            cache_dir: str | None = None) -> dict:
     """Run ``loop`` (a ``DeviceSpeculativeDecoder``) over the shapes it will use; returns
-    ``{"kernels": s, "graphs": s, "generations": n, "graphs_captured": n}``."""
+    ``{"kernels": s, "graphs": s, "generations": n, "graphs_captured": n}``. ``cache_dir``: the
+    artifact's kernel cache directory (:func:`kernel_cache_dir`), where the prefill sweep is
+    recorded once done (module docstring); None: the sweep runs on every CUDA warm-up."""
     say = progress or (lambda msg, s: None)
     k = int(getattr(loop, "num_draft", 0) or 0)
     prompt_len = max(1, min(prompt_len, loop.max_len // 2))
@@ -135,8 +143,14 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
         s.max_tokens = -1
     try:
         one_pass()
-        if cuda:
+        marker = Path(cache_dir) / PREFILLS_MARKER if cache_dir else None
+        if cuda and not (marker is not None and marker.is_file()):
             prefills()
+            if marker is not None:
+                try:
+                    marker.write_text("the prefill kernels of every row bucket are compiled here\n")
+                except OSError:
+                    pass
     finally:
         for s, m in zip(graphed, saved):
             s.max_tokens = m

@@ -96,3 +96,25 @@ def test_warm_up_on_cuda_also_prefills_each_bucket_edge(monkeypatch):
     assert all(new == 2 for n, new, limit in seen[1:len(eager)])
     assert [n for n, new, limit in seen if limit != -1] == [12]  # one graphed pass, as before
     assert stats["generations"] == len(seen)
+
+
+def test_prefill_sweep_runs_once_per_kernel_cache(monkeypatch, tmp_path):
+    """The sweep's kernels stay compiled in the artifact's kernel cache: a later load with the
+    same cache directory skips it (a second load stays fast)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specc.runtime.graphs import GraphedStep
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    step = GraphedStep(SimpleNamespace(device=torch.device("cuda")))
+    seen = []
+    loop = SimpleNamespace(num_draft=0, max_len=40, steps={"target": step},
+                           generate=lambda prompt, new, eos: seen.append(len(prompt)))
+    first = warmup.warm_up(loop, vocab_size=50, prompt_len=4, cache_dir=str(tmp_path))
+    assert (tmp_path / warmup.PREFILLS_MARKER).is_file()
+    assert first["generations"] == 2 + len(warmup.prefill_lengths(20, skip=4))
+    seen.clear()
+    second = warmup.warm_up(loop, vocab_size=50, prompt_len=4, cache_dir=str(tmp_path))
+    assert second["generations"] == 2 and seen == [4, 4]
