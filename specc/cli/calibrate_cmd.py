@@ -55,10 +55,13 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"calibration of {base.name} on {record.device_name}")
+    threads = record.measurements.get("threads")
+    table = Table(title=f"calibration of {base.name} on {record.device_name}"
+                        + (f" ({threads} thread{'s' if threads != 1 else ''})" if threads else ""))
     for col in ("field", "before", "after"):
         table.add_column(col)
-    for field in ("bandwidth_efficiency", "flops_efficiency", "launch_overhead_s", "graph_node_overhead_s"):
+    for field in ("hbm_bandwidth", "bf16_flops", "bandwidth_efficiency", "flops_efficiency", "launch_overhead_s",
+                  "graph_node_overhead_s"):
         table.add_row(field, f"{getattr(base, field):.4g}", f"{getattr(dep, field):.4g}")
     for kind, effs in record.kind_efficiency.items():
         for what, value in effs.items():
@@ -67,6 +70,11 @@ def run(args) -> int:
         table.add_row(f"linear flops efficiency at M={m}", "-", f"{eff:.4g}")
     console = Console()
     console.print(table)
+    for note in record.notes:  # peaks raised to what was measured, efficiencies clamped at 1
+        console.print(f"note: {note}", highlight=False)
+    if threads:
+        console.print(f"predictions with {path} describe steps run with {threads} CPU thread"
+                      f"{'s' if threads != 1 else ''} (--threads / SPECC_THREADS)", highlight=False)
     choice = record.choice_table()
     if choice is not None:
         console.print(f"linear implementations (cuBLAS where it measured > {choice.margin:.0%} faster than Triton):",

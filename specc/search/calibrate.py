@@ -6,14 +6,25 @@
 - linear ``y = x W^T`` by M (rows) and shape: torch ``F.linear`` and, on CUDA, specc's Triton
   linear (``specc.codegen.kernels.linear.linear``, what compiled modules call) and the fused
   12-bit one (``linear_bf12``, what ``pack_weights_12bit`` lowers to); weights are rotated over
-  enough copies that they cannot stay in L2;
+  enough copies that they cannot stay in L2 (on CPU: in the last-level cache, :func:`cache_bytes`;
+  a decode step streams every weight from memory, so a weight timed from cache would price its
+  linears several times too fast);
 - attention by Q and C (specc's Triton attention on CUDA, the reference op on CPU);
 - kernel launch overhead (back-to-back tiny kernels, eager) and CUDA-graph per-node replay
   overhead (the same kernels captured in one graph);
 - a large square matmul (achievable fraction of the bf16 peak).
 
 On CUDA every time is a median over CUDA-event-timed graph replays after warm-up; on CPU a
-median of ``perf_counter`` times after warm-up, at tiny sizes (so tests can run it).
+median of ``perf_counter`` times after warm-up, at small-model sizes (``--quick``: smaller, so
+tests can run it), with the copy and the linears' weights past the last-level cache.
+
+Peaks: a deployment's ``hbm_bandwidth`` and ``bf16_flops`` are datasheet leads (the built-in
+``cpu`` profile's are guesses for a small x86 machine). Where this machine measured more (the
+copy or a linear at M <= 16 moving more bytes per second, the square matmul or a linear more
+FLOP/s), the fit raises the figure to the measurement (:func:`raise_peaks`) instead of clamping
+an efficiency at 1, which would price every such node at the too-low lead; efficiencies are
+then fractions of the raised peak, and the record's ``notes`` say what was raised. Any
+efficiency still clamped at 1 gets a note too.
 
 Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
 
@@ -90,6 +101,8 @@ class Calibration:
     specc_version: str = ""
     torch_version: str = ""
     quick: bool = False
+    # what the fit did beyond measuring: peaks raised to the measurement, efficiencies clamped at 1
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def linear_flops_at(self, rows: float) -> float:
         """Flops efficiency of a linear with ``rows`` = M, log-linear between measured M."""
@@ -163,6 +176,9 @@ class Calibration:
             raise ValueError("quick must be true or false")
         if not isinstance(kwargs.get("linear_tiles", False), bool):
             raise ValueError("linear_tiles must be true or false")
+        notes = kwargs.get("notes", [])
+        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+            raise ValueError("notes must be a list of strings")
         if kwargs.get("linear_choice") is not None:
             try:
                 LinearChoice.from_json(kwargs["linear_choice"])
@@ -278,11 +294,34 @@ def _sizes(device: str, quick: bool) -> dict[str, Any]:
                     linear_shapes=[(4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096), (4096, 151936)],
                     linear_m=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048], attn_heads=(32, 8, 128),
                     attn_q=[1, 4, 16, 64], attn_c=[512, 1024, 4096], attn_b=[1, 8, 32], launches=1000)
+    # CPU: the copy and the weights' rotation are sized past the last-level cache in _calibrate;
+    # the full run has the shapes of a small model (an up, a down and a vocabulary projection:
+    # a one-thread GEMV streams small-K weights ~25% slower than large-K ones, and a decoder's
+    # bytes are mostly in the former, so the median is one of them; head_dim 64) and the row
+    # counts of AR and verify steps
     if quick:
-        return dict(copy_bytes=1 * 2**20, square=96, linear_shapes=[(128, 256)], linear_m=[1, 32],
+        return dict(copy_bytes=1 * 2**20, square=96, linear_shapes=[(256, 1024)], linear_m=[1, 32],
                     attn_heads=(4, 2, 16), attn_q=[1, 8], attn_c=[64], attn_b=[1], launches=100)
-    return dict(copy_bytes=16 * 2**20, square=256, linear_shapes=[(256, 512), (512, 256)], linear_m=[1, 8, 64],
-                attn_heads=(4, 2, 16), attn_q=[1, 8], attn_c=[128, 512], attn_b=[1, 2], launches=500)
+    return dict(copy_bytes=16 * 2**20, square=256, linear_shapes=[(512, 2048), (2048, 512), (512, 8192)],
+                linear_m=[1, 4, 16, 64],
+                attn_heads=(8, 4, 64), attn_q=[1, 16], attn_c=[128, 512], attn_b=[1, 2], launches=500)
+
+
+def cache_bytes(dep, device: str) -> int:
+    """Cache a streamed operand must exceed to be read from memory: the deployment's ``l2_bytes``
+    (a GPU's L2); on CPU at least the largest cache the kernel reports for CPU 0 (its last level,
+    which the built-in profile's 32 MiB may understate)."""
+    size = int(dep.l2_bytes)
+    if device != "cpu":
+        return size
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+            size = max(size, int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+        except (OSError, ValueError, IndexError):
+            continue
+    return size
 
 
 def measure_launch(device: str, n: int, timer: Timer) -> dict[str, float]:
@@ -331,7 +370,10 @@ def measure_square(device: str, n: int, dtype, timer: Timer) -> dict[str, float]
 
 
 def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, impl: str = "torch") -> list[dict]:
-    """Time y = x W^T for each (K, N) shape and M; weights rotate over copies exceeding 2 x L2."""
+    """Time y = x W^T for each (K, N) shape and M; weights rotate over copies exceeding 2 x
+    ``l2_bytes`` (the GPU's L2, the CPU's last-level cache: :func:`cache_bytes`), so each call
+    streams its weight from memory as a decode step does (at most 16 copies on CUDA, where a
+    weight is large; 256 on CPU, where the shapes are small)."""
     import torch
     import torch.nn.functional as F
 
@@ -346,7 +388,7 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     itemsize = torch.empty((), dtype=dtype).element_size()
     for k, n in shapes:
         wbytes = k * n * itemsize
-        copies = max(1, min(16, math.ceil(2 * l2_bytes / wbytes) + 1)) if device == "cuda" else 1
+        copies = max(1, min(16 if device == "cuda" else 256, math.ceil(2 * l2_bytes / wbytes) + 1))
         weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
         if pack is not None:
             weights = [pack(w) for w in weights]
@@ -360,7 +402,8 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
 
             t = timer(run, inner=copies)
             nbytes = wbytes + (m * k + m * n) * itemsize
-            out.append({"impl": impl, "K": k, "N": n, "M": m, "seconds": t, "bytes": nbytes, "flops": 2.0 * m * k * n})
+            out.append({"impl": impl, "K": k, "N": n, "M": m, "seconds": t, "bytes": nbytes, "flops": 2.0 * m * k * n,
+                        "copies": copies})
         weights = []  # free before the next shape
     return out
 
@@ -408,15 +451,52 @@ def _median(values, default: float | None = None) -> float | None:
     return statistics.median(values) if values else default
 
 
-def fit(dep, m: dict[str, Any], device: str):
+def _fraction(value: float, what: str, notes: list[str] | None) -> float:
+    """An efficiency at most 1, with a note when the measurement said more."""
+    if value > 1.0 + 1e-9 and notes is not None:
+        notes.append(f"{what}: measured {value:.3g} of the peak, clamped at 1")
+    return min(1.0, value)
+
+
+def raise_peaks(dep, m: dict[str, Any], device: str, overhead: float, notes: list[str] | None = None):
+    """-> (deployment, raised fields): ``hbm_bandwidth`` raised to the highest rate measured
+    above it (the copy, the linears at M <= 16 on the bytes the model prices), ``bf16_flops`` to
+    the highest FLOP rate (the square matmul, any linear); each raise noted. A clamped
+    efficiency would price every node below this machine's measured speed: on a 2-core CPU a
+    copy past the cache measured 61 GB/s against the ``cpu`` profile's 50, and two threads'
+    matmul 208 GFLOP/s against its 200 (the profile's previous 20 GB/s and 100 GFLOP/s clamped
+    both efficiencies at 1 and priced its linears up to 3x too slow)."""
+    lin = [r for r in m["linear"] if r["impl"] == m.get("linear_impl", "torch")] or m["linear"]
+    sq = m["square"]
+    seen = {
+        "hbm_bandwidth": max([m["copy"]["bandwidth"]] + [linear_traffic(r, device) / max(r["seconds"] - overhead, 1e-12)
+                                                         for r in lin if r["M"] <= 16]),
+        "bf16_flops": max([sq["flops"] / max(sq["seconds"] - overhead, 1e-12)]
+                          + [r["flops"] / max(r["seconds"] - overhead, 1e-12) for r in lin]),
+    }
+    raised = {k: float(v) for k, v in seen.items() if v > getattr(dep, k)}
+    for k, v in raised.items():
+        if notes is not None:
+            unit = "B/s" if k == "hbm_bandwidth" else "FLOP/s"
+            notes.append(f"{k}: measured {v:.4g} {unit}, above the {getattr(dep, k):.4g} {unit} that {dep.name} "
+                         "states; raised to the measurement (efficiencies are fractions of it)")
+    return dataclasses.replace(dep, **raised), raised
+
+
+def fit(dep, m: dict[str, Any], device: str, notes: list[str] | None = None):
     """-> (deployment fields, per-kind efficiencies, linear flops efficiency by M, linear
-    bandwidth efficiency by M); formulas in the module docstring."""
+    bandwidth efficiency by M); formulas in the module docstring. The fields include
+    ``hbm_bandwidth`` / ``bf16_flops`` where :func:`raise_peaks` raised them; ``notes``, when
+    given, collects what was raised or clamped."""
     launch = m["launch"]
     overhead = launch["graph_node_overhead_s"] if device == "cuda" else launch["launch_overhead_s"]
     fields: dict[str, float] = {"launch_overhead_s": launch["launch_overhead_s"],
                                 "graph_node_overhead_s": launch["graph_node_overhead_s"]}
+    dep, raised = raise_peaks(dep, m, device, overhead, notes)
+    fields.update(raised)
     sq = m["square"]
-    peak_eff = min(1.0, sq["flops"] / max(sq["seconds"] - overhead, 1e-12) / dep.bf16_flops)
+    peak_eff = _fraction(sq["flops"] / max(sq["seconds"] - overhead, 1e-12) / dep.bf16_flops, "flops_efficiency",
+                         notes)
     fields["flops_efficiency"] = peak_eff
     copy_eff = m["copy"]["bandwidth"] / dep.hbm_bandwidth
 
@@ -426,7 +506,7 @@ def fit(dep, m: dict[str, Any], device: str):
         r["bw_eff"] = linear_traffic(r, device) / r["net_s"] / dep.hbm_bandwidth
         r["flops_eff"] = r["flops"] / r["net_s"] / dep.bf16_flops
     small = [r["bw_eff"] for r in lin if r["M"] <= 16] or [r["bw_eff"] for r in lin]
-    lin_bw = min(1.0, _median(small, dep.bandwidth_efficiency))
+    lin_bw = _fraction(_median(small, dep.bandwidth_efficiency), "bandwidth_efficiency", notes)
     fields["bandwidth_efficiency"] = lin_bw
     # per M: the median over shapes of both efficiencies. At one M every weight-dominated shape
     # has about the same arithmetic intensity (~M flops per weight byte), so the roofline
@@ -437,7 +517,8 @@ def fit(dep, m: dict[str, Any], device: str):
     for r in lin:
         bw_by_m.setdefault(r["M"], []).append(r["bw_eff"])
         fl_by_m.setdefault(r["M"], []).append(r["flops_eff"])
-    linear_by_m = {mm: min(1.0, statistics.median(v)) for mm, v in sorted(fl_by_m.items())}
+    linear_by_m = {mm: _fraction(statistics.median(v), f"linear flops efficiency at M={mm}", notes)
+                   for mm, v in sorted(fl_by_m.items())}
     # not clamped at 1: past 64 rows the Triton kernel's row tiles re-read weights that partly
     # stay in L2, so on the bytes of its passes it can beat HBM (H200: 1.3 at M = 256)
     linear_bw_by_m = {mm: statistics.median(v) for mm, v in sorted(bw_by_m.items())}
@@ -457,25 +538,25 @@ def fit(dep, m: dict[str, Any], device: str):
     if len({x for x, _ in line}) >= 2:
         slope, intercept = statistics.linear_regression([x for x, _ in line], [t for _, t in line])
         if slope > 0:
-            attn_kind["bandwidth"] = min(1.0, 1.0 / (slope * dep.hbm_bandwidth))
+            attn_kind["bandwidth"] = _fraction(1.0 / (slope * dep.hbm_bandwidth), "attention bandwidth", notes)
             attn_kind["latency_s"] = max(0.0, intercept)
     if "bandwidth" not in attn_kind:
-        attn_kind["bandwidth"] = min(1.0, _median([r["bytes"] / t / dep.hbm_bandwidth for r, t in zip(attn, net)],
-                                                   copy_eff))
+        attn_kind["bandwidth"] = _fraction(_median([r["bytes"] / t / dep.hbm_bandwidth for r, t in zip(attn, net)],
+                                                   copy_eff), "attention bandwidth", notes)
     lat = attn_kind.get("latency_s", 0.0)
     bw = attn_kind["bandwidth"] * dep.hbm_bandwidth
     heavy = [r["flops"] / (t - lat) / dep.bf16_flops for r, t in zip(attn, net)
              if t - lat > 1.2 * r["bytes"] / bw and r["flops"] > 0]
-    attn_kind["flops"] = min(1.0, _median(heavy, peak_eff))
+    attn_kind["flops"] = _fraction(_median(heavy, peak_eff), "attention flops", notes)
     kinds = {
-        "elementwise": {"bandwidth": min(1.0, copy_eff)},
+        "elementwise": {"bandwidth": _fraction(copy_eff, "elementwise bandwidth", notes)},
         "linear": {"bandwidth": lin_bw, "flops": peak_eff},
         "attention": split_kv or attn_kind,
     }
     if m.get("linear_bf12"):  # 12-bit weights (pack_weights_12bit's packed_linear): bandwidth on packed bytes
         effs = [r["bytes"] / max(r["seconds"] - overhead, 1e-12) / dep.hbm_bandwidth
                 for r in m["linear_bf12"] if r["M"] <= 16]
-        kinds["packed_linear"] = {"bandwidth": min(1.0, _median(effs, lin_bw))}
+        kinds["packed_linear"] = {"bandwidth": _fraction(_median(effs, lin_bw), "packed_linear bandwidth", notes)}
     return fields, kinds, linear_by_m, linear_bw_by_m
 
 
@@ -602,9 +683,12 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
         raise UserError("--device cuda: no CUDA GPU is available (use --device cpu)")
     say = progress or (lambda msg: None)
     sizes = _sizes(device, quick)
+    cache = cache_bytes(dep, device)
+    if device == "cpu":  # past the last-level cache, as the linears' weights (CUDA's copy is 2 GiB)
+        sizes["copy_bytes"] = max(sizes["copy_bytes"], 2 * cache)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     timer = Timer(device, reps=5 if quick else 15)
-    m: dict[str, Any] = {"sizes": {k: v for k, v in sizes.items()}, "threads": threads}
+    m: dict[str, Any] = {"sizes": {k: v for k, v in sizes.items()}, "threads": threads, "cache_bytes": cache}
     say("launch and graph-replay overhead")
     m["launch"] = measure_launch(device, sizes["launches"], timer)
     say("copy bandwidth")
@@ -612,7 +696,7 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
     say("square matmul")
     m["square"] = measure_square(device, sizes["square"], dtype, timer)
     say("linear by M and shape")
-    m["linear"] = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer, dep.l2_bytes, "torch")
+    m["linear"] = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer, cache, "torch")
     m["linear_impl"] = "torch"
     if device == "cuda":
         try:
@@ -631,7 +715,8 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
     batches = sorted(set(sizes["attn_b"]) | ({dep.batch_size} if device == "cuda" else set()))
     m["attention"] = [r for b in batches for r in measure_attention(device, b, sizes["attn_heads"], sizes["attn_q"],
                                                                      sizes["attn_c"], dtype, timer)]
-    fields, kinds, by_m, bw_by_m = fit(dep, m, device)
+    notes: list[str] = []
+    fields, kinds, by_m, bw_by_m = fit(dep, m, device, notes)
     new = dataclasses.replace(dep, calibrated=True, **fields)
     choice = linear_choice_of(m, fields["graph_node_overhead_s"] if device == "cuda" else fields["launch_overhead_s"])
     if choice is not None:
@@ -641,8 +726,8 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
         deployment=dep.name, device=device,
         device_name=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         kind_efficiency=kinds, linear_flops_by_m=by_m, linear_bandwidth_by_m=bw_by_m,
-        packed_linear_bandwidth_by_m=fit_packed_by_m(dep, m, device), fitted=fields, measurements=m,
-        linear_tiles=True,
+        packed_linear_bandwidth_by_m=fit_packed_by_m(new, m, device), fitted=fields, measurements=m,
+        linear_tiles=True, notes=notes,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         specc_version=__version__, torch_version=torch.__version__, quick=quick)
     return new, record

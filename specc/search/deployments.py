@@ -7,7 +7,8 @@ and ``cpu``; a custom one comes from a TOML or JSON file with the same fields (`
 inherits a built-in GPU's fields). Calibration (``specc calibrate``) writes measured efficiency
 factors into such a file.
 
-Figures are datasheet leads except where a comment says measured; calibration replaces them.
+Figures are datasheet leads except where a comment says measured (the ``cpu`` profile's are a
+rough guess for a small x86 machine, see ``_builtin``); calibration replaces them.
 Link figures: NVLink 4 (H100/H200 SXM) 900 GB/s bidirectional = 450 GB/s per direction, NVLink 3
 (A100) 600 GB/s = 300 GB/s; ring-step latency a few microseconds (leads, not measured here).
 """
@@ -87,11 +88,18 @@ def _builtin() -> dict[str, Deployment]:
         for bs in BATCH_SIZES:
             name = f"{gpu}-bs{bs}"
             table[name] = Deployment(name=name, device="cuda", dtype="bfloat16", batch_size=bs, **fields)
-    # The CPU profile: fp32 reference kernels; figures are rough leads for a 2-core CI machine.
+    # The CPU profile: fp32 reference kernels run by torch. A rough guess, not a datasheet: CPUs
+    # differ too much for one profile, so predictions on it can be far off until
+    # `specc calibrate --deployment cpu` measures the machine. The leads are a small x86 machine
+    # (2 cores, AVX2/AVX-512, dual-channel memory, 32 MiB last-level cache) decoding with one
+    # thread: memory ~50 GB/s (a copy past the cache measured 56-61 GB/s on such a machine), of
+    # which one thread's fp32 GEMV streams ~0.35 (15-23 GB/s by shape); fp32 peak ~200 GFLOP/s
+    # for 2 cores, of which a one-thread GEMM at verify row counts (M = 16) keeps ~0.3; one
+    # aten op dispatch ~3 us (1.9-3.1 us measured), the cost every IR launch is priced at.
     table["cpu"] = Deployment(name="cpu", gpu="cpu", device="cpu", dtype="float32", batch_size=1,
-                              hbm_bandwidth=20e9, bf16_flops=100e9, sm_count=2, l2_bytes=32 * 2**20,
-                              memory_bytes=24e9, launch_overhead_s=20e-6, graph_node_overhead_s=20e-6,
-                              bandwidth_efficiency=0.5, flops_efficiency=0.3)
+                              hbm_bandwidth=50e9, bf16_flops=200e9, sm_count=2, l2_bytes=32 * 2**20,
+                              memory_bytes=24e9, launch_overhead_s=3e-6, graph_node_overhead_s=3e-6,
+                              bandwidth_efficiency=0.35, flops_efficiency=0.3)
     return table
 
 

@@ -22,12 +22,17 @@ def test_specc_calibrate_cpu_quick(tmp_path, capsys):
     dep = get_deployment(str(out))
     base = BUILTIN["cpu"]
     assert dep.calibrated and dep.source == str(out)
-    for field in ("hbm_bandwidth", "bf16_flops", "batch_size", "device", "dtype", "sm_count", "context_max"):
+    for field in ("batch_size", "device", "dtype", "sm_count", "context_max"):
         assert getattr(dep, field) == getattr(base, field), field  # base fields kept
+    record = json.loads(record_path(out).read_text())
+    for field in ("hbm_bandwidth", "bf16_flops"):  # kept, or raised to a measurement, with a note printed
+        assert getattr(dep, field) == getattr(base, field) or (
+            getattr(dep, field) > getattr(base, field) and any(n.startswith(field) for n in record["notes"])), field
+    for note in record["notes"]:
+        assert f"note: {note[:40]}" in " ".join(printed.split())
     for field in ("bandwidth_efficiency", "flops_efficiency", "launch_overhead_s", "graph_node_overhead_s"):
         assert 0 < getattr(dep, field), field
     assert 0 < dep.bandwidth_efficiency <= 1 and 0 < dep.flops_efficiency <= 1
-    record = json.loads(record_path(out).read_text())
     assert record["format"] == "specc-calibration/1" and record["device"] == "cpu"
     m = record["measurements"]
     assert m["copy"]["bandwidth"] > 0 and m["launch"]["launch_overhead_s"] > 0
@@ -209,3 +214,130 @@ def test_linear_choice_for_a_deployment():
     run8 = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "linears-h200-run8.deployment.json"
     table = linear_choice_for(get_deployment(str(run8)))
     assert not isinstance(table, RowRule) and len(table.shapes) == 5
+
+
+def _linear_row(m, k, n, stream_bw, gemm_flops, node):
+    """A timed fp32 linear as a one-thread CPU runs it: the weight streams from memory, then the
+    rows are computed (the two do not overlap), plus one op dispatch."""
+    nbytes, flops = 4 * (k * n + m * (k + n)), 2.0 * m * k * n
+    return {"impl": "torch", "K": k, "N": n, "M": m, "bytes": nbytes, "flops": flops,
+            "seconds": 4 * k * n / stream_bw + flops / gemm_flops + node}
+
+
+def test_fit_raises_stated_peaks_below_the_measurements_instead_of_clamping():
+    """A CPU measured faster than the `cpu` profile's leads (a copy at 3x its bandwidth, a matmul
+    at 1.5x its FLOP/s): the fit raises both peaks to the measurements, says so in the notes,
+    keeps every efficiency <= 1, and the fitted figures reproduce the measurements (clamping at
+    the leads priced such a machine's steps up to 3x too slow)."""
+    dep = BUILTIN["cpu"]
+    node = 2e-6
+    copy_bw, square_flops = 3 * dep.hbm_bandwidth, 1.5 * dep.bf16_flops
+    n = 256
+    meas = {
+        "launch": {"launch_overhead_s": node, "graph_node_overhead_s": node},
+        "square": {"flops": 2.0 * n ** 3, "seconds": 2.0 * n ** 3 / square_flops + node},
+        "copy": {"bandwidth": copy_bw},
+        "linear": [_linear_row(m, k, nn, 0.3 * copy_bw, 0.6 * square_flops, node)
+                   for k, nn in ((512, 2048), (2048, 512)) for m in (1, 4, 16, 64)],
+        "linear_impl": "torch",
+        "attention": [{"Q": q, "C": c, "B": 1, "bytes": 2 * 4 * (c + q) * 64 * 4, "flops": 4.0 * 8 * q * (c + q) * 64,
+                       "seconds": 3e-5 + 2 * 4 * (c + q) * 64 * 4 / (0.2 * copy_bw) + 20 * node}
+                      for q in (1, 16) for c in (128, 512)],
+    }
+    notes: list[str] = []
+    fields, kinds, by_m, bw_by_m = fit(dep, meas, "cpu", notes)
+    assert fields["hbm_bandwidth"] == pytest.approx(copy_bw) and fields["bf16_flops"] == pytest.approx(square_flops)
+    assert [note.split(":")[0] for note in notes] == ["hbm_bandwidth", "bf16_flops"]
+    assert fields["flops_efficiency"] == pytest.approx(1.0) and kinds["elementwise"]["bandwidth"] == pytest.approx(1.0)
+    assert kinds["attention"]["bandwidth"] == pytest.approx(0.2) and kinds["attention"]["latency_s"] == pytest.approx(3e-5)
+    effs = [fields["bandwidth_efficiency"], fields["flops_efficiency"], *by_m.values(), *bw_by_m.values(),
+            *(v for kind in kinds.values() for key, v in kind.items() if key != "latency_s")]
+    assert all(0 < e <= 1 for e in effs)
+    calibrated = _loaded(dep, fields)
+    for r in meas["linear"]:  # the roofline of the per-M fits gives back every measured time
+        predicted = max(r["bytes"] / (calibrated.hbm_bandwidth * bw_by_m[r["M"]]),
+                        r["flops"] / (calibrated.bf16_flops * by_m[r["M"]])) + node
+        assert predicted == pytest.approx(r["seconds"], rel=1e-9)
+    sq = meas["square"]
+    assert sq["flops"] / calibrated.effective_flops + node == pytest.approx(sq["seconds"], rel=1e-9)
+
+
+def _loaded(dep, fields):
+    """The calibrated deployment as a file would load it (field checks included)."""
+    import dataclasses
+
+    from specc.search.deployments import from_dict
+
+    data = dataclasses.replace(dep, calibrated=True, **fields).to_json()
+    data.pop("source")
+    return from_dict(data, "calibrated.json")
+
+
+def test_fit_notes_every_clamp_and_keeps_datasheet_peaks():
+    """On a GPU below its datasheet nothing is raised; an efficiency that would exceed 1 (here
+    an attention fit streaming faster than the copy) is clamped with a note, not silently."""
+    dep = BUILTIN["h200-bs1"]
+    node = 2e-6
+    meas = {
+        "launch": {"launch_overhead_s": 5e-6, "graph_node_overhead_s": node},
+        "square": {"flops": 2.0 * 8192 ** 3, "seconds": 2.0 * 8192 ** 3 / (0.7 * dep.bf16_flops) + node},
+        "copy": {"bandwidth": 0.88 * dep.hbm_bandwidth},
+        "linear": [_linear_row(m, 4096, 12288, 0.8 * dep.hbm_bandwidth, 0.6 * dep.bf16_flops, node) | {"impl": "specc"}
+                   for m in (1, 16)],
+        "linear_impl": "specc",
+        "attention": [{"Q": 1, "C": c, "B": 1, "bytes": 1e8 * c, "flops": 1e6,
+                       "seconds": 1e8 * c / (2 * dep.hbm_bandwidth) + 2 * node} for c in (1, 2)],
+    }
+    notes: list[str] = []
+    fields, kinds, _, _ = fit(dep, meas, "cuda", notes)
+    assert "hbm_bandwidth" not in fields and "bf16_flops" not in fields
+    assert kinds["attention"]["bandwidth"] == 1.0
+    assert notes == ["attention bandwidth: measured 2 of the peak, clamped at 1"]
+
+
+def test_cpu_linear_weights_stream_past_the_cache():
+    """On CPU the timed weights rotate over copies exceeding twice the cache, as on CUDA: one
+    copy stayed in the last-level cache and priced a CPU decode step's linears ~4x too fast."""
+    import torch
+
+    from specc.search.calibrate import Timer, cache_bytes, measure_linear
+
+    cache = 256 * 2**10
+    rows = measure_linear("cpu", [(64, 128)], [1, 4], torch.float32, Timer("cpu", reps=1, warmup=0), cache)
+    assert [r["M"] for r in rows] == [1, 4]
+    assert all(r["copies"] * 64 * 128 * 4 > 2 * cache for r in rows)
+    cpu, h200 = BUILTIN["cpu"], BUILTIN["h200-bs1"]
+    assert cache_bytes(cpu, "cpu") >= cpu.l2_bytes and cache_bytes(h200, "cuda") == h200.l2_bytes
+
+
+def test_cpu_calibration_reproduces_what_it_measured():
+    """A real (quick) CPU calibration: every efficiency is a fraction <= 1 of the peaks the
+    deployment ends with, anything raised or clamped is in the notes, and the cost model's
+    pricing of each timed linear (its per-M efficiencies at the calibrated peaks, plus one
+    launch) and of the copy gives back the measured time."""
+    from specc.search.calibrate import calibrate
+
+    dep, record = calibrate("cpu", device="cpu", quick=True)
+    base = BUILTIN["cpu"]
+    for field in ("hbm_bandwidth", "bf16_flops"):
+        raised = getattr(dep, field) > getattr(base, field)
+        assert raised == any(n.startswith(field) for n in record.notes), field
+    assert all(n.startswith(("hbm_bandwidth", "bf16_flops")) or "clamped at 1" in n for n in record.notes)
+    m = record.measurements
+    assert all(r["copies"] * r["K"] * r["N"] * 4 > 2 * m["cache_bytes"] for r in m["linear"])
+    assert m["copy"]["bytes"] >= 4 * m["cache_bytes"]  # read + write of a buffer twice the cache
+    model = CostModel(dep, calibration=record)
+    for r in m["linear"]:
+        bw = dep.hbm_bandwidth * model.bandwidth_efficiency("linear", "linear", r["M"])
+        peak = dep.bf16_flops * model.flops_efficiency("linear", r["M"], "linear")
+        assert max(r["bytes"] / bw, r["flops"] / peak) + model.overhead == pytest.approx(r["seconds"], rel=1e-6)
+    assert dep.hbm_bandwidth * model.bandwidth_efficiency("elementwise") == pytest.approx(m["copy"]["bandwidth"])
+    assert 0 < dep.bandwidth_efficiency <= 1 and 0 < dep.flops_efficiency <= 1
+
+
+def test_record_notes_are_checked():
+    base = {"deployment": "cpu", "device": "cpu"}
+    assert Calibration.from_json(base).notes == []  # records from before load
+    assert Calibration.from_json(dict(base, notes=["raised"])).notes == ["raised"]
+    with pytest.raises(ValueError, match="notes"):
+        Calibration.from_json(dict(base, notes="raised"))
