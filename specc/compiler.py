@@ -105,9 +105,17 @@ def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, d
 
     say(f"measuring per-rank draft acceptance on {len(prompts)} prompts for the tree budget")
     model = measure_rank_acceptance(pair, prompts, max_new_tokens, k, ranks=8, dtype=dtype, device=device)
-    section = tree_choice(pair, dep, pipeline, k, model, irs=irs)
+    section = tree_choice(pair, dep, pipeline, k, model, irs=irs, context=_context(pair, dep))
     section["acceptance"] = model.to_json()
     return section
+
+
+def _context(pair, dep) -> int:
+    """The KV-cache length the tree and batching choices price: the cost model's default, at most
+    the models' positions (as ``choose_pipeline`` and `specc cost` price it)."""
+    from specc.search.cost_model import default_context
+
+    return default_context(dep, pair.target.raw, pair.drafter.raw if pair.drafter else None)
 
 
 def _verifies_ragged(target, k: int) -> bool:
@@ -125,7 +133,7 @@ def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree
 
     pricer = None
     if k and pair.impl.uses_drafter:
-        pricer = BatchingPricer(CostModel(dep), irs[0], irs[1], pair.impl, k)
+        pricer = BatchingPricer(CostModel(dep), irs[0], irs[1], pair.impl, k, _context(pair, dep))
     return batching_section(pricer, dep.batch_size, acceptance, two_level=two_level, tree_budget=tree_budget,
                             ragged=_verifies_ragged(target, k), num_draft=k)
 
@@ -429,4 +437,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
                         f"`specc cost` shows the gap report"
                         + ("" if dep.calibrated else "; an uncalibrated deployment's leads, often far from this "
                            "machine: `specc calibrate` measures it") + ")")
+        if pair.drafter is not None and k and round(p["speedup"], 2) < 1:  # as the line above shows it
+            lines.insert(4, f"predicted slower than AR ({p['speedup']:.2f}x): `specc compile` without --drafter "
+                            "builds the AR artifact")
     return CompileResult(out, manifest, lines, digest)

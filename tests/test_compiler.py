@@ -43,6 +43,25 @@ def test_compile_run_verify_every_drafter(checkpoints, tmp_path, capsys, drafter
     assert report["audit"] == "fp32 audit: not needed (stock runs in fp32)"
 
 
+@pytest.mark.parametrize("family", ["qwen3"], indirect=True)
+def test_speculative_artifact_predicted_slower_than_ar_is_built_and_said(checkpoints, tmp_path, capsys):
+    """A drafter that is never right: the best speculative configuration is predicted slower than
+    AR; compile still builds the speculative artifact asked for, and one line says so."""
+    out = tmp_path / "slow.specc"
+    assert main(["compile", checkpoints["target"], "--drafter", checkpoints["ar_random"], "-o", str(out),
+                 "--verify-tokens", "8", "--memory", str(tmp_path / "memory")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    manifest = json.loads((out / "manifest.json").read_text())
+    speedup = manifest["prediction"]["speedup"]
+    assert manifest["method"] == "ar-draft" and manifest["num_draft"] >= 1 and speedup < 0.99
+    warning = [line for line in lines if "slower than AR" in line]
+    assert warning == [f"predicted slower than AR ({speedup:.2f}x): `specc compile` without --drafter builds the "
+                       "AR artifact"]
+    assert lines.index(warning[0]) == 1 + next(i for i, line in enumerate(lines) if line.startswith("predicted on"))
+    ar = compile_artifact(checkpoints["target"], out=tmp_path / "ar.specc", max_new_tokens=8, memory=False)
+    assert not any("slower than AR" in line for line in ar.summary_lines)
+
+
 def test_stream_matches_generate(checkpoints, tmp_path):
     out = tmp_path / "s.specc"
     compile_artifact(checkpoints["target"], checkpoints["pard_same"], out=out, max_new_tokens=8)

@@ -49,7 +49,8 @@ def register(sub) -> None:
     p.add_argument("--memory", metavar="FILE",
                    help="search memory to read measured acceptance from (default: ~/.cache/specc/memory or "
                         "$SPECC_MEMORY_DIR)")
-    p.add_argument("--context", "-C", type=int, metavar="C", help="tokens in the KV cache (default 1024)")
+    p.add_argument("--context", "-C", type=int, metavar="C",
+                   help="tokens in the KV cache (default 1024, at most the model's max_position_embeddings)")
     p.add_argument("--batch", "-B", type=int, metavar="B", help="batch rows (default: the deployment's)")
     p.add_argument("--no-graphs", action="store_true", help="price launches as eager launches, not CUDA-graph nodes")
     p.add_argument("--sweep", action="store_true", help="also print tokens/s and speedup for each drafts-per-step")
@@ -86,8 +87,29 @@ def _method(args, drafter_kind: str | None):
     return impl
 
 
+def _context(args, dep, raw_t: dict, raw_d: dict | None) -> tuple[int, str | None]:
+    """The KV-cache length to price and a note when the default was capped: --context (refused
+    past the target's or drafter's positions), else the cost model's default capped at them."""
+    from specc.search.cost_model import default_context, positions_of
+
+    limits = [(n, who) for n, who in ((positions_of(raw_t), "the model's"), (positions_of(raw_d), "the drafter's"))
+              if n is not None]
+    limit = min(limits, key=lambda lim: lim[0], default=None)
+    if args.context is not None:
+        if args.context < 0:
+            raise UserError(f"--context must be >= 0 (got {args.context})")
+        if limit is not None and args.context > limit[0]:
+            raise UserError(f"--context {args.context} exceeds {limit[1]} {limit[0]} positions "
+                            "(max_position_embeddings)")
+        return args.context, None
+    context, uncapped = default_context(dep, raw_t, raw_d), default_context(dep)
+    if context < uncapped:
+        return context, f"default {uncapped}, capped at {limit[1]} positions"
+    return context, None
+
+
 def run(args) -> int:
-    from specc.ir import IRError
+    from specc.ir import IRError, fmt_rate
     from specc.ir.trace import read_config
     from specc.models.config import ConfigError
     from specc.models.loading import CheckpointError
@@ -111,6 +133,7 @@ def run(args) -> int:
     if args.num_draft is not None and args.num_draft < 1:
         raise UserError("--num-draft must be >= 1")
     k = impl.num_draft(args.num_draft, raw_d)
+    context, context_note = _context(args, dep, raw_t, raw_d if impl.uses_drafter else None)
     # one source of acceptance, shared with `specc compile`: stated (--tau/--alpha/--acceptance), else the
     # search memory's measured record for this pair (compile writes it), else unknown (E = 1)
     acc, acc_kind, recorded = resolve_acceptance(
@@ -131,20 +154,22 @@ def run(args) -> int:
             raise UserError(str(exc).splitlines()[0]) from exc
         raise
     model = CostModel(dep, graphs=False if args.no_graphs else None)
-    pred = model.predict(t_ir, d_ir, method=method, num_draft=k, acceptance=acc, context=args.context,
+    pred = model.predict(t_ir, d_ir, method=method, num_draft=k, acceptance=acc, context=context,
                          batch_size=args.batch, formula=True)
     sweep = []
     if args.sweep and impl.uses_drafter:
         ks = impl.search_k_choices(raw_d, k)
-        sweep = speedup_table(model, t_ir, d_ir, method, acc, ks, args.context)
+        sweep = speedup_table(model, t_ir, d_ir, method, acc, ks, context)
     tree = None
     if getattr(args, "tree", None):
-        tree = _tree_prediction(args, model, t_ir, d_ir, impl, acc, k)
-    batching = _batching_table(args, model, t_ir, d_ir, impl, acc, k) if args.batching else None
+        tree = _tree_prediction(args, model, t_ir, d_ir, impl, acc, k, context)
+    batching = _batching_table(args, model, t_ir, d_ir, impl, acc, k, context) if args.batching else None
     if args.json:
         out = pred.to_json(nodes=args.nodes)
         if batching is not None:
             out["batching"] = batching
+        if context_note is not None:
+            out["context_note"] = context_note
         out.update(pipeline=pipeline, sweep=sweep, calibrated=dep.calibrated, graphs=model.graphs,
                    acceptance_kind=acc_kind, acceptance_source=acc.source if acc is not None else "AR (no drafts)")
         if tree is not None:
@@ -152,11 +177,12 @@ def run(args) -> int:
         json.dump(out, sys.stdout, default=str)
         sys.stdout.write("\n")
         return 0
-    print(f"{dep.name}: {dep.gpu}, {dep.hbm_bandwidth / 1e12:.2f} TB/s x {model.bandwidth_efficiency('linear'):.2f}, "
-          f"{dep.bf16_flops / 1e12:.0f} TFLOP/s x {dep.flops_efficiency:.2f}, "
+    print(f"{dep.name}: {dep.gpu}, {fmt_rate(dep.hbm_bandwidth, 'B')} x {model.bandwidth_efficiency('linear'):.2f}, "
+          f"{fmt_rate(dep.bf16_flops, 'FLOP')} x {dep.flops_efficiency:.2f}, "
           f"{'graph node' if model.graphs else 'launch'} {model.overhead * 1e6:.2f} us"
           + (" (calibrated)" if dep.calibrated else ""))
-    print(f"passes: {pipeline or '(none)'}; B={pred.batch_size}, C={pred.context}")
+    print(f"passes: {pipeline or '(none)'}; B={pred.batch_size}, C={pred.context}"
+          + (f" ({context_note})" if context_note else ""))
     print(f"AR step: {fmt_seconds(pred.ar.time)} (floor {fmt_seconds(pred.ar.floor)}; {pred.ar.launches} launches; "
           f"weights {pred.ar.weight_bytes / 1e9:.3f} GB)")
     if pred.verify is not None:
@@ -186,7 +212,7 @@ def run(args) -> int:
     return 0
 
 
-def _tree_prediction(args, model, t_ir, d_ir, impl, acc, k) -> dict:
+def _tree_prediction(args, model, t_ir, d_ir, impl, acc, k, context) -> dict:
     """Chain vs a tree of ``--tree`` nodes at depth k (``specc.search.tree_cost``)."""
     from specc.search.tree_acceptance import TreeAcceptanceModel
     from specc.search.tree_cost import choose_budget
@@ -197,9 +223,9 @@ def _tree_prediction(args, model, t_ir, d_ir, impl, acc, k) -> dict:
         raise UserError("--tree N needs N >= 1")
     tree = (TreeAcceptanceModel.from_file(args.tree_acceptance) if args.tree_acceptance
             else TreeAcceptanceModel.from_chain(acc, k))
-    chain = model.predict(t_ir, d_ir, method=impl.name, num_draft=k, acceptance=acc, context=args.context,
+    chain = model.predict(t_ir, d_ir, method=impl.name, num_draft=k, acceptance=acc, context=context,
                           batch_size=args.batch)
-    _, rows = choose_budget(model, t_ir, d_ir, impl, tree, k, chain, budgets=(args.tree,), context=args.context,
+    _, rows = choose_budget(model, t_ir, d_ir, impl, tree, k, chain, budgets=(args.tree,), context=context,
                             batch_size=args.batch)
     return {"budget": args.tree, "depth": k, "acceptance_source": tree.source, "rows": rows}
 
@@ -214,7 +240,7 @@ def _batch_sizes(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
-def _batching_table(args, model, t_ir, d_ir, impl, acc, k) -> list[dict]:
+def _batching_table(args, model, t_ir, d_ir, impl, acc, k, context) -> list[dict]:
     """Per batch size: every option priced (``search.batching_cost``) and the choice
     (``search.batching_choice``). The options assume a target that verifies packed rows."""
     from specc.search.batching_choice import batching_section
@@ -223,7 +249,7 @@ def _batching_table(args, model, t_ir, d_ir, impl, acc, k) -> list[dict]:
     sizes = _batch_sizes(args.batching)
     if not impl.uses_drafter or k < 1:
         raise UserError("--batching prices speculative steps: give a --drafter")
-    pricer = BatchingPricer(model, t_ir, d_ir, impl, k, args.context)
+    pricer = BatchingPricer(model, t_ir, d_ir, impl, k, context)
     out = []
     for b in sizes:
         options = pricer.options(b, acc, reference=True)

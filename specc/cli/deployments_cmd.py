@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-COLUMNS = ("name", "gpu", "batch", "dtype", "HBM TB/s", "bf16 TFLOP/s", "SMs", "launch us", "link GB/s", "calibrated")
+COLUMNS = ("name", "gpu", "batch", "dtype", "HBM", "peak", "SMs", "launch us", "link", "calibrated")
 
 
 def register(sub) -> None:
@@ -23,9 +23,11 @@ def register(sub) -> None:
 
 
 def _row(d) -> list[str]:
-    return [d.name, d.gpu, str(d.batch_size), d.dtype, f"{d.hbm_bandwidth / 1e12:.2f}", f"{d.bf16_flops / 1e12:.0f}",
+    from specc.ir import fmt_rate
+
+    return [d.name, d.gpu, str(d.batch_size), d.dtype, fmt_rate(d.hbm_bandwidth, "B"), fmt_rate(d.bf16_flops, "FLOP"),
             str(d.sm_count), f"{d.launch_overhead_s * 1e6:.1f}",
-            f"{d.link_bandwidth / 1e9:.0f}" if d.link_bandwidth else "-", "yes" if d.calibrated else "no"]
+            fmt_rate(d.link_bandwidth, "B") if d.link_bandwidth else "-", "yes" if d.calibrated else "no"]
 
 
 def _plain(rows: list[list[str]]) -> str:

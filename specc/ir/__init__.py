@@ -20,12 +20,12 @@ from specc.ir.ir import GROUP_KEY, META_KEY, SCOPE_KEY, IR, InputSpec, Totals
 from specc.ir.lint import problems as lint_problems
 from specc.ir.meta import NodeMeta, TensorMeta
 from specc.ir.rules import KINDS, STRUCTURAL_KINDS, Cost, OpCall, OpDef, linear_cost, op_def, op_of_kind, register_op
-from specc.ir.symbols import SYMBOLS, B, C, N, Q, evaluate, fmt_bytes, fmt_expr, fmt_flops
+from specc.ir.symbols import SYMBOLS, B, C, N, Q, evaluate, fmt_bytes, fmt_expr, fmt_flops, fmt_rate
 from specc.ir.trace import STEPS, bind_dflash, meta_model, parse_dtype, trace
 
 __all__ = [
     "B", "C", "Cost", "GROUP_KEY", "IR", "IRError", "InputSpec", "KINDS", "LintError", "META_KEY", "N", "NodeMeta",
     "OpCall", "OpDef", "Q", "SCOPE_KEY", "STEPS", "STRUCTURAL_KINDS", "SYMBOLS", "ShapeError", "TensorMeta", "Totals",
-    "bind_dflash", "evaluate", "fmt_bytes", "fmt_expr", "fmt_flops", "linear_cost", "lint_problems", "meta_model", "op_def",
-    "op_of_kind", "parse_dtype", "register_op", "trace",
+    "bind_dflash", "evaluate", "fmt_bytes", "fmt_expr", "fmt_flops", "fmt_rate", "linear_cost", "lint_problems",
+    "meta_model", "op_def", "op_of_kind", "parse_dtype", "register_op", "trace",
 ]

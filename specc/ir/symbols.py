@@ -92,18 +92,32 @@ def fmt_shape(shape) -> str:
     return "[" + ", ".join(sympy.sstr(d) for d in shape) + "]"
 
 
+_PREFIXES = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+
+
+def _prefixed(n: float) -> tuple[float, str]:
+    """(n / scale, decimal prefix) for the largest prefix not above ``|n|`` (T at most)."""
+    for prefix, scale in _PREFIXES:
+        if abs(n) >= scale:
+            return n / scale, prefix
+    return n, ""
+
+
 def fmt_bytes(n: float | int) -> str:
     """Decimal units (GB = 1e9 bytes), as bandwidth figures are quoted."""
-    n = float(n)
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
+    value, prefix = _prefixed(float(n))
+    return f"{value:.2f} {prefix}B" if prefix else f"{int(n)} B"
 
 
 def fmt_flops(n: float | int) -> str:
-    n = float(n)
-    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} FLOP"
+    value, prefix = _prefixed(float(n))
+    return f"{value:.2f} {prefix}FLOP" if prefix else f"{int(n)} FLOP"
+
+
+def fmt_rate(per_second: float, unit: str) -> str:
+    """A rate in the decimal prefix that fits its magnitude, to three significant digits:
+    ``fmt_rate(4.8e12, "B")`` is "4.80 TB/s", ``fmt_rate(50e9, "B")`` "50.0 GB/s",
+    ``fmt_rate(200e9, "FLOP")`` "200 GFLOP/s" (past 999 T the figure grows: "1980 TFLOP/s")."""
+    value, prefix = _prefixed(float(f"{float(per_second):.3g}"))  # round first: 999.6e9 is 1.00 T
+    digits = 0 if value == 0 or abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+    return f"{value:.{digits}f} {prefix}{unit}/s"

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 from specc.search.acceptance import AcceptanceModel
 from specc.search.batch_pricing import draft_seconds, ragged_verify
-from specc.search.cost_model import DEFAULT_CONTEXT, CostModel
+from specc.search.cost_model import CostModel, default_context
 
 ONE_LEVEL, PER_REQUEST, GOODPUT = "one level", "per-request k", "goodput k, dense"
 _EXACT_ROWS = 8  # level-2 row counts priced exactly up to here, then on a sparser grid
@@ -131,9 +131,7 @@ class BatchingPricer:
         self.k = int(num_draft)
         if self.k < 1:
             raise ValueError("batching options need drafts (num_draft >= 1)")
-        dep = cost.deployment
-        self.context = int(context if context is not None else
-                           min(max(DEFAULT_CONTEXT, dep.context_min), dep.context_max))
+        self.context = int(context if context is not None else default_context(cost.deployment))
         self._verify: dict[tuple, float] = {}
         self._draft: dict[tuple, float] = {}
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from specc.errors import UserError
 from specc.search.acceptance import AcceptanceModel
-from specc.search.cost_model import CostModel, SystemPrediction
+from specc.search.cost_model import CostModel, SystemPrediction, default_context
 from specc.search.defaults import default_num_draft, default_pipeline, k_choices
 from specc.search.defaults import one_line as _one_line
 from specc.search.meta_pair import MetaPair
@@ -93,6 +93,9 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
     measured acceptance may then price far below another k, even below AR), while the next
     compile, reading that measurement back from the memory, sweeps k and picks another. Measured
     here, both choose from the same acceptance (``prediction["choice_acceptance"]`` says which).
+
+    ``context``: the KV-cache length priced; default ``cost_model.default_context``, at most the
+    target's and drafter's max_position_embeddings.
     """
     from specc.passes import available_passes
     from specc.search.deployments import get_deployment
@@ -137,6 +140,8 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
         options = [(p, k, s) for p, _, s in options for k in ks] + options
     metas = MetaPair(pair.target.raw, pair.drafter.raw if pair.drafter else None, method, dep.dtype)
     cost = CostModel(dep)
+    if context is None:  # no longer than the models' positions, as `specc cost` prices it
+        context = default_context(dep, pair.target.raw, pair.drafter.raw if drafts and pair.drafter else None)
     considered = []
     best: tuple[float, str, int, str, SystemPrediction] | None = None
     seen = set()

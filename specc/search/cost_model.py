@@ -450,7 +450,7 @@ class CostModel:
 
         dep = self.deployment
         b = int(batch_size or dep.batch_size)
-        c = int(context if context is not None else min(max(DEFAULT_CONTEXT, dep.context_min), dep.context_max))
+        c = int(context if context is not None else default_context(dep))
         ar = self.step(target_ir, {"B": b, "Q": 1, "C": c}, step="ar", formula=formula)
         impl = get_method(method)  # the drafter forwards a step makes are the method's
         if not impl.uses_drafter or draft_ir is None or num_draft < 1:
@@ -464,6 +464,29 @@ class CostModel:
                              formula=formula), shape.count)
                   for shape in impl.draft_shapes(k, committed)]
         return SystemPrediction(method, k, dep.name, b, c, ar, verify, drafts, e, acceptance)
+
+
+def positions_of(raw: Mapping[str, Any] | None) -> int | None:
+    """A config.json's max_position_embeddings (a multimodal qwen3_5's from its text_config), if
+    it gives one."""
+    from specc.models.config import ConfigError
+    from specc.models.hybrid_config import text_config_view
+
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        positions = text_config_view(dict(raw)).get("max_position_embeddings")
+    except ConfigError:  # reported where the config is traced
+        return None
+    return positions if isinstance(positions, int) and not isinstance(positions, bool) and positions > 0 else None
+
+
+def default_context(deployment, *configs: Mapping[str, Any] | None) -> int:
+    """The KV-cache length priced when none is given: DEFAULT_CONTEXT within the deployment's
+    context range, and at most the positions of each of ``configs`` (config.json dicts; None
+    and configs without max_position_embeddings are skipped)."""
+    context = min(max(DEFAULT_CONTEXT, deployment.context_min), deployment.context_max)
+    return min([context, *(n for n in map(positions_of, configs) if n is not None)])
 
 
 def predict_ar_step(ir, deployment, values: Mapping[str, int] | None = None, **kwargs) -> StepPrediction:

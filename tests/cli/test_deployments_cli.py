@@ -30,3 +30,13 @@ def test_one_deployment_shows_its_fields(capsys):
 def test_unknown_deployment_is_a_one_line_error(capsys):
     assert main(["deployments", "no-such-gpu"]) == 2
     assert capsys.readouterr().err.startswith("specc: error:")
+
+
+def test_rates_are_listed_in_units_that_fit_them(capsys):
+    assert main(["deployments"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
+    assert header[4:6] == ["HBM", "peak"] and "link" in header
+    rows = {line.split()[0]: line for line in lines[1:] if line.strip()}
+    assert "  50.0 GB/s  200 GFLOP/s  " in rows["cpu"] and "TB/s" not in rows["cpu"]
+    assert "  4.80 TB/s  989 TFLOP/s  " in rows["h200-bs1"] and "  450 GB/s  " in rows["h200-bs1"]

@@ -260,3 +260,21 @@ def test_linears_priced_by_the_chosen_implementations_measured_time(qwen8b):
     assert chosen.step(t_ir, ar).time == pytest.approx(plain.step(t_ir, ar).time, rel=0.05)
     # the symbolic formula uses the same per-node prices
     assert float(evaluate(chosen.step_formula(t_ir, values), values)) == pytest.approx(step.time, rel=1e-4)
+
+
+def test_default_context_is_capped_at_the_models_positions():
+    """1024 tokens priced by default, never more than a config's max_position_embeddings (a
+    multimodal Qwen3.5's from its text_config); configs without one do not cap it."""
+    import dataclasses
+
+    from specc.search.cost_model import default_context, positions_of
+
+    dep = get_deployment("h200-bs1")
+    assert default_context(dep) == 1024
+    assert default_context(dep, {"max_position_embeddings": 40960}, None) == 1024
+    assert default_context(dep, {"max_position_embeddings": 4096}, {"max_position_embeddings": 512}) == 512
+    assert default_context(dep, {}, {"max_position_embeddings": "512"}) == 1024  # no usable figure
+    assert default_context(dataclasses.replace(dep, context_max=256), {"max_position_embeddings": 512}) == 256
+    multimodal = {"model_type": "qwen3_5", "text_config": {"max_position_embeddings": 300}}
+    assert positions_of(multimodal) == 300 and default_context(dep, multimodal) == 300
+    assert positions_of({"model_type": "qwen3_5"}) is None  # malformed: the tracer reports it

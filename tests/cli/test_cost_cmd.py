@@ -1,0 +1,65 @@
+"""`specc cost`'s deployment header (rates in units that fit them) and its KV-cache context:
+the default capped at the models' positions (and said so), a larger --context refused."""
+
+import json
+
+from specc.cli import main
+
+
+def _cost(capsys, *argv):
+    code = main(["cost", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_header_rates_fit_the_deployment(capsys):
+    code, out, _ = _cost(capsys, "specc-tiny", "--deployment", "cpu")
+    assert code == 0
+    header = out.splitlines()[0]
+    assert header.startswith("cpu: cpu, 50.0 GB/s x ") and ", 200 GFLOP/s x " in header
+    assert "TB/s" not in header and "TFLOP/s" not in header
+    code, out, _ = _cost(capsys, "specc-tiny", "--deployment", "h200-bs1")
+    assert code == 0
+    assert out.splitlines()[0].startswith("h200-bs1: NVIDIA H200, 4.80 TB/s x 0.72, 989 TFLOP/s x 0.78, ")
+
+
+def test_default_context_is_capped_at_the_models_positions(capsys):
+    code, out, _ = _cost(capsys, "specc-tiny", "--deployment", "h200-bs1")  # 512 positions, default 1024
+    assert code == 0
+    assert "B=1, C=512 (default 1024, capped at the model's positions)" in out
+    assert "gap report: ar on h200-bs1 (B=1, C=512)" in out
+    code, out, _ = _cost(capsys, "specc-tiny", "--deployment", "h200-bs1", "--json")
+    payload = json.loads(out)
+    assert payload["context"] == 512 and "capped at the model's positions" in payload["context_note"]
+    # a context the user gives is priced as given, and no note appears
+    code, out, _ = _cost(capsys, "specc-tiny", "--deployment", "h200-bs1", "--context", "512")
+    assert code == 0 and "B=1, C=512\n" in out and "capped" not in out
+    code, out, _ = _cost(capsys, "specc-tiny", "--deployment", "h200-bs1", "--context", "100", "--json")
+    assert json.loads(out)["context"] == 100 and "context_note" not in json.loads(out)
+
+
+def test_context_beyond_the_positions_is_a_one_line_error(capsys):
+    code, out, err = _cost(capsys, "specc-tiny", "--deployment", "cpu", "--context", "513")
+    assert code == 2 and out == ""
+    assert err.strip() == "specc: error: --context 513 exceeds the model's 512 positions (max_position_embeddings)"
+    code, _, err = _cost(capsys, "specc-tiny", "--context", "-1")
+    assert code == 2 and "--context must be >= 0" in err
+
+
+def test_a_drafter_with_fewer_positions_caps_the_context(tmp_path, capsys):
+    from specc.ir.trace import read_config
+
+    raw, _ = read_config("specc-tiny-dflash")
+    drafter = tmp_path / "config.json"
+    drafter.write_text(json.dumps({**raw, "max_position_embeddings": 256}))
+    argv = ["specc-tiny", "--drafter", str(drafter), "--deployment", "h200-bs1", "--tau", "3"]
+    code, out, _ = _cost(capsys, *argv)
+    assert code == 0 and "C=256 (default 1024, capped at the drafter's positions)" in out
+    code, _, err = _cost(capsys, *argv, "--context", "300")
+    assert code == 2 and "--context 300 exceeds the drafter's 256 positions" in err
+    # a model with more positions than the default keeps the default
+    target = tmp_path / "target" / "config.json"
+    target.parent.mkdir()
+    target.write_text(json.dumps({**read_config("specc-tiny")[0], "max_position_embeddings": 4096}))
+    code, out, _ = _cost(capsys, str(target), "--deployment", "h200-bs1")
+    assert code == 0 and "B=1, C=1024\n" in out
