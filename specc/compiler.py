@@ -166,11 +166,11 @@ def _remember_acceptance(pair, dep, memory, k: int, acc) -> None:
     this pair with the same acceptance compile did (one source of acceptance)."""
     if memory is False or pair.drafter is None:
         return
-    from specc.search.memory import Memory, family_of
+    from specc.search.memory import Memory, family_of, pair_weights
 
     try:
         mem = memory if isinstance(memory, Memory) else Memory.open(family_of(pair.target.raw), dep.name, memory)
-        mem.record_acceptance(pair.target.name, pair.drafter.name, pair.method, k, acc)
+        mem.record_acceptance(pair.target.name, pair.drafter.name, pair.method, k, acc, weights=pair_weights(pair))
         mem.save()
     except (OSError, UserError):  # a read-only cache: the prediction still uses it, the memory does not keep it
         pass

@@ -77,6 +77,24 @@ def _pair_name(ref: str) -> str:
     return str(p.parent) if p.is_file() and p.suffix == ".json" else ref
 
 
+def _weights(model_ref: str, drafter_ref: str | None) -> str | None:
+    """The pair's ``memory.weights_fingerprint`` when both resolve to checkpoint directories
+    (the search memory then offers only acceptance measured on these weights); None for a bare
+    config.json or anything that does not resolve (any record for the names counts)."""
+    from specc.models.loading import CheckpointError, resolve_checkpoint
+    from specc.search.memory import weights_fingerprint
+
+    dirs = []
+    for ref in (model_ref, drafter_ref):
+        if ref is None:
+            continue
+        try:
+            dirs.append(resolve_checkpoint(_pair_name(ref)))
+        except (CheckpointError, OSError, ValueError):
+            return None
+    return weights_fingerprint(*dirs)
+
+
 def _method(args, drafter_kind: str | None):
     """The method object: --method if given, else the drafter kind's default."""
     from specc.methods import default_method, get_method
@@ -138,7 +156,8 @@ def run(args) -> int:
     # search memory's measured record for this pair (compile writes it), else unknown (E = 1)
     acc, acc_kind, recorded = resolve_acceptance(
         _pair_name(args.model), _pair_name(args.drafter) if args.drafter else None, method, family_of(raw_t),
-        dep.name, k, tau=args.tau, alpha=args.alpha, file=args.acceptance, memory=args.memory)
+        dep.name, k, tau=args.tau, alpha=args.alpha, file=args.acceptance, memory=args.memory,
+        weights=_weights(args.model, args.drafter) if args.drafter else None)
     if not impl.uses_drafter:
         acc = None
     pipeline = default_pipeline() if args.passes is None else args.passes

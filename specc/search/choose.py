@@ -30,11 +30,13 @@ class Choice:
     prediction: dict[str, Any]
 
 
-def memory_acceptance(mem, model: str, drafter: str, method: str, k: int | None = None) -> AcceptanceModel | None:
+def memory_acceptance(mem, model: str, drafter: str, method: str, k: int | None = None,
+                      weights: str | None = None) -> AcceptanceModel | None:
     """The measured acceptance the search memory holds for the pair (this deployment's file
-    first, then the family's other deployments), or None."""
+    first, then the family's other deployments), or None; ``weights``: the pair's
+    ``memory.weights_fingerprint`` (only records measured on those weights count)."""
     for m in [mem] + mem.siblings():
-        found = m.find_acceptance(model, drafter, method, k)
+        found = m.find_acceptance(model, drafter, method, k, weights)
         if found is not None:
             return found
     return None
@@ -42,7 +44,7 @@ def memory_acceptance(mem, model: str, drafter: str, method: str, k: int | None 
 
 def resolve_acceptance(model: str, drafter: str | None, method: str, family: str, deployment: str, k: int, *,
                        tau: float | None = None, alpha: float | None = None, file: str | None = None,
-                       memory=None) -> tuple[AcceptanceModel, str, AcceptanceModel | None]:
+                       memory=None, weights: str | None = None) -> tuple[AcceptanceModel, str, AcceptanceModel | None]:
     """The one acceptance `specc cost` and `specc compile` predict with, and which it is:
     (model, kind, the memory's measured model or None). ``kind``: "stated" (``tau`` / ``alpha``
     / ``file`` given: the user's word wins), "measured" (the search memory's record for the
@@ -55,7 +57,7 @@ def resolve_acceptance(model: str, drafter: str | None, method: str, family: str
     recorded = None
     if memory is not False and drafter:
         mem = memory if isinstance(memory, Memory) else Memory.open(family, deployment, memory)
-        recorded = memory_acceptance(mem, model, drafter, method, k)
+        recorded = memory_acceptance(mem, model, drafter, method, k, weights)
     if tau is not None:
         return AcceptanceModel.from_tau(tau, k, source=f"stated: tau {tau:g} at k={k} (geometric fit)"), "stated", recorded
     if alpha is not None:
@@ -99,7 +101,7 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
     """
     from specc.passes import available_passes
     from specc.search.deployments import get_deployment
-    from specc.search.memory import Memory, family_of
+    from specc.search.memory import Memory, family_of, pair_weights
     from specc.search.proposers import _pipeline_usable
 
     dep = get_deployment(deployment) if isinstance(deployment, str) else deployment
@@ -124,7 +126,7 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
                 k = (num_draft or (cand.num_draft if same and cand.num_draft else k_default)) if drafts else 0
                 options.append((pipe, k, f"memory ({e.deployment or m.deployment}): {e.mechanism}"))
         if acceptance is None and drafts:
-            acceptance = memory_acceptance(mem, model_name, drafter_name, method)
+            acceptance = memory_acceptance(mem, model_name, drafter_name, method, weights=pair_weights(pair))
             acc_source = "memory" if acceptance is not None else "unknown"
     if measure is not None and not given and num_draft is None and drafts:
         k_max = max(k_choices(pair, k_default))

@@ -42,6 +42,7 @@ from specc.search.defaults import one_line as _one_line
 from specc.search.check import _check_sandboxed, check, system
 from specc.search.evaluated import Evaluated, Reporter, SearchContext, SearchError, SearchResult
 from specc.search.measure import measure_candidate
+from specc.search.memory import pair_weights as _pair_weights
 from specc.search.proposers import ROLES, BuiltinProposer, Candidate, MemoryProposer, Proposer
 
 MIN_GAIN = 1e-3  # a candidate must beat the best by this fraction (predicted) to be checked and kept
@@ -338,7 +339,8 @@ class Search:
         self._load_models()
         if self.memory is not None and self.stock_acceptance is not None and self.stock_acceptance.measured_k:
             self.memory.record_acceptance(self.model_name, self.drafter_name, self.method,
-                                          self.stock_acceptance.measured_k, self.stock_acceptance)
+                                          self.stock_acceptance.measured_k, self.stock_acceptance,
+                                          weights=_pair_weights(self.pair))
         self.reporter.message(f"acceptance: {self.stock_acceptance.describe(self.start.num_draft or None)}")
         base = self._predict_candidate(self.start)
         if base.prediction is None:
@@ -410,7 +412,8 @@ class Search:
             if improved:
                 if round_best.acceptance is not None and self.memory is not None:
                     self.memory.record_acceptance(self.model_name, self.drafter_name, self.method,
-                                                  round_best.candidate.num_draft, round_best.acceptance)
+                                                  round_best.candidate.num_draft, round_best.acceptance,
+                                                  weights=_pair_weights(self.pair))
                 best = round_best
                 best.status = "best"
             log.append({"round": r, "gap_report": report.to_json() if report else None, "notes": ctx.notes,

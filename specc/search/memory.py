@@ -10,7 +10,8 @@ file itself; its directory then holds the other deployments' files). Format::
                   "date": "2026-12-03T10:00:00+00:00", "specc_version": "0.1.0",
                   "model": "...", "drafter": "...", "method": "dflash", "deployment": "h200-bs1",
                   "prediction": {"tokens_per_s": ..., "speedup": ...}, "notes": ""}],
-     "acceptance": {"<model>|<drafter>|<method>|k=<k>": {"alphas": [...], "source": "...", "date": "..."}}}
+     "acceptance": {"<model>|<drafter>|<method>|k=<k>": {"alphas": [...], "source": "...", "date": "...",
+                                                         "weights": "<weights_fingerprint of both>"}}}
 
 ``parameters`` always holds the *complete* configuration (passes per role, num_draft, pass
 options), so an entry can be re-applied as is; ``mechanism`` says what it changed relative to
@@ -18,6 +19,13 @@ the configuration it improved on, and the gains are relative to that configurati
 ratio). ``validated`` means it passed token forcing against stock. Later search rounds and
 searches on other deployments try validated entries first; ``choose_pipeline`` picks among them
 by predicted tokens/s.
+
+Acceptance belongs to the weights, not to the names: a drafter retrained in the same directory,
+or a zoo model updated by a new specc, accepts differently. A record therefore carries
+:func:`weights_fingerprint` of the target and drafter it was measured on, and a lookup that
+knows the weights (`specc compile`, `specc cost` given a checkpoint) takes only a record with the
+same fingerprint; records without one (older memories) do not match it, so a compile measures
+afresh once. A lookup from a bare config.json (no weights to fingerprint) takes any record.
 """
 
 from __future__ import annotations
@@ -56,6 +64,47 @@ def memory_path(family: str, deployment: str, directory: Path | None = None) -> 
 
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_EDGE = 1 << 20  # bytes hashed at each end of a weight file
+
+
+def weights_fingerprint(*directories) -> str | None:
+    """A cheap fingerprint of the weights in checkpoint ``directories`` (None entries skipped):
+    sha256 over each one's config.json and, per weight file (safetensors, .bin, .pt; bf12's
+    index), its name, size and first and last MiB. Retrained or re-packed weights differ there;
+    hashing whole files would read gigabytes on every compile. None when no directory holds a
+    weight file (a bare config.json: nothing to tell weights apart by)."""
+    import hashlib
+
+    digest, seen = hashlib.sha256(), False
+    for d in directories:
+        if d is None:
+            continue
+        d = Path(d)
+        if not d.is_dir():
+            continue
+        files = sorted(f for f in d.iterdir() if f.is_file() and (
+            f.suffix in WEIGHT_SUFFIXES or f.name in ("config.json", "bf12.json") or f.name.endswith(".index.json")))
+        for f in files:
+            size = f.stat().st_size
+            digest.update(f"{d.name}/{f.name}:{size}".encode())
+            with open(f, "rb") as fh:
+                digest.update(fh.read(_EDGE))
+                if size > 2 * _EDGE:
+                    fh.seek(size - _EDGE)
+                    digest.update(fh.read(_EDGE))
+            seen = seen or f.suffix in WEIGHT_SUFFIXES
+    return digest.hexdigest()[:16] if seen else None
+
+
+def pair_weights(pair) -> str | None:
+    """``memory.weights_fingerprint`` of a pair's target and drafter checkpoints (None for pairs
+    without directories, e.g. traced from configs alone)."""
+    drafter = getattr(pair, "drafter", None)
+    return weights_fingerprint(getattr(getattr(pair, "target", None), "path", None),
+                               getattr(drafter, "path", None) if drafter is not None else None)
 
 
 @dataclasses.dataclass
@@ -299,15 +348,24 @@ class Memory:
     def acceptance_key(model: str, drafter: str, method: str, k: int) -> str:
         return f"{model}|{drafter}|{method}|k={k}"
 
-    def record_acceptance(self, model: str, drafter: str, method: str, k: int, acceptance) -> None:
-        self.acceptance[self.acceptance_key(model, drafter, method, k)] = dict(acceptance.to_json(), date=now())
+    def record_acceptance(self, model: str, drafter: str, method: str, k: int, acceptance,
+                          weights: str | None = None) -> None:
+        """Keep a measured acceptance; ``weights``: the pair's :func:`weights_fingerprint`."""
+        record = dict(acceptance.to_json(), date=now())
+        if weights:
+            record["weights"] = weights
+        self.acceptance[self.acceptance_key(model, drafter, method, k)] = record
 
-    def find_acceptance(self, model: str, drafter: str, method: str, k: int | None = None):
-        """The recorded AcceptanceModel for a pair (at k, else the largest k recorded), or None."""
+    def find_acceptance(self, model: str, drafter: str, method: str, k: int | None = None,
+                        weights: str | None = None):
+        """The recorded AcceptanceModel for a pair (at k, else the largest k recorded), or None.
+        ``weights``: the pair's :func:`weights_fingerprint`; when given, only records measured on
+        those weights count (module docstring)."""
         from specc.search.acceptance import AcceptanceModel
 
         prefix = f"{model}|{drafter}|{method}|k="
-        found = {int(key[len(prefix):]): v for key, v in self.acceptance.items() if key.startswith(prefix)}
+        found = {int(key[len(prefix):]): v for key, v in self.acceptance.items() if key.startswith(prefix)
+                 and (weights is None or v.get("weights") == weights)}
         if not found:
             return None
         k_use = k if k in found else max(found)

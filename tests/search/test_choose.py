@@ -11,7 +11,7 @@ from specc.pairing import resolve_pair
 from specc.search.acceptance import AcceptanceModel
 from specc.search.choose import choose_pipeline
 from specc.search.defaults import default_num_draft, k_choices
-from specc.search.memory import Memory
+from specc.search.memory import Memory, pair_weights
 
 DEP = "cpu"
 # what stock measures for a drafter whose first two drafts are often right and the rest rarely:
@@ -41,7 +41,8 @@ def pair(tiny):
 def _memory(tmp_path, pair, records=()):
     mem = Memory.open("qwen3", DEP, tmp_path / "mem")
     for k, model in records:
-        mem.record_acceptance(pair.target.name, pair.drafter.name, pair.method, k, model)
+        mem.record_acceptance(pair.target.name, pair.drafter.name, pair.method, k, model,
+                              weights=pair_weights(pair))  # as `specc compile` records it
     mem.save()
     return tmp_path / "mem"
 
@@ -104,3 +105,34 @@ def test_when_measure_is_not_called(pair, tmp_path):
     assert measure.calls == [k_max] and choice.prediction["acceptance_source"] == "measured"
     # memory=False: nothing remembered, the measurement still chooses
     assert choose_pipeline(pair, DEP, False, measure=Measure()).prediction["acceptance_source"] == "measured"
+
+
+def test_a_record_for_other_weights_is_measured_again(pair, tmp_path):
+    """Acceptance belongs to the weights: a record left by an older memory (no fingerprint) or by
+    a drafter since retrained in the same directory is not used; the pair is measured again."""
+    import shutil
+
+    k_max = max(k_choices(pair, default_num_draft(pair)))
+    old = AcceptanceModel(ALPHAS[:3] + [ALPHAS[-1]] * (k_max - 3), source="older weights", measured_k=k_max)
+    mem = Memory.open("qwen3", DEP, tmp_path / "mem")
+    mem.record_acceptance(pair.target.name, pair.drafter.name, pair.method, k_max, old)  # no fingerprint
+    mem.save()
+    measure = Measure()
+    assert choose_pipeline(pair, DEP, tmp_path / "mem", measure=measure).prediction["acceptance_source"] == "measured"
+    assert measure.calls == [k_max]
+    # retrain the drafter in place: its weight file changes, and so does the fingerprint
+    drafter = tmp_path / "drafter"
+    shutil.copytree(pair.drafter.path, drafter)
+    moved = resolve_pair(str(pair.target.path), str(drafter))
+    before = pair_weights(moved)
+    weights = next(f for f in drafter.iterdir() if f.suffix == ".safetensors")
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert before is not None and pair_weights(moved) != before
+    mem = Memory.open("qwen3", DEP, tmp_path / "mem2")
+    mem.record_acceptance(moved.target.name, moved.drafter.name, moved.method, k_max, old, weights=before)
+    mem.save()
+    measure = Measure()
+    assert choose_pipeline(moved, DEP, tmp_path / "mem2", measure=measure).prediction["acceptance_source"] == "measured"
+    assert measure.calls == [k_max]

@@ -58,3 +58,29 @@ def test_explicit_file_directory_and_siblings(tmp_path):
 def test_family_key():
     assert family_of({"model_type": "Qwen3"}) == "qwen3"
     assert family_of({}) == "unknown"
+
+
+def test_acceptance_records_are_matched_by_weights(tmp_path):
+    from specc.search.acceptance import AcceptanceModel
+    from specc.search.memory import Memory, weights_fingerprint
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    assert weights_fingerprint(ckpt) is None  # a bare config.json: nothing to tell weights apart by
+    (ckpt / "model.safetensors").write_bytes(b"a" * (3 << 20))
+    fp = weights_fingerprint(ckpt, None)
+    assert fp and fp == weights_fingerprint(ckpt)
+    (ckpt / "model.safetensors").write_bytes(b"a" * (3 << 20) + b"b")  # retrained: size and tail differ
+    assert weights_fingerprint(ckpt) != fp
+
+    mem = Memory.open("qwen3", "cpu", tmp_path / "mem")
+    acc = AcceptanceModel([0.8, 0.5], source="measured", measured_k=2)
+    mem.record_acceptance("t", "d", "dflash", 2, acc, weights="aaaa")
+    mem.record_acceptance("t", "d", "pard", 2, acc)  # an older record: no fingerprint
+    mem.save()
+    again = Memory.open("qwen3", "cpu", tmp_path / "mem")
+    assert again.find_acceptance("t", "d", "dflash", 2, "aaaa").alphas == [0.8, 0.5]
+    assert again.find_acceptance("t", "d", "dflash", 2, "bbbb") is None  # other weights
+    assert again.find_acceptance("t", "d", "dflash", 2) is not None  # weights unknown (a bare config)
+    assert again.find_acceptance("t", "d", "pard", 2, "aaaa") is None
