@@ -94,17 +94,22 @@ def _graphed(loop) -> list:
     return [s for s in getattr(loop, "steps", {}).values() if isinstance(s, GraphedStep)]
 
 
-PREFILL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # the Triton linear's M buckets (kernels.linear)
 PREFILLS_MARKER = "prefills-compiled"  # in the kernel cache directory: the sweep ran there
 
 
 def prefill_lengths(limit: int, skip: int = 0) -> list[int]:
     """Prompt lengths whose prefills reach every kernel variant a prompt of at most ``limit``
-    tokens can: each row bucket's edge and its neighbours (b - 1, b, b + 1; a prefill feeds the
-    prompt or all but its last token), which also covers Triton's divisible-by-16
-    specializations; ``skip``: a length already run."""
-    out = sorted({n for b in PREFILL_BUCKETS for n in (b - 1, b, b + 1) if 1 <= n <= limit} - {skip})
-    return out
+    tokens can: each row bucket of the Triton linear (``kernels.linear.M_BUCKETS``) at its edge
+    and its neighbours (b - 1, b, b + 1; a prefill feeds the prompt or all but its last token),
+    which also covers Triton's divisible-by-16 specializations; ``skip``: a length already run."""
+    from specc.codegen.kernels.linear import M_BUCKETS  # imports triton: only when prefills run
+
+    return sorted({n for b in M_BUCKETS for n in (b - 1, b, b + 1) if 1 <= n <= limit} - {skip})
+
+
+def _dummy_prompt(length: int, vocab_size: int) -> list[int]:
+    """Token ids of a warm-up prompt (any ids do: only the shapes matter)."""
+    return [(7 + 13 * i) % max(vocab_size, 1) for i in range(length)]
 
 
 def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | None = None,
@@ -117,7 +122,7 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
     k = int(getattr(loop, "num_draft", 0) or 0)
     prompt_len = max(1, min(prompt_len, loop.max_len // 2))
     new = max(2, min(2 * (k + 1) + 1, loop.max_len - prompt_len - 1))
-    prompt = [(7 + 13 * i) % max(vocab_size, 1) for i in range(prompt_len)]
+    prompt = _dummy_prompt(prompt_len, vocab_size)
     graphed = _graphed(loop)
     cuda = any(s.step.device.type == "cuda" for s in graphed) if graphed else False
     stats = {"generations": 0}
@@ -126,16 +131,17 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
         if cuda:
             torch.cuda.synchronize()
 
-    def one_pass():
+    def generate(tokens: list[int], new_tokens: int):
         loop._shapes_captured = False
-        loop.generate(prompt, new, ())
+        loop.generate(tokens, new_tokens, ())
         stats["generations"] += 1
+
+    def one_pass():
+        generate(prompt, new)
 
     def prefills():  # kernels of every prefill row bucket (see the module docstring)
         for n in prefill_lengths(min(256, loop.max_len // 2), skip=prompt_len):
-            loop._shapes_captured = False
-            loop.generate([(7 + 13 * i) % max(vocab_size, 1) for i in range(n)], 2, ())
-            stats["generations"] += 1
+            generate(_dummy_prompt(n, vocab_size), 2)
 
     saved = [s.max_tokens for s in graphed]
     t0 = time.perf_counter()
