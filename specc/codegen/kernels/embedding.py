@@ -10,13 +10,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from specc.codegen.kernels._common import check_same_device, check_tensor, next_pow2, use_triton
+from specc.codegen.kernels._common import check_same_device, check_tensor, next_pow2, pdl_args, pdl_wait, use_triton
 
 __all__ = ["embedding", "embedding_reference"]
 
 
 @triton.jit
-def _embedding_kernel(ids_ptr, w_ptr, y_ptr, V, H, stride_w, BLOCK: tl.constexpr):
+def _embedding_kernel(ids_ptr, w_ptr, y_ptr, V, H, stride_w, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < H
@@ -42,7 +43,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if flat.numel() and h:
         block = min(1024, max(16, next_pow2(h)))
         _embedding_kernel[(flat.numel(), triton.cdiv(h, block))](
-            flat, weight, y, v, h, weight.stride(0), BLOCK=block, num_warps=4)
+            flat, weight, y, v, h, weight.stride(0), BLOCK=block, num_warps=4, **pdl_args(weight))
     return y
 
 

@@ -24,6 +24,8 @@ from specc.codegen.kernels._common import (
     check_same_device,
     check_tensor,
     next_pow2,
+    pdl_args,
+    pdl_wait,
     use_triton,
 )
 
@@ -40,7 +42,8 @@ _BIG = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
-def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, NUM_CHUNKS, CHUNK: tl.constexpr):
+def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, NUM_CHUNKS, CHUNK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
@@ -59,7 +62,8 @@ def _argmax_chunk_kernel(x_ptr, val_ptr, idx_ptr, V, stride_x, NUM_CHUNKS, CHUNK
 
 
 @triton.jit
-def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, NUM_CHUNKS, BLOCK_C: tl.constexpr):
+def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, NUM_CHUNKS, BLOCK_C: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_C)
     mask = offs < NUM_CHUNKS
@@ -124,8 +128,8 @@ def argmax(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     vals = torch.empty(rows * nc, dtype=torch.float32, device=logits.device)
     idxs = torch.empty(rows * nc, dtype=torch.int32, device=logits.device)
     _argmax_chunk_kernel[(rows, nc)](x2, vals, idxs, v, x2.stride(0), nc, CHUNK=chunk,
-                                     num_warps=8 if chunk >= 4096 else 4)
-    _argmax_final_kernel[(rows,)](vals, idxs, out, nc, BLOCK_C=max(2, next_pow2(nc)), num_warps=4)
+                                     num_warps=8 if chunk >= 4096 else 4, **pdl_args(x2))
+    _argmax_final_kernel[(rows,)](vals, idxs, out, nc, BLOCK_C=max(2, next_pow2(nc)), num_warps=4, **pdl_args(vals))
     return out.reshape(logits.shape[:-1])
 
 

@@ -65,6 +65,9 @@ from specc.codegen.kernels._common import (
     check_same_device,
     check_tensor,
     num_sms,
+    pdl_launch,
+    pdl_mode,
+    pdl_wait,
     round_to,
     rounded,
     tl_dtype,
@@ -86,6 +89,11 @@ __all__ = [
 ]
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# The tensor-core kernel is launched with PDL (specc.codegen.kernels._common) up to this many rows.
+# H200, Qwen3-8B step (docs/benchmarks/h200-run12.md): with PDL at 16 rows the verify step
+# (B = 1, Q = 16) took 1.6% less time and the B = 16 AR step 0.8% more (without it on this kernel,
+# +1.6%); at 256 rows (B = 16, Q = 16) the step took 5.8% more with it and 1.2% more without.
+PDL_DOT_MAX_ROWS = 64
 
 
 # ------------------------------------------------------------------------------------------
@@ -159,12 +167,52 @@ def _epilogue(out, offs_m, offs_n, M, N, pid_m, pid_n, pid_k, y_ptr, stride_ym, 
 
 
 @triton.jit
+def _gemv_tile(acc, w, k0, k_hi, x_base, g_ptr, rstd, zrow,
+               BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_NORM: tl.constexpr, X_2D: tl.constexpr,
+               X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr):
+    """acc += the weight tile ``w`` (columns ``k0 .. k0 + BLOCK_K``) times the matching x."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    if X_2D:
+        xk = tl.max_contiguous(zrow + offs_k[None, :], [1, BLOCK_K])
+    else:
+        xk = offs_k
+    if EVEN_K:
+        xv = tl.load(x_base + xk).to(tl.float32)
+        if HAS_NORM:
+            gv = tl.load(g_ptr + xk).to(tl.float32)
+    else:
+        xv = tl.load(x_base + xk, mask=xk < k_hi, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            gv = tl.load(g_ptr + xk, mask=xk < k_hi, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        xv = _prologue(xv, rstd, gv, X_DTYPE, H_DTYPE)
+    if X_2D:
+        acc += w.to(tl.float32) * xv
+    else:
+        acc += w.to(tl.float32) * xv[None, :]
+    return acc
+
+
+@triton.jit
+def _gemv_weights(w_base, k0, k_hi, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The ``[BLOCK_N, BLOCK_K]`` weight tile at column k0 (streamed once: evict first)."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
+        return tl.load(w_base + offs_k[None, :], eviction_policy="evict_first")
+    else:
+        return tl.load(w_base + offs_k[None, :], mask=(offs_k < k_hi)[None, :], other=0.0,
+                       eviction_policy="evict_first")
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr,
     M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym, eps,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
     X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, X_2D: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -179,37 +227,26 @@ def _gemv_kernel(
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     w_base = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     x_base = x_ptr + m.to(tl.int64) * stride_xm
+    if PDL >= 2:  # the first weight tile is in flight while the previous kernel finishes
+        w_first = _gemv_weights(w_base, k_lo, k_hi, BLOCK_K, EVEN_K)
+    pdl_wait(PDL)
     if HAS_NORM:
         if RSTD_BLOCK > 0:  # every program reads the whole row once (L2 hits) instead of a launch
             rstd = _rstd_of_row(x_base, K, eps, RSTD_BLOCK)
         else:
             rstd = tl.load(rstd_ptr + m)
+    else:
+        rstd = 1.0
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        if X_2D:
-            xk = tl.max_contiguous(zrow + offs_k[None, :], [1, BLOCK_K])
-        else:
-            xk = offs_k
-        if EVEN_K:
-            offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
-            w = tl.load(w_base + offs_k[None, :], eviction_policy="evict_first")
-            xv = tl.load(x_base + xk).to(tl.float32)
-            if HAS_NORM:
-                gv = tl.load(g_ptr + xk).to(tl.float32)
-        else:
-            mk = offs_k < k_hi
-            w = tl.load(w_base + offs_k[None, :], mask=mk[None, :], other=0.0,
-                        eviction_policy="evict_first")
-            xv = tl.load(x_base + xk, mask=xk < k_hi, other=0.0).to(tl.float32)
-            if HAS_NORM:
-                gv = tl.load(g_ptr + xk, mask=xk < k_hi, other=0.0).to(tl.float32)
-        if HAS_NORM:
-            xv = _prologue(xv, rstd, gv, X_DTYPE, H_DTYPE)
-        if X_2D:
-            acc += w.to(tl.float32) * xv
-        else:
-            acc += w.to(tl.float32) * xv[None, :]
+    k_start = k_lo
+    if PDL >= 2:  # (every program has at least one tile)
+        acc = _gemv_tile(acc, w_first, k_lo, k_hi, x_base, g_ptr, rstd, zrow, BLOCK_K, EVEN_K, HAS_NORM,
+                         X_2D, X_DTYPE, H_DTYPE)
+        k_start = k_lo + BLOCK_K
+    for k0 in range(k_start, k_hi, BLOCK_K):
+        w = _gemv_weights(w_base, k0, k_hi, BLOCK_K, EVEN_K)
+        acc = _gemv_tile(acc, w, k0, k_hi, x_base, g_ptr, rstd, zrow, BLOCK_K, EVEN_K, HAS_NORM,
+                         X_2D, X_DTYPE, H_DTYPE)
     out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
     offs_m = m + tl.arange(0, 1)
     _epilogue(out, offs_m, offs_n, M, N, m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
@@ -223,7 +260,7 @@ def _gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr, TMA: tl.constexpr,
     USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
-    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr,
+    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -236,6 +273,7 @@ def _gemm_kernel(
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     x_base = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm
     w_base = w_ptr + rows_n.to(tl.int64)[:, None] * stride_wn
+    pdl_wait(PDL)  # (Triton's pipeliner owns the loads: no tile is issued before the wait)
     if HAS_NORM:
         rstd = tl.load(rstd_ptr + rows_m)[:, None]
     if SWAP_AB:
@@ -550,8 +588,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     b = bias.contiguous() if bias is not None else y
     r = residual.reshape(m, n).contiguous() if residual is not None else y  # y's [M, N] layout
     x_tl, h_tl = tl_dtype(x.dtype), tl_dtype(out_dtype)
+    pdl = pdl_mode(x)
+    if cfg.kind == "dot":
+        pdl = min(pdl, 1) if m <= PDL_DOT_MAX_ROWS else 0
     common = dict(USE_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_NORM=has_norm, HAS_RES=residual is not None,
-                  X_DTYPE=x_tl, H_DTYPE=h_tl, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  X_DTYPE=x_tl, H_DTYPE=h_tl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                  PDL=pdl, **pdl_launch(pdl))
     if cfg.kind == "gemv":
         grid = (triton.cdiv(n, cfg.block_n), split, m)
         _gemv_kernel[grid](

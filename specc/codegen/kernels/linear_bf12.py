@@ -62,7 +62,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels._common import (
+    ConfigTable,
+    bucket_of,
+    pdl_launch,
+    pdl_mode,
+    pdl_wait,
+)
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
@@ -162,7 +168,7 @@ def _bf12_linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_J: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ESC: tl.constexpr,
     ESC_BLOCK: tl.constexpr, DOT_BF16: tl.constexpr, USE_ASM: tl.constexpr,
-    X_PAIRS: tl.constexpr, PREFETCH: tl.constexpr,
+    X_PAIRS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -200,6 +206,8 @@ def _bf12_linear_kernel(
             nx_a = tl.load(sm_rows + offs_p[None, :], mask=pmask, other=0)
             nx_b = tl.load(sm_rows + K16 + offs_p[None, :], mask=pmask, other=0)
             nx_c = tl.load(ex_rows + offs_p[None, :], mask=pmask, other=0)
+    # weights only above (the fma path's first tile with PREFETCH): nothing an earlier kernel writes
+    pdl_wait(PDL)
 
     for j0 in range(j_start, j_end, BLOCK_J):
         offs_j = j0 + tl.arange(0, BLOCK_J)
@@ -536,6 +544,8 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
         ws, cnt = y, meta["rowptr"]  # unused
     kern = _kernel
     dummy = meta["rowptr"]
+    # the dot path measured slower with PDL (docs/benchmarks/h200-run12.md): plain launches
+    pdl = pdl_mode(x2) if cfg.kind == "fma" else 0
     # fma path, bf16 x: load x as int32 pairs (one load + shift/and per pair of weights)
     x_pairs = (cfg.kind == "fma" and x2.dtype == torch.bfloat16 and k % 2 == 0
                and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0)
@@ -552,7 +562,7 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
         SPLIT_K=split, HAS_BIAS=bias is not None, HAS_ESC=meta["num_esc"] > 0,
         ESC_BLOCK=cfg.esc_block, DOT_BF16=x.dtype == torch.bfloat16,
         USE_ASM=cfg.use_asm and not interpret, X_PAIRS=x_pairs, PREFETCH=cfg.prefetch,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl, **pdl_launch(pdl),
     )
     return y.reshape(*lead, n)
 

@@ -18,6 +18,8 @@ from specc.codegen.kernels._common import (
     check_same_device,
     check_tensor,
     next_pow2,
+    pdl_args,
+    pdl_wait,
     round_to,
     rounded,
     use_triton,
@@ -30,7 +32,8 @@ MAX_HIDDEN = 65536
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, N, stride_x, stride_r, stride_y, stride_s,
-                    eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                    eps, HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -104,7 +107,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _rmsnorm_kernel[(m,)](x2, r2, weight, y2, s2, n, x2.stride(0), r2.stride(0),
                               y2.stride(0), s2.stride(0), float(eps),
                               HAS_RES=residual is not None, BLOCK=block,
-                              num_warps=max(1, min(16, block // 512)))
+                              num_warps=max(1, min(16, block // 512)), **pdl_args(x2))
     return y if residual is None else (y, sum_out)
 
 

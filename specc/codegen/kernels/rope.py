@@ -25,6 +25,8 @@ from specc.codegen.kernels._common import (
     check_same_device,
     check_tensor,
     next_pow2,
+    pdl_args,
+    pdl_wait,
     precise_cos,
     precise_sin,
     round_to,
@@ -78,8 +80,8 @@ def _rope_cache_kernel(
     HAS_QN: tl.constexpr, HAS_KN: tl.constexpr,
     ACT_DTYPE: tl.constexpr, QX_DTYPE: tl.constexpr, Q_DTYPE: tl.constexpr,
     KX_DTYPE: tl.constexpr, K_DTYPE: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr,
-):
+    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     # Every load is issued before any store: the kernel is latency-bound (one token per
     # program), and loads placed after a store would wait for it (the compiler cannot prove the
     # pointers disjoint).
@@ -213,8 +215,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
         num_warps=4,
         # no FMA contraction: the reference rounds x*cos and rotate_half(x)*sin to the dtype
         # before adding them (seen on an H200: fused bf16 FMAs changed ~15% of q's bits)
-        enable_fp_fusion=False,
-    )
+        enable_fp_fusion=False, **pdl_args(q))
     return out
 
 

@@ -18,6 +18,8 @@ from specc.codegen.kernels._common import (
     FLOAT_DTYPES,
     check_same_device,
     check_tensor,
+    pdl_args,
+    pdl_wait,
     precise_exp,
     round_to,
     rounded,
@@ -30,7 +32,8 @@ _BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, I, stride_g, stride_u, stride_y, BLOCK: tl.constexpr):
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, I, stride_g, stride_u, stride_y, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
@@ -47,7 +50,7 @@ def _launch(gate2, up2, out_shape, dtype, device):
     if m and i:
         _silu_mul_kernel[(m, triton.cdiv(i, _BLOCK))](
             gate2, up2, y2, i, gate2.stride(0), up2.stride(0), y2.stride(0), BLOCK=_BLOCK,
-            num_warps=4)
+            num_warps=4, **pdl_args(gate2))
     return y
 
 

@@ -103,6 +103,19 @@ def main() -> int:
 
     C1 = B1.Bf12Config
 
+    from specc.codegen.kernels import _common
+
+    def _pdl(mode, module, fn):  # launch with a PDL mode as on an sm_90 GPU
+        patched = [m for m in {module, _common} if hasattr(m, "pdl_mode")]
+        saved = [m.pdl_mode for m in patched]
+        for m in patched:
+            m.pdl_mode = lambda t: mode
+        try:
+            return fn()
+        finally:
+            for m, f in zip(patched, saved):
+                m.pdl_mode = f
+
     C2 = B2.Bf12v2Config
     cache = z(2, 8, 256, 128)
     cases = {
@@ -122,8 +135,24 @@ def main() -> int:
         "linear dot tma m4 split": lambda: L.linear(z(4, 12288), z(4096, 12288), config=L.LinearConfig(
             "dot", block_m=16, block_n=64, block_k=256, split_k=2, tma=True)),
         "linear dot m256 noswap": lambda: L.linear(z(256, 512), z(1024, 512)),
+        # programmatic dependent launch: wait only, first weight tile before the wait
+        "linear gemv pdl1 +norm": lambda: _pdl(1, L, lambda: L.linear(z(1, 4096), z(6144, 4096), None, z(4096))),
+        "linear gemv pdl2 split +residual": lambda: _pdl(2, L, lambda: L.linear(
+            z(1, 4096), z(4096, 4096), config=L.LinearConfig("gemv", block_n=4, block_k=1024, split_k=2),
+            residual=z(1, 4096))),
+        "linear gemv pdl2 +norm uneven": lambda: _pdl(2, L, lambda: L.linear(z(1, 4000), z(640, 4000), None, z(4000))),
+        "linear dot pdl2 tma": lambda: _pdl(2, L, lambda: L.linear(z(16, 4096), z(4096, 4096), config=L.LinearConfig(
+            "dot", block_m=16, block_n=64, block_k=256, split_k=1, tma=True))),
         "bf12v1 fma m1 asm split +bias": lambda: B1.linear_bf12(z(1, 4096), bf12(4096, 4096), z(4096), config=C1(
             kind="fma", block_m=1, block_n=16, block_j=32, split_k=4)),
+        "linear dot m256 pdl2 (plain launch)": lambda: _pdl(2, L, lambda: L.linear(z(256, 512), z(1024, 512))),
+        "bf12v1 fma m1 pdl2": lambda: _pdl(2, B1, lambda: B1.linear_bf12(z(1, 4096), bf12(4096, 4096), config=C1(
+            kind="fma", block_m=1, block_n=16, block_j=32, split_k=2))),
+        "bf12v1 dot m16 pdl2": lambda: _pdl(2, B1, lambda: B1.linear_bf12(z(16, 4096), bf12(1024, 4096), config=C1(
+            kind="dot", block_m=16, block_n=64, block_j=4, swap_ab=True))),
+        "swiglu pdl1": lambda: _pdl(1, S, lambda: S.swiglu(z(4, 2 * 1024))),
+        "attention q1 pdl1": lambda: _pdl(1, A, lambda: A.attention(z(2, 1, 32, 128), cache, cache,
+                                                                    z(2, dtype=lng), 1, "causal", 0.1)),
         "bf12v1 dot m16 swap": lambda: B1.linear_bf12(z(16, 4096), bf12(1024, 4096), config=C1(
             kind="dot", block_m=16, block_n=64, block_j=4, swap_ab=True)),
         "bf12v2 fma m1 asm": lambda: B2.linear_bf12_v2(z(1, 4096), bf12v2(4096, 4096), config=C2(
@@ -194,10 +223,23 @@ def main() -> int:
     # properties of the generated code that the kernels were designed for
     wide = ("3 128-bit loads per iteration (sm low/high halves and codes: 16 bytes each per thread)",
             lambda ptx: ptx.count("ld.global.v4.b32") >= 3)
+    pdl_ptx = ("griddepcontrol wait + launch_dependents",
+               lambda ptx: "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx)
+
     def words_only(ptx):  # the split kernel was compiled, without byte loads
         return "_attn_split_kernel" in ptx and "ld.global.b8" not in ptx
 
     PTX_CHECKS = {
+        "linear gemv pdl1 +norm": [pdl_ptx],
+        "linear gemv pdl2 split +residual": [pdl_ptx],
+        "linear gemv pdl2 +norm uneven": [pdl_ptx],
+        "linear dot pdl2 tma": [pdl_ptx],
+        "bf12v1 fma m1 pdl2": [pdl_ptx],
+        "linear dot m256 pdl2 (plain launch)": [("no PDL above PDL_DOT_MAX_ROWS rows",
+                                                 lambda ptx: "griddepcontrol" not in ptx)],
+        "bf12v1 dot m16 pdl2": [("no PDL on the bf12 dot path", lambda ptx: "griddepcontrol" not in ptx)],
+        "swiglu pdl1": [("griddepcontrol.wait", lambda ptx: "griddepcontrol.wait" in ptx)],
+        "attention q1 pdl1": [("griddepcontrol.wait", lambda ptx: "griddepcontrol.wait" in ptx)],
         "bf12v2 fma m1 asm": [wide, ("PRMT decode", lambda ptx: "prmt.b32" in ptx and "lop3.b32" in ptx)],
         "bf12v2 fma m1 noasm split +bias": [wide],
         "bf12v2 dot m16 asm": [("cp.async weight tiles", lambda ptx: "cp.async" in ptx),
@@ -211,6 +253,9 @@ def main() -> int:
     failed = 0
     for name, fn in cases.items():
         if only and not any(o in name for o in only):
+            continue
+        if "pdl" in name and not _common.PDL_SUPPORTED:
+            print(f"skip {name}: this Triton has no programmatic dependent launch", flush=True)
             continue
         t = time.time()
         before = {k: len(v) for k, v in COMPILED.items()}

@@ -1,0 +1,68 @@
+"""Programmatic dependent launch switches (``specc.codegen.kernels._common``): the mode parsed from
+``SPECC_PDL``, and launches on CPU tensors never asking for PDL. That PDL kernels compile for
+sm_90 with griddepcontrol is checked by compile_sm90.py; that they compute the same bits and
+time faster on the H200, by examples/bench_pdl.py (docs/benchmarks/h200-run12.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specc.codegen.kernels import _common
+
+
+@pytest.mark.parametrize("raw, mode", [("0", 0), ("off", 0), ("1", 1), ("wait", 1), ("2", 2), ("on", 2),
+                                       ("first-tile", 2), (" ON ", 2)])
+def test_mode_from_env(monkeypatch, raw, mode):
+    monkeypatch.setenv("SPECC_PDL", raw)
+    assert _common._mode_from_env() == mode
+
+
+def test_default_mode_is_first_tile(monkeypatch):
+    monkeypatch.delenv("SPECC_PDL", raising=False)
+    assert _common._mode_from_env() == 2
+    assert _common.PDL_MODES[2] == "first tile"
+
+
+@pytest.mark.parametrize("raw", ["3", "prefetch", "-1", "maybe"])
+def test_bad_mode_is_an_error_that_lists_the_choices(monkeypatch, raw):
+    monkeypatch.setenv("SPECC_PDL", raw)
+    with pytest.raises(ValueError, match="SPECC_PDL") as e:
+        _common._mode_from_env()
+    assert "first tile" in str(e.value)
+
+
+def test_cpu_launches_never_use_pdl(monkeypatch):
+    monkeypatch.setattr(_common, "PDL_MODE", 2)
+    t = torch.zeros(2)
+    assert _common.pdl_mode(t) == 0
+    assert _common.pdl_args(t) == {"PDL": 0}
+    assert _common.pdl_launch(0) == {}
+    assert _common.pdl_launch(2) == {"launch_pdl": True}
+
+
+def test_mode_off_is_off_everywhere(monkeypatch):
+    monkeypatch.setattr(_common, "PDL_MODE", 0)
+    assert _common.pdl_mode(torch.zeros(1)) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pdl_linear_gives_the_same_bits_on_gpu(monkeypatch):
+    """Every mode computes the same values: PDL only moves when a kernel starts."""
+    from specc.codegen.kernels import linear as L
+
+    def inputs(m, n, k):
+        g = torch.Generator(device="cuda").manual_seed(m * n + k)
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).bfloat16()
+        return x, w, (torch.rand(k, device="cuda", generator=g) + 0.5).bfloat16()
+
+    outs = {}
+    for mode in (0, 1, 2):
+        monkeypatch.setattr(_common, "PDL_MODE", mode)
+        for m, n, k in ((1, 4096, 4096), (1, 640, 4000), (16, 4096, 4096)):
+            x, w, nw = inputs(m, n, k)
+            outs.setdefault((m, n, k), []).append(L.linear(x, w, None, nw))
+    for key, ys in outs.items():
+        assert all(torch.equal(ys[0], y) for y in ys[1:]), key
