@@ -37,12 +37,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_bf12 import clone_packed  # noqa: E402  (a copy of a packed weight, for rotation)
+from bench_bf12 import graph_time_us as graph_us  # noqa: E402  (per-call median of a graph of calls)
 
 SHAPES = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
           ("lm_head", 4096, 151936)]  # (name, K, N)
 ROTATE_BYTES = 320 << 20
-MIN_CALLS = 48
-REPLAYS = 15
 
 
 def emit(rec: dict) -> None:
@@ -59,29 +60,17 @@ def set_mode(mode) -> None:
     _common.PDL_MODE = 2 if mode == "2-nodot" else int(mode)
 
 
-def graph_us(calls) -> float:
-    """Median per-call time (us) of CUDA-graph replays of ``calls`` (repeated to >= MIN_CALLS)."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    reps = max(1, math.ceil(MIN_CALLS / len(calls)))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            for c in calls:
-                c()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(REPLAYS):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+def replay_ms(g, reps: int) -> list[float]:
+    """Milliseconds of each of ``reps`` replays of a captured graph (CUDA events)."""
+    out = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         g.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) * 1e3 / (reps * len(calls)))
-    del g
-    return statistics.median(ts)
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
 
 
 def ceilings(dev) -> dict:
@@ -99,9 +88,6 @@ def linear_rows(args, dev, modes, ceil) -> list[dict]:
     from specc.codegen.kernels import linear as L
     from specc.codegen.kernels import linear_bf12 as B1
     from specc.formats import pack_bf16_12bit
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_bf12 import clone_packed
 
     rows = []
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -186,14 +172,7 @@ def step_rows(args, dev, modes) -> list[dict]:
                     g.replay()
                     torch.cuda.synchronize()
                     got = logits.clone()
-                    ts = []
-                    for _ in range(args.reps):
-                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        s.record()
-                        g.replay()
-                        e.record()
-                        e.synchronize()
-                        ts.append(s.elapsed_time(e))
+                    ts = replay_ms(g, args.reps)
                     again = torch.equal(logits, got)  # a race shows as replays that disagree
                     del g
                 if ref is None:
