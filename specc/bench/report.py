@@ -20,7 +20,8 @@ def print_table(report: dict, console=None) -> None:
             console = Console(width=200)
     acc = report["acceptance"]
     title = (f"specc bench: {report['what']} | {report['device']} | {report['dtype']} | "
-             f"{report['tokens']} tokens x {report['prompts']} prompts | deployment {report['deployment']}")
+             f"{report['tokens']} tokens x {report['prompts']} prompts | deployment {report['deployment']}"
+             + (f" | {report['launch']}" if report.get("launch", "plain") != "plain" else ""))
     table = Table(title=title, title_justify="left")
     for col, just in (("system", "left"), ("tok/s", "right"), ("decode tok/s", "right"), ("first token", "right"),
                       ("tokens/step", "right"), ("vs best AR", "right"), ("predicted tok/s", "right"),
