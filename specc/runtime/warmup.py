@@ -18,8 +18,9 @@
      per row bucket (the linear's M config) and Triton specializes integer arguments divisible
      by 16, so one dummy prompt left most prompt lengths to compile on the user's first prompt
      of that length (1.4 - 1.9 s stalls on two of eight prompts in an H200 `specc bench` run).
-     Given the artifact's kernel cache directory, a marker file there (:data:`PREFILLS_MARKER`)
-     records that this was done: a later load finds those kernels compiled on disk (a first use
+     Given the artifact's kernel cache directory, a marker file there (:func:`prefills_marker`:
+     :data:`PREFILLS_MARKER`, with the launch mode where kernels use programmatic dependent
+     launch) records that this was done: a later load finds those kernels compiled on disk (a first use
      then only loads a cached binary, milliseconds) and skips the sweep, keeping a second load
      fast;
    - ``graphs``: the same again with CUDA graphs on: every step shape is captured now, not
@@ -88,6 +89,10 @@ def _point_live_triton(directory: str) -> None:
         pass
 
 
+def _device_of(graphed) -> str:
+    return next((str(s.step.device) for s in graphed if s.step.device.type == "cuda"), "cpu")
+
+
 def _graphed(loop) -> list:
     from specc.runtime.graphs import GraphedStep
 
@@ -95,6 +100,19 @@ def _graphed(loop) -> list:
 
 
 PREFILLS_MARKER = "prefills-compiled"  # in the kernel cache directory: the sweep ran there
+
+
+def prefills_marker(device) -> str:
+    """The marker's name for kernels launched on ``device``: kernels built for programmatic
+    dependent launch are other binaries than plain ones (docs/kernels.md), so a cache swept in
+    one launch mode is swept again in another."""
+    from specc.codegen.kernels._common import pdl_mode
+
+    try:
+        mode = pdl_mode(torch.device(device))
+    except (RuntimeError, AssertionError):  # no usable CUDA device here
+        mode = 0
+    return PREFILLS_MARKER + (f"-pdl{mode}" if mode else "")
 
 
 def prefill_lengths(limit: int, skip: int = 0) -> list[int]:
@@ -149,7 +167,7 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
         s.max_tokens = -1
     try:
         one_pass()
-        marker = Path(cache_dir) / PREFILLS_MARKER if cache_dir else None
+        marker = Path(cache_dir) / prefills_marker(_device_of(graphed)) if cache_dir else None
         if cuda and not (marker is not None and marker.is_file()):
             prefills()
             if marker is not None:

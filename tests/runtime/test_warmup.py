@@ -113,8 +113,22 @@ def test_prefill_sweep_runs_once_per_kernel_cache(monkeypatch, tmp_path):
     loop = SimpleNamespace(num_draft=0, max_len=40, steps={"target": step},
                            generate=lambda prompt, new, eos: seen.append(len(prompt)))
     first = warmup.warm_up(loop, vocab_size=50, prompt_len=4, cache_dir=str(tmp_path))
-    assert (tmp_path / warmup.PREFILLS_MARKER).is_file()
+    assert (tmp_path / warmup.prefills_marker("cuda")).is_file()
     assert first["generations"] == 2 + len(warmup.prefill_lengths(20, skip=4))
     seen.clear()
     second = warmup.warm_up(loop, vocab_size=50, prompt_len=4, cache_dir=str(tmp_path))
     assert second["generations"] == 2 and seen == [4, 4]
+
+
+def test_prefill_marker_names_the_launch_mode(monkeypatch):
+    """Kernels built for programmatic dependent launch are other binaries: a cache swept with
+    plain launches is swept again under PDL (and the other way round)."""
+    import torch
+
+    from specc.codegen.kernels import _common
+
+    assert warmup.prefills_marker("cpu") == warmup.PREFILLS_MARKER
+    monkeypatch.setattr(_common, "pdl_mode", lambda device: 2)
+    assert warmup.prefills_marker(torch.device("cuda")) == warmup.PREFILLS_MARKER + "-pdl2"
+    monkeypatch.setattr(_common, "pdl_mode", lambda device: 0)
+    assert warmup.prefills_marker("cuda") == warmup.PREFILLS_MARKER

@@ -143,12 +143,13 @@ PDL_MODE: int = _mode_from_env()
 _PDL_DEVICES: dict[int, bool] = {}
 
 
-def pdl_mode(t: torch.Tensor) -> int:
-    """The PDL mode a launch on ``t``'s device uses: ``PDL_MODE`` on a CUDA device of compute
-    capability 9.0 or newer with a Triton that has griddepcontrol, else 0."""
-    if not PDL_MODE or not PDL_SUPPORTED or t.device.type != "cuda":
+def pdl_mode(t: torch.Tensor | torch.device) -> int:
+    """The PDL mode a launch on ``t``'s device (or on the device ``t``) uses: ``PDL_MODE`` on a
+    CUDA device of compute capability 9.0 or newer with a Triton that has griddepcontrol, else 0."""
+    device = t if isinstance(t, torch.device) else t.device
+    if not PDL_MODE or not PDL_SUPPORTED or device.type != "cuda":
         return 0
-    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _PDL_DEVICES:
         _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
     return PDL_MODE if _PDL_DEVICES[index] else 0
