@@ -50,14 +50,29 @@ def emit(rec: dict) -> None:
     print(json.dumps(rec), flush=True)
 
 
-def set_mode(mode) -> None:
-    """A mode number, or "2-nodot": mode 2 with the tensor-core linear launched without PDL at any
-    row count (the default launches it with PDL up to ``linear.PDL_DOT_MAX_ROWS`` rows)."""
+def parse_mode(text: str):
+    """"0", "1", "2", or "2-skip:FAMILY[+FAMILY...]" (mode 2 with those kernel families launched
+    plainly; ``_common.PDL_FAMILIES``)."""
     from specc.codegen.kernels import _common
-    from specc.codegen.kernels import linear as L
 
-    L.PDL_DOT_MAX_ROWS = 0 if mode == "2-nodot" else 64
-    _common.PDL_MODE = 2 if mode == "2-nodot" else int(mode)
+    if text.startswith("2-skip:"):
+        fams = text.split(":", 1)[1].split("+")
+        bad = sorted(set(fams) - set(_common.PDL_FAMILIES))
+        if bad:
+            raise SystemExit(f"unknown kernel families {bad} (use {', '.join(_common.PDL_FAMILIES)})")
+        return text
+    if text not in ("0", "1", "2"):
+        raise SystemExit(f"unknown mode {text!r}: 0, 1, 2 or 2-skip:FAMILY[+FAMILY...]")
+    return int(text)
+
+
+def set_mode(mode) -> None:
+    """Set the launch mode of every later launch (see :func:`parse_mode`)."""
+    from specc.codegen.kernels import _common
+
+    skip = mode.split(":", 1)[1].split("+") if isinstance(mode, str) else ()
+    _common.PDL_SKIP = frozenset(skip)
+    _common.PDL_MODE = 2 if isinstance(mode, str) else mode
 
 
 def replay_ms(g, reps: int) -> list[float]:
@@ -198,7 +213,9 @@ def step_rows(args, dev, modes) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--modes", default="0,1,2")
+    ap.add_argument("--modes", default="0,1,2",
+                    help="launch modes: 0, 1, 2, or 2-skip:FAMILY[+FAMILY...] (mode 2 with those kernel families "
+                         "launched plainly, e.g. 2-skip:attention+linear_dot)")
     ap.add_argument("--ms", default="1,4,16,64")
     ap.add_argument("--linear-modes", default="", help="modes for the linears (default: --modes)")
     ap.add_argument("--bf12-ms", default="1,16")
@@ -212,8 +229,8 @@ def main():
     args.ms = [int(v) for v in args.ms.split(",")]
     args.bf12_ms = [int(v) for v in args.bf12_ms.split(",") if v]
     args.variants = args.variants.split(",")
-    modes = [v if v == "2-nodot" else int(v) for v in args.modes.split(",")]
-    args.linear_modes = [int(v) for v in args.linear_modes.split(",") if v]
+    modes = [parse_mode(v) for v in args.modes.split(",")]
+    args.linear_modes = [parse_mode(v) for v in args.linear_modes.split(",") if v]
     if not torch.cuda.is_available():
         sys.exit("bench_pdl.py needs a CUDA GPU (PDL is a launch attribute of Hopper and newer)")
     from specc.codegen.kernels import _common
@@ -221,7 +238,7 @@ def main():
     dev = torch.device("cuda")
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "pdl_supported": _common.PDL_SUPPORTED,
-            "modes": {m: _common.PDL_MODES.get(m, "first tile, tensor-core linear without PDL") for m in modes},
+            "modes": {m: _common.PDL_MODES.get(m, f"first tile, plain launches for {m}") for m in modes},
             "argv": sys.argv[1:]}
     emit(info)
     if not _common.PDL_SUPPORTED:

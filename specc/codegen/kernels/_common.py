@@ -97,7 +97,8 @@ def precise_exp(x):
 # (``griddepcontrol.wait``) until the predecessor has finished and its writes are visible.
 #
 # Modes (``PDL_MODE``, from the environment variable ``SPECC_PDL`` at import; the launchers read
-# it at every launch, so a CUDA graph records the mode it was captured under):
+# it at every launch, so a CUDA graph records the mode it was captured under; ``PDL_SKIP`` below
+# turns single kernel families off):
 #   0  off: plain launches.
 #   1  wait: kernels start early, wait at once, then let their successor start.
 #   2  first tile (the default): as 1, but the GEMV kernels (specc's bf16 linear at one row, the bf12 FMA
@@ -140,14 +141,32 @@ def _mode_from_env() -> int:
 
 
 PDL_MODE: int = _mode_from_env()
+# The kernel families that launch with PDL (each launcher names its own); ``SPECC_PDL_SKIP`` (a
+# comma-separated list) launches the named ones plainly, to measure or rule out one family.
+PDL_FAMILIES = ("linear", "linear_dot", "bf12", "attention", "rope", "rms_norm", "silu_mul", "embedding",
+                "argmax")
+
+
+def _skip_from_env() -> frozenset:
+    import os
+
+    names = frozenset(n.strip() for n in os.environ.get("SPECC_PDL_SKIP", "").split(",") if n.strip())
+    unknown = sorted(names - set(PDL_FAMILIES))
+    if unknown:
+        raise ValueError(f"SPECC_PDL_SKIP: unknown kernel families {unknown} (use {', '.join(PDL_FAMILIES)})")
+    return names
+
+
+PDL_SKIP: frozenset = _skip_from_env()
 _PDL_DEVICES: dict[int, bool] = {}
 
 
-def pdl_mode(t: torch.Tensor | torch.device) -> int:
-    """The PDL mode a launch on ``t``'s device (or on the device ``t``) uses: ``PDL_MODE`` on a
-    CUDA device of compute capability 9.0 or newer with a Triton that has griddepcontrol, else 0."""
+def pdl_mode(t: torch.Tensor | torch.device, family: str | None = None) -> int:
+    """The PDL mode a launch of ``family``'s kernel on ``t``'s device (or on the device ``t``)
+    uses: ``PDL_MODE`` on a CUDA device of compute capability 9.0 or newer with a Triton that
+    has griddepcontrol, unless the family is in ``PDL_SKIP``; else 0."""
     device = t if isinstance(t, torch.device) else t.device
-    if not PDL_MODE or not PDL_SUPPORTED or device.type != "cuda":
+    if not PDL_MODE or not PDL_SUPPORTED or device.type != "cuda" or family in PDL_SKIP:
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _PDL_DEVICES:
@@ -160,10 +179,10 @@ def pdl_launch(mode: int) -> dict:
     return {"launch_pdl": True} if mode else {}
 
 
-def pdl_args(t: torch.Tensor) -> dict:
-    """``PDL=mode`` and the launch flag for a kernel whose only PDL code is :func:`pdl_wait` at
-    its top, launched on ``t``'s device."""
-    mode = pdl_mode(t)
+def pdl_args(t: torch.Tensor, family: str) -> dict:
+    """``PDL=mode`` and the launch flag for a kernel of ``family`` whose only PDL code is
+    :func:`pdl_wait` at its top, launched on ``t``'s device."""
+    mode = pdl_mode(t, family)
     return {"PDL": mode, **pdl_launch(mode)}
 
 

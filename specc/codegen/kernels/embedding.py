@@ -43,7 +43,8 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if flat.numel() and h:
         block = min(1024, max(16, next_pow2(h)))
         _embedding_kernel[(flat.numel(), triton.cdiv(h, block))](
-            flat, weight, y, v, h, weight.stride(0), BLOCK=block, num_warps=4, **pdl_args(weight))
+            flat, weight, y, v, h, weight.stride(0), BLOCK=block, num_warps=4,
+            **pdl_args(weight, "embedding"))
     return y
 
 

@@ -128,8 +128,9 @@ def argmax(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     vals = torch.empty(rows * nc, dtype=torch.float32, device=logits.device)
     idxs = torch.empty(rows * nc, dtype=torch.int32, device=logits.device)
     _argmax_chunk_kernel[(rows, nc)](x2, vals, idxs, v, x2.stride(0), nc, CHUNK=chunk,
-                                     num_warps=8 if chunk >= 4096 else 4, **pdl_args(x2))
-    _argmax_final_kernel[(rows,)](vals, idxs, out, nc, BLOCK_C=max(2, next_pow2(nc)), num_warps=4, **pdl_args(vals))
+                                     num_warps=8 if chunk >= 4096 else 4, **pdl_args(x2, "argmax"))
+    _argmax_final_kernel[(rows,)](vals, idxs, out, nc, BLOCK_C=max(2, next_pow2(nc)), num_warps=4,
+                                  **pdl_args(vals, "argmax"))
     return out.reshape(logits.shape[:-1])
 
 

@@ -588,9 +588,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     b = bias.contiguous() if bias is not None else y
     r = residual.reshape(m, n).contiguous() if residual is not None else y  # y's [M, N] layout
     x_tl, h_tl = tl_dtype(x.dtype), tl_dtype(out_dtype)
-    pdl = pdl_mode(x)
     if cfg.kind == "dot":
-        pdl = min(pdl, 1) if m <= PDL_DOT_MAX_ROWS else 0
+        pdl = min(pdl_mode(x, "linear_dot"), 1) if m <= PDL_DOT_MAX_ROWS else 0
+    else:
+        pdl = pdl_mode(x, "linear")
     common = dict(USE_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_NORM=has_norm, HAS_RES=residual is not None,
                   X_DTYPE=x_tl, H_DTYPE=h_tl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                   PDL=pdl, **pdl_launch(pdl))

@@ -545,7 +545,7 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
     kern = _kernel
     dummy = meta["rowptr"]
     # the dot path measured slower with PDL (docs/benchmarks/h200-run12.md): plain launches
-    pdl = pdl_mode(x2) if cfg.kind == "fma" else 0
+    pdl = pdl_mode(x2, "bf12") if cfg.kind == "fma" else 0
     # fma path, bf16 x: load x as int32 pairs (one load + shift/and per pair of weights)
     x_pairs = (cfg.kind == "fma" and x2.dtype == torch.bfloat16 and k % 2 == 0
                and x2.stride(0) % 2 == 0 and x2.data_ptr() % 4 == 0)

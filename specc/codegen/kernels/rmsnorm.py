@@ -107,7 +107,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _rmsnorm_kernel[(m,)](x2, r2, weight, y2, s2, n, x2.stride(0), r2.stride(0),
                               y2.stride(0), s2.stride(0), float(eps),
                               HAS_RES=residual is not None, BLOCK=block,
-                              num_warps=max(1, min(16, block // 512)), **pdl_args(x2))
+                              num_warps=max(1, min(16, block // 512)), **pdl_args(x2, "rms_norm"))
     return y if residual is None else (y, sum_out)
 
 

@@ -215,7 +215,7 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
         num_warps=4,
         # no FMA contraction: the reference rounds x*cos and rotate_half(x)*sin to the dtype
         # before adding them (seen on an H200: fused bf16 FMAs changed ~15% of q's bits)
-        enable_fp_fusion=False, **pdl_args(q))
+        enable_fp_fusion=False, **pdl_args(q, "rope"))
     return out
 
 

@@ -50,7 +50,7 @@ def _launch(gate2, up2, out_shape, dtype, device):
     if m and i:
         _silu_mul_kernel[(m, triton.cdiv(i, _BLOCK))](
             gate2, up2, y2, i, gate2.stride(0), up2.stride(0), y2.stride(0), BLOCK=_BLOCK,
-            num_warps=4, **pdl_args(gate2))
+            num_warps=4, **pdl_args(gate2, "silu_mul"))
     return y
 
 

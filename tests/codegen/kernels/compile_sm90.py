@@ -109,7 +109,7 @@ def main() -> int:
         patched = [m for m in {module, _common} if hasattr(m, "pdl_mode")]
         saved = [m.pdl_mode for m in patched]
         for m in patched:
-            m.pdl_mode = lambda t: mode
+            m.pdl_mode = lambda *args, **kwargs: mode
         try:
             return fn()
         finally:

@@ -36,9 +36,33 @@ def test_cpu_launches_never_use_pdl(monkeypatch):
     monkeypatch.setattr(_common, "PDL_MODE", 2)
     t = torch.zeros(2)
     assert _common.pdl_mode(t) == 0
-    assert _common.pdl_args(t) == {"PDL": 0}
+    assert _common.pdl_args(t, "silu_mul") == {"PDL": 0}
     assert _common.pdl_launch(0) == {}
     assert _common.pdl_launch(2) == {"launch_pdl": True}
+
+
+def test_skip_names_kernel_families(monkeypatch):
+    monkeypatch.setenv("SPECC_PDL_SKIP", "attention, linear_dot")
+    assert _common._skip_from_env() == {"attention", "linear_dot"}
+    monkeypatch.setenv("SPECC_PDL_SKIP", "attention,gemm")
+    with pytest.raises(ValueError, match="gemm"):
+        _common._skip_from_env()
+    monkeypatch.delenv("SPECC_PDL_SKIP")
+    assert _common._skip_from_env() == frozenset()
+
+
+def test_every_launcher_names_a_known_family():
+    """A family typo in a launcher would never be skippable: every name used is declared."""
+    import pathlib
+    import re
+
+    used = set()
+    for f in pathlib.Path(_common.__file__).parent.glob("*.py"):
+        text = f.read_text()
+        used |= set(re.findall(r'pdl_args\([^,()]+, "(\w+)"\)', text))
+        used |= set(re.findall(r'pdl_mode\([^,()]+, "(\w+)"\)', text))
+    assert used and used <= set(_common.PDL_FAMILIES), used - set(_common.PDL_FAMILIES)
+    assert {"linear", "linear_dot", "attention"} <= used
 
 
 def test_mode_off_is_off_everywhere(monkeypatch):
