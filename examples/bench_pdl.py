@@ -5,7 +5,7 @@
     PYTHONPATH=. python3 examples/bench_pdl.py --smoke --out /tmp/pdl.json   # tiny shapes (CUDA)
 
 Every Triton kernel of a compiled step can be launched with PDL (``SPECC_PDL``, see
-``specc.codegen.kernels._common``): it starts while its predecessor drains, the GEMVs first
+``specc.codegen.kernels.pdl``): it starts while its predecessor drains, the GEMVs first
 load their first weight tile, and each waits for its predecessor before touching activations.
 This script measures what that buys, in one process, mode by mode (0 off, 1 wait, 2 the GEMVs'
 first weight tile loaded before the wait):
@@ -52,14 +52,14 @@ def emit(rec: dict) -> None:
 
 def parse_mode(text: str):
     """"0", "1", "2", or "2-skip:FAMILY[+FAMILY...]" (mode 2 with those kernel families launched
-    plainly; ``_common.PDL_FAMILIES``)."""
-    from specc.codegen.kernels import _common
+    plainly; ``specc.codegen.kernels.pdl.PDL_FAMILIES``)."""
+    from specc.codegen.kernels import pdl
 
     if text.startswith("2-skip:"):
         fams = text.split(":", 1)[1].split("+")
-        bad = sorted(set(fams) - set(_common.PDL_FAMILIES))
+        bad = sorted(set(fams) - set(pdl.PDL_FAMILIES))
         if bad:
-            raise SystemExit(f"unknown kernel families {bad} (use {', '.join(_common.PDL_FAMILIES)})")
+            raise SystemExit(f"unknown kernel families {bad} (use {', '.join(pdl.PDL_FAMILIES)})")
         return text
     if text not in ("0", "1", "2"):
         raise SystemExit(f"unknown mode {text!r}: 0, 1, 2 or 2-skip:FAMILY[+FAMILY...]")
@@ -68,11 +68,11 @@ def parse_mode(text: str):
 
 def set_mode(mode) -> None:
     """Set the launch mode of every later launch (see :func:`parse_mode`)."""
-    from specc.codegen.kernels import _common
+    from specc.codegen.kernels import pdl
 
     skip = mode.split(":", 1)[1].split("+") if isinstance(mode, str) else ()
-    _common.PDL_SKIP = frozenset(skip)
-    _common.PDL_MODE = 2 if isinstance(mode, str) else mode
+    pdl.PDL_SKIP = frozenset(skip)
+    pdl.PDL_MODE = 2 if isinstance(mode, str) else mode
 
 
 def replay_ms(g, reps: int) -> list[float]:
@@ -233,15 +233,15 @@ def main():
     args.linear_modes = [parse_mode(v) for v in args.linear_modes.split(",") if v]
     if not torch.cuda.is_available():
         sys.exit("bench_pdl.py needs a CUDA GPU (PDL is a launch attribute of Hopper and newer)")
-    from specc.codegen.kernels import _common
+    from specc.codegen.kernels import pdl
 
     dev = torch.device("cuda")
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "triton": __import__("triton").__version__, "pdl_supported": _common.PDL_SUPPORTED,
-            "modes": {m: _common.PDL_MODES.get(m, f"first tile, plain launches for {m}") for m in modes},
+            "triton": __import__("triton").__version__, "pdl_supported": pdl.PDL_SUPPORTED,
+            "modes": {m: pdl.PDL_MODES.get(m, f"first tile, plain launches for {m}") for m in modes},
             "argv": sys.argv[1:]}
     emit(info)
-    if not _common.PDL_SUPPORTED:
+    if not pdl.PDL_SUPPORTED:
         modes = [0]
     t0 = time.time()
     record = {"info": info}

@@ -443,11 +443,11 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
 def _launch_mode(dev: torch.device) -> str:
     """How specc's Triton kernels were launched in this run (programmatic dependent launch or
     plain; docs/kernels.md), so two reports can be compared."""
-    from specc.codegen.kernels import _common
+    from specc.codegen.kernels import pdl
 
     probe = torch.empty(0, device=dev)
-    mode = _common.pdl_mode(probe)
-    return f"pdl {mode} ({_common.PDL_MODES[mode]})" if mode else "plain"
+    mode = pdl.pdl_mode(probe)
+    return f"pdl {mode} ({pdl.PDL_MODES[mode]})" if mode else "plain"
 
 
 def _versions() -> dict:

@@ -106,7 +106,7 @@ def prefills_marker(device) -> str:
     """The marker's name for kernels launched on ``device``: kernels built for programmatic
     dependent launch are other binaries than plain ones (docs/kernels.md), so a cache swept in
     one launch mode is swept again in another."""
-    from specc.codegen.kernels._common import pdl_mode
+    from specc.codegen.kernels.pdl import pdl_mode
 
     try:
         mode = pdl_mode(torch.device(device))

@@ -125,10 +125,10 @@ def test_prefill_marker_names_the_launch_mode(monkeypatch):
     plain launches is swept again under PDL (and the other way round)."""
     import torch
 
-    from specc.codegen.kernels import _common
+    from specc.codegen.kernels import pdl
 
     assert warmup.prefills_marker("cpu") == warmup.PREFILLS_MARKER
-    monkeypatch.setattr(_common, "pdl_mode", lambda device: 2)
+    monkeypatch.setattr(pdl, "pdl_mode", lambda device: 2)
     assert warmup.prefills_marker(torch.device("cuda")) == warmup.PREFILLS_MARKER + "-pdl2"
-    monkeypatch.setattr(_common, "pdl_mode", lambda device: 0)
+    monkeypatch.setattr(pdl, "pdl_mode", lambda device: 0)
     assert warmup.prefills_marker("cuda") == warmup.PREFILLS_MARKER

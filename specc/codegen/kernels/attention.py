@@ -53,11 +53,10 @@ from specc.codegen.kernels._common import (
     check_tensor,
     next_pow2,
     num_sms,
-    pdl_args,
-    pdl_wait,
     round_to,
     use_triton,
 )
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 from specc.codegen.kernels.tree_mask import num_words, unpack_tree_mask
 from specc.models.ops import MASK_KINDS  # the one list of mask kinds
 

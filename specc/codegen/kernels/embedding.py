@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from specc.codegen.kernels._common import check_same_device, check_tensor, next_pow2, pdl_args, pdl_wait, use_triton
+from specc.codegen.kernels._common import check_same_device, check_tensor, next_pow2, use_triton
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 
 __all__ = ["embedding", "embedding_reference"]
 

@@ -24,10 +24,9 @@ from specc.codegen.kernels._common import (
     check_same_device,
     check_tensor,
     next_pow2,
-    pdl_args,
-    pdl_wait,
     use_triton,
 )
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 
 __all__ = [
     "argmax",

@@ -57,22 +57,20 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from specc.codegen.kernels._common import (
-    ConfigTable,
-    bucket_of,
     FLOAT_DTYPES,
     INTERPRETED,
     WORKSPACES,
+    ConfigTable,
+    bucket_of,
     check_same_device,
     check_tensor,
     num_sms,
-    pdl_launch,
-    pdl_mode,
-    pdl_wait,
     round_to,
     rounded,
     tl_dtype,
     use_triton,
 )
+from specc.codegen.kernels.pdl import pdl_launch, pdl_mode, pdl_wait
 
 __all__ = [
     "LinearConfig",
@@ -89,7 +87,7 @@ __all__ = [
 ]
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# The tensor-core kernel is launched with PDL (specc.codegen.kernels._common) up to this many rows.
+# The tensor-core kernel is launched with PDL (specc.codegen.kernels.pdl) up to this many rows.
 # H200, Qwen3-8B step (docs/benchmarks/h200-run12.md): with PDL at 16 rows the verify step
 # (B = 1, Q = 16) took 1.6% less time and the B = 16 AR step 0.8% more (without it on this kernel,
 # +1.6%); at 256 rows (B = 16, Q = 16) the step took 5.8% more with it and 1.2% more without.

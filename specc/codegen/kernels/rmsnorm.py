@@ -18,12 +18,11 @@ from specc.codegen.kernels._common import (
     check_same_device,
     check_tensor,
     next_pow2,
-    pdl_args,
-    pdl_wait,
     round_to,
     rounded,
     use_triton,
 )
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 
 __all__ = ["rms_norm", "rms_norm_reference", "MAX_HIDDEN"]
 

@@ -25,8 +25,6 @@ from specc.codegen.kernels._common import (
     check_same_device,
     check_tensor,
     next_pow2,
-    pdl_args,
-    pdl_wait,
     precise_cos,
     precise_sin,
     round_to,
@@ -34,6 +32,7 @@ from specc.codegen.kernels._common import (
     tl_dtype,
     use_triton,
 )
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 from specc.models import ops
 
 __all__ = ["rope_and_cache", "rope_and_cache_reference"]

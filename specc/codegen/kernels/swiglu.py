@@ -18,13 +18,12 @@ from specc.codegen.kernels._common import (
     FLOAT_DTYPES,
     check_same_device,
     check_tensor,
-    pdl_args,
-    pdl_wait,
     precise_exp,
     round_to,
     rounded,
     use_triton,
 )
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 
 __all__ = ["swiglu", "silu_mul", "silu_mul_reference", "swiglu_reference"]
 

@@ -103,10 +103,10 @@ def main() -> int:
 
     C1 = B1.Bf12Config
 
-    from specc.codegen.kernels import _common
+    from specc.codegen.kernels import pdl as _pdl_module
 
     def _pdl(mode, module, fn):  # launch with a PDL mode as on an sm_90 GPU
-        patched = [m for m in {module, _common} if hasattr(m, "pdl_mode")]
+        patched = [m for m in {module, _pdl_module} if hasattr(m, "pdl_mode")]
         saved = [m.pdl_mode for m in patched]
         for m in patched:
             m.pdl_mode = lambda *args, **kwargs: mode
@@ -269,7 +269,7 @@ def main() -> int:
     for name, fn in cases.items():
         if only and not any(o in name for o in only):
             continue
-        if "pdl" in name and not _common.PDL_SUPPORTED:
+        if "pdl" in name and not _pdl_module.PDL_SUPPORTED:
             print(f"skip {name}: this Triton has no programmatic dependent launch", flush=True)
             continue
         t = time.time()

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch switches (``specc.codegen.kernels._common``): the mode parsed from
+"""Programmatic dependent launch switches (``specc.codegen.kernels.pdl``): the mode parsed from
 ``SPECC_PDL``, and launches on CPU tensors never asking for PDL. That PDL kernels compile for
 sm_90 with griddepcontrol is checked by compile_sm90.py; that they compute the same bits and
 time faster on the H200, by examples/bench_pdl.py (docs/benchmarks/h200-run12.md)."""
@@ -8,47 +8,47 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specc.codegen.kernels import _common
+from specc.codegen.kernels import pdl as _pdl
 
 
 @pytest.mark.parametrize("raw, mode", [("0", 0), ("off", 0), ("1", 1), ("wait", 1), ("2", 2), ("on", 2),
                                        ("first-tile", 2), (" ON ", 2)])
 def test_mode_from_env(monkeypatch, raw, mode):
     monkeypatch.setenv("SPECC_PDL", raw)
-    assert _common._mode_from_env() == mode
+    assert _pdl._mode_from_env() == mode
 
 
 def test_default_mode_is_first_tile(monkeypatch):
     monkeypatch.delenv("SPECC_PDL", raising=False)
-    assert _common._mode_from_env() == 2
-    assert _common.PDL_MODES[2] == "first tile"
+    assert _pdl._mode_from_env() == 2
+    assert _pdl.PDL_MODES[2] == "first tile"
 
 
 @pytest.mark.parametrize("raw", ["3", "prefetch", "-1", "maybe"])
 def test_bad_mode_is_an_error_that_lists_the_choices(monkeypatch, raw):
     monkeypatch.setenv("SPECC_PDL", raw)
     with pytest.raises(ValueError, match="SPECC_PDL") as e:
-        _common._mode_from_env()
+        _pdl._mode_from_env()
     assert "first tile" in str(e.value)
 
 
 def test_cpu_launches_never_use_pdl(monkeypatch):
-    monkeypatch.setattr(_common, "PDL_MODE", 2)
+    monkeypatch.setattr(_pdl, "PDL_MODE", 2)
     t = torch.zeros(2)
-    assert _common.pdl_mode(t) == 0
-    assert _common.pdl_args(t, "silu_mul") == {"PDL": 0}
-    assert _common.pdl_launch(0) == {}
-    assert _common.pdl_launch(2) == {"launch_pdl": True}
+    assert _pdl.pdl_mode(t) == 0
+    assert _pdl.pdl_args(t, "silu_mul") == {"PDL": 0}
+    assert _pdl.pdl_launch(0) == {}
+    assert _pdl.pdl_launch(2) == {"launch_pdl": True}
 
 
 def test_skip_names_kernel_families(monkeypatch):
     monkeypatch.setenv("SPECC_PDL_SKIP", "attention, linear_dot")
-    assert _common._skip_from_env() == {"attention", "linear_dot"}
+    assert _pdl._skip_from_env() == {"attention", "linear_dot"}
     monkeypatch.setenv("SPECC_PDL_SKIP", "attention,gemm")
     with pytest.raises(ValueError, match="gemm"):
-        _common._skip_from_env()
+        _pdl._skip_from_env()
     monkeypatch.delenv("SPECC_PDL_SKIP")
-    assert _common._skip_from_env() == frozenset()
+    assert _pdl._skip_from_env() == frozenset()
 
 
 def test_every_launcher_names_a_known_family():
@@ -57,17 +57,17 @@ def test_every_launcher_names_a_known_family():
     import re
 
     used = set()
-    for f in pathlib.Path(_common.__file__).parent.glob("*.py"):
+    for f in pathlib.Path(_pdl.__file__).parent.glob("*.py"):
         text = f.read_text()
         used |= set(re.findall(r'pdl_args\([^,()]+, "(\w+)"\)', text))
         used |= set(re.findall(r'pdl_mode\([^,()]+, "(\w+)"\)', text))
-    assert used and used <= set(_common.PDL_FAMILIES), used - set(_common.PDL_FAMILIES)
+    assert used and used <= set(_pdl.PDL_FAMILIES), used - set(_pdl.PDL_FAMILIES)
     assert {"linear", "linear_dot", "attention"} <= used
 
 
 def test_mode_off_is_off_everywhere(monkeypatch):
-    monkeypatch.setattr(_common, "PDL_MODE", 0)
-    assert _common.pdl_mode(torch.zeros(1)) == 0
+    monkeypatch.setattr(_pdl, "PDL_MODE", 0)
+    assert _pdl.pdl_mode(torch.zeros(1)) == 0
 
 
 @pytest.mark.gpu
@@ -84,7 +84,7 @@ def test_pdl_linear_gives_the_same_bits_on_gpu(monkeypatch):
 
     outs = {}
     for mode in (0, 1, 2):
-        monkeypatch.setattr(_common, "PDL_MODE", mode)
+        monkeypatch.setattr(_pdl, "PDL_MODE", mode)
         for m, n, k in ((1, 4096, 4096), (1, 640, 4000), (16, 4096, 4096)):
             x, w, nw = inputs(m, n, k)
             outs.setdefault((m, n, k), []).append(L.linear(x, w, None, nw))
