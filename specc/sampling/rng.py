@@ -9,8 +9,10 @@ every uniform is computed with integer tensor ops from
 - ``position``: the absolute index in the row's sequence of the token being decided,
 - ``draw``: which use at that position (:data:`DRAFT`, :data:`ACCEPT`, :data:`TARGET`),
 
-so a request's tokens depend only on its seed and its inputs: the same alone or in any batch,
-and replayable in a CUDA graph (no state, no host sync). Each absolute position's token is
+so a request's random numbers depend only on its seed and its inputs: the same alone or in any
+batch, and replayable in a CUDA graph (no state, no host sync). (Its tokens also depend on the
+probabilities the numbers are compared with; on a GPU those can differ in the last bits between a
+batch and a request alone: docs/sampling.md, "Not done".) Each absolute position's token is
 decided in exactly one verification step, so every draw that influences the output is used once.
 
 The mixer is the 32-bit "lowbias32" integer hash (Chris Wellons' hash-prospector) applied over
