@@ -417,12 +417,14 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             b = next((x for x in measured if x["system"] == base), None)
             if b is not None:
                 r.setdefault("speedup_vs", {})[base] = r["tokens_per_s"] / b["tokens_per_s"]
+    from specc.codegen.kernels.pdl import launch_mode
+
     report = {
         "format": "specc-bench/1", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "what": s.label,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, "
                                                                              f"{torch.get_num_threads()} threads)",
         "versions": _versions(), "dtype": str(dtype).replace("torch.", ""), "deployment": dep.name,
-        "launch": _launch_mode(dev), "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
+        "launch": launch_mode(dev), "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
         "prompt_lengths": [len(p) for p in prompts], "batch": opts.batch, "context_for_prediction": context,
         "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),
                         "expected_tokens_per_step": stated.expected_tokens(s.k), "notice": REPLAY_NOTICE}
@@ -438,16 +440,6 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
                                         "expected_tokens_per_step": stated_tree.expected_tokens(tree_budget, s.k),
                                         "replay": TREE_REPLAY_NOTICE}
     return report
-
-
-def _launch_mode(dev: torch.device) -> str:
-    """How specc's Triton kernels were launched in this run (programmatic dependent launch or
-    plain; docs/kernels.md), so two reports can be compared."""
-    from specc.codegen.kernels import pdl
-
-    probe = torch.empty(0, device=dev)
-    mode = pdl.pdl_mode(probe)
-    return f"pdl {mode} ({pdl.PDL_MODES[mode]})" if mode else "plain"
 
 
 def _versions() -> dict:

@@ -254,8 +254,10 @@ LOAD_PHASES = ("verify", "device_init", "weights", "modules", "tokenizer", "kern
 
 def run_timings(engine) -> dict:
     """The one-time work (load) apart from time to first token and steady decode."""
+    from specc.codegen.kernels.pdl import launch_mode
+
     s, load = engine.last_stats, engine.load_stats
-    return {"tokens_per_s": s["tokens_per_s"],
+    return {"tokens_per_s": s["tokens_per_s"], "launch": launch_mode(engine.device),
             "load_seconds": load.get("total", 0.0),
             "load_phases_s": {k: load[k] for k in LOAD_PHASES if k in load},
             "kernel_cache": load.get("kernel_cache"),

@@ -106,10 +106,10 @@ def prefills_marker(device) -> str:
     """The marker's name for kernels launched on ``device``: kernels built for programmatic
     dependent launch are other binaries than plain ones (docs/kernels.md), so a cache swept in
     one launch mode is swept again in another."""
-    from specc.codegen.kernels.pdl import pdl_mode
+    from specc.codegen.kernels import pdl
 
     try:
-        mode = pdl_mode(torch.device(device))
+        mode = pdl.pdl_mode(torch.device(device))
     except (RuntimeError, AssertionError):  # no usable CUDA device here
         mode = 0
     return PREFILLS_MARKER + (f"-pdl{mode}" if mode else "")

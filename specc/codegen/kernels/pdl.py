@@ -42,7 +42,7 @@ import triton.language as tl
 from specc.codegen.kernels._common import INTERPRETED
 
 __all__ = ["PDL_MODES", "PDL_FAMILIES", "PDL_SUPPORTED", "PDL_MODE", "PDL_SKIP", "pdl_mode", "pdl_launch",
-           "pdl_args", "pdl_wait"]
+           "pdl_args", "pdl_wait", "launch_mode"]
 
 PDL_MODES = {0: "off", 1: "wait", 2: "first tile"}
 
@@ -97,6 +97,19 @@ def pdl_mode(t: torch.Tensor | torch.device, family: str | None = None) -> int:
     if index not in _PDL_DEVICES:
         _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
     return PDL_MODE if _PDL_DEVICES[index] else 0
+
+
+def launch_mode(device) -> str:
+    """How kernels launched now on ``device`` start, for reports: ``"plain"``, or the PDL mode
+    (``"pdl 2 (first tile)"``) with any families launched plainly."""
+    try:
+        mode = pdl_mode(torch.device(device))
+    except (RuntimeError, AssertionError):  # no usable CUDA device here
+        mode = 0
+    if not mode:
+        return "plain"
+    skip = f", plain: {', '.join(sorted(PDL_SKIP))}" if PDL_SKIP else ""
+    return f"pdl {mode} ({PDL_MODES[mode]}{skip})"
 
 
 def pdl_launch(mode: int) -> dict:

@@ -90,3 +90,11 @@ def test_pdl_linear_gives_the_same_bits_on_gpu(monkeypatch):
             outs.setdefault((m, n, k), []).append(L.linear(x, w, None, nw))
     for key, ys in outs.items():
         assert all(torch.equal(ys[0], y) for y in ys[1:]), key
+
+
+def test_launch_mode_for_reports(monkeypatch):
+    assert _pdl.launch_mode("cpu") == "plain"
+    monkeypatch.setattr(_pdl, "pdl_mode", lambda device, family=None: 2)
+    assert _pdl.launch_mode("cuda") == "pdl 2 (first tile)"
+    monkeypatch.setattr(_pdl, "PDL_SKIP", frozenset({"attention", "linear_dot"}))
+    assert _pdl.launch_mode("cuda") == "pdl 2 (first tile, plain: attention, linear_dot)"
