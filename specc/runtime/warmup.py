@@ -20,9 +20,9 @@
      of that length (1.4 - 1.9 s stalls on two of eight prompts in an H200 `specc bench` run).
      Given the artifact's kernel cache directory, a marker file there (:func:`prefills_marker`:
      :data:`PREFILLS_MARKER`, with the launch mode where kernels use programmatic dependent
-     launch) records that this was done: a later load finds those kernels compiled on disk (a first use
-     then only loads a cached binary, milliseconds) and skips the sweep, keeping a second load
-     fast;
+     launch) records that this was done: a later load finds those kernels compiled on disk (a
+     first use then only loads a cached binary, milliseconds) and skips the sweep, keeping a
+     second load fast;
    - ``graphs``: the same again with CUDA graphs on: every step shape is captured now, not
      while the user's tokens are being timed (a step that is not idempotent, a hybrid target's,
      at its second call of a shape: ``specc.runtime.graphs``; a shape the dummy generation
@@ -108,10 +108,7 @@ def prefills_marker(device) -> str:
     one launch mode is swept again in another."""
     from specc.codegen.kernels import pdl
 
-    try:
-        mode = pdl.pdl_mode(torch.device(device))
-    except (RuntimeError, AssertionError):  # no usable CUDA device here
-        mode = 0
+    mode = pdl.device_mode(device)
     return PREFILLS_MARKER + (f"-pdl{mode}" if mode else "")
 
 
@@ -142,7 +139,8 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
     new = max(2, min(2 * (k + 1) + 1, loop.max_len - prompt_len - 1))
     prompt = _dummy_prompt(prompt_len, vocab_size)
     graphed = _graphed(loop)
-    cuda = any(s.step.device.type == "cuda" for s in graphed) if graphed else False
+    device = _device_of(graphed)
+    cuda = device != "cpu"
     stats = {"generations": 0}
 
     def sync():
@@ -167,7 +165,7 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
         s.max_tokens = -1
     try:
         one_pass()
-        marker = Path(cache_dir) / prefills_marker(_device_of(graphed)) if cache_dir else None
+        marker = Path(cache_dir) / prefills_marker(device) if cache_dir else None
         if cuda and not (marker is not None and marker.is_file()):
             prefills()
             if marker is not None:

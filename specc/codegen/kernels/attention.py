@@ -157,7 +157,8 @@ def _attn_split_kernel(
     D, NUM_SPLITS,
     MASK: tl.constexpr, DIRECT: tl.constexpr, FUSED_MERGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-    DOT_F32: tl.constexpr, PDL: tl.constexpr = 0):
+    DOT_F32: tl.constexpr, PDL: tl.constexpr = 0,
+):
     pdl_wait(PDL)
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -520,12 +521,14 @@ def attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
         MASK=mask_id, DIRECT=num_splits == 1, FUSED_MERGE=fused_merge,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=max(2, next_pow2(num_splits)), DOT_F32=dot_f32,
-        num_warps=num_warps, num_stages=num_stages, **pdl_args(q, "attention"))
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(q, "attention"),
+    )
     if num_splits > 1 and not fused_merge:
         _attn_merge_kernel[(bsz * num_q * hq,)](
             part, lse, out, num_q, hq, d, out.stride(0), out.stride(1), num_splits,
             BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=block_d,
-            num_warps=4, **pdl_args(part, "attention"))
+            num_warps=4, **pdl_args(part, "attention"),
+        )
     return out
 
 

@@ -57,11 +57,11 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from specc.codegen.kernels._common import (
+    ConfigTable,
+    bucket_of,
     FLOAT_DTYPES,
     INTERPRETED,
     WORKSPACES,
-    ConfigTable,
-    bucket_of,
     check_same_device,
     check_tensor,
     num_sms,

@@ -63,9 +63,9 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
-from specc.codegen.kernels.pdl import pdl_launch, pdl_mode, pdl_wait
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
+from specc.codegen.kernels.pdl import pdl_launch, pdl_mode, pdl_wait
 from specc.formats.bf12 import Packed12
 
 __all__ = [

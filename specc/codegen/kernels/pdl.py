@@ -42,7 +42,7 @@ import triton.language as tl
 from specc.codegen.kernels._common import INTERPRETED
 
 __all__ = ["PDL_MODES", "PDL_FAMILIES", "PDL_SUPPORTED", "PDL_MODE", "PDL_SKIP", "pdl_mode", "pdl_launch",
-           "pdl_args", "pdl_wait", "launch_mode"]
+           "pdl_args", "pdl_wait", "device_mode", "launch_mode"]
 
 PDL_MODES = {0: "off", 1: "wait", 2: "first tile"}
 
@@ -99,13 +99,19 @@ def pdl_mode(t: torch.Tensor | torch.device, family: str | None = None) -> int:
     return PDL_MODE if _PDL_DEVICES[index] else 0
 
 
+def device_mode(device) -> int:
+    """:func:`pdl_mode` for a device given by name or ``torch.device``, 0 where no usable CUDA
+    device answers (for reports and cache names, which must not fail on a machine without one)."""
+    try:
+        return pdl_mode(torch.device(device))
+    except (RuntimeError, AssertionError):
+        return 0
+
+
 def launch_mode(device) -> str:
     """How kernels launched now on ``device`` start, for reports: ``"plain"``, or the PDL mode
     (``"pdl 2 (first tile)"``) with any families launched plainly."""
-    try:
-        mode = pdl_mode(torch.device(device))
-    except (RuntimeError, AssertionError):  # no usable CUDA device here
-        mode = 0
+    mode = device_mode(device)
     if not mode:
         return "plain"
     skip = f", plain: {', '.join(sorted(PDL_SKIP))}" if PDL_SKIP else ""

@@ -79,7 +79,8 @@ def _rope_cache_kernel(
     HAS_QN: tl.constexpr, HAS_KN: tl.constexpr,
     ACT_DTYPE: tl.constexpr, QX_DTYPE: tl.constexpr, Q_DTYPE: tl.constexpr,
     KX_DTYPE: tl.constexpr, K_DTYPE: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr = 0):
+    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr = 0,
+):
     pdl_wait(PDL)
     # Every load is issued before any store: the kernel is latency-bound (one token per
     # program), and loads placed after a store would wait for it (the compiler cannot prove the
@@ -214,7 +215,8 @@ def rope_and_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
         num_warps=4,
         # no FMA contraction: the reference rounds x*cos and rotate_half(x)*sin to the dtype
         # before adding them (seen on an H200: fused bf16 FMAs changed ~15% of q's bits)
-        enable_fp_fusion=False, **pdl_args(q, "rope"))
+        enable_fp_fusion=False, **pdl_args(q, "rope"),
+    )
     return out
 
 
