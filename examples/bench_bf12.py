@@ -171,16 +171,22 @@ def graph_time_us(calls) -> float:
                 c()
     g.replay()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(REPLAYS):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) * 1e3 / (reps * len(calls)))
+    ts = replay_ms(g, REPLAYS)
     del g
-    return statistics.median(ts)
+    return statistics.median(ts) * 1e3 / (reps * len(calls))
+
+
+def replay_ms(g, reps: int) -> list[float]:
+    """Milliseconds of each of ``reps`` replays of a captured graph (CUDA events)."""
+    out = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
 
 
 def wall_time_us(calls) -> float:

@@ -41,6 +41,7 @@ if SMOKE:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
+from bench_bf12 import replay_ms  # noqa: E402  (each replay's milliseconds; examples/ is on the path)
 
 from specc.codegen.kernels import attention as A  # noqa: E402
 from specc.codegen.kernels import embedding as E
@@ -132,15 +133,7 @@ def time_calls(calls, reps: int = 25) -> float:
     for _ in range(2):
         g.replay()
     torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1))
+    ts = replay_ms(g, reps)
     del g
     return statistics.median(ts) * 1e3 / len(calls)
 

@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_bf12 import clone_packed  # noqa: E402  (a copy of a packed weight, for rotation)
 from bench_bf12 import graph_time_us as graph_us  # noqa: E402  (per-call median of a graph of calls)
+from bench_bf12 import replay_ms  # noqa: E402  (each replay's milliseconds)
 
 SHAPES = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
           ("lm_head", 4096, 151936)]  # (name, K, N)
@@ -73,19 +74,6 @@ def set_mode(mode) -> None:
     skip = mode.split(":", 1)[1].split("+") if isinstance(mode, str) else ()
     pdl.PDL_SKIP = frozenset(skip)
     pdl.PDL_MODE = 2 if isinstance(mode, str) else mode
-
-
-def replay_ms(g, reps: int) -> list[float]:
-    """Milliseconds of each of ``reps`` replays of a captured graph (CUDA events)."""
-    out = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end))
-    return out
 
 
 def ceilings(dev) -> dict:
