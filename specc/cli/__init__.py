@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
 
         args.threads_given = args.threads is not None or bool(os.environ.get("SPECC_THREADS", "").strip())
         args.threads = configure_threads(args.threads)
+        if getattr(args, "batch_invariant", False):  # before anything loads, compiles or captures
+            from specc.codegen.kernels.batch_invariant import batch_invariant
+
+            with batch_invariant():
+                return int(args.handler(args) or 0)
         return int(args.handler(args) or 0)
     except UserError as exc:
         print(f"specc: error: {one_line(exc)}", file=sys.stderr)

@@ -68,6 +68,16 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
                    help="penalise tokens already in the context (default 1: off)")
     g.add_argument("--seed", type=int, default=0, metavar="S", help="random seed: the same seed gives the same tokens (default 0)")
+    add_batch_invariant_arg(g)
+
+
+def add_batch_invariant_arg(p) -> None:
+    """--batch-invariant: kernels whose results for a request do not depend on the other requests of
+    its batch (``specc.codegen.kernels.batch_invariant``; the CLI's main switches it on before the
+    command loads anything)."""
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="kernels that give a request the same bits alone or in any batch, so a seed gives the "
+                   "same tokens in both (slower; $SPECC_BATCH_INVARIANT=1; docs/kernels.md)")
 
 
 def sampling_params(args):

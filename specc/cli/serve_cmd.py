@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specc.cli.common import positive
+from specc.cli.common import add_batch_invariant_arg, positive
 from specc.errors import UserError
 
 EPILOG = """\
@@ -36,6 +36,7 @@ def register(sub) -> None:
     p.add_argument("--device", help="override the artifact's device (e.g. cpu)")
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
                    help="decode up to N requests together (continuous batching; default 1: one at a time)")
+    add_batch_invariant_arg(p)
     p.add_argument("--model-name", metavar="NAME",
                    help="the name clients send as `model` (default: the artifact's model name)")
     p.add_argument("--expect-hash", metavar="SHA256",

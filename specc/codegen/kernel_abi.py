@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from specc.codegen.kernels import batch_invariant
 from specc.codegen.kernels.dispatch import use_triton
 from specc.codegen.kernels.tree_mask import pack_tree_mask, unpack_tree_mask
 from specc.codegen.linear_choice import in_rows
@@ -32,11 +33,14 @@ def embedding(ids, weight):
 
 # Linears take ``cublas_rows``: the row ranges (inclusive; hi None = no bound) in which lowering
 # chose cuBLAS for this weight shape from measurements (codegen/linear_choice.py); other rows run
-# the Triton kernel (on CPU: the reference, or the interpreted kernel when opted in).
+# the Triton kernel (on CPU: the reference, or the interpreted kernel when opted in). In the
+# batch-invariant mode (kernels/batch_invariant.py, read at each call) every row count runs the
+# Triton kernel: a choice by row count would change a row's summation order with its batch.
 
 
 def _cublas(x, cublas_rows) -> bool:
-    return bool(cublas_rows) and in_rows(x.numel() // max(x.shape[-1], 1), cublas_rows)
+    return (bool(cublas_rows) and not batch_invariant.enabled()
+            and in_rows(x.numel() // max(x.shape[-1], 1), cublas_rows))
 
 
 def linear(x, weight, bias=None, cublas_rows=()):

@@ -20,9 +20,9 @@
      of that length (1.4 - 1.9 s stalls on two of eight prompts in an H200 `specc bench` run).
      Given the artifact's kernel cache directory, a marker file there (:func:`prefills_marker`:
      :data:`PREFILLS_MARKER`, with the launch mode where kernels use programmatic dependent
-     launch) records that this was done: a later load finds those kernels compiled on disk (a
-     first use then only loads a cached binary, milliseconds) and skips the sweep, keeping a
-     second load fast;
+     launch or the batch-invariant configs) records that this was done: a later load finds those
+     kernels compiled on disk (a first use then only loads a cached binary, milliseconds) and
+     skips the sweep, keeping a second load fast;
    - ``graphs``: the same again with CUDA graphs on: every step shape is captured now, not
      while the user's tokens are being timed (a step that is not idempotent, a hybrid target's,
      at its second call of a shape: ``specc.runtime.graphs``; a shape the dummy generation
@@ -104,12 +104,14 @@ PREFILLS_MARKER = "prefills-compiled"  # in the kernel cache directory: the swee
 
 def prefills_marker(device) -> str:
     """The marker's name for kernels launched on ``device``: kernels built for programmatic
-    dependent launch are other binaries than plain ones (docs/kernels.md), so a cache swept in
-    one launch mode is swept again in another."""
-    from specc.codegen.kernels import pdl
+    dependent launch are other binaries than plain ones (docs/kernels.md), and the
+    batch-invariant mode (``SPECC_BATCH_INVARIANT``) launches other configs at every row count,
+    so a cache swept in one launch mode is swept again in another."""
+    from specc.codegen.kernels import batch_invariant, pdl
 
     mode = pdl.device_mode(device)
-    return PREFILLS_MARKER + (f"-pdl{mode}" if mode else "")
+    return (PREFILLS_MARKER + (f"-pdl{mode}" if mode else "")
+            + ("-batch-invariant" if batch_invariant.enabled() else ""))
 
 
 def prefill_lengths(limit: int, skip: int = 0) -> list[int]:

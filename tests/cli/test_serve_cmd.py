@@ -46,3 +46,18 @@ def test_help_names_the_endpoints(capsys):
         main(["serve", "--help"])
     out = capsys.readouterr().out
     assert "/v1/completions" in out and "/metrics" in out and "--max-len" in out
+
+
+def test_batch_invariant_flag_switches_the_kernel_mode_for_the_command(monkeypatch):
+    """--batch-invariant is on while the command runs (before it loads or captures anything) and
+    off again after; without it the mode stays as the environment set it."""
+    from specc import cli
+    from specc.cli import serve_cmd
+    from specc.codegen.kernels import batch_invariant as BI
+
+    seen = []
+    monkeypatch.setattr(serve_cmd, "run", lambda args: seen.append(BI.enabled()) or 0)
+    before = BI.enabled()
+    assert cli.main(["serve", "model.specc", "--batch-invariant"]) == 0
+    assert cli.main(["serve", "model.specc"]) == 0
+    assert seen == [True, before] and BI.enabled() == before

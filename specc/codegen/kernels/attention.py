@@ -31,6 +31,11 @@ them in the split kernel (a per-row-block ticket, as linear's split-K; the count
 themselves, so CUDA graphs replay it). With one split the first kernel writes the output
 directly. Causal row blocks stop at their last visible key.
 
+The KV splits and the merge are a function of the batch size (:func:`launch_plan`), and both
+change a query's summation order: the batch-invariant mode (:mod:`.batch_invariant`) plans them as
+for batch 1. Everything else of a program's arithmetic depends on its own request only (its row
+block of ``Q * G`` rows, its cache length).
+
 Numerics: scores and softmax statistics in fp32 (no rounding of the scores, unlike the bf16
 matmul of the eager reference), probabilities rounded to V's dtype for the PV dot (fp32 under
 the interpreter or with fp32 V), fp32 accumulation. A row that sees no key returns zeros.
@@ -56,6 +61,7 @@ from specc.codegen.kernels._common import (
     round_to,
     use_triton,
 )
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 from specc.codegen.kernels.tree_mask import num_words, unpack_tree_mask
 from specc.models.ops import MASK_KINDS  # the one list of mask kinds
@@ -362,7 +368,11 @@ def launch_plan(bsz: int, num_q: int, num_heads: int, num_kv_heads: int, head_di
                 max_kv_len: int, device: torch.device, block_n: int | None = None,
                 block_m: int | None = None, sms: int | None = None) -> dict:
     """Tile sizes and KV splits :func:`attention` uses (also for cost models and sweeps; ``sms``
-    plans for that many SMs instead of the device's)."""
+    plans for that many SMs instead of the device's). The tiles follow the per-request query rows
+    only; in the batch-invariant mode (:mod:`.batch_invariant`) the splits and the merge are
+    planned as for batch 1 too, so a request's bits do not depend on its batch."""
+    if batch_invariant_enabled():
+        bsz = 1
     rows = num_q * (num_heads // num_kv_heads)
     if block_m is None:
         block_m = 16 if rows <= 16 else (32 if rows <= 32 else 64)

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from specc.codegen.kernels._common import FLOAT_DTYPES, check_same_device, check_tensor, next_pow2, precise_exp, \
     round_to, rounded, use_triton
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 from specc.models import gdn
 
 __all__ = ["delta_rule_step", "conv_step", "delta_rule_step_reference", "conv_step_reference"]
@@ -43,7 +44,8 @@ def _delta_rule_kernel(mixed_ptr, g_ptr, beta_ptr, state_ptr, cache_len_ptr, par
                        Q, SLOTS, HV, GROUP, DK, DV, K_OFF, V_OFF,
                        s_mb, s_mq, s_gb, s_gq, s_bb, s_bq, s_sb, s_se, s_sh, s_ob, s_oq, s_pb,
                        scale, CHAIN: tl.constexpr, WRITE_NODES: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+                       BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -86,7 +88,8 @@ def _delta_rule_kernel(mixed_ptr, g_ptr, beta_ptr, state_ptr, cache_len_ptr, par
 @triton.jit
 def _conv_kernel(x_ptr, state_ptr, w_ptr, cache_len_ptr, parents_ptr, out_ptr,
                  Q, SLOTS, C, s_xb, s_xq, s_sb, s_se, s_sc, s_ob, s_oq, s_pb,
-                 CHAIN: tl.constexpr, KERNEL: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr):
+                 CHAIN: tl.constexpr, KERNEL: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     rc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mc = rc < C
@@ -171,7 +174,7 @@ def delta_rule_step(mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, st
         key_heads * dk, 2 * key_heads * dk, mixed.stride(0), mixed.stride(1), g.stride(0), g.stride(1),
         beta.stride(0), beta.stride(1), state.stride(0), state.stride(1), state.stride(2), out.stride(0),
         out.stride(1), pars.stride(0), dk ** -0.5, CHAIN=parents is None,
-        WRITE_NODES=parents is not None or q <= slots, BLOCK_K=next_pow2(dk), BLOCK_V=block_v, num_warps=4)
+        WRITE_NODES=parents is not None or q <= slots, BLOCK_K=next_pow2(dk), BLOCK_V=block_v, num_warps=4, **pdl_args(mixed, "gdn"))
     return out
 
 
@@ -197,7 +200,7 @@ def conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, c
         x, conv_state, weight, cache_len, pars, out, q, conv_state.shape[1] - 2, channels,
         x.stride(0), x.stride(1), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         out.stride(0), out.stride(1), pars.stride(0), CHAIN=parents is None, KERNEL=kernel, W=kernel - 1, BLOCK_C=block_c,
-        num_warps=4)
+        num_warps=4, **pdl_args(x, "gdn"))
     return out
 
 

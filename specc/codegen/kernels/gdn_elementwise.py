@@ -21,6 +21,7 @@ from triton.language.extra import libdevice
 
 from specc.codegen.kernels._common import FLOAT_DTYPES, INTERPRETED, check_tensor, next_pow2, precise_exp, round_to, \
     rounded, use_triton
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 from specc.models import gdn
 
 __all__ = ["offset_rms_norm", "gated_head_norm", "gdn_gates"]
@@ -37,7 +38,8 @@ def _log1p(x):
 
 
 @triton.jit
-def _offset_norm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK: tl.constexpr):
+def _offset_norm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -48,7 +50,8 @@ def _offset_norm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr):
+def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     head = tl.program_id(0).to(tl.int64)  # (row, head) flattened: heads are contiguous D-blocks
     offs = tl.arange(0, BLOCK)
     mask = offs < D
@@ -63,7 +66,8 @@ def _gated_norm_kernel(x_ptr, z_ptr, w_ptr, y_ptr, D, eps, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gates_kernel(b_ptr, a_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, H, BLOCK: tl.constexpr):
+def _gates_kernel(b_ptr, a_ptr, alog_ptr, dt_ptr, g_ptr, beta_ptr, H, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < H
@@ -86,7 +90,7 @@ def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     x2 = x.reshape(-1, n).contiguous()
     y = torch.empty_like(x2)
     if x2.shape[0]:
-        _offset_norm_kernel[(x2.shape[0],)](x2, weight, y, n, float(eps), BLOCK=next_pow2(n), num_warps=4)
+        _offset_norm_kernel[(x2.shape[0],)](x2, weight, y, n, float(eps), BLOCK=next_pow2(n), num_warps=4, **pdl_args(x2, "gdn"))
     return y.view(x.shape)
 
 
@@ -102,7 +106,7 @@ def gated_head_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, e
     x2, z2 = x.reshape(-1, d).contiguous(), gate.reshape(-1, d).contiguous()
     y = torch.empty_like(x2)
     if x2.shape[0]:
-        _gated_norm_kernel[(x2.shape[0],)](x2, z2, weight, y, d, float(eps), BLOCK=next_pow2(d), num_warps=4)
+        _gated_norm_kernel[(x2.shape[0],)](x2, z2, weight, y, d, float(eps), BLOCK=next_pow2(d), num_warps=4, **pdl_args(x2, "gdn"))
     return y.view(x.shape)
 
 
@@ -118,5 +122,5 @@ def gdn_gates(b: torch.Tensor, a: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     g = torch.empty(a2.shape, dtype=torch.float32, device=b.device)
     beta = torch.empty_like(b2)
     if b2.shape[0]:
-        _gates_kernel[(b2.shape[0],)](b2, a2, a_log, dt_bias, g, beta, h, BLOCK=next_pow2(h), num_warps=1)
+        _gates_kernel[(b2.shape[0],)](b2, a2, a_log, dt_bias, g, beta, h, BLOCK=next_pow2(h), num_warps=1, **pdl_args(b2, "gdn"))
     return g.view(a.shape), beta.view(b.shape)

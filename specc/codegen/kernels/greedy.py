@@ -81,7 +81,8 @@ def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, NUM_CHUNKS, BLOCK_C: tl.cons
 def _accept_kernel(d_ptr, t_ptr, dl_ptr, a_ptr, n_ptr, o_ptr, p_ptr, K, L,
                    stride_d, stride_t, stride_o,
                    HAS_DL: tl.constexpr, HAS_OUT: tl.constexpr, ADVANCE: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK)
     kb = K
@@ -189,7 +190,7 @@ def greedy_accept(drafts: torch.Tensor, target: torch.Tensor,
         k, out_tokens.shape[1] if has_out else 0,
         drafts.stride(0), target.stride(0), out_tokens.stride(0) if has_out else 0,
         HAS_DL=draft_len is not None, HAS_OUT=has_out, ADVANCE=bool(advance),
-        BLOCK=max(2, next_pow2(k + 1)), num_warps=1,
+        BLOCK=max(2, next_pow2(k + 1)), num_warps=1, **pdl_args(drafts, "accept"),
     )
     return acc, nxt
 

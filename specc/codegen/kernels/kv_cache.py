@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import check_same_device, check_tensor, next_pow2, use_triton
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 
 __all__ = ["kv_compact", "kv_compact_layers", "kv_compact_reference"]
 
@@ -50,7 +51,8 @@ def _compact_tile(kb, vb, src_ptr, dst_ptr, b, limit, P, S, D, stride_ks, stride
 def _kv_compact_kernel(ck_ptr, cv_ptr, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
                        stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
                        stride_src, stride_dst,
-                       HAS_CNT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+                       HAS_CNT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     b = pid // HKV
     h = pid % HKV
@@ -67,9 +69,10 @@ def _kv_compact_kernel(ck_ptr, cv_ptr, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
 @triton.jit
 def _kv_compact_layers_kernel(kptrs, vptrs, src_ptr, dst_ptr, cnt_ptr, P, S, D, HKV,
                               stride_b, stride_h, stride_s, stride_src, stride_dst,
-                              DTYPE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+                              DTYPE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0):
     """``_kv_compact_kernel`` with the layer as grid axis 2; K and V of every layer share one
     shape and strides; their base addresses are the int64 tables ``kptrs`` / ``vptrs``."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     b = pid // HKV
     h = pid % HKV
@@ -130,7 +133,7 @@ def kv_compact_layers(caches, src_slots: torch.Tensor, dst_slots: torch.Tensor, 
     _kv_compact_layers_kernel[(bsz * hkv, triton.cdiv(d, block_d), len(caches))](
         kptrs, vptrs, src, dst, count, p, s, d, hkv, k0.stride(0), k0.stride(1), k0.stride(2),
         src.stride(0), dst.stride(0), DTYPE=_TL_DTYPES[k0.dtype], BLOCK_P=max(2, next_pow2(p)),
-        BLOCK_D=block_d, num_warps=4)
+        BLOCK_D=block_d, num_warps=4, **pdl_args(kptrs, "kv_compact"))
 
 
 def _check(cache_k, cache_v, src_slots, dst_slots, count, op):
@@ -179,7 +182,7 @@ def kv_compact(cache_k: torch.Tensor, cache_v: torch.Tensor, src_slots: torch.Te
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
         src.stride(0), dst.stride(0),
-        HAS_CNT=count is not None, BLOCK_P=max(2, next_pow2(p)), BLOCK_D=block_d, num_warps=4)
+        HAS_CNT=count is not None, BLOCK_P=max(2, next_pow2(p)), BLOCK_D=block_d, num_warps=4, **pdl_args(cache_k, "kv_compact"))
 
 
 def kv_compact_reference(cache_k, cache_v, src_slots, dst_slots, count=None) -> None:

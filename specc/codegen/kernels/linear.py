@@ -39,6 +39,13 @@ kernel only; for the dot kernel the launcher normalises the rows with the rms_no
 runs the plain GEMM (same roundings, same two launches; measured faster on the H200), unless
 ``LinearConfig.norm_prologue=True``.
 
+Batch-invariant mode (:mod:`specc.codegen.kernels.batch_invariant`, ``SPECC_BATCH_INVARIANT=1``):
+:func:`get_config` returns :data:`BATCH_INVARIANT_CONFIG` for every M (the table, the heuristic and
+:func:`set_config` overrides are ignored) and automatic split-K is one split, so a row's output
+has the same bits whatever rows share its launch. A ``config`` passed to :func:`linear` is still
+honoured (its split count, if not automatic, does not depend on M; choosing the same config for
+every M is the caller's part).
+
 Numerics: fp32 accumulation; the output is rounded once. fp32 inputs use IEEE fp32 dots (no
 tf32). Under the Triton interpreter (CPU, ``TRITON_INTERPRET=1``) dots run in fp32, so bf16
 tensors work there too; without CUDA and without the interpreter the launcher runs
@@ -70,6 +77,7 @@ from specc.codegen.kernels._common import (
     tl_dtype,
     use_triton,
 )
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.pdl import pdl_launch, pdl_mode, pdl_wait
 
 __all__ = [
@@ -84,6 +92,7 @@ __all__ = [
     "M_BUCKETS",
     "weight_passes",
     "DEFAULT_CONFIGS",
+    "BATCH_INVARIANT_CONFIG",
 ]
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -449,7 +458,22 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
 
 DEFAULT_CONFIGS: dict[tuple[int, int, int], LinearConfig] = _table()
 _TABLE = ConfigTable(LinearConfig, DEFAULT_CONFIGS, _heuristic, m_bucket)
-get_config = _TABLE.get  # (m, n, k) -> config: override, else DEFAULT_CONFIGS, else heuristic
+# The batch-invariant mode's one config for every M: the heuristic's 16-row tensor-core tile for
+# 2 .. 16 rows (pointer loads, no split-K). More rows are more row tiles of the same kernel, so a
+# row's instructions never change with M.
+BATCH_INVARIANT_CONFIG = LinearConfig("dot", block_m=16, block_n=64, block_k=128, split_k=1, num_warps=4,
+                                      num_stages=4, swap_ab=True)
+
+
+def get_config(m: int, n: int, k: int) -> LinearConfig:
+    """The config of an ``[m, k] x [n, k]^T`` product: a :func:`set_config` override, else
+    :data:`DEFAULT_CONFIGS`, else the heuristic; :data:`BATCH_INVARIANT_CONFIG` for every shape in
+    the batch-invariant mode."""
+    if batch_invariant_enabled():
+        return BATCH_INVARIANT_CONFIG
+    return _TABLE.get(m, n, k)
+
+
 set_config = _TABLE.set  # (m, n, k, config | mapping | None): a deployment's override
 clear_configs = _TABLE.clear
 _as_config = _TABLE.coerce
@@ -460,6 +484,8 @@ def _split_plan(cfg: LinearConfig, m: int, n: int, k: int, device: torch.device)
     bk = cfg.block_k
     chunks = triton.cdiv(k, bk)
     split = cfg.split_k
+    if split == 0 and batch_invariant_enabled():  # the automatic count follows M's tiles
+        split = 1
     if split == 0 and cfg.kind == "gemv":  # ~4 programs per SM
         tiles = triton.cdiv(n, cfg.block_n) * m
         split = max(1, min(triton.cdiv(4 * num_sms(device), tiles), chunks // 2))

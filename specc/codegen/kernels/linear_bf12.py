@@ -25,6 +25,10 @@ two inner loops chosen by the config:
   int64 tiles and x through shared memory (cp.async, ``num_stages``). ``swap_ab`` computes
   ``W @ x^T`` instead (decoded tile as MMA operand A, the small M as the MMA's N).
 
+Batch-invariant mode (:mod:`specc.codegen.kernels.batch_invariant`): :func:`get_config` returns
+:data:`BATCH_INVARIANT_CONFIG` (the dot kernel, one split) at every M, so a row's bits do not
+depend on the rows beside it; an explicit ``config`` is honoured as given.
+
 Exactness. The kernel never branches on escapes: the planes store an escaped weight as the
 finite stand-in ``2**(base - 127)`` (see the format). After the main loop each program walks
 the escape table's entries for its rows (CSR over the sorted table, usually 0 - 3 entries per
@@ -63,6 +67,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.codegen.kernels.pdl import pdl_launch, pdl_mode, pdl_wait
@@ -78,6 +83,7 @@ __all__ = [
     "m_bucket",
     "M_BUCKETS",
     "DEFAULT_CONFIGS",
+    "BATCH_INVARIANT_CONFIG",
     "INTERPRETED",
 ]
 
@@ -442,7 +448,20 @@ DEFAULT_CONFIGS: dict[tuple[int, int, int], Bf12Config] = {
     (64, 151936, 4096): Bf12Config('dot', block_m=64, block_n=64, block_j=4, num_stages=3, swap_ab=True),  # 0.38x cuBLAS
 }
 _TABLE = ConfigTable(Bf12Config, DEFAULT_CONFIGS, _heuristic, m_bucket)
-get_config = _TABLE.get  # (m, n, k) -> config: override, else DEFAULT_CONFIGS, else heuristic
+# The batch-invariant mode's one config for every M (specc.codegen.kernels.batch_invariant): the
+# table's 16-row tensor-core tile, one split (split-K sums its partials with float atomics, in
+# no fixed order)
+BATCH_INVARIANT_CONFIG = Bf12Config("dot", block_m=16, block_n=16, block_j=8, split_k=1, num_stages=3)
+
+
+def get_config(m: int, n: int, k: int) -> Bf12Config:
+    """The config of an ``[m, k] x [n, k]^T`` product: override, else DEFAULT_CONFIGS, else the
+    heuristic; :data:`BATCH_INVARIANT_CONFIG` for every shape in the batch-invariant mode."""
+    if batch_invariant_enabled():
+        return BATCH_INVARIANT_CONFIG
+    return _TABLE.get(m, n, k)
+
+
 set_config = _TABLE.set  # (m, n, k, config | mapping | None): a deployment's override
 clear_configs = _TABLE.clear
 _as_config = _TABLE.coerce
@@ -526,7 +545,8 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
     if interpret and x.dtype == torch.bfloat16 and cfg.kind == "dot":
         # (the fma path is integer decode + fp32 FMAs, which the interpreter can run)
         raise TypeError("linear_bf12 under the Triton interpreter cannot do bf16 dots; pass fp32 "
-                        "(or fp16) activations or use a kind='fma' config")
+                        "(or fp16) activations or use a kind='fma' config (the batch-invariant mode "
+                        "picks the dot kernel at every M)")
     meta = _kernel_meta(packed)
     k16 = packed.k16
     bj = cfg.block_j

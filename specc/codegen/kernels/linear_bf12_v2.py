@@ -39,6 +39,9 @@ partials go to a per-device fp32 workspace; the last program of a tile (a ticket
 them up, stores and cleans the workspace (no memset, no epilogue launch), as in
 :mod:`specc.codegen.kernels.linear_bf12` (the two share :mod:`specc.codegen.kernels.bf12_launch` and the epilogue in :mod:`specc.codegen.kernels.bf12_epilogue`).
 
+Batch-invariant mode (:mod:`specc.codegen.kernels.batch_invariant`): :func:`get_config` returns
+:data:`BATCH_INVARIANT_CONFIG` (the dot kernel, one split) at every M.
+
 CPU: the Triton interpreter runs the integer decode and fp32 math (it has no bf16 arithmetic):
 use fp32/fp16 activations there; the outputs equal ``F.linear`` on the unpacked weights in fp32.
 """
@@ -53,12 +56,13 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import GROUP, HALF, Packed12
 
 __all__ = ["Bf12v2Config", "linear_bf12_v2", "get_config", "set_config", "clear_configs",
-           "DEFAULT_CONFIGS", "M_BUCKETS", "DECODE_ASM"]
+           "DEFAULT_CONFIGS", "M_BUCKETS", "DECODE_ASM", "BATCH_INVARIANT_CONFIG"]
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -281,7 +285,19 @@ def _heuristic(mb: int, n: int, k: int) -> Bf12v2Config:
 # (m_bucket, N, K) -> config, filled from an H200 sweep of examples/bench_bf12.py (none yet).
 DEFAULT_CONFIGS: dict[tuple[int, int, int], Bf12v2Config] = {}
 _TABLE = ConfigTable(Bf12v2Config, DEFAULT_CONFIGS, _heuristic, m_bucket)
-get_config = _TABLE.get  # (m, n, k) -> config: override, else DEFAULT_CONFIGS, else heuristic
+# The batch-invariant mode's one config for every M (specc.codegen.kernels.batch_invariant): the
+# heuristic's 16-row tensor-core tile, one split (split-K sums with float atomics, in no fixed order)
+BATCH_INVARIANT_CONFIG = Bf12v2Config("dot", block_m=16, block_n=64, block_k=64, split_k=1, num_stages=3)
+
+
+def get_config(m: int, n: int, k: int) -> Bf12v2Config:
+    """The config of an ``[m, k] x [n, k]^T`` product: override, else DEFAULT_CONFIGS, else the
+    heuristic; :data:`BATCH_INVARIANT_CONFIG` for every shape in the batch-invariant mode."""
+    if batch_invariant_enabled():
+        return BATCH_INVARIANT_CONFIG
+    return _TABLE.get(m, n, k)
+
+
 set_config = _TABLE.set  # (m, n, k, config | mapping | None): a deployment's override
 clear_configs = _TABLE.clear
 _as_config = _TABLE.coerce

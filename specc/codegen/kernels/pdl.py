@@ -71,7 +71,7 @@ def _mode_from_env() -> int:
 
 PDL_MODE: int = _mode_from_env()
 PDL_FAMILIES = ("linear", "linear_dot", "bf12", "attention", "rope", "rms_norm", "silu_mul", "embedding",
-                "argmax")
+                "argmax", "accept", "kv_compact", "tree_beam", "gdn", "ragged_attention")
 
 
 def _skip_from_env() -> frozenset:
@@ -110,12 +110,16 @@ def device_mode(device) -> int:
 
 def launch_mode(device) -> str:
     """How kernels launched now on ``device`` start, for reports: ``"plain"``, or the PDL mode
-    (``"pdl 2 (first tile)"``) with any families launched plainly."""
+    (``"pdl 2 (first tile)"``) with any families launched plainly; ``", batch-invariant"`` is
+    appended in that mode (:mod:`.batch_invariant`: other configs, other timings)."""
+    from specc.codegen.kernels.batch_invariant import enabled
+
     mode = device_mode(device)
+    tail = ", batch-invariant" if enabled() else ""
     if not mode:
-        return "plain"
+        return "plain" + tail
     skip = f", plain: {', '.join(sorted(PDL_SKIP))}" if PDL_SKIP else ""
-    return f"pdl {mode} ({PDL_MODES[mode]}{skip})"
+    return f"pdl {mode} ({PDL_MODES[mode]}{skip}){tail}"
 
 
 def pdl_launch(mode: int) -> dict:

@@ -48,6 +48,8 @@ from specc.codegen.kernels._common import (
     use_triton,
 )
 from specc.codegen.kernels.attention import _attn_merge_kernel, _attn_tile, launch_plan
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 from specc.models import ops
 
 __all__ = ["ragged_attention", "ragged_write_kv", "ragged_launch_plan"]
@@ -61,7 +63,8 @@ def _ragged_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, len_ptr, slot_ptr, start_
                          stride_kt, stride_kh, stride_vt, stride_vh,
                          stride_cks, stride_ckh, stride_ckl,
                          stride_cvs, stride_cvh, stride_cvl,
-                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     r = pid // HKV
     hk = pid % HKV
@@ -98,7 +101,9 @@ def _ragged_split_kernel(
     DIRECT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    pdl_wait(PDL)
     pid_rh = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -166,8 +171,18 @@ def ragged_launch_plan(total: int, num_rows: int, num_heads: int, num_kv_heads: 
                        block_m: int | None = None) -> dict:
     """Tiles and KV splits of :func:`ragged_attention`: the dense :func:`.attention.launch_plan`
     for R rows of the mean row length ``ceil(T / R)`` (the grid's query-tile axis,
-    ``row_blocks``, covers that many tokens per row; longer rows loop)."""
+    ``row_blocks``, covers that many tokens per row; longer rows loop).
+
+    Batch-invariant mode (:mod:`.batch_invariant`): the mean row, and so the tiles and splits,
+    depend on the other rows of the launch; the mode plans the tiles, splits and stages as for one
+    row of one token instead (a function of the heads, head size and ``max_kv_len`` only) and
+    keeps the mean row for ``row_blocks`` alone, which only deals the same tiles to programs."""
     mean = max(1, triton.cdiv(total, max(num_rows, 1)))
+    if batch_invariant_enabled():
+        plan = launch_plan(1, 1, num_heads, num_kv_heads, head_dim, max_kv_len, device, block_n, block_m)
+        plan["row_blocks"] = triton.cdiv(mean * (num_heads // num_kv_heads), plan["block_m"])
+        plan["fused_merge"] = False
+        return plan
     plan = launch_plan(max(num_rows, 1), mean, num_heads, num_kv_heads, head_dim, max_kv_len, device,
                        block_n, block_m)
     plan["fused_merge"] = False  # the split kernel has no in-kernel merge here
@@ -226,7 +241,7 @@ def ragged_write_kv(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cac
         k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2),
         cache_v.stride(0), cache_v.stride(1), cache_v.stride(2),
-        BLOCK_T=16, BLOCK_D=max(16, next_pow2(d)), num_warps=4,
+        BLOCK_T=16, BLOCK_D=max(16, next_pow2(d)), num_warps=4, **pdl_args(k, "ragged_attention"),
     )
 
 
@@ -284,11 +299,12 @@ def ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k:
         d, num_splits,
         DIRECT=num_splits == 1,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, DOT_F32=dot_f32,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_args(q, "ragged_attention"),
     )
     if num_splits > 1:
         _attn_merge_kernel[(total * hq,)](
             part, lse, out, total, hq, d, out.stride(0), out.stride(1), num_splits,
             BLOCK_S=max(2, next_pow2(num_splits)), BLOCK_D=block_d, num_warps=4,
+            **pdl_args(q, "ragged_attention"),
         )
     return out

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import next_pow2, use_triton
+from specc.codegen.kernels.pdl import pdl_args, pdl_wait
 
 __all__ = ["tree_beam", "tree_beam_reference", "candidate_pairs"]
 
@@ -75,7 +76,8 @@ def _unsortable(key):
 def _tree_beam_kernel(lp_ptr, tok_ptr, pi_ptr, pj_ptr, score_ptr, out_tok_ptr, parent_ptr,
                       beam_ptr, sort_ptr, D, K, W,
                       stride_lb, stride_ld, stride_tb, stride_td,
-                      BW: tl.constexpr, CP: tl.constexpr):
+                      BW: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr = 0):
+    pdl_wait(PDL)
     b = tl.program_id(0).to(tl.int64)
     offs_w = tl.arange(0, BW)
     mask_w = offs_w < W
@@ -154,5 +156,5 @@ def tree_beam(top_lp: torch.Tensor, top_tok: torch.Tensor, width: int, opt_in: b
     _tree_beam_kernel[(bsz,)](top_lp, top_tok, pi, pj, score, tok, parent, beam, scratch,
                               depth, k, width, top_lp.stride(0), top_lp.stride(1),
                               top_tok.stride(0), top_tok.stride(1), BW=bw, CP=cp,
-                              num_warps=4 if cp <= 1024 else 8)
+                              num_warps=4 if cp <= 1024 else 8, **pdl_args(top_lp, "tree_beam"))
     return score, tok, parent

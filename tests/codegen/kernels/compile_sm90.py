@@ -118,6 +118,13 @@ def main() -> int:
 
     C2 = B2.Bf12v2Config
     cache = z(2, 8, 256, 128)
+
+    from specc.codegen.kernels.batch_invariant import batch_invariant
+
+    def _bi(fn):  # launch in the batch-invariant mode (one config at every row count)
+        with batch_invariant():
+            return fn()
+
     cases = {
         "linear gemv table": lambda: L.linear(z(1, 4096), z(6144, 4096)),
         "linear gemv split": lambda: L.linear(z(1, 4096), z(4096, 4096), config=L.LinearConfig(
@@ -191,9 +198,21 @@ def main() -> int:
         "ragged split merge": lambda: RA.ragged_attention(z(1, 24, 32, 128), z(1, 24, 8, 128), z(1, 24, 8, 128),
                                                           cache, cache, z(2, dtype=lng), z(2, dtype=lng),
                                                           z(3, dtype=lng), 0.1, num_splits=3),
+        "ragged split merge pdl1": lambda: _pdl(1, RA, lambda: RA.ragged_attention(
+            z(1, 24, 32, 128), z(1, 24, 8, 128), z(1, 24, 8, 128), cache, cache, z(2, dtype=lng), z(2, dtype=lng),
+            z(3, dtype=lng), 0.1, num_splits=3)),
         "ragged direct": lambda: RA.ragged_attention(z(1, 24, 32, 128), z(1, 24, 8, 128), z(1, 24, 8, 128),
                                                      cache, cache, z(2, dtype=lng), z(2, dtype=lng),
                                                      z(3, dtype=lng), 0.1, num_splits=1),
+        # the batch-invariant mode: the tensor-core configs at one row (M == 1 specializes)
+        "linear batch-invariant m1 +norm +residual": lambda: _bi(lambda: L.linear(
+            z(1, 4096), z(4096, 4096), None, z(4096), residual=z(1, 4096))),
+        "linear batch-invariant m1 uneven": lambda: _bi(lambda: L.linear(z(1, 4000), z(640, 4000))),
+        "bf12v1 batch-invariant m1": lambda: _bi(lambda: B1.linear_bf12(z(1, 4096), bf12(4096, 4096))),
+        "bf12v2 batch-invariant m1": lambda: _bi(lambda: B1.linear_bf12(z(1, 4096), bf12v2(4096, 4096))),
+        "ragged batch-invariant": lambda: _bi(lambda: RA.ragged_attention(
+            z(1, 24, 32, 128), z(1, 24, 8, 128), z(1, 24, 8, 128), cache, cache, z(2, dtype=lng),
+            z(2, dtype=lng), z(3, dtype=lng), 0.1)),
         "rope qk-norm": lambda: R.rope_and_cache(z(2, 4, 32, 128), z(2, 4, 8, 128), z(2, 4, 8, 128),
                                                  z(2, 4, dtype=lng), torch.ones(64), cache, cache,
                                                  z(2, dtype=lng), z(128), z(128)),
@@ -219,6 +238,23 @@ def main() -> int:
         "gdn gates": lambda: DE.gdn_gates(z(16, 32), z(16, 32), z(32), z(32)),
         "gdn conv q16 tree": lambda: D.conv_step(z(1, 16, 8192), z(1, 18, 8192, 3), z(8192, 1, 4), z(1, dtype=lng),
                                                  z(1, 16, dtype=lng)),
+        # programmatic dependent launch of the step's other kernels: wait before any global access
+        "greedy_accept pdl1": lambda: _pdl(1, G, lambda: G.greedy_accept(
+            z(2, 4, dtype=lng), z(2, 5, dtype=lng), z(2, dtype=lng), z(2, 9, dtype=lng), z(2, dtype=lng))),
+        "kv_compact pdl1": lambda: _pdl(1, KV, lambda: KV.kv_compact(cache, cache, z(2, 5, dtype=lng),
+                                                                     z(2, 5, dtype=lng))),
+        "kv_compact_layers pdl1": lambda: _pdl(1, KV, lambda: KV.kv_compact_layers(
+            [(cache, cache), (cache.clone(), cache.clone())], z(2, 5, dtype=lng), z(2, 5, dtype=lng), z(2, dtype=lng))),
+        "tree_beam pdl1": lambda: _pdl(1, TB, lambda: TB.tree_beam(z(2, 7, 8, dtype=torch.float32),
+                                                                   z(2, 7, 8, dtype=lng), 4)),
+        "gdn delta rule q16 tree pdl1": lambda: _pdl(1, D, lambda: D.delta_rule_step(
+            z(1, 16, 8192), z(1, 16, 32, dtype=torch.float32), z(1, 16, 32), z(1, 18, 32, 128, 128, dtype=torch.float32),
+            z(1, dtype=lng), 16, z(1, 16, dtype=lng))),
+        "gdn conv q1 pdl1": lambda: _pdl(1, D, lambda: D.conv_step(z(1, 1, 8192), z(1, 18, 8192, 3), z(8192, 1, 4),
+                                                                   z(1, dtype=lng))),
+        "gdn elementwise pdl1": lambda: _pdl(1, DE, lambda: (DE.offset_rms_norm(z(16, 4096), z(4096), 1e-6),
+                                                             DE.gated_head_norm(z(16, 4096), z(16, 4096), z(128), 1e-6),
+                                                             DE.gdn_gates(z(16, 32), z(16, 32), z(32), z(32)))),
     }
     # properties of the generated code that the kernels were designed for
     wide = ("3 128-bit loads per iteration (sm low/high halves and codes: 16 bytes each per thread)",
@@ -255,8 +291,18 @@ def main() -> int:
         "swiglu pdl1": [wait_first],
         "attention q1 pdl1": [wait_first],
         "linear dot pdl2 tma": [pdl_ptx, wait_first],
+        "greedy_accept pdl1": [pdl_ptx, wait_first],
+        "ragged split merge pdl1": [pdl_ptx, wait_first],
+        "kv_compact pdl1": [pdl_ptx, wait_first],
+        "kv_compact_layers pdl1": [pdl_ptx, wait_first],
+        "tree_beam pdl1": [pdl_ptx, wait_first],
+        "gdn delta rule q16 tree pdl1": [pdl_ptx, wait_first],
+        "gdn conv q1 pdl1": [pdl_ptx, wait_first],
+        "gdn elementwise pdl1": [pdl_ptx, wait_first],
         "bf12v2 fma m1 asm": [wide, ("PRMT decode", lambda ptx: "prmt.b32" in ptx and "lop3.b32" in ptx)],
         "bf12v2 fma m1 noasm split +bias": [wide],
+        "linear batch-invariant m1 +norm +residual": [
+            ("the tensor-core kernel, not the GEMV", lambda ptx: "_gemm_kernel" in ptx and "_gemv_kernel" not in ptx)],
         "bf12v2 dot m16 asm": [("cp.async weight tiles", lambda ptx: "cp.async" in ptx),
                                ("tensor cores", lambda ptx: "mma.sync" in ptx or "wgmma" in ptx)],
         # the packed tree mask: no byte loads (the byte mask path loads ld.global.b8 tiles)
