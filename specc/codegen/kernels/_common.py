@@ -168,17 +168,26 @@ class ConfigTable:
 
     Lookup order: a deployment's override (``set``), then the tuned table shipped with the
     kernel, then the kernel's heuristic. One class so every kernel's tuning hooks behave alike.
+    ``invariant``: the one config of every shape in the batch-invariant mode
+    (:mod:`specc.codegen.kernels.batch_invariant`), where a choice by M would change a row's
+    summation order with its batch.
     """
 
-    def __init__(self, config_cls, defaults: dict, heuristic, bucket):
+    def __init__(self, config_cls, defaults: dict, heuristic, bucket, invariant=None):
         self.config_cls, self.defaults, self.heuristic, self.bucket = config_cls, defaults, heuristic, bucket
+        self.invariant = invariant
         self.overrides: dict = {}
 
     def key(self, m: int, n: int, k: int) -> tuple[int, int, int]:
         return (self.bucket(m), int(n), int(k))
 
     def get(self, m: int, n: int, k: int):
-        """Config for an ``[m, k] x [n, k]^T`` product: override, else table, else heuristic."""
+        """Config for an ``[m, k] x [n, k]^T`` product: override, else table, else heuristic
+        (``invariant`` for every product in the batch-invariant mode)."""
+        from specc.codegen.kernels.batch_invariant import enabled
+
+        if self.invariant is not None and enabled():
+            return self.invariant
         key = self.key(m, n, k)
         if key in self.overrides:
             return self.overrides[key]

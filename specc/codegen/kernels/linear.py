@@ -457,23 +457,13 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
 
 
 DEFAULT_CONFIGS: dict[tuple[int, int, int], LinearConfig] = _table()
-_TABLE = ConfigTable(LinearConfig, DEFAULT_CONFIGS, _heuristic, m_bucket)
 # The batch-invariant mode's one config for every M: the heuristic's 16-row tensor-core tile for
 # 2 .. 16 rows (pointer loads, no split-K). More rows are more row tiles of the same kernel, so a
 # row's instructions never change with M.
 BATCH_INVARIANT_CONFIG = LinearConfig("dot", block_m=16, block_n=64, block_k=128, split_k=1, num_warps=4,
                                       num_stages=4, swap_ab=True)
-
-
-def get_config(m: int, n: int, k: int) -> LinearConfig:
-    """The config of an ``[m, k] x [n, k]^T`` product: a :func:`set_config` override, else
-    :data:`DEFAULT_CONFIGS`, else the heuristic; :data:`BATCH_INVARIANT_CONFIG` for every shape in
-    the batch-invariant mode."""
-    if batch_invariant_enabled():
-        return BATCH_INVARIANT_CONFIG
-    return _TABLE.get(m, n, k)
-
-
+_TABLE = ConfigTable(LinearConfig, DEFAULT_CONFIGS, _heuristic, m_bucket, invariant=BATCH_INVARIANT_CONFIG)
+get_config = _TABLE.get  # (m, n, k) -> config: the mode's one config, else override, else DEFAULT_CONFIGS, else heuristic
 set_config = _TABLE.set  # (m, n, k, config | mapping | None): a deployment's override
 clear_configs = _TABLE.clear
 _as_config = _TABLE.coerce

@@ -67,7 +67,6 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
-from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.codegen.kernels.pdl import pdl_launch, pdl_mode, pdl_wait
@@ -447,21 +446,12 @@ DEFAULT_CONFIGS: dict[tuple[int, int, int], Bf12Config] = {
     (32, 151936, 4096): Bf12Config('dot', block_m=32, block_n=64, block_j=4, num_stages=3, swap_ab=True),  # 0.55x cuBLAS
     (64, 151936, 4096): Bf12Config('dot', block_m=64, block_n=64, block_j=4, num_stages=3, swap_ab=True),  # 0.38x cuBLAS
 }
-_TABLE = ConfigTable(Bf12Config, DEFAULT_CONFIGS, _heuristic, m_bucket)
 # The batch-invariant mode's one config for every M (specc.codegen.kernels.batch_invariant): the
 # table's 16-row tensor-core tile, one split (split-K sums its partials with float atomics, in
 # no fixed order)
 BATCH_INVARIANT_CONFIG = Bf12Config("dot", block_m=16, block_n=16, block_j=8, split_k=1, num_stages=3)
-
-
-def get_config(m: int, n: int, k: int) -> Bf12Config:
-    """The config of an ``[m, k] x [n, k]^T`` product: override, else DEFAULT_CONFIGS, else the
-    heuristic; :data:`BATCH_INVARIANT_CONFIG` for every shape in the batch-invariant mode."""
-    if batch_invariant_enabled():
-        return BATCH_INVARIANT_CONFIG
-    return _TABLE.get(m, n, k)
-
-
+_TABLE = ConfigTable(Bf12Config, DEFAULT_CONFIGS, _heuristic, m_bucket, invariant=BATCH_INVARIANT_CONFIG)
+get_config = _TABLE.get  # (m, n, k) -> config: the mode's one config, else override, else DEFAULT_CONFIGS, else heuristic
 set_config = _TABLE.set  # (m, n, k, config | mapping | None): a deployment's override
 clear_configs = _TABLE.clear
 _as_config = _TABLE.coerce

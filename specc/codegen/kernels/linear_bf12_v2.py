@@ -56,7 +56,6 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import ConfigTable, bucket_of
-from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import GROUP, HALF, Packed12
@@ -284,20 +283,11 @@ def _heuristic(mb: int, n: int, k: int) -> Bf12v2Config:
 
 # (m_bucket, N, K) -> config, filled from an H200 sweep of examples/bench_bf12.py (none yet).
 DEFAULT_CONFIGS: dict[tuple[int, int, int], Bf12v2Config] = {}
-_TABLE = ConfigTable(Bf12v2Config, DEFAULT_CONFIGS, _heuristic, m_bucket)
 # The batch-invariant mode's one config for every M (specc.codegen.kernels.batch_invariant): the
 # heuristic's 16-row tensor-core tile, one split (split-K sums with float atomics, in no fixed order)
 BATCH_INVARIANT_CONFIG = Bf12v2Config("dot", block_m=16, block_n=64, block_k=64, split_k=1, num_stages=3)
-
-
-def get_config(m: int, n: int, k: int) -> Bf12v2Config:
-    """The config of an ``[m, k] x [n, k]^T`` product: override, else DEFAULT_CONFIGS, else the
-    heuristic; :data:`BATCH_INVARIANT_CONFIG` for every shape in the batch-invariant mode."""
-    if batch_invariant_enabled():
-        return BATCH_INVARIANT_CONFIG
-    return _TABLE.get(m, n, k)
-
-
+_TABLE = ConfigTable(Bf12v2Config, DEFAULT_CONFIGS, _heuristic, m_bucket, invariant=BATCH_INVARIANT_CONFIG)
+get_config = _TABLE.get  # (m, n, k) -> config: the mode's one config, else override, else DEFAULT_CONFIGS, else heuristic
 set_config = _TABLE.set  # (m, n, k, config | mapping | None): a deployment's override
 clear_configs = _TABLE.clear
 _as_config = _TABLE.coerce
