@@ -45,7 +45,8 @@ verifier decides the rest of the others' drafts on level 2's logits (``start`` =
 sampling, the policy verifies the two levels' logits joined per row. Either way the decision is
 exactly a one-level verify's (sampling: the same per-position random numbers, the same tokens). Level 2's rows are known only after level 1 (a second small
 device -> host copy per step). Without a ragged step (e.g. a hybrid target, whose recurrent state
-cannot continue from level 1's) the loop verifies in one level.
+cannot continue from level 1's), and in the batch-invariant kernel mode (``verifies_ragged``), the
+loop verifies in one level.
 
 At temperature > 0 the decoding policy (``specc.runtime.policy``: each request's own sampling
 parameters and seed, set at its prefill; greedy requests may share the batch) samples the drafts
@@ -511,7 +512,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 last = seq.gather(1, self.state.lengths[:, None])
             if caps is None and rows > 1:
                 caps = torch.zeros(rows, dtype=torch.long, device=dev)  # no drafts: commit one token
-            self._packing = per_row or bool(self.two_level_k1)  # a packed verify where rows differ
+            self._packing = per_row or (bool(self.two_level_k1) and self.verifies_ragged)  # rows differ
             logits, context, level1 = self._chain_logits(torch.cat([last, drafts], dim=1), drafts, q, row_caps, caps)
             timer.mark("accept")
             if isinstance(policy, GreedyPolicy) and level1 is None:  # decision + commit: one graph on CUDA
@@ -571,8 +572,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     @property
     def verifies_ragged(self) -> bool:
         """Whether chain verifies can be packed per row (a ragged step): per-request draft lengths
-        then cost only the tokens each row verifies, and two-level verification is possible."""
-        return self.ragged_target is not None
+        then cost only the tokens each row verifies, and two-level verification is possible. Not
+        in the batch-invariant kernel mode (``specc.codegen.kernels.batch_invariant``): a request
+        alone verifies dense, so in a batch it must too (the ragged kernel tiles otherwise); the
+        loop then verifies every row's largest k in one level, with per-row caps."""
+        from specc.codegen.kernels.batch_invariant import enabled
+
+        return self.ragged_target is not None and not enabled()
 
     def graph_stats(self) -> dict:
         """Per CUDA-graphed step (``steps``, as ``engine.build_loop`` wrapped them), per tree
@@ -612,7 +618,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         k, rows = drafts.shape[1], block.shape[0]
         counts = [c + 1 if rows == 1 or self.live[b] else 0 for b, c in enumerate(row_caps)]
         k1 = self.two_level_k1
-        if not k1 or self.ragged_target is None or k <= k1 or max(row_caps) <= k1:
+        if not k1 or not self.verifies_ragged or k <= k1 or max(row_caps) <= k1:
             return (*self._verify_rows(block, counts), None)
         caps1 = [min(c, k1) for c in row_caps]
         logits1, hidden1 = self._verify_rows(block[:, :k1 + 1], [min(c, k1 + 1) for c in counts])

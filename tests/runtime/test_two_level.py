@@ -175,3 +175,22 @@ def test_level_two_asks_the_verifier_for_the_rows_that_went_on(checkpoints):
     assert second and [rows for _, rows in second] == [rows for rows in level2 if rows]
     assert all(1 <= width <= 3 for width, _ in second)  # k - k1 remaining drafts (k shrinks near the budgets)
     assert all(start in (0, 1) for _, start, _ in Recording.calls)
+
+
+def test_batch_invariant_mode_verifies_dense_in_one_level(checkpoints):
+    """With batch-invariant kernels a request alone verifies dense, so a batch must too (the
+    ragged kernel tiles otherwise): no packed call, one level, per-row k as caps, same tokens."""
+    from specc.codegen.kernels.batch_invariant import batch_invariant
+
+    method, target_key, drafter_key, num_draft = SCENARIOS[1]
+    loop = make_loop(checkpoints, method, target_key, drafter_key, num_draft)
+    loop.two_level_k1 = 1
+    assert loop.verifies_ragged
+    with batch_invariant():
+        assert not loop.verifies_ragged
+        loop.ragged_target.calls.clear()
+        results, _ = run_requests(loop, RowPattern([[num_draft, 0, 2], [num_draft, num_draft, 1]]), budgets=BUDGETS)
+    for prompt, budget, result in zip(PROMPTS, BUDGETS, results):
+        assert result.tokens == reference(checkpoints[target_key], budget, prompt=prompt)
+    assert not loop.ragged_target.calls
+    assert sum(r.stats.level2_steps for r in results) == 0

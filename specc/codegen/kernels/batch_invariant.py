@@ -23,9 +23,10 @@ sequence whatever the number of rows or requests (what vLLM calls batch-invarian
 The other launchers (row norms, element-wise ops, rope, argmax, acceptance, cache copies, the GDN
 kernels) already launch one program per row or element with tiles sized by the hidden / head /
 vocabulary sizes only: they are invariant as they are. Not covered: torch ops outside specc's
-kernels (the sampling ops, the eager model definitions' ``F.linear``), tensor-parallel
-all-reduces (NCCL's reduction order follows the message size), and a request verified by the
-ragged kernel in a batch but by the dense kernel alone (two kernels, two tilings).
+kernels (the sampling ops, the eager model definitions' ``F.linear``) and tensor-parallel
+all-reduces (NCCL's reduction order follows the message size). A request alone verifies with the
+dense kernel, so the speculative loop verifies batches dense too in this mode (no ragged packing,
+one level: ``DeviceSpeculativeDecoder.verifies_ragged``).
 
 Cost. The M = 1 GEMV (the fastest bs1 decode linear) is replaced by the 16-row tensor-core
 kernel, split-K no longer fills the SMs on small layers, batched steps run bs1 attention splits
