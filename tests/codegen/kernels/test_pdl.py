@@ -98,3 +98,31 @@ def test_launch_mode_for_reports(monkeypatch):
     assert _pdl.launch_mode("cuda") == "pdl 2 (first tile)"
     monkeypatch.setattr(_pdl, "PDL_SKIP", frozenset({"attention", "linear_dot"}))
     assert _pdl.launch_mode("cuda") == "pdl 2 (first tile, plain: attention, linear_dot)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("target, drafter, budget", [("specc-tiny", "specc-tiny-dflash", 16),
+                                                     ("specc-tiny-hybrid", "specc-tiny-hybrid-dflash", 0),
+                                                     ("specc-tiny-hybrid", "specc-tiny-hybrid-dflash", 16)])
+def test_pdl_loops_give_the_same_tokens_on_gpu(monkeypatch, target, drafter, budget):
+    """Whole speculative loops of compiled steps under CUDA graphs give the same tokens with PDL off
+    and on, alone and in a batch: the kernels beyond the plain step's (the tree steps' beam, cache
+    compaction and acceptance; a hybrid target's Gated DeltaNet kernels) wait like the others."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
+    import bench_tree as B
+    from specc.pairing import resolve_pair
+
+    pair = resolve_pair(target, drafter, "dflash")
+    prompts = [list(range(20, 52)), list(range(60, 70)), list(range(5, 45))]
+    runs = []
+    for mode in (0, 2):
+        monkeypatch.setattr(_pdl, "PDL_MODE", mode)  # steps compiled and graphs captured in the mode
+        steps, section = B.compiled_tree_steps(pair, torch.bfloat16, "cuda")
+        loop = B.compiled_tree_system(steps, section, pair.impl.strategy, budget, 256)
+        runs.append([loop.generate(p, 32, ()).tokens for p in prompts]
+                    + [r.tokens for r in loop.generate_batch(prompts, 32, ())])
+    assert runs[0] == runs[1]
