@@ -15,6 +15,7 @@ Builds a compiled target step at real shapes (random weights, default pipeline),
    config per shape (paste into ``linear.DEFAULT_CONFIGS`` after confirming it).
 
     PYTHONPATH=. python3 examples/profile_step.py --q 1,4,16 --tune 16 --out $OUT/profile.json
+    PYTHONPATH=. python3 examples/profile_step.py --config qwen3-0.6b --batch 8 --q 1,16 --context 512 --out $OUT/p.json
     PYTHONPATH=. python3 examples/profile_step.py --tiny --device cpu --q 1,4   # CPU smoke run
 """
 
@@ -33,7 +34,7 @@ import torch
 from examples.bench_steps import QWEN3_8B, build_causal, time_graph, tiny
 
 
-def build_step(cfg: dict, dtype, dev, max_len: int):
+def build_step(cfg: dict, dtype, dev, max_len: int, batch: int = 1):
     from specc.codegen.build import build_steps
     from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
@@ -41,16 +42,16 @@ def build_step(cfg: dict, dtype, dev, max_len: int):
     target = build_causal(cfg, dtype, dev, seed=1)
     target.setup_caches(1, 16)
     step = instantiate(build_steps(target, None, DEFAULT_PIPELINE).emitted["target"])
-    step.setup_caches(1, max_len)
+    step.setup_caches(batch, max_len)
     shapes = sorted({tuple(v.shape) for name, v in step.state_dict().items()  # the linears' [N, K]
                      if v.dim() == 2 and name.endswith("weight") and "embed" not in name})
     return step, target, shapes
 
 
-def step_args(cfg: dict, dev, q: int, context: int):
-    ids = torch.randint(0, cfg["vocab_size"], (1, q), device=dev)
-    pos = torch.arange(context, context + q, device=dev)[None]
-    return ids, pos, torch.tensor([context], device=dev)
+def step_args(cfg: dict, dev, q: int, context: int, batch: int = 1):
+    ids = torch.randint(0, cfg["vocab_size"], (batch, q), device=dev)
+    pos = torch.arange(context, context + q, device=dev)[None].expand(batch, q).contiguous()
+    return ids, pos, torch.full((batch,), context, device=dev)
 
 
 def captured_graph(step, args) -> "torch.cuda.CUDAGraph":
@@ -122,10 +123,10 @@ def use_swept_attention(path: str) -> None:
     A.launch_plan = plan
 
 
-def profile_qs(step, cfg, dev, qs, context, reps) -> dict:
+def profile_qs(step, cfg, dev, qs, context, reps, batch: int = 1) -> dict:
     out = {}
     for q in qs:
-        a = step_args(cfg, dev, q, context)
+        a = step_args(cfg, dev, q, context, batch)
         entry = {"ms": time_graph(step, a, reps)}
         if dev.type == "cuda":
             entry.update(kernel_profile(step, a))
@@ -204,6 +205,10 @@ def main() -> None:
     ap.add_argument("--out", default="profile.json")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny Qwen3 config (smoke test)")
+    ap.add_argument("--config", default="qwen3-8b",
+                    help="target shapes: a name of examples/bench_cost_model.py's CONFIGS or a checkpoint "
+                         "(zoo name, directory) whose config.json is read (default qwen3-8b)")
+    ap.add_argument("--batch", type=int, default=1, help="rows of the profiled steps (default 1; --tune needs 1)")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--q", default="1,16", help="comma-separated new-token counts to time and profile")
     ap.add_argument("--tune", type=int, default=0, help="tune the linear configs of this Q in the step")
@@ -214,11 +219,16 @@ def main() -> None:
     args = ap.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    cfg = tiny(QWEN3_8B) if args.tiny else QWEN3_8B
+    if args.tune and args.batch != 1:
+        ap.error("--tune tunes the batch-1 step: leave --batch at 1")
+    from examples.bench_cost_model import target_shapes
+
+    cfg = tiny(QWEN3_8B) if args.tiny else (QWEN3_8B if args.config == "qwen3-8b" else target_shapes(args.config))
     context = min(args.context, 64) if args.tiny else args.context
-    step, _, shapes = build_step(cfg, dtype, dev, context + 128)
+    step, _, shapes = build_step(cfg, dtype, dev, context + 128, args.batch)
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-           "date": time.strftime("%Y-%m-%d"), "context": context, "linear_shapes": shapes, "steps": {}}
+           "date": time.strftime("%Y-%m-%d"), "config": "tiny" if args.tiny else args.config, "batch": args.batch,
+           "context": context, "linear_shapes": shapes, "steps": {}}
     try:
         import triton
 
@@ -226,11 +236,11 @@ def main() -> None:
     except ImportError:
         pass
     qs = [int(v) for v in args.q.split(",")]
-    res["steps"] = profile_qs(step, cfg, dev, qs, context, args.reps)
+    res["steps"] = profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
     if args.attention_sweep:
         use_swept_attention(args.attention_sweep)
         print(f"[profile] with the swept attention plans of {args.attention_sweep}:", flush=True)
-        res["steps_with_swept_attention"] = profile_qs(step, cfg, dev, qs, context, args.reps)
+        res["steps_with_swept_attention"] = profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
     if args.tune:
         res["tune"] = tune(step, cfg, dev, args.tune, context, shapes,
                            time.time() + args.budget, args.reps)

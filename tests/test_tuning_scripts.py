@@ -26,6 +26,22 @@ def test_profile_step_cpu_smoke(tmp_path, monkeypatch):
     assert sorted(map(tuple, res["linear_shapes"])) == [(64, 64), (64, 128), (128, 64), (256, 64), (512, 64)]
 
 
+def test_profile_step_named_config_at_batch(tmp_path, monkeypatch):
+    """--config and --batch: a small named target profiled at batch 3 (the small-model calibration
+    profiles); --tune refuses a batch."""
+    from examples import profile_step
+
+    out = tmp_path / "p.json"
+    monkeypatch.setattr(sys, "argv", ["profile_step.py", "--config", "tiny", "--batch", "3", "--device", "cpu",
+                                      "--q", "2", "--reps", "2", "--out", str(out)])
+    profile_step.main()
+    res = json.loads(out.read_text())
+    assert res["batch"] == 3 and res["config"] == "tiny" and res["steps"]["2"]["ms"] > 0
+    monkeypatch.setattr(sys, "argv", ["profile_step.py", "--tiny", "--batch", "2", "--tune", "4", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        profile_step.main()
+
+
 def test_swept_attention_plans_are_used(tmp_path, monkeypatch):
     from examples import profile_step
 
