@@ -373,7 +373,8 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     """Time y = x W^T for each (K, N) shape and M; weights rotate over copies exceeding 2 x
     ``l2_bytes`` (the GPU's L2, the CPU's last-level cache: :func:`cache_bytes`), so each call
     streams its weight from memory as a decode step does (at most 16 copies on CUDA, where a
-    weight is large; 256 on CPU, where the shapes are small)."""
+    weight is large; on CPU as many as cover the cache, which on some servers is hundreds of MiB:
+    a fixed cap would leave the small calibration weights in the cache)."""
     import torch
     import torch.nn.functional as F
 
@@ -388,7 +389,8 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     itemsize = torch.empty((), dtype=dtype).element_size()
     for k, n in shapes:
         wbytes = k * n * itemsize
-        copies = max(1, min(16 if device == "cuda" else 256, math.ceil(2 * l2_bytes / wbytes) + 1))
+        needed = math.ceil(2 * l2_bytes / wbytes) + 1
+        copies = max(1, min(16, needed) if device == "cuda" else needed)
         weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
         if pack is not None:
             weights = [pack(w) for w in weights]
