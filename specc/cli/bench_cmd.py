@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specc.cli.common import add_batch_invariant_arg
+
 EPILOG = """\
 examples:
   specc bench specc-tiny --drafter specc-tiny-dflash --device cpu --tokens 16 --prompts 2
@@ -58,6 +60,7 @@ def register(sub) -> None:
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed generations per system first (default 1)")
     p.add_argument("--batch", type=int, default=1, metavar="B", help="batch rows (1 until batching lands)")
     p.add_argument("--seed", type=int, default=0, help="prompts and acceptance draws (default 0)")
+    add_batch_invariant_arg(p)
     p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-': stdout, no table)")
     p.add_argument("-o", "--out", metavar="DIR", help="write DIR/bench.json and the PNG plots into DIR")
     p.add_argument("--no-plots", action="store_true", help="with -o: JSON only")
