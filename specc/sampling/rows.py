@@ -124,7 +124,9 @@ def process_rows(logits: torch.Tensor, rows: RowParams, seen: torch.Tensor | Non
         scores = torch.where((k > 0) & (scores < kth), neg_inf, scores)
     if "top_p" in rows.used:  # HF's ascending cumulative sum, the most likely token always kept
         cut = _col(rows.top_p_cut, scores)
-        ascending, order = torch.sort(scores, dim=-1, descending=False)
+        # stable: which of several equal scores at the cut goes must not depend on the sort
+        # algorithm, which on a GPU follows the number of rows (batch invariance)
+        ascending, order = torch.sort(scores, dim=-1, descending=False, stable=True)
         remove = ascending.softmax(-1).cumsum(-1) <= cut
         remove[..., -1:] = False
         remove = torch.zeros_like(remove).scatter(-1, order, remove)

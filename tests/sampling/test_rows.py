@@ -98,3 +98,20 @@ def test_skipping_unused_processors_changes_nothing():
     assert rows.used == {"top_p"} and rows.index([1]).used == {"top_p"}
     out = process_rows(x[:3], rows)
     assert torch.equal(out[1], _hf(SamplingParams(temperature=1.0, top_p=0.5))(ids[1:2], x[1:2].clone())[0])
+
+
+def test_top_p_cut_among_equal_scores_does_not_depend_on_the_batch():
+    """Equal scores straddling the top-p cut: the tokens removed are the same for a row alone and
+    for the same row among others (the sort is stable, so ties go by token index)."""
+    from specc.sampling.params import SamplingParams
+    from specc.sampling.rows import RowParams, process_rows
+
+    row = torch.tensor([2.0, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0])
+    others = torch.randn(5, 8)
+    params = SamplingParams(temperature=1.0, top_p=0.6, seed=1)
+    alone = process_rows(row[None], RowParams.of([params], "cpu"))
+    batch = process_rows(torch.cat([others[:2], row[None], others[2:]]), RowParams.of([params] * 6, "cpu"))
+    assert torch.equal(alone[0], batch[2])
+    kept = (alone[0] > float("-inf")).nonzero().flatten().tolist()
+    # the cut falls inside the run of equal scores: the lowest-index ones go first (stable order)
+    assert kept == [0, 4, 6, 7]
