@@ -6,6 +6,7 @@ Exit status: 0 success, 1 a check failed (e.g. verification), 2 bad input (one-l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -74,12 +75,11 @@ def main(argv: list[str] | None = None) -> int:
 
         args.threads_given = args.threads is not None or bool(os.environ.get("SPECC_THREADS", "").strip())
         args.threads = configure_threads(args.threads)
-        if getattr(args, "batch_invariant", False):  # before anything loads, compiles or captures
-            from specc.codegen.kernels.batch_invariant import batch_invariant
+        from specc.codegen.kernels.batch_invariant import batch_invariant
 
-            with batch_invariant():
-                return int(args.handler(args) or 0)
-        return int(args.handler(args) or 0)
+        # --batch-invariant: on before anything loads, compiles or captures; else as the environment says
+        with batch_invariant() if getattr(args, "batch_invariant", False) else contextlib.nullcontext():
+            return int(args.handler(args) or 0)
     except UserError as exc:
         print(f"specc: error: {one_line(exc)}", file=sys.stderr)
         return 2

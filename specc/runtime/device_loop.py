@@ -73,6 +73,7 @@ import time
 
 import torch
 
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.result import GenerationResult, as_prompt_list
 from specc.runtime.loop import SpeculativeLoop
 from specc.runtime.policy import GreedyPolicy, SamplingPolicy
@@ -576,9 +577,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         in the batch-invariant kernel mode (``specc.codegen.kernels.batch_invariant``): a request
         alone verifies dense, so in a batch it must too (the ragged kernel tiles otherwise); the
         loop then verifies every row's largest k in one level, with per-row caps."""
-        from specc.codegen.kernels.batch_invariant import enabled
-
-        return self.ragged_target is not None and not enabled()
+        return self.ragged_target is not None and not batch_invariant_enabled()
 
     def graph_stats(self) -> dict:
         """Per CUDA-graphed step (``steps``, as ``engine.build_loop`` wrapped them), per tree

@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from specc.codegen.kernels import dispatch as _dispatch
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.dispatch import use_triton  # noqa: F401  (the kernels import it from here)
 
 
@@ -184,9 +185,7 @@ class ConfigTable:
     def get(self, m: int, n: int, k: int):
         """Config for an ``[m, k] x [n, k]^T`` product: override, else table, else heuristic
         (``invariant`` for every product in the batch-invariant mode)."""
-        from specc.codegen.kernels.batch_invariant import enabled
-
-        if self.invariant is not None and enabled():
+        if self.invariant is not None and batch_invariant_enabled():
             return self.invariant
         key = self.key(m, n, k)
         if key in self.overrides:

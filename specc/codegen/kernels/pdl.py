@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from specc.codegen.kernels._common import INTERPRETED
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 
 __all__ = ["PDL_MODES", "PDL_FAMILIES", "PDL_SUPPORTED", "PDL_MODE", "PDL_SKIP", "pdl_mode", "pdl_launch",
            "pdl_args", "pdl_wait", "device_mode", "launch_mode"]
@@ -112,10 +113,8 @@ def launch_mode(device) -> str:
     """How kernels launched now on ``device`` start, for reports: ``"plain"``, or the PDL mode
     (``"pdl 2 (first tile)"``) with any families launched plainly; ``", batch-invariant"`` is
     appended in that mode (:mod:`.batch_invariant`: other configs, other timings)."""
-    from specc.codegen.kernels.batch_invariant import enabled
-
     mode = device_mode(device)
-    tail = ", batch-invariant" if enabled() else ""
+    tail = ", batch-invariant" if batch_invariant_enabled() else ""
     if not mode:
         return "plain" + tail
     skip = f", plain: {', '.join(sorted(PDL_SKIP))}" if PDL_SKIP else ""
