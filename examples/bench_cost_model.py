@@ -10,6 +10,8 @@ perf_counter) and predicted by the cost model from the same post-pass IR on the 
     PYTHONPATH=. python3 examples/bench_cost_model.py --calibrate --out $OUT/cost_model.json
     PYTHONPATH=. python3 examples/bench_cost_model.py --deployment h200-cal.json --out cost_model.json
     PYTHONPATH=. python3 examples/bench_cost_model.py --device cpu --tiny --calibrate --quick   # smoke run
+    PYTHONPATH=. python3 examples/bench_cost_model.py --config specc-tiny --calibrate --model-shapes --batches 1,8 \
+        --qs 1,16 --context 512 --out cm-tiny.json    # calibrated on the target's own shapes too
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--deployment", help="deployment name or calibrated file (default: h200-bs1, or cpu on CPU)")
     ap.add_argument("--calibrate", action="store_true", help="calibrate the deployment first, in this run")
     ap.add_argument("--quick", action="store_true", help="quick calibration")
+    ap.add_argument("--model-shapes", action="store_true",
+                    help="with --calibrate: also time the target's own linear shapes and attention heads "
+                         "(`specc calibrate --model`)")
     ap.add_argument("--batches", default="1,8,16,32")
     ap.add_argument("--qs", default="1,2,4,8,16,32,64")
     ap.add_argument("--context", type=int, default=1024)
@@ -111,21 +116,27 @@ def main(argv: list[str] | None = None) -> dict:
     except ImportError:  # pragma: no cover
         pass
     calibration = None
+    cfg = TINY if args.tiny else target_shapes(args.config)
+    if args.model_shapes and not args.calibrate:
+        raise SystemExit("--model-shapes needs --calibrate")
     if args.calibrate:
+        from specc.search.model_shapes import model_shapes
+
         t0 = time.time()
-        dep, calibration = calibrate(dep, device=args.device, quick=args.quick,
+        models = [model_shapes(cfg, label="tiny" if args.tiny else args.config)] if args.model_shapes else []
+        dep, calibration = calibrate(dep, device=args.device, quick=args.quick, models=models,
                                      progress=lambda m: print(f"[calibrate] {m}", flush=True))
         cal_path = args.out.rsplit(".", 1)[0] + ".deployment.json"
         write_calibration(cal_path, dep, calibration)
         dep = get_deployment(cal_path)
         result["calibration_seconds"] = round(time.time() - t0, 1)
         result["calibration_file"] = cal_path
+        result["calibrated_for"] = calibration.models
     result["deployment"] = dep.to_json()
     model = CostModel(dep, graphs=dev.type == "cuda")
     result["graphs"] = model.graphs
     result["linear_choice"] = None if model.linear_choice is None else model.linear_choice.summary()
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    cfg = TINY if args.tiny else target_shapes(args.config)
     target = build_target(cfg, dtype, dev)
     target.setup_caches(1, 16)
     pipeline = DEFAULT_PIPELINE if args.passes is None else args.passes

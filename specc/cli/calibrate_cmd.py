@@ -6,10 +6,15 @@ import argparse
 import json
 import sys
 
+from specc.errors import UserError
+from specc.methods import method_names
+
 EPILOG = """\
 examples:
   specc calibrate --deployment h200-bs1 -o h200-bs1.json          # on the GPU (CUDA events, graphs)
   specc calibrate --deployment cpu -o cpu.json --device cpu --quick
+  specc calibrate --deployment h200-bs1 --model specc-tiny --drafter specc-tiny-dflash -o h200-tiny.json
+                                                                 # + the pair's own linear and attention shapes
   specc cost Qwen3-8B/config.json --deployment h200-bs1.json     # predictions with the calibration
 """
 
@@ -28,6 +33,12 @@ def register(sub) -> None:
     p.add_argument("-o", "--out", required=True, metavar="FILE", help="calibrated deployment file to write (.json)")
     p.add_argument("--device", choices=("cuda", "cpu"), help="device to measure (default: the deployment's)")
     p.add_argument("--quick", action="store_true", help="fewer, smaller measurements")
+    p.add_argument("--model", metavar="MODEL",
+                   help="also time this target's own linear shapes and attention heads (config.json, checkpoint, "
+                        "zoo name, hub id, or a `specc bench --shapes` name): for models far from the reference "
+                        "size (Qwen3-8B on CUDA), whose small kernels the reference efficiencies misprice")
+    p.add_argument("--drafter", metavar="D", help="with --model: its drafter's shapes too")
+    p.add_argument("--method", choices=method_names(), help="with --drafter: the method (default: the drafter's)")
     p.add_argument("--json", action="store_true", help="print the calibration record as JSON")
     p.set_defaults(handler=run)
 
@@ -45,8 +56,17 @@ def run(args) -> int:
 
     # microbenchmarks default to 1 thread (specc.search.calibrate); --threads / SPECC_THREADS override
     threads = args.threads if getattr(args, "threads_given", False) else None
+    if not args.model and (args.drafter or args.method):
+        raise UserError("--drafter and --method describe the --model to calibrate for: give --model too")
+    models = []
     with Progress.for_args(args) as progress:
-        dep, record = calibrate(base, device=device, quick=args.quick, progress=progress, threads=threads)
+        if args.model:
+            from specc.search.model_shapes import model_shapes
+
+            progress(f"tracing {' + '.join(r for r in (args.model, args.drafter) if r)} for its shapes")
+            models.append(model_shapes(args.model, args.drafter, method=args.method, dtype=base.dtype))
+        dep, record = calibrate(base, device=device, quick=args.quick, progress=progress, threads=threads,
+                                models=models)
     path, rec = write_calibration(args.out, dep, record)
     if args.json:
         json.dump(record.to_json(), sys.stdout)
@@ -57,7 +77,8 @@ def run(args) -> int:
 
     threads = record.measurements.get("threads")
     table = Table(title=f"calibration of {base.name} on {record.device_name}"
-                        + (f" ({threads} thread{'s' if threads != 1 else ''})" if threads else ""))
+                        + (f" ({threads} thread{'s' if threads != 1 else ''})" if threads else "")
+                        + (f", with the shapes of {', '.join(record.models)}" if record.models else ""))
     for col in ("field", "before", "after"):
         table.add_column(col)
     for field in ("hbm_bandwidth", "bf16_flops", "bandwidth_efficiency", "flops_efficiency", "launch_overhead_s",

@@ -12,7 +12,11 @@
 - attention by Q and C (specc's Triton attention on CUDA, the reference op on CPU);
 - kernel launch overhead (back-to-back tiny kernels, eager) and CUDA-graph per-node replay
   overhead (the same kernels captured in one graph);
-- a large square matmul (achievable fraction of the bf16 peak).
+- a large square matmul (achievable fraction of the bf16 peak);
+- with ``--model`` (:mod:`specc.search.model_shapes`): also the linears at that model's (and its
+  drafter's) own weight shapes and attention at its head layout. The built-in sizes are one
+  reference model (Qwen3-8B's on CUDA); a much smaller model runs short, latency-bound kernels
+  those efficiencies misprice, and on CUDA its measured shapes join the per-shape linear table.
 
 On CUDA every time is a median over CUDA-event-timed graph replays after warm-up; on CPU a
 median of ``perf_counter`` times after warm-up, at small-model sizes (``--quick``: smaller, so
@@ -69,7 +73,7 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from specc.codegen.launches import LAUNCHES
 from specc.codegen.linear_choice import LinearChoice
@@ -111,6 +115,11 @@ class Calibration:
     def linear_bandwidth_at(self, rows: float) -> float:
         """Bandwidth efficiency of a linear with ``rows`` = M, log-linear between measured M."""
         return interpolate_log(self.linear_bandwidth_by_m, rows, "bandwidth")
+
+    @property
+    def models(self) -> list[str]:
+        """The models whose own shapes were measured (``specc calibrate --model``)."""
+        return [str(x.get("label", "?")) for x in self.measurements.get("models") or [] if isinstance(x, dict)]
 
     def choice_table(self) -> LinearChoice | None:
         """The measured per-shape linear implementations (None: not measured, Triton everywhere)."""
@@ -369,8 +378,10 @@ def measure_square(device: str, n: int, dtype, timer: Timer) -> dict[str, float]
     return {"n": n, "flops": 2.0 * n ** 3, "seconds": t, "flops_per_s": 2.0 * n ** 3 / t}
 
 
-def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, impl: str = "torch") -> list[dict]:
-    """Time y = x W^T for each (K, N) shape and M; weights rotate over copies exceeding 2 x
+def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, impl: str = "torch",
+                   model: str | None = None) -> list[dict]:
+    """Time y = x W^T for each (K, N) shape and M (records of a ``--model``'s own shapes carry
+    ``"model": label``); weights rotate over copies exceeding 2 x
     ``l2_bytes`` (the GPU's L2, the CPU's last-level cache: :func:`cache_bytes`), so each call
     streams its weight from memory as a decode step does (at most 16 copies on CUDA, where a
     weight is large; on CPU as many as cover the cache, which on some servers is hundreds of MiB:
@@ -405,7 +416,7 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
             t = timer(run, inner=copies)
             nbytes = wbytes + (m * k + m * n) * itemsize
             out.append({"impl": impl, "K": k, "N": n, "M": m, "seconds": t, "bytes": nbytes, "flops": 2.0 * m * k * n,
-                        "copies": copies})
+                        "copies": copies, **({"model": model} if model else {})})
         weights = []  # free before the next shape
     return out
 
@@ -441,7 +452,8 @@ def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Time
             item = cache_k.element_size()
             nbytes = 2 * batch * hkv * s * d * item + 2 * batch * q * hq * d * item
             flops = 4.0 * batch * hq * q * s * d
-            out.append({"impl": impl, "B": batch, "Q": q, "C": c, "seconds": t, "bytes": nbytes, "flops": flops})
+            out.append({"impl": impl, "B": batch, "Q": q, "C": c, "seconds": t, "bytes": nbytes, "flops": flops,
+                        "heads": [hq, hkv, d]})
     return out
 
 
@@ -507,6 +519,7 @@ def fit(dep, m: dict[str, Any], device: str, notes: list[str] | None = None):
         r["net_s"] = max(r["seconds"] - overhead, 1e-12)
         r["bw_eff"] = linear_traffic(r, device) / r["net_s"] / dep.hbm_bandwidth
         r["flops_eff"] = r["flops"] / r["net_s"] / dep.bf16_flops
+    lin = reference_rows(lin, device)
     small = [r["bw_eff"] for r in lin if r["M"] <= 16] or [r["bw_eff"] for r in lin]
     lin_bw = _fraction(_median(small, dep.bandwidth_efficiency), "bandwidth_efficiency", notes)
     fields["bandwidth_efficiency"] = lin_bw
@@ -562,6 +575,17 @@ def fit(dep, m: dict[str, Any], device: str, notes: list[str] | None = None):
     return fields, kinds, linear_by_m, linear_bw_by_m
 
 
+def reference_rows(rows: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
+    """The linear measurements the per-M efficiency tables are fitted on. On CUDA, the built-in
+    reference shapes only: a ``--model``'s own shapes are priced from their measured times (the
+    per-shape linear table), and their small-grid efficiencies would misprice the shapes nobody
+    measured. On CPU every measurement: there is no per-shape table, and a calibration for a
+    model should describe that model's linears."""
+    if device != "cuda":
+        return rows
+    return [r for r in rows if not r.get("model")] or rows
+
+
 def linear_traffic(r: dict[str, Any], device: str) -> float:
     """Bytes a timed linear moved: specc's Triton linear (CUDA) reads its weight once per row
     tile (``kernels.linear.weight_passes``: 128 rows are two 64-row tiles), which the cost model
@@ -596,12 +620,12 @@ def fit_split_kv_attention(dep, m: dict[str, Any], device: str, overhead: float)
     from specc.search.attention_traffic import split_kv_traffic
 
     attn = m.get("attention") or []
-    try:
-        hq, hkv, d = (int(x) for x in m["sizes"]["attn_heads"])
-    except (KeyError, TypeError, ValueError):
-        return None
     samples = []
     for r in attn:
+        try:  # each sample's heads (a --model's layout beside the reference one); older records: the sizes'
+            hq, hkv, d = (int(x) for x in (r.get("heads") or m["sizes"]["attn_heads"]))
+        except (KeyError, TypeError, ValueError):
+            return None
         tr = split_kv_traffic(r["B"], r["Q"], hq, hkv, d, r["C"] + r["Q"], dep.sm_count)
         launches = 2 if tr.merge_kernel else 1
         samples.append((r, tr, max(r["seconds"] - launches * overhead, 1e-12)))
@@ -651,12 +675,18 @@ def attn_launch(device: str) -> int:
 
 
 def calibrate(deployment, device: str | None = None, quick: bool = False,
-              progress: Callable[[str], None] | None = None, threads: int | None = None) -> tuple[Any, Calibration]:
+              progress: Callable[[str], None] | None = None, threads: int | None = None,
+              models: Sequence[Any] = ()) -> tuple[Any, Calibration]:
     """Run the microbenchmarks and return (calibrated Deployment, Calibration record).
 
     On CPU the benchmarks run with ``threads`` intra-op threads (default 1: on a shared machine,
     several threads stall on each other and timings turn into scheduler quanta); predictions made
     with the result describe a step run with as many threads.
+
+    ``models``: :class:`specc.search.model_shapes.ModelShapes` whose linear shapes and attention
+    head layouts are timed beside the reference sizes (``specc calibrate --model``): on CUDA the
+    per-shape linear table then prices those linears from their own times, and the attention fit
+    sees their head layouts.
     """
     import torch
 
@@ -665,13 +695,42 @@ def calibrate(deployment, device: str | None = None, quick: bool = False,
         before = torch.get_num_threads()
         torch.set_num_threads(threads or 1)
         try:
-            return _calibrate(deployment, device, quick, progress, threads or 1)
+            return _calibrate(deployment, device, quick, progress, threads or 1, models)
         finally:
             torch.set_num_threads(before)
-    return _calibrate(deployment, device, quick, progress, None)
+    return _calibrate(deployment, device, quick, progress, None, models)
 
 
-def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calibration]:
+def _model_linears(models, base) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(label, shapes not measured yet) per model, each shape once, the reference sizes first."""
+    seen = {tuple(s) for s in base}
+    out = []
+    for ms in models:
+        shapes = [tuple(s) for s in ms.linears if tuple(s) not in seen]
+        seen.update(shapes)
+        if shapes:
+            out.append((ms.label, shapes))
+    return out
+
+
+def _model_attention(models, sizes) -> list[tuple[tuple[int, int, int], list[int]]]:
+    """(heads, contexts) for each model head layout other than the reference one; contexts are
+    the reference ones that fit the model's positions with the largest Q (none fits: the
+    longest that does)."""
+    seen = {tuple(sizes["attn_heads"])}
+    q_max = max(sizes["attn_q"])
+    out = []
+    for ms in models:
+        cs = [c for c in sizes["attn_c"] if ms.positions is None or c + q_max <= ms.positions]
+        for heads in ms.attention_heads:
+            if tuple(heads) in seen:
+                continue
+            seen.add(tuple(heads))
+            out.append((tuple(heads), cs or [max(1, ms.positions - q_max)]))
+    return out
+
+
+def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple[Any, Calibration]:
     import torch
 
     from specc import __version__
@@ -697,13 +756,23 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
     m["copy"] = measure_copy(device, sizes["copy_bytes"], timer)
     say("square matmul")
     m["square"] = measure_square(device, sizes["square"], dtype, timer)
+    extra = _model_linears(models, sizes["linear_shapes"])
+    if models:
+        m["models"] = [ms.to_json() for ms in models]
     say("linear by M and shape")
     m["linear"] = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer, cache, "torch")
+    for label, shapes in extra:
+        say(f"linear by M at {label}'s {len(shapes)} other shapes")
+        m["linear"] += measure_linear(device, shapes, sizes["linear_m"], dtype, timer, cache, "torch", label)
     m["linear_impl"] = "torch"
     if device == "cuda":
         try:
-            m["linear"] += measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer,
-                                          dep.l2_bytes, "specc")
+            specc_rows = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer,
+                                        dep.l2_bytes, "specc")
+            for label, shapes in extra:
+                specc_rows += measure_linear(device, shapes, sizes["linear_m"], dtype, timer, dep.l2_bytes, "specc",
+                                             label)
+            m["linear"] += specc_rows
             m["linear_impl"] = "specc"
         except Exception as exc:  # pragma: no cover - GPU only
             m["linear_specc_error"] = f"{type(exc).__name__}: {exc}"
@@ -717,6 +786,10 @@ def _calibrate(deployment, device, quick, progress, threads) -> tuple[Any, Calib
     batches = sorted(set(sizes["attn_b"]) | ({dep.batch_size} if device == "cuda" else set()))
     m["attention"] = [r for b in batches for r in measure_attention(device, b, sizes["attn_heads"], sizes["attn_q"],
                                                                      sizes["attn_c"], dtype, timer)]
+    for heads, cs in _model_attention(models, sizes):
+        say(f"attention by Q and C at {heads[0]}/{heads[1]} heads of {heads[2]}")
+        m["attention"] += [r for b in batches for r in measure_attention(device, b, heads, sizes["attn_q"], cs, dtype,
+                                                                          timer)]
     notes: list[str] = []
     fields, kinds, by_m, bw_by_m = fit(dep, m, device, notes)
     new = dataclasses.replace(dep, calibrated=True, **fields)

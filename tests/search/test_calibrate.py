@@ -341,3 +341,104 @@ def test_record_notes_are_checked():
     assert Calibration.from_json(dict(base, notes=["raised"])).notes == ["raised"]
     with pytest.raises(ValueError, match="notes"):
         Calibration.from_json(dict(base, notes="raised"))
+
+
+def test_model_shapes_join_the_choice_table_but_not_the_reference_fits():
+    """CUDA: a --model's own linear shapes are priced from their measured times (the per-shape
+    table); the per-M efficiencies, which price every shape nobody measured, stay the reference
+    shapes' (the small shapes' latency-bound times would drag them down)."""
+    from specc.search.calibrate import linear_choice_of
+
+    dep = BUILTIN["h200-bs1"]
+    node = 1e-6
+
+    def row(impl, m, k, n, seconds, model=None):
+        r = {"impl": impl, "K": k, "N": n, "M": m, "bytes": 2 * k * n + 2 * m * (k + n), "flops": 2.0 * m * k * n,
+             "seconds": seconds}
+        return dict(r, model=model) if model else r
+
+    ref = [row(impl, m, 4096, 12288, 2 * 4096 * 12288 / (dep.hbm_bandwidth * 0.8) + node)
+           for impl in ("specc", "torch") for m in (1, 16)]
+    small = [row(impl, m, 512, 1024, 6e-6, "specc-tiny") for impl in ("specc", "torch") for m in (1, 16)]
+    meas = {
+        "launch": {"launch_overhead_s": 5e-6, "graph_node_overhead_s": node},
+        "square": {"flops": 2.0 * 8192 ** 3, "seconds": 2e-3},
+        "copy": {"bandwidth": dep.hbm_bandwidth * 0.88},
+        "linear_impl": "specc",
+        "attention": [{"Q": 1, "C": c, "B": 1, "bytes": 1e6 * c, "flops": 1e6, "seconds": 1e-6 * c} for c in (1, 2)],
+    }
+    fields, _, _, bw_by_m = fit(dep, dict(meas, linear=ref), "cuda")
+    fields2, _, _, bw_by_m2 = fit(dep, dict(meas, linear=ref + small), "cuda")
+    assert bw_by_m2 == pytest.approx(bw_by_m) and fields2["bandwidth_efficiency"] == pytest.approx(
+        fields["bandwidth_efficiency"])
+    # an unlabelled small shape is a reference shape and does move the medians: the test can fail
+    _, _, _, mixed = fit(dep, dict(meas, linear=ref + [{k: v for k, v in r.items() if k != "model"} for r in small]),
+                         "cuda")
+    assert mixed[1] < bw_by_m[1] * 0.9
+    table = linear_choice_of(dict(meas, linear=ref + small), node)
+    model = CostModel(dep, calibration=Calibration(deployment=dep.name, device="cuda",
+                                                   linear_choice=table.to_json(), linear_tiles=True,
+                                                   linear_bandwidth_by_m=bw_by_m2,
+                                                   linear_flops_by_m={1: 0.5, 16: 0.5},
+                                                   kind_efficiency={"linear": {"bandwidth": 0.8, "flops": 0.5}}))
+    assert model.linear_choice.shape(1024, 512) is not None
+    # CPU keeps every measurement in the fits (no per-shape table there)
+    _, _, _, cpu = fit(BUILTIN["cpu"], dict(meas, linear=[r for r in ref + small if r["impl"] == "torch"],
+                                            linear_impl="torch"), "cpu")
+    _, _, _, cpu_ref = fit(BUILTIN["cpu"], dict(meas, linear=[r for r in ref if r["impl"] == "torch"],
+                                                linear_impl="torch"), "cpu")
+    assert cpu[1] != pytest.approx(cpu_ref[1])
+
+
+def test_split_kv_attention_fit_reads_each_samples_heads():
+    """Samples of two head layouts (the reference and a --model's), timed by the split-KV form
+    with known parameters: the fit recovers them only by pricing each sample with its own heads."""
+    from specc.search.attention_traffic import split_kv_traffic
+    from specc.search.calibrate import fit_split_kv_attention
+
+    dep = BUILTIN["h200-bs1"]
+    latency, bw, slot, node = 6e-6, 0.55, 2.5e-8, 1e-6
+    rows = []
+    for heads in ((32, 8, 128), (8, 4, 64)):
+        hq, hkv, d = heads
+        for b in (1, 8, 32):
+            for q in (1, 4, 16):
+                for c in (512, 4096):
+                    tr = split_kv_traffic(b, q, hq, hkv, d, c + q, dep.sm_count)
+                    nbytes = 2 * b * hkv * (c + q) * d * 2 + 2 * b * q * hq * d * 2
+                    t = latency + (nbytes + tr.extra_bytes) / (bw * dep.hbm_bandwidth) + slot * tr.merge_work
+                    rows.append({"B": b, "Q": q, "C": c, "bytes": nbytes, "flops": 4.0 * b * hq * q * (c + q) * d,
+                                 "seconds": t + (2 if tr.merge_kernel else 1) * node, "heads": list(heads)})
+    m = {"attention": rows, "sizes": {"attn_heads": (32, 8, 128)}}
+    got = fit_split_kv_attention(dep, m, "cuda", node)
+    assert got["latency_s"] == pytest.approx(latency, rel=1e-6)
+    assert got["bandwidth"] == pytest.approx(bw, rel=1e-6)
+    assert got["merge_slot_s"] == pytest.approx(slot, rel=1e-6)
+    # the same samples read with the reference heads only (an older record's way) fit worse
+    old = fit_split_kv_attention(dep, {"attention": [{k: v for k, v in r.items() if k != "heads"} for r in rows],
+                                       "sizes": m["sizes"]}, "cuda", node)
+    assert old is None or abs(old["latency_s"] / latency - 1) > 1e-3 or abs(old["bandwidth"] / bw - 1) > 1e-3
+
+
+def test_specc_calibrate_for_a_model_times_its_shapes(tmp_path, capsys):
+    cfg = dict(model_type="qwen3", vocab_size=384, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+               num_attention_heads=2, num_key_value_heads=1, head_dim=48, rms_norm_eps=1e-6, rope_theta=1e4,
+               max_position_embeddings=60, tie_word_embeddings=True, eos_token_id=0)
+    ckpt = tmp_path / "m"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--deployment", "cpu", "-o", str(out), "--device", "cpu", "--quick",
+                 "--model", str(ckpt)]) == 0
+    assert "with the shapes of" in capsys.readouterr().out
+    record = json.loads(record_path(out).read_text())
+    m = record["measurements"]
+    assert [x["label"] for x in m["models"]] == [str(ckpt)]
+    labelled = {(r["K"], r["N"]) for r in m["linear"] if r.get("model") == str(ckpt)}
+    assert labelled == {(96, 192), (96, 96), (96, 320), (160, 96), (96, 384)}  # qkv, o, gate_up, down, LM head
+    assert {r["M"] for r in m["linear"] if r.get("model")} == {1, 32}
+    model_attn = [r for r in m["attention"] if r["heads"] == [2, 1, 48]]
+    assert model_attn and all(r["C"] + r["Q"] <= 60 for r in model_attn)
+    assert Calibration.from_json(record).models == [str(ckpt)]
+    assert main(["calibrate", "--deployment", "cpu", "-o", str(out), "--device", "cpu", "--drafter", str(ckpt)]) == 2
+    assert "give --model too" in capsys.readouterr().err

@@ -1,0 +1,55 @@
+"""The shapes `specc calibrate --model` times: read from the same post-pass IRs the cost model prices."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specc.errors import UserError
+from specc.models.loading import resolve_checkpoint
+from specc.search.calibrate import _model_attention, _model_linears, _sizes
+from specc.search.model_shapes import ModelShapes, model_shapes
+
+
+def test_qwen3_8b_shapes_are_the_cuda_reference_sizes():
+    """The built-in CUDA calibration measures Qwen3-8B's linears and heads: the shapes read from
+    its traced steps (fused q/k/v and gate/up, the LM head) are exactly those."""
+    ms = model_shapes("qwen3-8b")
+    ref = _sizes("cuda", quick=False)
+    assert set(ms.linears) == set(ref["linear_shapes"])
+    assert ms.attention_heads == (tuple(ref["attn_heads"]),)
+    assert ms.positions == 40960
+    assert _model_linears([ms], ref["linear_shapes"]) == []  # nothing left to measure
+    assert _model_attention([ms], ref) == []
+
+
+def test_zoo_pair_shapes_include_the_drafter():
+    ms = model_shapes("specc-tiny", "specc-tiny-dflash")
+    cfg = json.loads((resolve_checkpoint("specc-tiny") / "config.json").read_text())
+    h, heads, kv, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    i, v = cfg["intermediate_size"], cfg["vocab_size"]
+    expected_target = {(h, (heads + 2 * kv) * d), (heads * d, h), (h, 2 * i), (i, h), (h, v)}
+    assert expected_target <= set(ms.linears)
+    target_only = model_shapes("specc-tiny")
+    assert set(target_only.linears) == expected_target
+    assert set(ms.linears) - expected_target == {(3 * h, h)}  # DFlash's context projection over 3 target layers
+    assert ms.attention_heads == ((heads, kv, d),)
+    assert ms.positions == 512 and ms.label == "specc-tiny + specc-tiny-dflash"
+    assert "6 linear shapes" in ms.describe() and "8/4 heads of 64" in ms.describe()
+
+
+def test_shapes_are_measured_once_each_beyond_the_reference():
+    ref = _sizes("cpu", quick=True)
+    a = ModelShapes("a", ((256, 1024), (64, 128), (128, 64)), ((4, 2, 16), (2, 1, 32)), positions=40)
+    b = ModelShapes("b", ((64, 128), (512, 512)), ((2, 1, 32), (8, 8, 8)), positions=None)
+    assert _model_linears([a, b], ref["linear_shapes"]) == [("a", [(64, 128), (128, 64)]), ("b", [(512, 512)])]
+    # reference heads skipped, each layout once; a's contexts must fit 40 positions with Q = 8
+    assert _model_attention([a, b], ref) == [((2, 1, 32), [32]), ((8, 8, 8), ref["attn_c"])]
+
+
+def test_unreadable_model_is_a_user_error(tmp_path):
+    with pytest.raises(UserError):
+        model_shapes(str(tmp_path / "missing"))
+    with pytest.raises(UserError, match="needs a drafter"):
+        model_shapes("specc-tiny", method="dflash")
