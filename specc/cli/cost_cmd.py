@@ -173,6 +173,9 @@ def run(args) -> int:
             raise UserError(str(exc).splitlines()[0]) from exc
         raise
     model = CostModel(dep, graphs=False if args.no_graphs else None)
+    from specc.search.model_shapes import unmeasured_small_linears
+
+    unmeasured = unmeasured_small_linears(model, (t_ir, d_ir))
     pred = model.predict(t_ir, d_ir, method=method, num_draft=k, acceptance=acc, context=context,
                          batch_size=args.batch, formula=True)
     sweep = []
@@ -190,6 +193,7 @@ def run(args) -> int:
         if context_note is not None:
             out["context_note"] = context_note
         out.update(pipeline=pipeline, sweep=sweep, calibrated=dep.calibrated, graphs=model.graphs,
+                   unmeasured_small_linears=[list(s) for s in unmeasured],
                    acceptance_kind=acc_kind, acceptance_source=acc.source if acc is not None else "AR (no drafts)")
         if tree is not None:
             out["tree"] = tree
@@ -202,6 +206,11 @@ def run(args) -> int:
           + (" (calibrated)" if dep.calibrated else ""))
     print(f"passes: {pipeline or '(none)'}; B={pred.batch_size}, C={pred.context}"
           + (f" ({context_note})" if context_note else ""))
+    if unmeasured:
+        print(f"note: {len(unmeasured)} small linear shape{'s' if len(unmeasured) > 1 else ''} (e.g. K x N = "
+              f"{unmeasured[0][0]} x {unmeasured[0][1]}) priced from the 8B-sized reference efficiencies, which "
+              f"underprice latency-bound kernels; `specc calibrate --deployment {dep.name} --model {args.model}"
+              + (f" --drafter {args.drafter}" if args.drafter else "") + " -o FILE` times them")
     print(f"AR step: {fmt_seconds(pred.ar.time)} (floor {fmt_seconds(pred.ar.floor)}; {pred.ar.launches} launches; "
           f"weights {pred.ar.weight_bytes / 1e9:.3f} GB)")
     if pred.verify is not None:

@@ -109,3 +109,24 @@ def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any
             or str(raw_t.get("model_type", "model"))
     limits = [n for n in (positions_of(raw_t), positions_of(raw_d)) if n is not None]
     return shapes_of_irs(label, irs, min(limits) if limits else None)
+
+
+def unmeasured_small_linears(cost_model, irs: Iterable[Any]) -> list[tuple[int, int]]:
+    """The small linear shapes ``(K, N)`` of ``irs`` that a CUDA cost model prices from the
+    reference shapes' efficiencies rather than from a time measured at that shape: neither in
+    its calibration's per-shape table nor among the reference sizes, and with fewer than a
+    quarter of the smallest reference weight's elements (4096 x 4096): the latency-bound kernels
+    those efficiencies misprice (a large unmeasured shape, such as DFlash's context projection at
+    8B sizes, streams like the reference ones). Empty on CPU (one efficiency table there by
+    design). What `specc cost` names when it suggests ``specc calibrate --model``."""
+    if cost_model.deployment.device != "cuda":
+        return []
+    from specc.search.calibrate import _sizes
+    from specc.codegen.linear_choice import RowRule
+
+    reference = {tuple(s) for s in _sizes("cuda", quick=False)["linear_shapes"]}
+    small = min(k * n for k, n in reference) // 4
+    table = cost_model.linear_choice
+    measured = table is not None and not isinstance(table, RowRule)  # a stated rule has no times
+    return [(k, n) for k, n in shapes_of_irs("", irs).linears
+            if k * n < small and (k, n) not in reference and not (measured and table.shape(n, k) is not None)]

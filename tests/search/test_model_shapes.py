@@ -53,3 +53,37 @@ def test_unreadable_model_is_a_user_error(tmp_path):
         model_shapes(str(tmp_path / "missing"))
     with pytest.raises(UserError, match="needs a drafter"):
         model_shapes("specc-tiny", method="dflash")
+
+
+def test_small_unmeasured_linears_are_named_for_cuda_deployments_only():
+    from specc.bench.shapes import dflash_config, target_config
+    from specc.codegen.linear_choice import ChoicePoint, LinearChoice, ShapeChoice
+    from specc.search.calibrate import Calibration
+    from specc.search.cost_model import CostModel
+    from specc.search.meta_pair import MetaPair
+    from specc.search.model_shapes import unmeasured_small_linears
+
+    from specc.search.defaults import default_pipeline
+
+    tiny = MetaPair(json.loads((resolve_checkpoint("specc-tiny") / "config.json").read_text())).irs(default_pipeline())
+    small = unmeasured_small_linears(CostModel("h200-bs1"), tiny)
+    assert (512, 1024) in small and (512, 8192) not in small  # the LM head is as large as the threshold
+    assert unmeasured_small_linears(CostModel("cpu"), tiny) == []
+    big = target_config("qwen3-8b")
+    pair = MetaPair(big, dflash_config(big, [1, 9, 17, 25, 33]), "dflash")
+    assert unmeasured_small_linears(CostModel("h200-bs1"), pair.irs(default_pipeline())) == []  # the fc streams like the rest
+    # measured at every small shape (calibrate --model): nothing left to name
+    table = LinearChoice({(n, k): ShapeChoice(n, k, (ChoicePoint(1, "triton", 5e-6, 6e-6),)) for k, n in small})
+    cal = Calibration(deployment="h200-bs1", device="cuda", linear_choice=table.to_json(),
+                      kind_efficiency={"linear": {"bandwidth": 0.7, "flops": 0.5}})
+    assert unmeasured_small_linears(CostModel("h200-bs1", calibration=cal), tiny) == []
+
+
+def test_specc_cost_suggests_calibrating_for_a_small_model(capsys):
+    from specc.cli import main
+
+    assert main(["cost", "specc-tiny", "--deployment", "h200-bs1"]) == 0
+    out = capsys.readouterr().out
+    assert "small linear shapes" in out and "specc calibrate --deployment h200-bs1 --model specc-tiny -o FILE" in out
+    assert main(["cost", "specc-tiny", "--deployment", "cpu"]) == 0
+    assert "small linear shape" not in capsys.readouterr().out
