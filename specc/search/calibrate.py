@@ -383,9 +383,11 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     """Time y = x W^T for each (K, N) shape and M (records of a ``--model``'s own shapes carry
     ``"model": label``); weights rotate over copies exceeding 2 x
     ``l2_bytes`` (the GPU's L2, the CPU's last-level cache: :func:`cache_bytes`), so each call
-    streams its weight from memory as a decode step does (at most 16 copies on CUDA, where a
-    weight is large; on CPU as many as cover the cache, which on some servers is hundreds of MiB:
-    a fixed cap would leave the small calibration weights in the cache)."""
+    streams its weight from memory as a decode step does: as many copies as cover twice the
+    cache, whatever the weight's size (their total stays about 2 x the cache plus one weight).
+    A fixed cap would leave small weights in the cache: on CPU the calibration's own (some
+    servers have hundreds of MiB of last-level cache), on CUDA a ``--model``'s (16 copies of
+    specc-tiny's 1 MiB q/k/v weight fit the H200's L2 several times over)."""
     import torch
     import torch.nn.functional as F
 
@@ -401,7 +403,7 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     for k, n in shapes:
         wbytes = k * n * itemsize
         needed = math.ceil(2 * l2_bytes / wbytes) + 1
-        copies = max(1, min(16, needed) if device == "cuda" else needed)
+        copies = max(1, needed)
         weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
         if pack is not None:
             weights = [pack(w) for w in weights]
