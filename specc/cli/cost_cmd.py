@@ -20,6 +20,7 @@ examples:
   specc cost specc-tiny --drafter specc-tiny-pard --deployment h200-bs16 --acceptance acc.json --sweep
   specc cost Qwen3-8B/config.json --deployment h200-bs1 --nodes --json         # per-node costs + formulas
   specc cost Qwen3-8B/config.json --drafter dflash/config.json --deployment h200-bs16 --tau 6.55 --batching 16,32
+  specc cost --shapes qwen3-8b --drafter-shapes dflash-b16 --deployment h200-bs1 --tau 6.55   # no checkpoint
 acceptance: --tau T (published acceptance length at --num-draft, geometric fit), --alpha A (constant
 per-position acceptance), or --acceptance FILE ({"alphas": [...]}, {"tau": T, "num_draft": K} or
 {"accepted_lengths": [[...]], "num_draft": K}). Without one, the acceptance `specc compile` measured
@@ -36,8 +37,13 @@ def register(sub) -> None:
                     "+ launch overhead. Prints AR, draft and verify step times, tokens/s, speedup over AR and the gap "
                     "report (predicted vs floor per component, largest gap first).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", metavar="MODEL", help="target: config.json file, checkpoint directory, zoo name or hub id")
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="target: config.json file, checkpoint directory, zoo name or hub id (or --shapes)")
     p.add_argument("--drafter", metavar="D", help="drafter config.json / checkpoint")
+    p.add_argument("--shapes", metavar="NAME",
+                   help="instead of MODEL: named real shapes, as `specc bench --shapes` (qwen3-8b, llama-3.1-8b)")
+    p.add_argument("--drafter-shapes", metavar="NAME",
+                   help="with --shapes: dflash-b16 (dflash-bN), pard or none (default none: AR)")
     p.add_argument("--method", choices=method_names(), help="default: from the drafter (`specc methods`)")
     p.add_argument("--deployment", default="cpu", metavar="NAME", help="deployment name or file (default: cpu)")
     p.add_argument("--passes", metavar="LIST", help="pass pipeline to apply first (default: the compile default; '' none)")
@@ -95,6 +101,37 @@ def _weights(model_ref: str, drafter_ref: str | None) -> str | None:
     return weights_fingerprint(*dirs)
 
 
+def _configs(args) -> tuple[dict, dict | None]:
+    """(target, drafter or None) config.json contents: read from MODEL / --drafter, or the named
+    --shapes / --drafter-shapes (``specc.bench.shapes``); ``args.model`` / ``args.drafter`` are
+    then set to names the search memory and the messages use."""
+    from specc.ir import IRError
+    from specc.ir.trace import read_config
+    from specc.models.config import ConfigError
+    from specc.models.loading import CheckpointError
+
+    if args.shapes:
+        if args.model or args.drafter:
+            raise UserError("give MODEL (and --drafter) or --shapes (and --drafter-shapes), not both")
+        from specc.bench.shapes import drafter_config, target_config
+
+        raw_t = target_config(args.shapes)
+        _, raw_d = drafter_config(args.shapes, args.drafter_shapes)
+        args.model = args.shapes
+        args.drafter = f"{args.shapes}:{args.drafter_shapes}" if raw_d is not None else None
+        return raw_t, raw_d
+    if args.drafter_shapes:
+        raise UserError("--drafter-shapes goes with --shapes")
+    if not args.model:
+        raise UserError("give MODEL (a config.json, checkpoint, zoo name or hub id) or --shapes NAME")
+    try:
+        raw_t, _ = read_config(args.model)
+        raw_d = read_config(args.drafter)[0] if args.drafter else None
+    except (IRError, ConfigError, CheckpointError, OSError) as exc:
+        raise UserError(str(exc)) from exc
+    return raw_t, raw_d
+
+
 def _method(args, drafter_kind: str | None):
     """The method object: --method if given, else the drafter kind's default."""
     from specc.methods import default_method, get_method
@@ -140,11 +177,10 @@ def run(args) -> int:
     from specc.search.meta_pair import MetaPair
 
     dep = get_deployment(args.deployment)
+    raw_t, raw_d = _configs(args)
     try:
-        raw_t, _ = read_config(args.model)
-        raw_d = read_config(args.drafter)[0] if args.drafter else None
         kind = classify(raw_d) if raw_d is not None else None
-    except (IRError, ConfigError, CheckpointError, OSError) as exc:
+    except ConfigError as exc:
         raise UserError(str(exc)) from exc
     impl = _method(args, kind)
     method = impl.name
@@ -176,6 +212,7 @@ def run(args) -> int:
     from specc.search.model_shapes import unmeasured_small_linears
 
     unmeasured = unmeasured_small_linears(model, (t_ir, d_ir))
+    calibrate_for = f"--model {args.model}" + (f" --drafter {args.drafter}" if args.drafter and not args.shapes else "")
     pred = model.predict(t_ir, d_ir, method=method, num_draft=k, acceptance=acc, context=context,
                          batch_size=args.batch, formula=True)
     sweep = []
@@ -209,8 +246,8 @@ def run(args) -> int:
     if unmeasured:
         print(f"note: {len(unmeasured)} small linear shape{'s' if len(unmeasured) > 1 else ''} (e.g. K x N = "
               f"{unmeasured[0][0]} x {unmeasured[0][1]}) priced from the 8B-sized reference efficiencies, which "
-              f"underprice latency-bound kernels; `specc calibrate --deployment {dep.name} --model {args.model}"
-              + (f" --drafter {args.drafter}" if args.drafter else "") + " -o FILE` times them")
+              f"underprice latency-bound kernels; `specc calibrate --deployment {dep.name} {calibrate_for} "
+              "-o FILE` times them")
     print(f"AR step: {fmt_seconds(pred.ar.time)} (floor {fmt_seconds(pred.ar.floor)}; {pred.ar.launches} launches; "
           f"weights {pred.ar.weight_bytes / 1e9:.3f} GB)")
     if pred.verify is not None:

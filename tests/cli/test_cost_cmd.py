@@ -63,3 +63,30 @@ def test_a_drafter_with_fewer_positions_caps_the_context(tmp_path, capsys):
     target.write_text(json.dumps({**read_config("specc-tiny")[0], "max_position_embeddings": 4096}))
     code, out, _ = _cost(capsys, str(target), "--deployment", "h200-bs1")
     assert code == 0 and "B=1, C=1024\n" in out
+
+
+def test_named_shapes_price_without_a_checkpoint(capsys, tmp_path):
+    """--shapes / --drafter-shapes (as `specc bench`): the same prediction as the config files."""
+    from specc.bench.shapes import drafter_config, target_config
+
+    code, out, _ = _cost(capsys, "--shapes", "qwen3-8b", "--drafter-shapes", "dflash-b16", "--deployment", "h200-bs1",
+                         "--tau", "6.55", "--json")
+    assert code == 0
+    named = json.loads(out)
+    assert named["method"] == "dflash" and named["num_draft"] == 15
+    cfg_dir = tmp_path
+    (cfg_dir / "t.json").write_text(json.dumps(target_config("qwen3-8b")))
+    (cfg_dir / "d.json").write_text(json.dumps(drafter_config("qwen3-8b", "dflash-b16")[1]))
+    code, out, _ = _cost(capsys, str(cfg_dir / "t.json"), "--drafter", str(cfg_dir / "d.json"),
+                         "--deployment", "h200-bs1", "--tau", "6.55", "--json")
+    files = json.loads(out)
+    for key in ("step_s", "draft_s", "ar_step_s", "speedup"):
+        assert named[key] == files[key], key
+    code, out, _ = _cost(capsys, "--shapes", "qwen3-8b", "--deployment", "h200-bs1", "--json")  # AR only
+    assert code == 0 and json.loads(out)["method"] == "ar"
+    for argv, message in ((["--deployment", "cpu"], "give MODEL"),
+                          (["specc-tiny", "--shapes", "qwen3-8b"], "not both"),
+                          (["specc-tiny", "--drafter-shapes", "pard"], "goes with --shapes"),
+                          (["--shapes", "nope"], "unknown --shapes")):
+        code, _, err = _cost(capsys, *argv)
+        assert code == 2 and message in err, argv
