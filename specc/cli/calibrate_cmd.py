@@ -86,7 +86,10 @@ def run(args) -> int:
         table.add_row(field, f"{getattr(base, field):.4g}", f"{getattr(dep, field):.4g}")
     for kind, effs in record.kind_efficiency.items():
         for what, value in effs.items():
-            table.add_row(f"{kind} {what} efficiency", "-", f"{value:.4g}")
+            if what.endswith("_s"):  # a time (latency_s, merge_slot_s, kernel_latency_s), not a fraction
+                table.add_row(f"{kind} {what[:-2].replace('_', ' ')}", "-", f"{value * 1e6:.3g} us")
+            else:
+                table.add_row(f"{kind} {what} efficiency", "-", f"{value:.4g}")
     for m, eff in record.linear_flops_by_m.items():
         table.add_row(f"linear flops efficiency at M={m}", "-", f"{eff:.4g}")
     console = Console()

@@ -298,11 +298,13 @@ def _sizes(device: str, quick: bool) -> dict[str, Any]:
         if quick:
             return dict(copy_bytes=256 * 2**20, square=4096, linear_shapes=[(4096, 12288), (12288, 4096)],
                         linear_m=[1, 16, 128], attn_heads=(32, 8, 128), attn_q=[1, 16], attn_c=[1024, 4096],
-                        attn_b=[1, 8], launches=200)
+                        attn_b=[1, 8], launches=200, short_m=[1, 16],
+                        short_width=4096)
         return dict(copy_bytes=2 * 2**30, square=8192,
                     linear_shapes=[(4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096), (4096, 151936)],
                     linear_m=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048], attn_heads=(32, 8, 128),
-                    attn_q=[1, 4, 16, 64], attn_c=[512, 1024, 4096], attn_b=[1, 8, 32], launches=1000)
+                    attn_q=[1, 4, 16, 64], attn_c=[512, 1024, 4096], attn_b=[1, 8, 32], launches=1000,
+                    short_m=[1, 16, 64, 256], short_width=4096)
     # CPU: the copy and the weights' rotation are sized past the last-level cache in _calibrate;
     # the full run has the shapes of a small model (an up, a down and a vocabulary projection:
     # a one-thread GEMV streams small-K weights ~25% slower than large-K ones, and a decoder's
@@ -459,6 +461,32 @@ def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Time
     return out
 
 
+def measure_short_kernels(device: str, widths, ms, dtype, timer: Timer) -> list[dict]:
+    """specc's rms_norm kernel over ``M`` rows of each width: the kind of short kernel (norms,
+    SwiGLU, residual adds) a decode or verify step launches dozens of per layer. Each moves at
+    most a few MB, so its time is mostly the kernel's own minimum duration, beyond the graph node
+    overhead the near-empty kernels of :func:`measure_launch` show (:func:`fit_kernel_latency`).
+    Eight inputs rotate per call, as a step's activations change."""
+    import torch
+
+    from specc.codegen.kernels.rmsnorm import rms_norm
+
+    out = []
+    for h in widths:
+        w = torch.ones(h, device=device, dtype=dtype)
+        for m in ms:
+            xs = [torch.randn(m, h, device=device, dtype=dtype) for _ in range(8)]
+
+            def run():
+                for x in xs:
+                    rms_norm(x, w, 1e-6)
+
+            t = timer(run, inner=len(xs))
+            out.append({"kernel": "rms_norm", "H": h, "M": m, "seconds": t,
+                        "bytes": (2 * m * h + h) * xs[0].element_size()})
+    return out
+
+
 # --------------------------------------------------------------------------- fitting
 
 
@@ -565,8 +593,12 @@ def fit(dep, m: dict[str, Any], device: str, notes: list[str] | None = None):
     heavy = [r["flops"] / (t - lat) / dep.bf16_flops for r, t in zip(attn, net)
              if t - lat > 1.2 * r["bytes"] / bw and r["flops"] > 0]
     attn_kind["flops"] = _fraction(_median(heavy, peak_eff), "attention flops", notes)
+    elementwise = {"bandwidth": _fraction(copy_eff, "elementwise bandwidth", notes)}
+    kernel_latency = fit_kernel_latency(dep, m, device, overhead, elementwise["bandwidth"])
+    if kernel_latency:
+        elementwise["kernel_latency_s"] = kernel_latency
     kinds = {
-        "elementwise": {"bandwidth": _fraction(copy_eff, "elementwise bandwidth", notes)},
+        "elementwise": elementwise,
         "linear": {"bandwidth": lin_bw, "flops": peak_eff},
         "attention": split_kv or attn_kind,
     }
@@ -575,6 +607,23 @@ def fit(dep, m: dict[str, Any], device: str, notes: list[str] | None = None):
                 for r in m["linear_bf12"] if r["M"] <= 16]
         kinds["packed_linear"] = {"bandwidth": _fraction(_median(effs, lin_bw), "packed_linear bandwidth", notes)}
     return fields, kinds, linear_by_m, linear_bw_by_m
+
+
+def fit_kernel_latency(dep, m: dict[str, Any], device: str, overhead: float, elementwise_eff: float) -> float | None:
+    """Seconds a short kernel takes beyond its launch (graph node) overhead and its bytes at the
+    elementwise bandwidth: the median over the short-kernel samples (:func:`measure_short_kernels`)
+    of ``t - launches x overhead - bytes / bandwidth``, per launch (the CPU reference of rms_norm
+    is several ops). None when not measured or not positive. The cost model adds it per launch of
+    every elementwise node and of a norm_linear's separate norm kernel: on the H200 a small
+    target's verify and batched steps run dozens of such kernels per layer, and pricing each at
+    the near-empty kernel's overhead left them 24-58% under their measured time."""
+    rows = m.get("short_kernels") or []
+    if not rows:
+        return None
+    launches = LAUNCHES.get(device, {}).get("rms_norm", 1)
+    bw = elementwise_eff * dep.hbm_bandwidth
+    latency = statistics.median((r["seconds"] - launches * overhead - r["bytes"] / bw) / launches for r in rows)
+    return float(latency) if latency > 0 else None
 
 
 def reference_rows(rows: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
@@ -792,6 +841,10 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
         say(f"attention by Q and C at {heads[0]}/{heads[1]} heads of {heads[2]}")
         m["attention"] += [r for b in batches for r in measure_attention(device, b, heads, sizes["attn_q"], cs, dtype,
                                                                           timer)]
+    if device == "cuda":
+        widths = list(dict.fromkeys([sizes["short_width"]] + [w for ms in models for w in ms.norm_widths]))
+        say("short kernels (rms_norm) by rows and width")
+        m["short_kernels"] = measure_short_kernels(device, widths, sizes["short_m"], dtype, timer)
     notes: list[str] = []
     fields, kinds, by_m, bw_by_m = fit(dep, m, device, notes)
     new = dataclasses.replace(dep, calibrated=True, **fields)

@@ -24,7 +24,10 @@ Every number is a formula over node metadata (docs/ir.md) and deployment fields
   padded row tiles and runs ``B x Q x Hq`` merge programs (specc.search.attention_traffic,
   with the calibrated ``merge_slot_s``), and a multi-row norm_linear runs its rms_norm kernel
   apart (its bytes at the elementwise bandwidth);
-- ``latency``: a calibrated fixed time per call (attention's fitted intercept), else 0;
+- ``latency``: a calibrated fixed time per call (attention's fitted intercept), else 0; for
+  elementwise nodes also the short kernels' latency per launch (``kernel_latency_s``: what an
+  rms_norm of a few rows takes beyond a near-empty kernel's graph node, fitted by calibration
+  on CUDA), which a norm_linear's separate norm kernel pays too;
 - ``overhead``: ``graph_node_overhead_s`` when the step is CUDA-graphed (the default on CUDA
   deployments), ``launch_overhead_s`` otherwise; ``launches(kind)`` is how many kernels the kind
   lowers to (:data:`LAUNCHES`, default 1); structural nodes (views, weights, sizes) cost nothing.
@@ -221,16 +224,27 @@ class CostModel:
                 return float(eff)
         return self.deployment.flops_efficiency
 
-    def latency(self, eclass: str, kind: str | None = None) -> float:
-        """Calibrated fixed time per call of the kind (attention's fitted intercept), else 0."""
+    def latency(self, eclass: str, kind: str | None = None, launches: int = 1) -> float:
+        """Calibrated fixed time of a node: per call of the kind (attention's fitted intercept),
+        plus, for the elementwise class, ``launches`` x the short kernels' latency
+        (:meth:`kernel_latency`); 0 without a calibration."""
         cal = self.calibration
         if cal is None:
             return 0.0
+        short = launches * self.kernel_latency() if eclass == "elementwise" else 0.0
         for key in (kind, eclass):
             value = cal.kind_efficiency.get(key, {}).get("latency_s") if key else None
             if value:
-                return float(value)
-        return 0.0
+                return float(value) + short
+        return short
+
+    def kernel_latency(self) -> float:
+        """Seconds a short kernel takes beyond its graph node overhead and its bytes
+        (``calibrate.fit_kernel_latency``: rms_norm timed at a few rows), else 0."""
+        cal = self.calibration
+        if cal is None:
+            return 0.0
+        return float(cal.kind_efficiency.get("elementwise", {}).get("kernel_latency_s") or 0.0)
 
     def weight_passes(self, meta, rows: float | None) -> int:
         """How many times the Triton linear of a linear node reads its weight at ``rows`` = M:
@@ -290,7 +304,7 @@ class CostModel:
             return 0.0
         itemsize = meta.out.itemsize if isinstance(meta.out, TensorMeta) else 2
         bw = self.deployment.hbm_bandwidth * self.bandwidth_efficiency("elementwise")
-        return 2.0 * rows * k * itemsize / bw
+        return 2.0 * rows * k * itemsize / bw + self.kernel_latency()  # a short kernel of its own
 
     def launches(self, meta, rows: float | None = None) -> int:
         """Kernels a node lowers to on this deployment's device (:data:`LAUNCHES`, default 1);
@@ -349,7 +363,7 @@ class CostModel:
             weight_bytes=self._num(meta.weight_bytes, values),
             cache_bytes=self._num(meta.cache_read + meta.cache_written, values), launches=n_launch,
             t_memory=moved / bw, t_compute=work_flops / peak,
-            t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind) + extra,
+            t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind, n_launch) + extra,
             floor=max(nbytes / dep.hbm_bandwidth, flops / dep.bf16_flops), bandwidth=bw, peak=peak,
             bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
 
@@ -425,7 +439,7 @@ class CostModel:
             if flops_scale != 1.0:
                 nflops = nflops * sympy.Float(flops_scale, 15)
             key = (sympy.expand(nbytes), sympy.expand(nflops), bw, peak, n_launch,
-                   self.latency(eclass, meta.kind) + extra + more_s)
+                   self.latency(eclass, meta.kind, n_launch) + extra + more_s)
             if key[0] == 0 and key[1] == 0:
                 continue
             terms[key] += 1

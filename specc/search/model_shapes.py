@@ -32,10 +32,12 @@ class ModelShapes:
     linears: tuple[tuple[int, int], ...]
     attention_heads: tuple[tuple[int, int, int], ...]
     positions: int | None = None
+    norm_widths: tuple[int, ...] = ()  # the rows' widths its RMSNorms run at (short kernels' sizes)
 
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "linears": [list(s) for s in self.linears],
-                "attention_heads": [list(h) for h in self.attention_heads], "positions": self.positions}
+                "attention_heads": [list(h) for h in self.attention_heads], "positions": self.positions,
+                "norm_widths": list(self.norm_widths)}
 
     def describe(self) -> str:
         heads = ", ".join(f"{h}/{kv} heads of {d}" for h, kv, d in self.attention_heads) or "no attention"
@@ -47,6 +49,7 @@ def shapes_of_irs(label: str, irs: Iterable[Any], positions: int | None = None) 
     first appearance."""
     linears: dict[tuple[int, int], None] = {}
     heads: dict[tuple[int, int, int], None] = {}
+    widths: dict[int, None] = {}
     for ir in irs:
         if ir is None:
             continue
@@ -58,11 +61,15 @@ def shapes_of_irs(label: str, irs: Iterable[Any], positions: int | None = None) 
             try:
                 if meta.kind in LINEAR_KINDS:
                     linears[(int(attrs["in_features"]), int(attrs["out_features"]))] = None
+                    if meta.kind == "norm_linear":
+                        widths[int(attrs["in_features"])] = None
+                elif meta.kind == "rms_norm" and getattr(meta.out, "shape", None):
+                    widths[int(meta.out.shape[-1])] = None
                 elif meta.kind in ATTENTION_KINDS:
                     heads[(int(attrs["num_heads"]), int(attrs["num_kv_heads"]), int(attrs["head_dim"]))] = None
             except (KeyError, TypeError, ValueError):
                 continue
-    return ModelShapes(label, tuple(linears), tuple(heads), positions)
+    return ModelShapes(label, tuple(linears), tuple(heads), positions, tuple(widths))
 
 
 def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any] | None = None, *,

@@ -442,3 +442,61 @@ def test_specc_calibrate_for_a_model_times_its_shapes(tmp_path, capsys):
     assert Calibration.from_json(record).models == [str(ckpt)]
     assert main(["calibrate", "--deployment", "cpu", "-o", str(out), "--device", "cpu", "--drafter", str(ckpt)]) == 2
     assert "give --model too" in capsys.readouterr().err
+
+
+def test_short_kernel_latency_is_fitted_and_priced_per_elementwise_launch():
+    """Short kernels timed at t = overhead + latency + bytes / bw: the fit recovers the latency,
+    and the cost model adds it once per launch of elementwise nodes (and a multi-row
+    norm_linear's separate norm kernel), nowhere else."""
+    from specc.search.calibrate import fit_kernel_latency
+
+    dep = BUILTIN["h200-bs1"]
+    node, latency, eff = 1.05e-6, 1.4e-6, 0.85
+    rows = [{"kernel": "rms_norm", "H": h, "M": m, "bytes": (2 * m * h + h) * 2,
+             "seconds": node + latency + (2 * m * h + h) * 2 / (eff * dep.hbm_bandwidth)}
+            for h in (512, 4096) for m in (1, 16, 64, 256)]
+    assert fit_kernel_latency(dep, {"short_kernels": rows}, "cuda", node, eff) == pytest.approx(latency, rel=1e-9)
+    assert fit_kernel_latency(dep, {}, "cuda", node, eff) is None
+    faster = [dict(r, seconds=node * 0.9) for r in rows]  # nothing beyond the overhead: no term
+    assert fit_kernel_latency(dep, {"short_kernels": faster}, "cuda", node, eff) is None
+
+    from specc.search.defaults import default_pipeline
+    from specc.search.meta_pair import MetaPair
+
+    from specc.ir import evaluate
+    from specc.models.loading import resolve_checkpoint
+    from specc.search.cost_model import efficiency_class
+
+    cfg = json.loads((resolve_checkpoint("specc-tiny") / "config.json").read_text())
+    ir, _ = MetaPair(cfg).irs(default_pipeline())
+    kinds = {"elementwise": {"bandwidth": eff}, "linear": {"bandwidth": 0.7, "flops": 0.5}}
+    plain = CostModel(dep, calibration=Calibration(deployment=dep.name, device="cuda", kind_efficiency=kinds))
+    with_latency = CostModel(dep, calibration=Calibration(deployment=dep.name, device="cuda", kind_efficiency={
+        **kinds, "elementwise": {"bandwidth": eff, "kernel_latency_s": latency}}))
+    values = {"B": 8, "Q": 16, "C": 512}
+    a, b = plain.step(ir, values, sync=False), with_latency.step(ir, values, sync=False)
+    expected = 0.0
+    for na, nb in zip(a.nodes, b.nodes):
+        meta = ir.meta(ir.node(na.node))
+        eclass = efficiency_class(meta)
+        grew = nb.t_launch - na.t_launch
+        if eclass == "elementwise":
+            assert grew == pytest.approx(na.launches * latency), na.kind
+        elif na.kind == "norm_linear":
+            assert grew == pytest.approx(latency), na.kind  # 128 rows: its norm kernel runs apart
+        else:
+            assert grew == pytest.approx(0.0, abs=1e-15), na.kind
+        expected += grew
+    assert expected > 0 and b.time - a.time == pytest.approx(expected)
+    # the closed-form step formula prices the same
+    assert float(evaluate(with_latency.step_formula(ir, values), values)) == pytest.approx(b.time, rel=1e-4)
+
+
+def test_short_kernels_are_measured_on_any_device():
+    from specc.search.calibrate import Timer, measure_short_kernels
+
+    import torch
+
+    rows = measure_short_kernels("cpu", [64, 96], [1, 4], torch.float32, Timer("cpu", reps=2, warmup=1))
+    assert [(r["H"], r["M"]) for r in rows] == [(64, 1), (64, 4), (96, 1), (96, 4)]
+    assert all(r["seconds"] > 0 and r["bytes"] == (2 * r["M"] * r["H"] + r["H"]) * 4 for r in rows)

@@ -19,6 +19,7 @@ def test_qwen3_8b_shapes_are_the_cuda_reference_sizes():
     ref = _sizes("cuda", quick=False)
     assert set(ms.linears) == set(ref["linear_shapes"])
     assert ms.attention_heads == (tuple(ref["attn_heads"]),)
+    assert ms.norm_widths == (ref["short_width"],)
     assert ms.positions == 40960
     assert _model_linears([ms], ref["linear_shapes"]) == []  # nothing left to measure
     assert _model_attention([ms], ref) == []
@@ -36,6 +37,7 @@ def test_zoo_pair_shapes_include_the_drafter():
     assert set(ms.linears) - expected_target == {(3 * h, h)}  # DFlash's context projection over 3 target layers
     assert ms.attention_heads == ((heads, kv, d),)
     assert ms.positions == 512 and ms.label == "specc-tiny + specc-tiny-dflash"
+    assert ms.norm_widths == (h,)  # the norms before q/k/v, the MLP and the LM head (and DFlash's)
     assert "6 linear shapes" in ms.describe() and "8/4 heads of 64" in ms.describe()
 
 
