@@ -172,8 +172,9 @@ class CostModel:
         if triton:
             return bw_eff, fl_eff, self.launches(meta, rows), 0.0
         extra = 0.0
-        if meta.kind == "linear_add":  # residual + product as a second op: read 2, write 1
-            extra = 3 * rows * n * table.itemsize / (dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise"))
+        if meta.kind == "linear_add":  # residual + product as a second op: read 2, write 1, a short kernel
+            extra = 3 * rows * n * table.itemsize / (dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise")) \
+                + self.kernel_latency()
         launches = CUBLAS_LAUNCHES.get(dep.device, {}).get(meta.kind, 1)
         return bw_eff, fl_eff, int(launches), extra
 
@@ -226,12 +227,16 @@ class CostModel:
 
     def latency(self, eclass: str, kind: str | None = None, launches: int = 1) -> float:
         """Calibrated fixed time of a node: per call of the kind (attention's fitted intercept),
-        plus, for the elementwise class, ``launches`` x the short kernels' latency
-        (:meth:`kernel_latency`); 0 without a calibration."""
+        plus the short kernels' latency (:meth:`kernel_latency`) for each launch of an
+        elementwise node and for rope_attention's rope_and_cache kernel; 0 without a
+        calibration."""
         cal = self.calibration
         if cal is None:
             return 0.0
-        short = launches * self.kernel_latency() if eclass == "elementwise" else 0.0
+        # elementwise nodes are short kernels; rope_attention runs one (rope_and_cache) beside the
+        # attention kernels the calibration timed
+        short = launches * self.kernel_latency() if eclass == "elementwise" else \
+            self.kernel_latency() if kind == "rope_attention" else 0.0
         for key in (kind, eclass):
             value = cal.kind_efficiency.get(key, {}).get("latency_s") if key else None
             if value:
