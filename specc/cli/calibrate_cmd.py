@@ -64,7 +64,9 @@ def run(args) -> int:
             from specc.search.model_shapes import model_shapes
 
             progress(f"tracing {' + '.join(r for r in (args.model, args.drafter) if r)} for its shapes")
-            models.append(model_shapes(args.model, args.drafter, method=args.method, dtype=base.dtype))
+            label = " + ".join(r for r in (args.model, args.drafter) if r)
+            models.append(model_shapes(_target(args.model), args.drafter, method=args.method, dtype=base.dtype,
+                                       label=label))
         dep, record = calibrate(base, device=device, quick=args.quick, progress=progress, threads=threads,
                                 models=models)
     path, rec = write_calibration(args.out, dep, record)
@@ -107,3 +109,23 @@ def run(args) -> int:
             console.print(f"  {line}", highlight=False)
     console.print(f"wrote {path} and {rec}", highlight=False)
     return 0
+
+
+def _target(ref: str):
+    """``--model``: what ``read_config`` resolves, else a `specc bench --shapes` name's config
+    (real shapes without a checkpoint: ``qwen3-8b``, ``llama-3.1-8b``)."""
+    from specc.ir import IRError
+    from specc.ir.trace import read_config
+    from specc.models.config import ConfigError
+    from specc.models.loading import CheckpointError
+
+    try:
+        read_config(ref)
+        return ref
+    except (IRError, ConfigError, CheckpointError, OSError) as exc:
+        from specc.bench.shapes import TARGETS
+
+        if ref in TARGETS:
+            return dict(TARGETS[ref][0])
+        raise UserError(str(exc)) from exc
+

@@ -77,8 +77,7 @@ def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any
                  label: str | None = None) -> ModelShapes:
     """The shapes of a target's steps (and its drafter's): ``model`` / ``drafter`` are config
     dicts or references ``read_config`` resolves (config.json, checkpoint directory, zoo name,
-    hub id; a target may also be a ``specc bench --shapes`` name such as ``qwen3-8b``);
-    ``method`` defaults to the drafter kind's default method, ``pipeline`` to the compile
+    hub id); ``method`` defaults to the drafter kind's default method, ``pipeline`` to the compile
     default. Raises UserError for what cannot be read or traced."""
     from specc.errors import UserError
     from specc.ir import IRError
@@ -97,10 +96,6 @@ def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any
         try:
             return dict(read_config(ref)[0])
         except (IRError, ConfigError, CheckpointError, OSError) as exc:
-            from specc.bench.shapes import TARGETS  # a `specc bench --shapes` name: real shapes, no checkpoint
-
-            if ref in TARGETS:
-                return dict(TARGETS[ref][0])
             raise UserError(str(exc)) from exc
 
     raw_t, raw_d = config(model), config(drafter)

@@ -500,3 +500,13 @@ def test_short_kernels_are_measured_on_any_device():
     rows = measure_short_kernels("cpu", [64, 96], [1, 4], torch.float32, Timer("cpu", reps=2, warmup=1))
     assert [(r["H"], r["M"]) for r in rows] == [(64, 1), (64, 4), (96, 1), (96, 4)]
     assert all(r["seconds"] > 0 and r["bytes"] == (2 * r["M"] * r["H"] + r["H"]) * 4 for r in rows)
+
+
+def test_calibrate_model_takes_bench_shape_names(tmp_path):
+    from specc.bench.shapes import target_config
+    from specc.cli.calibrate_cmd import _target
+
+    assert _target("qwen3-8b") == target_config("qwen3-8b")  # no checkpoint: the named real shapes
+    assert _target("specc-tiny") == "specc-tiny"  # what read_config resolves stays a reference
+    with pytest.raises(UserError):
+        _target(str(tmp_path / "missing"))

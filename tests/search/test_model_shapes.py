@@ -15,7 +15,9 @@ from specc.search.model_shapes import ModelShapes, model_shapes
 def test_qwen3_8b_shapes_are_the_cuda_reference_sizes():
     """The built-in CUDA calibration measures Qwen3-8B's linears and heads: the shapes read from
     its traced steps (fused q/k/v and gate/up, the LM head) are exactly those."""
-    ms = model_shapes("qwen3-8b")
+    from specc.bench.shapes import target_config
+
+    ms = model_shapes(target_config("qwen3-8b"), label="qwen3-8b")
     ref = _sizes("cuda", quick=False)
     assert set(ms.linears) == set(ref["linear_shapes"])
     assert ms.attention_heads == (tuple(ref["attn_heads"]),)
