@@ -614,9 +614,9 @@ def fit_kernel_latency(dep, m: dict[str, Any], device: str, overhead: float, ele
     elementwise bandwidth: the median over the short-kernel samples (:func:`measure_short_kernels`)
     of ``t - launches x overhead - bytes / bandwidth``, per launch (the CPU reference of rms_norm
     is several ops). None when not measured or not positive. The cost model adds it per launch of
-    every elementwise node and of a norm_linear's separate norm kernel: on the H200 a small
-    target's verify and batched steps run dozens of such kernels per layer, and pricing each at
-    the near-empty kernel's overhead left them 24-58% under their measured time."""
+    every elementwise node and once for each short kernel a node runs beside what calibration
+    timed (a multi-row norm_linear's norm, rope_attention's rope_and_cache, a cuBLAS linear_add's
+    residual add): a near-empty kernel's graph node overhead alone underprices them."""
     rows = m.get("short_kernels") or []
     if not rows:
         return None
