@@ -510,3 +510,33 @@ def test_calibrate_model_takes_bench_shape_names(tmp_path):
     assert _target("specc-tiny") == "specc-tiny"  # what read_config resolves stays a reference
     with pytest.raises(UserError):
         _target(str(tmp_path / "missing"))
+
+
+@pytest.mark.gpu
+def test_cuda_calibration_for_a_model_prices_its_linears_from_their_own_times(tmp_path):
+    """CUDA, quick sizes: calibrating for specc-tiny times its linear shapes with both
+    implementations (they join the per-shape table), attention at its 8/4 heads of 64, and the
+    short kernels at its width; the cost model then prices its linears from those times."""
+    from specc.search.calibrate import calibrate, write_calibration
+    from specc.search.defaults import default_pipeline
+    from specc.search.meta_pair import MetaPair
+    from specc.search.model_shapes import model_shapes, unmeasured_small_linears
+
+    ms = model_shapes("specc-tiny")
+    dep, record = calibrate("h200-bs1", device="cuda", quick=True, models=[ms])
+    m = record.measurements
+    assert {(r["K"], r["N"]) for r in m["linear"] if r.get("model")} == set(ms.linears) - {(4096, 12288), (12288, 4096)}
+    table = record.choice_table()
+    assert all(table.shape(n, k) is not None for k, n in ms.linears)
+    assert any(r["heads"] == [8, 4, 64] for r in m["attention"])
+    assert {r["H"] for r in m["short_kernels"]} == {4096, 512}
+    path = tmp_path / "h200-tiny.json"
+    write_calibration(path, dep, record)
+    model = CostModel(get_deployment(str(path)))
+    from specc.models.loading import resolve_checkpoint
+
+    cfg = json.loads((resolve_checkpoint("specc-tiny") / "config.json").read_text())
+    irs = MetaPair(cfg).irs(default_pipeline())
+    assert unmeasured_small_linears(model, irs) == []
+    step = model.step(irs[0], {"B": 8, "Q": 16, "C": 512}, sync=False)
+    assert step.time > 0
