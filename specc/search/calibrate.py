@@ -584,7 +584,8 @@ def fit(dep, m: dict[str, Any], device: str, notes: list[str] | None = None):
         slope, intercept = statistics.linear_regression([x for x, _ in line], [t for _, t in line])
         if slope > 0:
             attn_kind["bandwidth"] = _fraction(1.0 / (slope * dep.hbm_bandwidth), "attention bandwidth", notes)
-            attn_kind["latency_s"] = max(0.0, intercept)
+            if intercept > 0:  # a record's figures are positive: a line through 0 or below has no latency
+                attn_kind["latency_s"] = intercept
     if "bandwidth" not in attn_kind:
         attn_kind["bandwidth"] = _fraction(_median([r["bytes"] / t / dep.hbm_bandwidth for r, t in zip(attn, net)],
                                                    copy_eff), "attention bandwidth", notes)

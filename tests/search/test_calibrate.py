@@ -540,3 +540,24 @@ def test_cuda_calibration_for_a_model_prices_its_linears_from_their_own_times(tm
     assert unmeasured_small_linears(model, irs) == []
     step = model.step(irs[0], {"B": 8, "Q": 16, "C": 512}, sync=False)
     assert step.time > 0
+
+
+def test_attention_line_through_zero_writes_a_loadable_record():
+    """A CPU attention line whose intercept is not positive has no latency: the record must
+    still load (every kind efficiency it holds is a positive number)."""
+    dep = BUILTIN["cpu"]
+    meas = {
+        "launch": {"launch_overhead_s": 2e-6, "graph_node_overhead_s": 2e-6},
+        "square": {"flops": 2.0 * 256 ** 3, "seconds": 1e-3},
+        "copy": {"bandwidth": 20e9},
+        "linear": [{"impl": "torch", "K": 256, "N": 1024, "M": m, "bytes": 2e6, "flops": 2.0 * m * 256 * 1024,
+                    "seconds": 1e-4 * m} for m in (1, 32)], "linear_impl": "torch",
+        # t = bytes / bw - 5 us: the fitted line crosses zero below the smallest sample
+        "attention": [{"Q": 1, "C": c, "B": 1, "bytes": 1e5 * c, "flops": 1e3 * c, "seconds": 1e5 * c / 5e9 - 5e-6}
+                      for c in (64, 128, 256)],
+    }
+    fields, kinds, by_m, bw_by_m = fit(dep, meas, "cpu")
+    assert "latency_s" not in kinds["attention"]
+    record = Calibration(deployment="cpu", device="cpu", kind_efficiency=kinds, linear_flops_by_m=by_m,
+                         linear_bandwidth_by_m=bw_by_m, fitted=fields)
+    assert Calibration.from_json(json.loads(json.dumps(record.to_json()))).kind_efficiency == kinds
