@@ -63,8 +63,8 @@ def run(args) -> int:
         if args.model:
             from specc.search.model_shapes import model_shapes
 
-            progress(f"tracing {' + '.join(r for r in (args.model, args.drafter) if r)} for its shapes")
             label = " + ".join(r for r in (args.model, args.drafter) if r)
+            progress(f"tracing {label} for its shapes")
             models.append(model_shapes(_target(args.model), args.drafter, method=args.method, dtype=base.dtype,
                                        label=label))
         dep, record = calibrate(base, device=device, quick=args.quick, progress=progress, threads=threads,
@@ -111,21 +111,17 @@ def run(args) -> int:
     return 0
 
 
-def _target(ref: str):
-    """``--model``: what ``read_config`` resolves, else a `specc bench --shapes` name's config
-    (real shapes without a checkpoint: ``qwen3-8b``, ``llama-3.1-8b``)."""
-    from specc.ir import IRError
-    from specc.ir.trace import read_config
-    from specc.models.config import ConfigError
-    from specc.models.loading import CheckpointError
+def _target(ref: str) -> dict:
+    """``--model``'s config.json: what ``read_config`` resolves, else a `specc bench --shapes`
+    name's (real shapes without a checkpoint: ``qwen3-8b``, ``llama-3.1-8b``)."""
+    from specc.ir.trace import read_user_config
 
     try:
-        read_config(ref)
-        return ref
-    except (IRError, ConfigError, CheckpointError, OSError) as exc:
+        return read_user_config(ref)
+    except UserError:
         from specc.bench.shapes import TARGETS
 
         if ref in TARGETS:
             return dict(TARGETS[ref][0])
-        raise UserError(str(exc)) from exc
+        raise
 

@@ -105,10 +105,7 @@ def _configs(args) -> tuple[dict, dict | None]:
     """(target, drafter or None) config.json contents: read from MODEL / --drafter, or the named
     --shapes / --drafter-shapes (``specc.bench.shapes``); ``args.model`` / ``args.drafter`` are
     then set to names the search memory and the messages use."""
-    from specc.ir import IRError
-    from specc.ir.trace import read_config
-    from specc.models.config import ConfigError
-    from specc.models.loading import CheckpointError
+    from specc.ir.trace import read_user_config
 
     if args.shapes:
         if args.model or args.drafter:
@@ -124,12 +121,7 @@ def _configs(args) -> tuple[dict, dict | None]:
         raise UserError("--drafter-shapes goes with --shapes")
     if not args.model:
         raise UserError("give MODEL (a config.json, checkpoint, zoo name or hub id) or --shapes NAME")
-    try:
-        raw_t, _ = read_config(args.model)
-        raw_d = read_config(args.drafter)[0] if args.drafter else None
-    except (IRError, ConfigError, CheckpointError, OSError) as exc:
-        raise UserError(str(exc)) from exc
-    return raw_t, raw_d
+    return read_user_config(args.model), read_user_config(args.drafter) if args.drafter else None
 
 
 def _method(args, drafter_kind: str | None):
@@ -165,9 +157,7 @@ def _context(args, dep, raw_t: dict, raw_d: dict | None) -> tuple[int, str | Non
 
 def run(args) -> int:
     from specc.ir import IRError, fmt_rate
-    from specc.ir.trace import read_config
     from specc.models.config import ConfigError
-    from specc.models.loading import CheckpointError
     from specc.models.registry import classify
     from specc.search.choose import resolve_acceptance
     from specc.search.cost_model import CostModel, fmt_seconds, speedup_table
@@ -178,10 +168,7 @@ def run(args) -> int:
 
     dep = get_deployment(args.deployment)
     raw_t, raw_d = _configs(args)
-    try:
-        kind = classify(raw_d) if raw_d is not None else None
-    except ConfigError as exc:
-        raise UserError(str(exc)) from exc
+    kind = classify(raw_d) if raw_d is not None else None  # a ConfigError is a UserError
     impl = _method(args, kind)
     method = impl.name
     if args.num_draft is not None and args.num_draft < 1:

@@ -309,6 +309,17 @@ def read_config(config: Any) -> tuple[dict, Path]:
     return load_config(resolved), resolved
 
 
+def read_user_config(config: Any) -> dict:
+    """``read_config``'s config.json dict, for a reference a user gave: every failure to read it
+    is a UserError (its message one line for the CLI; checkpoint and config errors already are)."""
+    from specc.errors import UserError
+
+    try:
+        return read_config(config)[0]
+    except (IRError, OSError) as exc:
+        raise UserError(str(exc)) from exc
+
+
 def _hub_config(repo_id: str) -> Path:
     import os
 

@@ -27,7 +27,8 @@ Every number is a formula over node metadata (docs/ir.md) and deployment fields
 - ``latency``: a calibrated fixed time per call (attention's fitted intercept), else 0; for
   elementwise nodes also the short kernels' latency per launch (``kernel_latency_s``: what an
   rms_norm of a few rows takes beyond a near-empty kernel's graph node, fitted by calibration
-  on CUDA), which a norm_linear's separate norm kernel pays too;
+  on CUDA), which each other short kernel beside a timed one pays too (a multi-row
+  norm_linear's norm, rope_attention's rope_and_cache, a cuBLAS linear_add's residual add);
 - ``overhead``: ``graph_node_overhead_s`` when the step is CUDA-graphed (the default on CUDA
   deployments), ``launch_overhead_s`` otherwise; ``launches(kind)`` is how many kernels the kind
   lowers to (:data:`LAUNCHES`, default 1); structural nodes (views, weights, sizes) cost nothing.

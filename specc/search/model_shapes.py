@@ -55,8 +55,6 @@ def shapes_of_irs(label: str, irs: Iterable[Any], positions: int | None = None) 
             continue
         for node in ir.nodes:
             meta = ir.meta(node)
-            if meta is None:
-                continue
             attrs = meta.attrs
             try:
                 if meta.kind in LINEAR_KINDS:
@@ -81,10 +79,9 @@ def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any
     default. Raises UserError for what cannot be read or traced."""
     from specc.errors import UserError
     from specc.ir import IRError
-    from specc.ir.trace import read_config
+    from specc.ir.trace import read_user_config
     from specc.methods import default_method, get_method
     from specc.models.config import ConfigError
-    from specc.models.loading import CheckpointError
     from specc.models.registry import classify
     from specc.search.cost_model import positions_of
     from specc.search.defaults import default_pipeline
@@ -93,10 +90,7 @@ def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any
     def config(ref):
         if ref is None or isinstance(ref, Mapping):
             return None if ref is None else dict(ref)
-        try:
-            return dict(read_config(ref)[0])
-        except (IRError, ConfigError, CheckpointError, OSError) as exc:
-            raise UserError(str(exc)) from exc
+        return dict(read_user_config(ref))
 
     raw_t, raw_d = config(model), config(drafter)
     try:

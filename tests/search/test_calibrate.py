@@ -507,7 +507,9 @@ def test_calibrate_model_takes_bench_shape_names(tmp_path):
     from specc.cli.calibrate_cmd import _target
 
     assert _target("qwen3-8b") == target_config("qwen3-8b")  # no checkpoint: the named real shapes
-    assert _target("specc-tiny") == "specc-tiny"  # what read_config resolves stays a reference
+    from specc.ir.trace import read_config
+
+    assert _target("specc-tiny") == read_config("specc-tiny")[0]  # what read_config resolves: its config
     with pytest.raises(UserError):
         _target(str(tmp_path / "missing"))
 
