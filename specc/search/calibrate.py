@@ -82,6 +82,12 @@ from specc.errors import UserError
 # cuBLAS replaces the Triton linear at a shape and M only when faster by more than this fraction
 # of the Triton time (whole-step timings vary ~1% between identical configs: docs/kernels.md)
 LINEAR_CHOICE_MARGIN = 0.02
+# attention samples: at most this many rotating copies of q and the cache in one timed graph
+ATTENTION_MAX_COPIES = 64
+# a linear raises the measured HBM peak only when it streams at least this many bytes: a call of
+# ~1 us minus the ~1 us graph-node overhead gives any rate (the H200 run of 2026-12-05 read
+# specc-tiny's 0.5 MB o projection as 6.2 TB/s, above the device's 4.8)
+PEAK_MIN_BYTES = 16 << 20
 
 
 @dataclasses.dataclass
@@ -425,7 +431,22 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     return out
 
 
-def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Timer) -> list[dict]:
+def attention_copies(device: str, nbytes: int, l2_bytes: int | None) -> int:
+    """Copies of an attention sample's q and cache in one timed graph: enough to exceed twice the
+    L2 (2 at least, :data:`ATTENTION_MAX_COPIES` at most) on CUDA; one on CPU."""
+    if device != "cuda":
+        return 1
+    return max(2, min(ATTENTION_MAX_COPIES, math.ceil(2 * (l2_bytes or 0) / max(nbytes, 1)) + 1))
+
+
+def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Timer,
+                      l2_bytes: int | None = None) -> list[dict]:
+    """Time one attention call per (C, Q) at ``heads`` = (Hq, Hkv, d). On CUDA one graph runs the
+    kernel over rotating copies of q and the cache (enough to exceed 2 x ``l2_bytes``, 2 to
+    :data:`ATTENTION_MAX_COPIES`), as the linears do: a graph of a single call adds the graph
+    launch and event latency (~13 us on the H200) to every sample, which the fit then priced as
+    a fixed latency of every attention node in a step (4 x 13 us of specc-tiny's 132 us AR
+    step), and a single small cache would be served from L2."""
     import torch
 
     hq, hkv, d = heads
@@ -433,31 +454,38 @@ def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Time
     for c in cs:
         for q in qs:
             s = c + q
-            cache_k = torch.randn(batch, hkv, s, d, device=device, dtype=dtype)
-            cache_v = torch.randn_like(cache_k)
-            qt = torch.randn(batch, q, hq, d, device=device, dtype=dtype)
-            kt = torch.randn(batch, q, hkv, d, device=device, dtype=dtype)
-            vt = torch.randn_like(kt)
+            item = torch.empty((), dtype=dtype).element_size()
+            nbytes = 2 * batch * hkv * s * d * item + 2 * batch * q * hq * d * item
+            copies = attention_copies(device, nbytes, l2_bytes)
+            sets = []
+            for _ in range(copies):
+                cache_k = torch.randn(batch, hkv, s, d, device=device, dtype=dtype)
+                sets.append((torch.randn(batch, q, hq, d, device=device, dtype=dtype), cache_k,
+                             torch.randn_like(cache_k)))
             cache_len = torch.full((batch,), c, dtype=torch.long, device=device)
             scale = 1.0 / math.sqrt(d)
             if device == "cuda":
                 from specc.codegen.kernels.attention import attention as kern
 
                 def run():
-                    kern(qt, cache_k, cache_v, cache_len, q, "causal", scale)
+                    for qt, ck, cv in sets:
+                        kern(qt, ck, cv, cache_len, q, "causal", scale)
                 impl = "specc"
             else:
                 from specc.models import ops
 
+                kt = torch.randn(batch, q, hkv, d, device=device, dtype=dtype)
+                vt = torch.randn_like(kt)
+
                 def run():
-                    ops.attention(qt, kt, vt, cache_k, cache_v, cache_len, "causal", scale)
+                    for qt, ck, cv in sets:
+                        ops.attention(qt, kt, vt, ck, cv, cache_len, "causal", scale)
                 impl = "reference"
-            t = timer(run)
-            item = cache_k.element_size()
-            nbytes = 2 * batch * hkv * s * d * item + 2 * batch * q * hq * d * item
+            t = timer(run, inner=copies)
             flops = 4.0 * batch * hq * q * s * d
             out.append({"impl": impl, "B": batch, "Q": q, "C": c, "seconds": t, "bytes": nbytes, "flops": flops,
-                        "heads": [hq, hkv, d]})
+                        "heads": [hq, hkv, d], "copies": copies})
+            sets = []
     return out
 
 
@@ -504,7 +532,8 @@ def _fraction(value: float, what: str, notes: list[str] | None) -> float:
 
 def raise_peaks(dep, m: dict[str, Any], device: str, overhead: float, notes: list[str] | None = None):
     """-> (deployment, raised fields): ``hbm_bandwidth`` raised to the highest rate measured
-    above it (the copy, the linears at M <= 16 on the bytes the model prices), ``bf16_flops`` to
+    above it (the copy, the linears at M <= 16 on the bytes the model prices, on CUDA those of at
+    least :data:`PEAK_MIN_BYTES`), ``bf16_flops`` to
     the highest FLOP rate (the square matmul, any linear); each raise noted. A clamped
     efficiency would price every node below this machine's measured speed: on a 2-core CPU a
     copy past the cache measured 61 GB/s against the ``cpu`` profile's 50, and two threads'
@@ -513,8 +542,9 @@ def raise_peaks(dep, m: dict[str, Any], device: str, overhead: float, notes: lis
     lin = [r for r in m["linear"] if r["impl"] == m.get("linear_impl", "torch")] or m["linear"]
     sq = m["square"]
     seen = {
-        "hbm_bandwidth": max([m["copy"]["bandwidth"]] + [linear_traffic(r, device) / max(r["seconds"] - overhead, 1e-12)
-                                                         for r in lin if r["M"] <= 16]),
+        "hbm_bandwidth": max([m["copy"]["bandwidth"]] + [
+            linear_traffic(r, device) / max(r["seconds"] - overhead, 1e-12) for r in lin
+            if r["M"] <= 16 and (device != "cuda" or r["bytes"] >= PEAK_MIN_BYTES)]),
         "bf16_flops": max([sq["flops"] / max(sq["seconds"] - overhead, 1e-12)]
                           + [r["flops"] / max(r["seconds"] - overhead, 1e-12) for r in lin]),
     }
@@ -837,11 +867,11 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
     say("attention by Q and C")
     batches = sorted(set(sizes["attn_b"]) | ({dep.batch_size} if device == "cuda" else set()))
     m["attention"] = [r for b in batches for r in measure_attention(device, b, sizes["attn_heads"], sizes["attn_q"],
-                                                                     sizes["attn_c"], dtype, timer)]
+                                                                     sizes["attn_c"], dtype, timer, dep.l2_bytes)]
     for heads, cs in _model_attention(models, sizes):
         say(f"attention by Q and C at {heads[0]}/{heads[1]} heads of {heads[2]}")
         m["attention"] += [r for b in batches for r in measure_attention(device, b, heads, sizes["attn_q"], cs, dtype,
-                                                                          timer)]
+                                                                          timer, dep.l2_bytes)]
     if device == "cuda":
         widths = list(dict.fromkeys([sizes["short_width"]] + [w for ms in models for w in ms.norm_widths]))
         say("short kernels (rms_norm) by rows and width")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from specc.cli import main
 from specc.search.calibrate import Calibration, calibration_for, fit, record_path
@@ -563,3 +564,48 @@ def test_attention_line_through_zero_writes_a_loadable_record():
     record = Calibration(deployment="cpu", device="cpu", kind_efficiency=kinds, linear_flops_by_m=by_m,
                          linear_bandwidth_by_m=bw_by_m, fitted=fields)
     assert Calibration.from_json(json.loads(json.dumps(record.to_json()))).kind_efficiency == kinds
+
+
+def test_small_linears_do_not_raise_the_cuda_hbm_peak():
+    """On CUDA a ~1 us call of a small weight, less the ~1 us graph-node overhead, reads as any
+    rate (the H200 read specc-tiny's 0.5 MB o projection as 6.2 TB/s): only linears of at least
+    PEAK_MIN_BYTES may raise the HBM peak; a large one above the datasheet still does."""
+    from specc.search.calibrate import PEAK_MIN_BYTES, raise_peaks
+
+    dep = BUILTIN["h200-bs1"]
+    small = {"impl": "specc", "K": 512, "N": 512, "M": 1, "bytes": 526336, "flops": 2.0 * 512 * 512,
+             "seconds": 1.1e-6, "model": "specc-tiny"}
+    big = {"impl": "specc", "K": 4096, "N": 151936, "M": 1, "bytes": 1244971776, "flops": 2.0 * 4096 * 151936,
+           "seconds": 1244971776 / 5.0e12}
+    meas = {"copy": {"bandwidth": 2.7e12}, "square": {"flops": 2.0 * 4096 ** 3, "seconds": 1.0},
+            "linear": [small], "linear_impl": "specc"}
+    assert small["bytes"] < PEAK_MIN_BYTES
+    new, raised = raise_peaks(dep, meas, "cuda", 1.0e-6)
+    assert "hbm_bandwidth" not in raised and new.hbm_bandwidth == dep.hbm_bandwidth
+    new, raised = raise_peaks(dep, dict(meas, linear=[small, big]), "cuda", 1.0e-6)
+    assert raised["hbm_bandwidth"] == pytest.approx(big["bytes"] / (big["seconds"] - 1.0e-6), rel=1e-3)
+    # the CPU keeps every row (its shapes are small and its timer has no graph node to subtract)
+    _, raised = raise_peaks(BUILTIN["cpu"], dict(meas, copy={"bandwidth": 1e9}, linear=[small]), "cpu", 0.0)
+    assert "hbm_bandwidth" in raised
+
+
+def test_attention_samples_rotate_copies_and_record_them(monkeypatch):
+    """Each attention sample times its calls over several q / cache copies in one timed call and
+    divides them out (a graph of one call measures the graph's own launch); on CPU one copy."""
+    from specc.search import calibrate as cal
+
+    seen = []
+
+    class FakeTimer:
+        def __call__(self, fn, inner=1):
+            seen.append(inner)
+            fn()
+            return 1e-3
+
+    rows = cal.measure_attention("cpu", 1, (4, 2, 8), [1], [16], torch.float32, FakeTimer(), l2_bytes=1 << 20)
+    assert seen == [1] and rows[0]["copies"] == 1 and rows[0]["heads"] == [4, 2, 8]
+    l2 = 50 << 20
+    assert cal.attention_copies("cuda", 500 << 20, l2) == 2  # a large cache: still one extra copy
+    assert cal.attention_copies("cuda", 30 << 20, l2) == 5  # ceil(100 / 30) + 1
+    assert cal.attention_copies("cuda", 4096, l2) == cal.ATTENTION_MAX_COPIES
+    assert cal.attention_copies("cpu", 4096, l2) == 1

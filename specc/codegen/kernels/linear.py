@@ -1,14 +1,30 @@
 """``y = x @ W^T (+ bias)`` for decode/verify shapes, with an optional fused RMSNorm prologue.
 
-W is ``[N, K]`` row-major (``nn.Linear`` layout), bf16 on the GPU. Two kernels, picked by the
-config of the shape (:func:`get_config`, keyed by (M bucket, N, K)):
+W is ``[N, K]`` row-major (``nn.Linear`` layout), bf16 on the GPU. Two kinds of kernel, picked
+by the config of the shape (:func:`get_config`, keyed by (M bucket, N, K)):
 
-* ``kind="gemv"`` (M = 1; any M works, each row of x streams W once): each program owns
-  ``BLOCK_N`` rows of W and a K range (split-K), FMAs ``[BLOCK_N, BLOCK_K]`` weight tiles with
-  the matching slice of x into an fp32 accumulator of the same shape and reduces it once at the
-  end. Rows past N are clamped for the loads (no masks in the inner loop), weights are loaded
-  ``evict_first`` (streamed once), and with K a multiple of BLOCK_K the loads are unmasked
-  16-byte vectors.
+* ``kind="gemv"``, ``block_m=1`` (M = 1; any M works, each row of x streams W once): each
+  program owns ``BLOCK_N`` rows of W and a K range (split-K), FMAs ``[BLOCK_N, BLOCK_K]``
+  weight tiles with the matching slice of x into an fp32 accumulator of the same shape and
+  reduces it once at the end. Rows past N are clamped for the loads (no masks in the inner
+  loop), weights are loaded ``evict_first`` (streamed once), and with K a multiple of BLOCK_K
+  the loads are unmasked 16-byte vectors.
+* ``kind="gemv"``, ``block_m`` = 2, 4 or 8 (the multi-row GEMV, ``_gemv_rows_kernel``; meant
+  for M = 2 .. 8): the same program, but for ``BLOCK_M`` rows of x at once: every weight tile
+  it loads is FMA'd with the x slices of all its rows into a ``[BLOCK_M, BLOCK_N, BLOCK_K]``
+  fp32 accumulator, so W is read once per row tile instead of once per row (M = 4 on the
+  one-row kernel streams W four times; the tensor-core kernel at M = 4 .. 64 reached only
+  ~0.62-0.70 of the H200's HBM bandwidth on 4096-wide weights where the M = 1 GEMV reaches
+  ~0.86). Each weight element costs ``BLOCK_M`` fp32 FMAs (and the accumulator ``BLOCK_M``
+  times the registers), so beyond 8 rows the FMA pipes, not HBM, bound it (the config refuses
+  ``block_m > 8``). Rows past M are clamped for the loads and never stored; each row keeps
+  the one-row kernel's accumulator, summation order and roundings (bit-identical under the
+  interpreter, tests/codegen/kernels/test_linear.py; on the GPU the final K reduction follows
+  the register layout Triton picks, so bits may differ). ``num_stages >= 2`` issues the next
+  weight tile's loads before the current tile's FMAs. First H200 sweep (examples/sweep_linear.py
+  --gemv-rows, Qwen3-8B shapes, one run): at M = 2 a 2-row tile (block_n 2, block_k 1024)
+  beat the dot kernel by 3-5% on qkv / o / down and lost 9% on gate_up; at M = 4 and 8 it is
+  bound by the FMA work (~2.2-2.5 and ~1.3-1.4 TB/s) and the dot kernel wins by 1.4-2.9x.
 * ``kind="dot"`` (M = 2 .. 64 and beyond): tensor-core tiles through ``tl.dot`` with fp32
   accumulation, ``BLOCK_M >= 16`` (rows past M are clamped and never stored). Each row tile
   reads the whole weight (:func:`weight_passes`): a row count just past a tile (17, 33, 65 rows)
@@ -29,13 +45,13 @@ one device concurrently on different streams).
 Fused RMSNorm prologue (``norm_weight`` given): ``y = rms_norm(x, g, eps) @ W^T`` exactly as
 ``specc.models.ops.rms_norm`` then ``ops.linear``: each row's fp32 inverse RMS
 (``rsqrt(mean(x^2) + eps)``, over the whole row, which no K-split program sees) is computed by
-every GEMV program from the whole row (an L2-resident re-read; it saves a launch per norm, ~2 us
-on the H200), or by a tiny pre-kernel (``rstd_in_kernel=False``, and always for the dot
-kernel's prologue); both run one code path (``_rstd_of_row``). The main kernel then scales x
-tiles as they are loaded, rounding where the reference
-rounds: ``n = (x * rstd) -> x.dtype``, ``h = (g * n) -> promote(g.dtype, x.dtype)``. The output
-dtype is that of h (x.dtype when g and x share a dtype). The prologue is the default of the gemv
-kernel only; for the dot kernel the launcher normalises the rows with the rms_norm kernel and
+every GEMV program from the whole row (the multi-row GEMV's: of each of its rows; an L2-resident
+re-read; it saves a launch per norm, ~2 us on the H200), or by a tiny pre-kernel
+(``rstd_in_kernel=False``, and always for the dot kernel's prologue); both run one code path
+(``_rstd_of_row``). The main kernel then scales x tiles as they are loaded, rounding where the
+reference rounds: ``n = (x * rstd) -> x.dtype``, ``h = (g * n) -> promote(g.dtype, x.dtype)``.
+The output dtype is that of h (x.dtype when g and x share a dtype). The prologue is the default
+of the gemv kernels only; for the dot kernel the launcher normalises the rows with the rms_norm kernel and
 runs the plain GEMM (same roundings, same two launches; measured faster on the H200), unless
 ``LinearConfig.norm_prologue=True``.
 
@@ -101,6 +117,10 @@ M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # (B = 1, Q = 16) took 1.6% less time and the B = 16 AR step 0.8% more (without it on this kernel,
 # +1.6%); at 256 rows (B = 16, Q = 16) the step took 5.8% more with it and 1.2% more without.
 PDL_DOT_MAX_ROWS = 64
+# The multi-row GEMV's widest row tile (LinearConfig.block_m of kind="gemv"): each weight element
+# costs block_m fp32 FMAs, and at 16 rows the H200's FMA rate (~33 TFMA/s) falls below what its
+# HBM streams (~2.4 G bf16 weights/us x 16).
+GEMV_MAX_ROWS = 8
 
 
 # ------------------------------------------------------------------------------------------
@@ -261,6 +281,122 @@ def _gemv_kernel(
 
 
 @triton.jit
+def _gemv_rows_tile(acc, w, k0, k_hi, x_rows, g_ptr, rstd, zmid,
+                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_NORM: tl.constexpr, X_3D: tl.constexpr,
+                    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr):
+    """acc[BLOCK_M, BLOCK_N, BLOCK_K] += the weight tile ``w`` [BLOCK_N, BLOCK_K] (columns
+    ``k0 .. k0 + BLOCK_K``) times the matching x of every row of the tile: per row exactly
+    :func:`_gemv_tile`'s products and sums."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    if X_3D:  # [BLOCK_M, BLOCK_N, BLOCK_K]: a broadcast over the weight rows, in acc's layout
+        kk = tl.max_contiguous(zmid + offs_k[None, None, :], [1, 1, BLOCK_K])
+        xp = x_rows[:, None, None] + kk
+        gk = kk
+    else:  # [BLOCK_M, BLOCK_K]
+        kk = offs_k[None, :]
+        xp = x_rows[:, None] + kk
+        gk = offs_k
+    if EVEN_K:
+        xv = tl.load(xp).to(tl.float32)
+        if HAS_NORM:
+            gv = tl.load(g_ptr + gk).to(tl.float32)
+    else:
+        xv = tl.load(xp, mask=kk < k_hi, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            gv = tl.load(g_ptr + gk, mask=gk < k_hi, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        if X_3D:
+            xv = _prologue(xv, rstd[:, None, None], gv, X_DTYPE, H_DTYPE)
+        else:
+            xv = _prologue(xv, rstd[:, None], gv[None, :], X_DTYPE, H_DTYPE)
+    if X_3D:
+        acc += w.to(tl.float32)[None, :, :] * xv
+    else:
+        acc += w.to(tl.float32)[None, :, :] * xv[:, None, :]
+    return acc
+
+
+@triton.jit
+def _gemv_weights_if(w_base, k0, k_hi, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """:func:`_gemv_weights` at column k0 where k0 < k_hi, else nothing loaded (zeros): the
+    prefetch of a next tile that may not exist. With EVEN_K the predicate is one scalar, so the
+    loads stay unmasked-width 16-byte vectors."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    if EVEN_K:
+        offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
+        pred = (tl.zeros((1, BLOCK_K), dtype=tl.int32) + k0) < k_hi  # one value along K
+        return tl.load(w_base + offs_k[None, :], mask=pred, other=0.0, eviction_policy="evict_first")
+    else:
+        return tl.load(w_base + offs_k[None, :], mask=(offs_k < k_hi)[None, :], other=0.0,
+                       eviction_policy="evict_first")
+
+
+@triton.jit
+def _gemv_rows_kernel(
+    x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr,
+    M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
+    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, X_3D: tl.constexpr, RSTD_BLOCK: tl.constexpr,
+    PREFETCH: tl.constexpr, PDL: tl.constexpr = 0,
+):
+    """The multi-row GEMV: :func:`_gemv_kernel` for the BLOCK_M rows ``pid_m * BLOCK_M ..`` of x
+    at once, so each weight tile loaded serves every row of the tile (the weight is read once
+    per row tile instead of once per row). Rows past M are clamped for the loads and never
+    stored; each row's accumulator, summation order and roundings are the one-row kernel's."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    zmid = tl.zeros((1, BLOCK_N, 1), dtype=tl.int32)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_m = tl.minimum(offs_m, M - 1)  # clamped: loads need no row mask
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(offs_n, N - 1)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
+    w_base = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + rows_m.to(tl.int64) * stride_xm
+    if PDL >= 2:  # the first weight tile is in flight while the previous kernel finishes
+        w_first = _gemv_weights(w_base, k_lo, k_hi, BLOCK_K, EVEN_K)
+    pdl_wait(PDL)
+    if HAS_NORM:
+        if RSTD_BLOCK > 0:  # each row's statistics from the whole row (L2 hits), as the GEMV
+            rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for i in tl.static_range(BLOCK_M):
+                row = tl.minimum(pid_m * BLOCK_M + i, M - 1)
+                r_i = _rstd_of_row(x_ptr + row.to(tl.int64) * stride_xm, K, eps, RSTD_BLOCK)
+                rstd = tl.where(tl.arange(0, BLOCK_M) == i, r_i, rstd)
+        else:
+            rstd = tl.load(rstd_ptr + rows_m)
+    else:
+        rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if PREFETCH:  # the next weight tile's loads are issued before this tile's FMAs
+        if PDL >= 2:
+            w = w_first
+        else:
+            w = _gemv_weights(w_base, k_lo, k_hi, BLOCK_K, EVEN_K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            w_next = _gemv_weights_if(w_base, k0 + BLOCK_K, k_hi, BLOCK_K, EVEN_K)
+            acc = _gemv_rows_tile(acc, w, k0, k_hi, x_rows, g_ptr, rstd, zmid, BLOCK_K, EVEN_K,
+                                  HAS_NORM, X_3D, X_DTYPE, H_DTYPE)
+            w = w_next
+    else:
+        k_start = k_lo
+        if PDL >= 2:  # (every program has at least one tile)
+            acc = _gemv_rows_tile(acc, w_first, k_lo, k_hi, x_rows, g_ptr, rstd, zmid, BLOCK_K, EVEN_K,
+                                  HAS_NORM, X_3D, X_DTYPE, H_DTYPE)
+            k_start = k_lo + BLOCK_K
+        for k0 in range(k_start, k_hi, BLOCK_K):
+            w = _gemv_weights(w_base, k0, k_hi, BLOCK_K, EVEN_K)
+            acc = _gemv_rows_tile(acc, w, k0, k_hi, x_rows, g_ptr, rstd, zmid, BLOCK_K, EVEN_K,
+                                  HAS_NORM, X_3D, X_DTYPE, H_DTYPE)
+    out = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
+    _epilogue(out, offs_m, offs_n, M, N, pid_m, pid_n, pid_k, y_ptr, stride_ym, b_ptr, ws_ptr,
+              cnt_ptr, r_ptr, HAS_BIAS, USE_SPLIT, HAS_RES)
+
+
+@triton.jit
 def _gemm_kernel(
     x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr, x_desc, w_desc,
     M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
@@ -339,13 +475,18 @@ def _gemm_kernel(
 class LinearConfig:
     """Launch parameters of one shape.
 
-    kind: "gemv" (FMA streaming, one program row per row of x; meant for M = 1) or "dot"
-    (tensor cores, needs block_m, block_n, block_k >= 16). split_k: number of K splits, 0 =
+    kind: "gemv" (FMA streaming; meant for M <= 8) or "dot" (tensor cores, needs block_m,
+    block_n, block_k >= 16). block_m: rows of x per program, the row tile; None (the default)
+    means the kind's default: 1 for gemv (one program row per row of x, the M = 1 kernel), 16
+    for dot. A gemv with block_m = 2, 4 or 8 runs the multi-row GEMV (``_gemv_rows_kernel``:
+    the weight read once per row tile, block_m FMAs per weight element; at most 8, beyond
+    that the FMA pipes, not HBM, bound it: use kind="dot"). split_k: number of K splits, 0 =
     automatic (gemv: ~4 programs per SM; dot: ~1 program per SM, none from SMs/2 tiles up).
-    x_2d (gemv): load x as a 2-D broadcast tile; norm_prologue: see :func:`linear`."""
+    x_2d (gemv): load x as a broadcast tile in the accumulator's layout; norm_prologue: see
+    :func:`linear`."""
 
     kind: str = "gemv"
-    block_m: int = 16
+    block_m: int | None = None  # None: the kind's default (gemv 1, dot 16); always an int after init
     block_n: int = 16
     block_k: int = 256
     split_k: int = 0
@@ -360,12 +501,19 @@ class LinearConfig:
     def __post_init__(self):
         if self.kind not in ("gemv", "dot"):
             raise ValueError(f"LinearConfig.kind must be 'gemv' or 'dot', got {self.kind!r}")
+        if self.block_m is None:
+            object.__setattr__(self, "block_m", 1 if self.kind == "gemv" else 16)
         for name in ("block_m", "block_n", "block_k", "num_warps"):
             v = getattr(self, name)
             if v < 1 or v & (v - 1):
                 raise ValueError(f"LinearConfig.{name} must be a power of two, got {v}")
         if self.kind == "dot" and min(self.block_m, self.block_n, self.block_k) < 16:
             raise ValueError("LinearConfig(kind='dot') needs block_m, block_n, block_k >= 16")
+        if self.kind == "gemv" and self.block_m > GEMV_MAX_ROWS:
+            # (before the multi-row GEMV a gemv config's block_m was ignored, and recorded
+            # configs carry the old default 16: refuse rather than run 16-row tiles)
+            raise ValueError(f"LinearConfig(kind='gemv') takes block_m 1 .. {GEMV_MAX_ROWS} (rows "
+                             f"per program; more rows are kind='dot' work), got {self.block_m}")
         if self.tma and self.kind != "dot":
             raise ValueError("LinearConfig.tma applies to kind='dot' only")
         if self.split_k < 0 or self.num_stages < 1:
@@ -382,12 +530,13 @@ def m_bucket(m: int) -> int:
 
 def weight_passes(m: int, n: int, k: int, config: LinearConfig | None = None) -> int:
     """How many times a linear of ``m`` rows reads its ``[n, k]`` weight from memory: one pass
-    per row tile of the config (``get_config`` unless given; the GEMV's tile is one row), since
+    per row tile of the config (``get_config`` unless given; ``block_m`` rows, for the GEMV too:
+    one row at block_m = 1, the multi-row GEMV's block_m rows otherwise), since
     the grid finishes every weight tile of one row tile before starting the next. A step whose
     row count crosses a bucket edge into a multi-tile config pays this factor on its weight
     traffic."""
     cfg = config if config is not None else get_config(m, n, k)
-    return m if cfg.kind == "gemv" else -(-m // cfg.block_m)
+    return -(-m // cfg.block_m)
 
 
 def _heuristic(mb: int, n: int, k: int) -> LinearConfig:
@@ -446,6 +595,13 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
     for (mb, n, k), c in list(t.items()):
         if mb in (4, 16):
             t[(mb // 2, n, k)] = c
+    # M = 2: the multi-row GEMV (2-row tile) beat the dot kernel on qkv / o / down in the H200
+    # sweep of 2026-12-05 (examples/sweep_linear.py --gemv-rows --dot small; docs/benchmarks/
+    # linear-sweep-rows-h200.json): 15.1 / 10.7 / 26.9 us against the shipped 16.0 / 11.2 / 27.5;
+    # gate_up keeps the dot kernel (49.1 against 53.3)
+    rows2 = LinearConfig("gemv", block_m=2, block_n=2, block_k=1024, split_k=0, num_warps=4, num_stages=1)
+    for shape in (qkv, o, down):
+        t[(2, *shape)] = rows2
     # M = 17 .. 32 (a 31-node draft tree and its root, 2 x 16 tokens): the M = 16 winners widened
     # to one 32-row tile beat the heuristic's at 32 rows on the H200 (per Qwen3-8B step's linears
     # without the LM head: qkv 22.4 / o 16.1 / gate_up 55.6 / down 35.1 us against 25.9 / 16.2 /
@@ -477,7 +633,7 @@ def _split_plan(cfg: LinearConfig, m: int, n: int, k: int, device: torch.device)
     if split == 0 and batch_invariant_enabled():  # the automatic count follows M's tiles
         split = 1
     if split == 0 and cfg.kind == "gemv":  # ~4 programs per SM
-        tiles = triton.cdiv(n, cfg.block_n) * m
+        tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m)
         split = max(1, min(triton.cdiv(4 * num_sms(device), tiles), chunks // 2))
     elif split == 0:
         # dot: a deep cp.async pipeline per program streams at nearly an SM's share of the
@@ -577,9 +733,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     even_k = k % cfg.block_k == 0
     if split > 1:
         ws = WORKSPACES.get("linear.ws", x.device, split * m * n, torch.float32)
-        bm = 1 if cfg.kind == "gemv" else cfg.block_m
         cnt = WORKSPACES.get("linear.cnt", x.device, triton.cdiv(n, cfg.block_n)
-                             * triton.cdiv(m, bm), torch.int32)
+                             * triton.cdiv(m, cfg.block_m), torch.int32)
     else:
         ws, cnt = y, y  # unused
     has_norm = norm_weight is not None
@@ -609,13 +764,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     common = dict(USE_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_NORM=has_norm, HAS_RES=residual is not None,
                   X_DTYPE=x_tl, H_DTYPE=h_tl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                   PDL=pdl, **pdl_launch(pdl))
-    if cfg.kind == "gemv":
+    if cfg.kind == "gemv" and cfg.block_m == 1:
         grid = (triton.cdiv(n, cfg.block_n), split, m)
         _gemv_kernel[grid](
             x2, weight, y, b, g, rstd, ws, cnt, r, m, n, k, k_per, x2.stride(0), weight.stride(0),
             y.stride(0), float(eps), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=even_k,
             X_2D=(not has_norm) if cfg.x_2d is None else bool(cfg.x_2d),
             RSTD_BLOCK=_rstd_block(k) if rstd_in_kernel else 0, **common)
+    elif cfg.kind == "gemv":
+        grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
+        _gemv_rows_kernel[grid](
+            x2, weight, y, b, g, rstd, ws, cnt, r, m, n, k, k_per, x2.stride(0), weight.stride(0),
+            y.stride(0), float(eps), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            EVEN_K=even_k, X_3D=(not has_norm) if cfg.x_2d is None else bool(cfg.x_2d),
+            RSTD_BLOCK=_rstd_block(k) if rstd_in_kernel else 0, PREFETCH=cfg.num_stages >= 2, **common)
     else:
         dot_f32 = INTERPRETED or weight.dtype == torch.float32 or out_dtype != weight.dtype
         grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))

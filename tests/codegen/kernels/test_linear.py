@@ -10,13 +10,16 @@ from specc.models import ops
 
 GEMV = L.LinearConfig("gemv", block_n=8, block_k=32, split_k=1)
 GEMV_SPLIT = L.LinearConfig("gemv", block_n=16, block_k=16, split_k=3)
+GEMV_ROWS = L.LinearConfig("gemv", block_m=4, block_n=8, block_k=32, split_k=1)
+GEMV_ROWS_SPLIT = L.LinearConfig("gemv", block_m=2, block_n=16, block_k=16, split_k=3)
 DOT_SWAP = L.LinearConfig("dot", block_m=16, block_n=16, block_k=32, split_k=1, swap_ab=True)
 DOT_SPLIT = L.LinearConfig("dot", block_m=16, block_n=32, block_k=16, split_k=2, swap_ab=False)
 DOT_PROLOGUE = L.LinearConfig("dot", block_m=16, block_n=16, block_k=32, split_k=2,
                               norm_prologue=True)
 DOT_TMA = L.LinearConfig("dot", block_m=16, block_n=16, block_k=32, split_k=2, tma=True)
 DOT_TMA_PROLOGUE = DOT_TMA.replace(norm_prologue=True, swap_ab=False)
-CONFIGS = {"gemv": GEMV, "gemv_split": GEMV_SPLIT, "dot_swap": DOT_SWAP, "dot_split": DOT_SPLIT,
+CONFIGS = {"gemv": GEMV, "gemv_split": GEMV_SPLIT, "gemv_rows": GEMV_ROWS, "gemv_rows_split": GEMV_ROWS_SPLIT,
+           "dot_swap": DOT_SWAP, "dot_split": DOT_SPLIT,
            "dot_prologue": DOT_PROLOGUE, "dot_tma": DOT_TMA, "dot_tma_prologue": DOT_TMA_PROLOGUE,
            "auto": None}
 
@@ -26,7 +29,7 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "dot_swap", "dot_split", "dot_tma", "auto"])
+@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "gemv_rows", "dot_swap", "dot_split", "dot_tma", "auto"])
 @pytest.mark.parametrize("m,n,k", [(1, 37, 96), (3, 21, 100), (18, 33, 64)])
 def test_linear_fp32(dev, cfg, m, n, k):
     torch.manual_seed(m * 1000 + n + k)
@@ -39,14 +42,14 @@ def test_linear_fp32(dev, cfg, m, n, k):
     assert _rel(y, ref) < 2e-6
 
 
-@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "dot_swap", "dot_split", "dot_prologue",
+@pytest.mark.parametrize("cfg", ["gemv", "gemv_split", "gemv_rows_split", "dot_swap", "dot_split", "dot_prologue",
                                  "dot_tma_prologue"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_linear_residual_epilogue_equals_separate_add(dev, cfg, dtype):
     """residual + linear(x) in one kernel is bit-identical to the same kernel then a torch add
     (the product is rounded, then the sum), with and without the norm prologue."""
     torch.manual_seed(2)
-    m, n, k = (1 if cfg.startswith("gemv") else 6), 40, 96
+    m, n, k = (1 if cfg in ("gemv", "gemv_split") else 6), 40, 96
     x = torch.randn(m, k, device=dev).to(dtype)
     w = (torch.randn(n, k, device=dev) * 0.1).to(dtype)
     r = torch.randn(m, n, device=dev).to(dtype)
@@ -135,6 +138,94 @@ def test_gemv_rstd_in_kernel_equals_pre_kernel(dev, split, dtype):
         2e-6 if dtype == torch.float32 else 1e-2)
 
 
+# (M, BLOCK_M): every row count of the multi-row GEMV's range against every row tile: one
+# partial tile (3 / 4, 5 / 8), several tiles with a partial last one (3 / 2, 5 / 2, 5 / 4)
+ROWS_TILES = [(m, bm) for m in (2, 3, 5, 8) for bm in (2, 4, 8)]
+
+
+def _same_rows(dev, a, b, tol):
+    """The multi-row GEMV's rows against the one-row GEMV's: the same bits under the interpreter
+    (same products, same per-row K order); on the GPU the K reduction's order follows the
+    register layout Triton picks for each kernel's accumulator, so only values are compared."""
+    if dev == "cpu":
+        assert torch.equal(a, b)
+    else:
+        assert _rel(a, b) < tol
+
+
+@pytest.mark.parametrize("m,bm", ROWS_TILES)
+def test_gemv_rows_equal_one_row_gemv(dev, m, bm):
+    """The multi-row GEMV (block_m > 1) computes each row with the one-row GEMV's accumulator,
+    summation order and roundings: the same bits as block_m = 1 at the same block_n, block_k
+    and split (N and K not multiples of the tiles, bias; split-K on every other case, the
+    prefetch of the next weight tile (num_stages 2) at block_m 2 and 8), and the reference's
+    values."""
+    torch.manual_seed(10 * m + bm)
+    n, k = 21, 100
+    x = torch.randn(m, k, device=dev)
+    w = torch.randn(n, k, device=dev) * 0.1
+    b = torch.randn(n, device=dev)
+    one = L.LinearConfig("gemv", block_m=1, block_n=8, block_k=32, split_k=3 if (m + bm) % 2 else 1)
+    rows = one.replace(block_m=bm, num_stages=1 if bm == 4 else 2)
+    y = L.linear(x, w, b, config=rows)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    _same_rows(dev, y, L.linear(x, w, b, config=one), 2e-6)
+    assert _rel(y, L.linear_reference(x.double(), w.double(), b.double())) < 2e-6
+
+
+@pytest.mark.parametrize("rstd_in_kernel", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("m,bm,split,stages", [(3, 2, 1, 1), (5, 4, 2, 2)])
+def test_gemv_rows_norm_prologue_and_residual(dev, m, bm, split, stages, dtype, rstd_in_kernel):
+    """The fused RMSNorm prologue on the multi-row GEMV (each row its own statistics, computed in
+    the kernel or by the pre-kernel) with bias and the residual epilogue: the one-row GEMV's
+    bits, and rms_norm then the plain kernel / the reference."""
+    torch.manual_seed(7 * m + split)
+    n, k = 19, 80
+    x = (torch.randn(m, k, device=dev) * 3).to(dtype)
+    w = (torch.randn(n, k, device=dev) * 0.1).to(dtype)
+    b = torch.randn(n, device=dev).to(dtype)
+    g = (1 + 0.1 * torch.randn(k, device=dev)).to(dtype)
+    r = torch.randn(m, n, device=dev).to(dtype)
+    one = L.LinearConfig("gemv", block_n=8, block_k=32, split_k=split, rstd_in_kernel=rstd_in_kernel)
+    rows = one.replace(block_m=bm, num_stages=stages)
+    y = L.linear(x, w, b, g, 1e-6, config=rows, residual=r)
+    assert y.dtype == dtype
+    _same_rows(dev, y, L.linear(x, w, b, g, 1e-6, config=one, residual=r), 2e-6 if dtype == torch.float32 else 2e-3)
+    assert torch.equal(y, r + L.linear(x, w, b, g, 1e-6, config=rows))
+    y = L.linear(x, w, b, g, 1e-6, config=rows)
+    if dtype == torch.float32:
+        ref = L.linear_reference(x.double(), w.double(), b.double(), g.double(), 1e-6)
+        assert _rel(y, ref) < 2e-6
+    else:  # rstd may differ from torch's in the last fp32 bit: a rare one-ulp flip of h
+        assert _rel(y, L.linear(ops.rms_norm(x, g, 1e-6), w, b, config=rows)) < 2e-3
+
+
+def test_gemv_rows_x_layouts_and_lead_dims(dev):
+    """x as the accumulator-shaped broadcast (x_2d, the default without a norm) or as a
+    [BLOCK_M, BLOCK_K] tile gives the one-row GEMV's bits (interpreter), also for x with leading
+    dims and a row stride."""
+    torch.manual_seed(8)
+    x = torch.randn(2, 3, 72, device=dev)[..., :64]  # rows 72 apart
+    w = torch.randn(24, 64, device=dev) * 0.1
+    y = L.linear(x, w, config=GEMV_ROWS)
+    assert y.shape == (2, 3, 24)
+    _same_rows(dev, y, L.linear(x, w, config=GEMV_ROWS.replace(x_2d=False)), 2e-6)
+    _same_rows(dev, y, L.linear(x, w, config=GEMV_ROWS.replace(block_m=1)), 2e-6)
+
+
+def test_gemv_rows_split_plan_counts_row_tiles(dev):
+    """Automatic split-K of the multi-row GEMV counts row tiles, not rows (block_m = 1: the
+    rows, as before)."""
+    one = L.LinearConfig("gemv", block_n=16, block_k=64, split_k=0)
+    cpu = torch.device("cpu")
+    n, k = 4096, 4096
+    for m in (1, 4, 8):
+        assert L._split_plan(one.replace(block_m=4), m, n, k, cpu) == L._split_plan(
+            one, -(-m // 4), n, k, cpu)
+    assert L._split_plan(one.replace(block_m=8), 5, n, k, cpu) == L._split_plan(one, 1, n, k, cpu)
+
+
 def test_linear_bf16_weight_fp32_activations(dev):
     torch.manual_seed(3)
     x = torch.randn(3, 48, device=dev)
@@ -177,6 +268,13 @@ def test_errors(dev):
         L.LinearConfig("gemv", block_n=12)
     with pytest.raises(ValueError, match=">= 16"):
         L.LinearConfig("dot", block_m=8)
+    with pytest.raises(ValueError, match="power of two"):
+        L.LinearConfig("gemv", block_m=3)
+    with pytest.raises(ValueError, match="block_m 1 .. 8"):  # the old default, recorded in JSON
+        L.LinearConfig("gemv", block_m=16)
+    # block_m left out: the kind's default (the one-row GEMV; the 16-row tensor-core tile)
+    assert L.LinearConfig("gemv").block_m == 1 and L.LinearConfig("dot").block_m == 16
+    assert L.LinearConfig(**{"kind": "gemv", "block_n": 8}).block_m == 1
 
 
 def test_dot_norm_without_prologue_equals_rms_norm_then_linear(dev, monkeypatch):
@@ -195,9 +293,12 @@ def test_config_table():
                                                                           64, 128, 256]
     assert L.get_config(1, 4096, 4096).kind == "gemv"
     assert L.get_config(16, 4096, 4096).kind == "dot"
-    # measured table entries (Qwen3-8B), buckets 2 and 8 share the M = 4 / 16 winners
+    # measured table entries (Qwen3-8B), buckets 2 and 8 share the M = 4 / 16 winners except
+    # where the multi-row GEMV won at M = 2 (qkv, o, down; gate_up keeps the dot kernel)
     assert (1, 151936, 4096) in L.DEFAULT_CONFIGS and (64, 4096, 12288) in L.DEFAULT_CONFIGS
-    assert L.get_config(2, 4096, 4096) == L.get_config(4, 4096, 4096)
+    assert L.get_config(2, 24576, 4096) == L.get_config(4, 24576, 4096)
+    two = L.get_config(2, 4096, 4096)
+    assert (two.kind, two.block_m) == ("gemv", 2) and L.weight_passes(2, 4096, 4096) == 1
     assert L.get_config(7, 6144, 4096) == L.get_config(16, 6144, 4096)
     h = L.get_config(1, 1000, 2048)
     assert (h.kind, h.block_n, h.block_k) == ("gemv", 4, 1024)
@@ -214,13 +315,17 @@ def test_config_table():
 
 def test_weight_passes_count_row_tiles():
     """One weight pass per row tile: the default configs cover up to 64 rows in one tile and
-    65..128 rows in two 64-row tiles (one 128-row tile measured slower on the H200); the GEMV
-    streams the weight once per row."""
+    65..128 rows in two 64-row tiles (one 128-row tile measured slower on the H200); the one-row
+    GEMV streams the weight once per row, the multi-row GEMV once per block_m rows."""
     for m in (2, 16, 17, 32, 33, 64):
         assert L.weight_passes(m, 6144, 4096) == 1, (m, L.get_config(m, 6144, 4096))
     assert L.weight_passes(65, 4096, 4096) == L.weight_passes(128, 4096, 4096) == 2
     assert L.weight_passes(129, 4096, 4096) == 3
     assert L.weight_passes(3, 4096, 4096, config=GEMV) == 3
+    # the multi-row GEMV: once per block_m rows
+    for m, bm, passes in [(1, 2, 1), (2, 2, 1), (3, 2, 2), (4, 4, 1), (5, 4, 2), (8, 4, 2), (5, 8, 1),
+                          (8, 8, 1), (8, 2, 4), (9, 8, 2)]:
+        assert L.weight_passes(m, 4096, 4096, config=GEMV.replace(block_m=bm)) == passes, (m, bm)
     one = L.LinearConfig("dot", block_m=128, block_n=64, block_k=64, swap_ab=True)
     assert L.weight_passes(65, 4096, 4096, config=one) == 1
 
