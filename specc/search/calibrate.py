@@ -445,8 +445,8 @@ def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Time
     kernel over rotating copies of q and the cache (enough to exceed 2 x ``l2_bytes``, 2 to
     :data:`ATTENTION_MAX_COPIES`), as the linears do: a graph of a single call adds the graph
     launch and event latency (~13 us on the H200) to every sample, which the fit then priced as
-    a fixed latency of every attention node in a step (4 x 13 us of specc-tiny's 132 us AR
-    step), and a single small cache would be served from L2."""
+    a fixed latency of every attention node in a step (8 x 13 us of the 217 us predicted for
+    specc-tiny's 132 us AR step), and a single small cache would be served from L2."""
     import torch
 
     hq, hkv, d = heads
