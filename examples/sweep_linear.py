@@ -66,9 +66,6 @@ def small_dot_candidates(m: int) -> list[L.LinearConfig]:
                                                                  (False, True))]
 
 
-GEMV_ROWS_MAX_M = 8
-
-
 def gemv_rows_candidates(m: int, k: int | None = None, stages=(1,)) -> list[L.LinearConfig]:
     """Multi-row GEMV configs for M rows (M = 2 .. 8; none otherwise): block_m = the M bucket (one
     row tile) and, from 4 rows, half of it (two row tiles); block_n x block_k x num_warps where
@@ -79,7 +76,7 @@ def gemv_rows_candidates(m: int, k: int | None = None, stages=(1,)) -> list[L.Li
     means 1: no prefetch, >= 2: the next weight tile's loads issued before this tile's FMAs
     (Triton's own pipeliner leaves this kernel alone: it has no tl.dot). ``k``: keep block_k
     dividing K (unmasked 16-byte loads)."""
-    if not 2 <= m <= GEMV_ROWS_MAX_M:
+    if not 2 <= m <= L.GEMV_MAX_ROWS:
         return []
     mb = L.m_bucket(m)
     out = []

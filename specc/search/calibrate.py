@@ -410,8 +410,7 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     itemsize = torch.empty((), dtype=dtype).element_size()
     for k, n in shapes:
         wbytes = k * n * itemsize
-        needed = math.ceil(2 * l2_bytes / wbytes) + 1
-        copies = max(1, needed)
+        copies = copies_past_cache(wbytes, l2_bytes)
         weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
         if pack is not None:
             weights = [pack(w) for w in weights]
@@ -431,12 +430,18 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     return out
 
 
+def copies_past_cache(nbytes: int, cache_bytes: int) -> int:
+    """Copies of an operand of ``nbytes`` that a timed loop rotates over so that together they
+    exceed twice ``cache_bytes`` (each call then streams its operand from memory)."""
+    return math.ceil(2 * cache_bytes / max(nbytes, 1)) + 1
+
+
 def attention_copies(device: str, nbytes: int, l2_bytes: int | None) -> int:
-    """Copies of an attention sample's q and cache in one timed graph: enough to exceed twice the
-    L2 (2 at least, :data:`ATTENTION_MAX_COPIES` at most) on CUDA; one on CPU."""
+    """Copies of an attention sample's q and cache in one timed graph: :func:`copies_past_cache`
+    of the L2 (2 at least, :data:`ATTENTION_MAX_COPIES` at most) on CUDA; one on CPU."""
     if device != "cuda":
         return 1
-    return max(2, min(ATTENTION_MAX_COPIES, math.ceil(2 * (l2_bytes or 0) / max(nbytes, 1)) + 1))
+    return max(2, min(ATTENTION_MAX_COPIES, copies_past_cache(nbytes, l2_bytes or 0)))
 
 
 def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Timer,
@@ -450,11 +455,11 @@ def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Time
     import torch
 
     hq, hkv, d = heads
+    item = torch.empty((), dtype=dtype).element_size()
     out = []
     for c in cs:
         for q in qs:
             s = c + q
-            item = torch.empty((), dtype=dtype).element_size()
             nbytes = 2 * batch * hkv * s * d * item + 2 * batch * q * hq * d * item
             copies = attention_copies(device, nbytes, l2_bytes)
             sets = []
@@ -485,7 +490,7 @@ def measure_attention(device: str, batch: int, heads, qs, cs, dtype, timer: Time
             flops = 4.0 * batch * hq * q * s * d
             out.append({"impl": impl, "B": batch, "Q": q, "C": c, "seconds": t, "bytes": nbytes, "flops": flops,
                         "heads": [hq, hkv, d], "copies": copies})
-            sets = []
+            sets = []  # freed before the next sample's copies
     return out
 
 

@@ -589,7 +589,7 @@ def test_small_linears_do_not_raise_the_cuda_hbm_peak():
     assert "hbm_bandwidth" in raised
 
 
-def test_attention_samples_rotate_copies_and_record_them(monkeypatch):
+def test_attention_samples_rotate_copies_and_record_them():
     """Each attention sample times its calls over several q / cache copies in one timed call and
     divides them out (a graph of one call measures the graph's own launch); on CPU one copy."""
     from specc.search import calibrate as cal

@@ -326,9 +326,8 @@ def _gemv_weights_if(w_base, k0, k_hi, BLOCK_K: tl.constexpr, EVEN_K: tl.constex
         offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
         pred = (tl.zeros((1, BLOCK_K), dtype=tl.int32) + k0) < k_hi  # one value along K
         return tl.load(w_base + offs_k[None, :], mask=pred, other=0.0, eviction_policy="evict_first")
-    else:
-        return tl.load(w_base + offs_k[None, :], mask=(offs_k < k_hi)[None, :], other=0.0,
-                       eviction_policy="evict_first")
+    else:  # (its column mask already loads nothing past k_hi)
+        return _gemv_weights(w_base, k0, k_hi, BLOCK_K, EVEN_K)
 
 
 @triton.jit
