@@ -209,7 +209,7 @@ class BatchScheduler:
         budgets = [0 if r is None else r.max_new_tokens - len(r.tokens) for r in self._slots]
         k, ks = self._choose_drafts(running)
         self.last_num_draft, self.last_row_drafts = k, ks
-        if self.draft_length is None and getattr(self.loop, "draft_ahead", False):  # the next call is known
+        if self.draft_length is None and getattr(self.loop, "runs_ahead", False):  # the next call is known
             host, nodes = self.loop.speculate(budgets, None, ahead=True)
         else:
             host, nodes = self.loop.speculate(budgets, k if ks is None else ks)

@@ -62,6 +62,12 @@ one the next step would make (the same call on the same state, only earlier); th
 takes it, and refuses one that does not match its committed length and k. A request that ends
 instead releases its slot, which drops the draft (one wasted draft on the GPU at an EOS).
 
+Whole-step graphs (``step_graphs``, opt-in until timed on a GPU; batch 1, greedy chains in one
+level): the step's draft, verify, acceptance and commit as one CUDA graph per drafting shape,
+over buffers at fixed addresses, launched ahead of the scheduler's bookkeeping when it promises to
+step again (``specc.runtime.step_graphs``). The same calls as the unfused step, so the same tokens;
+steps it does not apply to run unfused.
+
 Same algorithm and statistics as the eager reference loop (``specc.runtime.eager``), which is a
 separate implementation of the same surface, not a base class of this one.
 """
@@ -170,6 +176,10 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     _caps: tuple | None = None  # (per-row caps, their device copy) of the last step
     draft_ahead = False  # batch 1: launch the next step's draft before returning (module doc)
     _ahead: tuple | None = None  # ((committed tokens, k), drafts) made ahead for the next step
+    step_graphs = False  # batch 1: each greedy chain step as one CUDA graph (``specc.runtime.step_graphs``)
+    step_graph_capture = None  # how those graphs are made (None: CUDA graphs; the CPU tests pass a stand-in)
+    _step_graphs = None  # the ``StepGraphs`` of the current seq buffer and state
+    _ahead_step: tuple | None = None  # (committed tokens, graph key) of a whole step launched ahead
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
                  cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,
@@ -213,11 +223,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     @verifier.setter
     def verifier(self, verifier: Verifier) -> None:
         self._verifier, self._chain_graph = verifier, None
+        self._step_graphs, self._ahead_step = None, None  # their graphs hold the old verifier
 
     def resize(self, max_len: int, batch: int | None = None) -> None:
         """(Re)allocate the decoding state for ``batch`` rows of up to ``max_len`` tokens."""
         self._tree_graphs = None  # the tree step's graphs (commit holds the state's buffers)
         self._chain_graph = None  # the chain step's accept + commit graph (likewise)
+        self._step_graphs, self._ahead_step = None, None  # whole-step graphs (likewise)
         self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
         if getattr(self.ragged_target, "token_buckets", False):  # room for a bucketed verify's padding
@@ -383,7 +395,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         else:
             self.seq = torch.zeros(shape, dtype=torch.long, device=self.target.device)
         self.n = [0] * rows  # committed tokens per slot (host mirror of state.lengths + 1)
-        self._ahead = None
+        self._ahead = self._ahead_step = None
         self.live = [False] * rows
         self._live_mask = None
         self.state.lengths.zero_()
@@ -405,7 +417,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         params = self._sampling if sampling is None else sampling
         params = None if params is None or params.greedy else params
         dev = self.target.device
-        self._ahead = None
+        self._ahead = self._ahead_step = None
         self._timer.mark("prefill")
         self.seq[slot, :plen] = upload(prompt, dev)  # queued: the prefill's one host read is its first token
         ids = self.seq[slot:slot + 1, :plen]
@@ -433,7 +445,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     def release_slot(self, slot: int) -> None:
         """Free ``slot`` (its request finished or was cancelled); a later prefill reuses it."""
-        self.live[slot], self._live_mask, self._ahead = False, None, None
+        self.live[slot], self._live_mask, self._ahead, self._ahead_step = False, None, None, None
         self.state.release(slot)
         self.n[slot] = 0
         if self.drafter is not None:
@@ -485,6 +497,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 caps = self._caps_on_device(row_caps)
         drafting = None if rows == 1 or all(self.live) else self.live  # which rows' drafts are wanted
         made_ahead, self._ahead = self._ahead, None
+        step_ahead, self._ahead_step = self._ahead_step, None
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
         self.last_level2_rows = []
@@ -492,7 +505,18 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                                        or made_ahead[0] != (n[0], k)):
             raise RuntimeError(f"a draft made ahead for (committed tokens, k) = {made_ahead[0]} does not match "
                                f"this step's ({n[0]}, {k})")
-        if self.tree_budget and k > 0:
+        graphs = self._whole_step_graphs()
+        whole = self._whole_step_key(graphs, k, per_row) if made_ahead is None else None
+        if step_ahead is not None and step_ahead != (n[0], whole):
+            raise RuntimeError(f"a step launched ahead for (committed tokens, graph key) = {step_ahead} does not "
+                               f"match this step's ({n[0]}, {whole})")
+        if whole is not None and (step_ahead is not None or graphs.ready(whole)):
+            if step_ahead is None:  # (one launched ahead is already on the GPU)
+                graphs.launch(whole)
+            host, context = graphs.result(k), graphs.context
+            if self.drafter is not None:
+                self.drafter.drafted_on_device(n, whole[1], k)
+        elif self.tree_budget and k > 0:
             host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, drafting)
         else:
             policy = self.policy
@@ -527,15 +551,62 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                     policy.observe(committed, accepted * active if active is not None else accepted)
                 self._commit_chain(accepted, committed, active)
             host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
+            if graphs is not None and rows == 1 and isinstance(policy, GreedyPolicy):
+                graphs.ran_unfused(k)  # kernels of a k-draft step are compiled: its graphs may be captured
         acc = [row[0] if self.live[b] else 0 for b, row in enumerate(host)]
         if self.drafter is not None:
             self.drafter.accepted_rows(n, acc, k, context)
         for b in live:
             n[b] += acc[b] + 1
         if ahead:
-            self._draft_ahead(budgets[0] - acc[0] - 1 if rows == 1 else 0, num_draft)
+            budget = budgets[0] - acc[0] - 1 if rows == 1 else 0
+            if not self._step_ahead(budget, num_draft):
+                self._draft_ahead(budget, num_draft)
         timer.mark(None)
         return host, nodes
+
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether a step may launch work of the next one before returning (``draft_ahead``,
+        ``step_graphs``), so that a scheduler without a draft-length rule passes ``ahead``."""
+        return bool(self.draft_ahead or self.step_graphs)
+
+    def _whole_step_graphs(self):
+        """The loop's ``StepGraphs`` (made for the current ``seq``) when whole-step graphs are on
+        and can be made here (CUDA, or a capture stand-in), else None."""
+        if not self.step_graphs or self.profile:
+            return None
+        if self.step_graph_capture is None and self.target.device.type != "cuda":
+            return None
+        graphs = self._step_graphs
+        if graphs is None or graphs.seq is not self.seq:
+            from specc.runtime.step_graphs import StepGraphs, cuda_capture
+
+            graphs = self._step_graphs = StepGraphs(self, self.step_graph_capture or cuda_capture)
+        return graphs
+
+    def _whole_step_key(self, graphs, k: int, per_row: bool = False):
+        """The whole-step graph key of this step (``StepGraphs.key``) when it is a batch-1 greedy
+        chain step in one level, else None."""
+        if (graphs is None or self.tree_budget or per_row or not isinstance(self.policy, GreedyPolicy)
+                or (self.two_level_k1 and self.verifies_ragged and k > self.two_level_k1)):
+            return None
+        return graphs.key(k)
+
+    def _step_ahead(self, budget: int, num_draft) -> bool:
+        """Launch the next step's whole-step graph now (``ahead``): batch 1, a live row with
+        ``budget`` tokens left, the loop's own k, its graph captured. Whether it was launched."""
+        graphs = self._step_graphs if self.step_graphs and not self.profile else None
+        if graphs is None or self.batch != 1 or not self.live[0] or budget < 1 or num_draft is not None:
+            return False
+        k = self.num_draft if self.drafter is not None else 0
+        k = min(k, budget - 1) if self.cap_to_budget else k
+        key = self._whole_step_key(graphs, k)
+        if key is None or key not in graphs.graphs:
+            return False
+        graphs.launch(key)
+        self._ahead_step = (self.n[0], key)
+        return True
 
     def _draft_ahead(self, budget: int, num_draft) -> None:
         """Launch the next step's draft now (``draft_ahead``, module doc) when the next step is
@@ -596,13 +667,18 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     def graphed_functions(self) -> dict:
         """The loop's own graphed functions around the verify forward, by name (``tree_plan`` /
-        ``tree_accept`` / ``tree_commit``, ``chain_accept``), as made so far (at their first
-        call; none on the CPU): what ``graph_stats`` reports and ``warm_up`` counts."""
+        ``tree_accept`` / ``tree_commit``, ``chain_accept``) and its whole-step graphs (``step``,
+        ``step_graphs``), as made so far (at their first call; none on the CPU): what
+        ``graph_stats`` reports and ``warm_up`` counts."""
         from specc.runtime.graphs import GraphedStep
 
         fns = {f"tree_{name}": fn for name, fn in (self._tree_graphs or {}).items()}
         fns["chain_accept"] = getattr(self, "_chain_graph", None)
-        return {name: fn for name, fn in fns.items() if isinstance(fn, GraphedStep)}
+        out = {name: fn for name, fn in fns.items() if isinstance(fn, GraphedStep)}
+        step_graphs = getattr(self, "_step_graphs", None)
+        if step_graphs is not None and step_graphs.captures:
+            out["step"] = step_graphs
+        return out
 
     def _chain_logits(self, block, drafts, q, row_caps: list[int], caps):
         """The target's logits (and captured hidden states, else None) for the chain block

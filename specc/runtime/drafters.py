@@ -256,6 +256,41 @@ class Drafter:
         than whenever an acceptance length first occurs. Runs right after ``reset``: what it
         writes into the KV cache lies in slots every real call rewrites before reading."""
 
+    # --- drafting inside a whole-step graph (batch 1; ``specc.runtime.step_graphs``) --------------
+
+    def device_draft_key(self, n: list[int], k: int):
+        """The key of the next batch-1 draft of k tokens when it can run from device tensors at
+        fixed addresses alone (``draft_on_device``): what fixes its shapes, e.g. the committed
+        tokens not yet fed. None: this draft cannot (the first one over a whole prompt, a batch,
+        a strategy without a device draft); the step then runs unfused."""
+        return None
+
+    def device_draft_keys(self, k: int) -> list:
+        """Every key ``device_draft_key`` can give for k drafts (the graphs captured up front)."""
+        return []
+
+    def prepare_device_draft(self, k: int) -> None:
+        """Make, outside any capture, the constant tensors ``draft_on_device`` reads (mask blocks)."""
+
+    def draft_on_device(self, seq: torch.Tensor, lengths: torch.Tensor, key, k: int,
+                        context: torch.Tensor | None, offsets: torch.Tensor) -> torch.Tensor:
+        """The batch-1 draft [1, k] that ``propose_rows`` would give, computed with device ops
+        only from ``seq`` [1, L] (committed tokens), ``lengths`` [1] (the target state's length:
+        committed - 1), the loop's ``context`` buffer (target hidden states, DFlash) and
+        ``offsets`` [1, W] (0, 1, 2, ...): no host value but ``key`` and ``k`` (it is captured
+        into a CUDA graph and replayed on later steps). Host bookkeeping: ``drafted_on_device``."""
+        raise NotImplementedError(f"the {self.name} drafter has no device draft")
+
+    def drafted_on_device(self, n: list[int], key, k: int) -> None:
+        """What ``propose_rows`` does on the host besides drafting, after a ``draft_on_device`` of
+        the step that began with ``n`` committed tokens."""
+
+
+def _unwrapped(step):
+    from specc.runtime.step_graphs import unwrapped
+
+    return unwrapped(step)
+
 
 class CausalDrafter(Drafter):
     """A drafter that is a causal LM step (specc CausalLM or its compiled step). ``lengths[b]``
@@ -331,6 +366,30 @@ class CausalDrafter(Drafter):
     def _call(self, slot, first, *args):
         return _run(self.model, first, *args) if slot is None else _solo(self.model, slot, *args)
 
+    def device_draft_key(self, n, k):
+        """m, the committed tokens the draft feeds (those since the drafter's last forward), when
+        the drafter has read the prompt (its first draft feeds it whole, a one-off shape)."""
+        if len(self.lengths) != 1 or k < 1 or self.lengths[0] == 0:
+            return None
+        m = n[0] - self.lengths[0]
+        return m if 1 <= m <= k + 1 else None
+
+    def device_draft_keys(self, k):
+        return list(range(1, k + 2))
+
+    def prepare_device_draft(self, k):
+        if self.mask_slots(k):
+            self._masks(1, self.mask_slots(k))
+
+    def _device_feed(self, seq, lengths, m, offsets):
+        """(the first ``m``-token feed [1, m] and its start [1]) of a batch-1 draft: the row's
+        last m committed tokens, from ``lengths`` (= committed - 1) on the device."""
+        start = lengths + 1 - m
+        return seq.gather(1, start[:, None] + offsets[:, :m]), start
+
+    def drafted_on_device(self, n, key, k):
+        self._widest = max(getattr(self, "_widest", 0), k + 1)  # as ``_fed`` notes it
+
 
 class ARDraft(CausalDrafter):
     name = "ar-draft"
@@ -376,6 +435,26 @@ class ARDraft(CausalDrafter):
         if k:
             self.lengths = [nb + min(a, k - 1) for nb, a in zip(n, accepted)]
 
+    def device_draft_keys(self, k):
+        return [1, 2]  # after a step the drafter lags by 1 token, or 2 when every draft was accepted
+
+    def draft_on_device(self, seq, lengths, key, k, context, offsets):
+        """``_chain`` on the device: the m fed tokens, then each draft fed back."""
+        step = _unwrapped(self.model)
+        feed, start = self._device_feed(seq, lengths, key, offsets)
+        drafts = []
+        for _ in range(k):
+            width = feed.shape[1]
+            logits = step(feed, start[:, None] + offsets[:, :width], start)
+            drafts.append(logits[:, -1].argmax(-1, keepdim=True))
+            start = start + width
+            feed = drafts[-1]
+        return torch.cat(drafts, dim=1)
+
+    def drafted_on_device(self, n, key, k):
+        super().drafted_on_device(n, key, k)
+        self.forwards += k
+
 
 class PardDraft(CausalDrafter):
     name = "pard"
@@ -412,6 +491,18 @@ class PardDraft(CausalDrafter):
 
     def propose_rows(self, seq, n, k, active=None):
         return self.propose_logits_rows(seq, n, k, active).argmax(-1)
+
+    def draft_on_device(self, seq, lengths, key, k, context, offsets):
+        """``_block`` on the device: the m fed tokens and k - 1 mask slots, one forward."""
+        feed, start = self._device_feed(seq, lengths, key, offsets)
+        feed = torch.cat([feed, self._masks(1, self.mask_slots(k))], dim=1)
+        logits = _unwrapped(self.model)(feed, start[:, None] + offsets[:, :feed.shape[1]], start)
+        return logits[:, -k:].argmax(-1)
+
+    def drafted_on_device(self, n, key, k):
+        super().drafted_on_device(n, key, k)
+        self.forwards += 1
+        self.lengths = list(n)  # committed tokens stay, the mask slots are dropped
 
 
 class DFlashDraft(Drafter):
@@ -560,6 +651,37 @@ class DFlashDraft(Drafter):
         self.lengths[0] = start  # context K/V committed, block K/V dropped
         self.fresh.pop(0, None)
         return out
+
+    def device_draft_key(self, n, k):
+        """c, the context entries the draft feeds (the last step's accepted + 1), once the prompt's
+        were fed (the first draft reads them all: a one-off shape) and while nothing waits unfed
+        from steps without drafting."""
+        if len(self.lengths) != 1 or k < 1 or self.context is None or self.fresh.get(0) is not None:
+            return None
+        c = self.context_lens[0]
+        if not 1 <= c <= min(k + 1, self.context.shape[1]) or self.lengths[0] + c != n[0] - 1:
+            return None
+        return c
+
+    def device_draft_keys(self, k):
+        return list(range(1, k + 2))
+
+    def prepare_device_draft(self, k):
+        self._masks(1, k)
+
+    def draft_on_device(self, seq, lengths, key, k, context, offsets):
+        """``_propose_one`` on the device: the block [last committed token, mask x k] at the
+        drafter's cache length ``lengths - c``, the c context entries from ``context``."""
+        c = key
+        cached = lengths - c
+        block = torch.cat([seq.gather(1, lengths[:, None]), self._masks(1, k)], dim=1)
+        logits = _unwrapped(self.drafter)(block, context[:, :c], cached[:, None] + offsets[:, :c + k + 1], cached)
+        return logits.argmax(-1)
+
+    def drafted_on_device(self, n, key, k):
+        self.forwards += 1
+        self.lengths[0] = n[0] - 1  # context K/V committed, block K/V dropped
+        self.fresh.pop(0, None)
 
     def _batched_context(self, batched: list[int], c: int) -> torch.Tensor:
         """[B, c, n*H]: each batched row's last c hidden states (other rows: filler). With one

@@ -23,6 +23,7 @@ from specc.result import GenerationResult
 from specc.runtime.compiled import import_step_class
 from specc.runtime.drafters import drafter_from_manifest
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
+from specc.runtime.step_graphs import step_graphs_enabled
 from specc.sampling.params import SamplingParams
 
 
@@ -269,6 +270,9 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     # batch 1: launch the next draft before the host's bookkeeping (``draft_ahead``): exact on the CPU,
     # not yet timed on a GPU (bench_tree --e2e-8b times the chain with and without it), so opt-in
     loop.draft_ahead = False
+    # batch 1: each greedy chain step as one CUDA graph, launched ahead (``specc.runtime.step_graphs``):
+    # exact on the CPU (a capture stand-in), opt-in (SPECC_STEP_GRAPHS=1) until timed on a GPU
+    loop.step_graphs = graphs and step_graphs_enabled()
     loop.steps = steps
     return loop
 

@@ -1,0 +1,220 @@
+"""Whole-step CUDA graphs at batch 1: draft, verify, accept and commit as one replay.
+
+Why. At batch 1 a greedy chain step is three CUDA graphs (drafter, target, chain acceptance)
+with eager glue between them: the drafting block's ``cat``, each graph's static input copies,
+the argmax over the drafter's logits, and the host's Python before each launch. The GPU idles
+through every launch it waits for. On the H200 (docs/benchmarks/h200-run9.md, Qwen3-8B +
+DFlash-b16) a 6.55 ms chain step spent ~0.35 ms of its draft part and ~0.13 ms of its accept part
+outside their graphs, and 0.09 ms between steps; the compiled AR step ~0.23 ms of 4.63 ms.
+
+What. :class:`StepGraphs` captures, per (k, drafting key), one CUDA graph of the whole step over
+buffers at fixed addresses: the loop's committed tokens ``seq``, the target state's ``lengths``
+(at batch 1 the committed count minus one), a context buffer for DFlash (the target's hidden
+states of the step's block, which the next draft reads) and a small output buffer ``[1, k + 2]``
+(accepted count, then the committed tokens). The drafting key is what changes a draft's shapes
+from step to step (DFlash: the context entries to feed, i.e. the last step's accepted + 1; PARD
+and the AR drafter: the committed tokens not yet fed), given by the drafter's
+``device_draft_key``; everything else the step needs is computed on the device from ``lengths``.
+So a step costs the host one replay and the one device -> host copy it always had; with
+``ahead`` (the scheduler's promise that it will step again unchanged) the next step's graph is
+launched right after that copy, before the scheduler's bookkeeping, and the GPU never waits for
+the host between steps except for the copy itself.
+
+The graph runs the very same calls as the unfused step (the drafter and target steps unwrapped
+from their ``GraphedStep``, the loop's ``_accept_chain``), so its tokens and logits are the same
+bits. It is captured without running (a capture records kernels, it executes none), so a step
+whose state is not idempotent (a hybrid target) is fine. Captures happen at the first step that
+can use them, for every key of that k at once, and only after an unfused step of the same k has
+run (every kernel is then compiled: nothing compiles during a capture).
+
+Where it applies (``StepGraphs.key``): batch 1, a live row, greedy, a chain step in one level
+(no trees, no per-request k), a drafter with a device draft for the current key (or plain AR),
+graphed steps that would graph this verify, and no per-part profile. Everywhere else the loop
+runs its unfused step, whose parts it can time. Opt-in (``DeviceSpeculativeDecoder.step_graphs``,
+``SPECC_STEP_GRAPHS=1``) until timed on a GPU (``examples/bench_tree.py --e2e-8b`` times both).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specc.runtime import graphs as graphs_module
+from specc.runtime.graphs import GraphedStep, new_pool, pool_id
+
+
+ENV = "SPECC_STEP_GRAPHS"
+
+
+def step_graphs_enabled() -> bool:
+    """Whether loops built by ``engine.build_loop`` on CUDA use whole-step graphs: ``SPECC_STEP_GRAPHS``
+    = 1 (default off until timed on a GPU)."""
+    value = os.environ.get(ENV, "0").strip().lower()
+    if value not in ("0", "1", "", "off", "on", "false", "true"):
+        raise ValueError(f"{ENV}={value!r}: use 1 (on) or 0 (off)")
+    return value in ("1", "on", "true")
+
+
+def unwrapped(step):
+    """The callable a ``GraphedStep`` runs (its wrapped step, through any signature mapping of a
+    subclass); any other step as it is. What a whole-step graph calls inside its capture."""
+    return step._run if isinstance(step, GraphedStep) else step
+
+
+def cuda_capture(body, pool):
+    """A ``torch.cuda.CUDAGraph`` of ``body()`` captured into ``pool`` (recorded, not run)."""
+    if pool is None:
+        raise ValueError("a CUDA capture needs a memory pool (graphs.new_pool)")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool_id(pool)):
+        body()
+    return graph
+
+
+class StepGraphs:
+    """The whole-step graphs of one ``DeviceSpeculativeDecoder`` (module doc). ``capture(body,
+    pool)`` makes a graph (an object with ``replay()``) of ``body``; the CPU tests pass a stand-in.
+    Valid for one ``seq`` buffer and one decoding state: the loop drops it with them."""
+
+    def __init__(self, loop, capture=cuda_capture):
+        self.loop, self._capture = loop, capture
+        self.seq = loop.seq
+        target = loop.target
+        self.pool = getattr(target, "pool", None)  # the loop's graphed steps' pool (made at a CUDA capture if none)
+        self.graphs: dict = {}  # (k, key) -> graph
+        self.out: dict[int, torch.Tensor] = {}  # k -> [1, k + 2] (accepted, committed tokens)
+        self.context: torch.Tensor | None = None  # [1, k + 1, n*H]: the target's hidden states of the block
+        self.failed: dict = {}  # (k, key) -> why its capture failed (the step then runs unfused)
+        self.compiled: set[int] = set()  # k values an unfused step has run with (kernels compiled)
+        self.replays = self.eager_calls = 0  # (the counters ``warm_up`` resets; no step runs eagerly here)
+        dev = target.device
+        width = 2 * (loop.num_draft + 2)
+        self.offsets = torch.arange(width, device=dev)[None]  # owned here: graphs read it
+
+    # --- when a step can be one graph ------------------------------------------------------------
+
+    def key(self, k: int) -> tuple | None:
+        """The graph key of the loop's next step with k drafts, or None when it must run unfused
+        (module doc). The graph itself may not be captured yet."""
+        loop = self.loop
+        if loop.seq is not self.seq or loop.batch != 1 or not loop.live[0]:
+            return None
+        if getattr(loop.target, "max_tokens", k + 1) < k + 1:  # the target's verify is not graphed now
+            return None
+        drafter = loop.drafter
+        if drafter is None:
+            return (k, 0) if k == 0 else None
+        if k < 1:
+            return None
+        draft_key = drafter.device_draft_key(loop.n, k)
+        if draft_key is None:
+            return None
+        key = (k, draft_key)
+        return None if key in self.failed else key
+
+    def ran_unfused(self, k: int) -> None:
+        """An unfused step with k drafts has run: every kernel of a k-draft step is compiled."""
+        self.compiled.add(k)
+
+    def ready(self, key: tuple) -> bool:
+        """Whether ``key``'s graph exists, capturing every key of its k first when an unfused step
+        of that k has run (False: run this step unfused)."""
+        if key in self.graphs:
+            return True
+        k = key[0]
+        if k not in self.compiled:
+            return False
+        keys = [key]
+        drafter = self.loop.drafter
+        if drafter is not None:
+            keys = [(k, d) for d in drafter.device_draft_keys(k)]
+            if key not in keys:
+                keys.append(key)
+        for each in keys:
+            if each not in self.graphs and each not in self.failed:
+                self._capture_key(each)
+        return key in self.graphs
+
+    def _capture_key(self, key: tuple) -> None:
+        loop = self.loop
+        k = key[0]
+        loop._arange(k + 1)  # the loop's cached ranges, made outside the capture (graphs read them)
+        loop._arange(k + 2)
+        if loop.drafter is not None:
+            loop.drafter.prepare_device_draft(k)
+        self.prepare_context(k)  # the context buffer exists before a graph reads it
+        if k not in self.out:
+            self.out[k] = torch.zeros(1, k + 2, dtype=torch.long, device=loop.target.device)
+        if self.pool is None and loop.target.device.type == "cuda":
+            self.pool = new_pool()
+            if isinstance(loop.target, GraphedStep) and loop.target.pool is None:
+                loop.target.pool = self.pool
+        try:
+            self.graphs[key] = self._capture(lambda: self._body(*key), self.pool)
+        except Exception as exc:  # noqa: BLE001 - a step that cannot be captured runs unfused
+            if torch.cuda.is_available() and loop.target.device.type == "cuda":
+                torch.cuda.synchronize()
+            self.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    # --- the step --------------------------------------------------------------------------------
+
+    def _body(self, k: int, draft_key) -> None:
+        """The step on the device: reads only ``seq``, the state, ``context`` and owned ranges,
+        writes the state, ``seq``, ``context`` and ``out[k]``. Host values are the key's."""
+        loop = self.loop
+        seq, lengths = loop.seq, loop.state.lengths
+        if k:
+            drafts = loop.drafter.draft_on_device(seq, lengths, draft_key, k, self.context, self.offsets)
+        else:
+            drafts = seq[:, :0]
+        block = torch.cat([seq.gather(1, lengths[:, None]), drafts], dim=1)
+        out = unwrapped(loop.target)(block, lengths[:, None] + loop._arange(k + 1), lengths)
+        logits, hidden = out if isinstance(out, tuple) else (out, None)
+        accepted, committed = loop._accept_chain(drafts, logits, None, None)
+        if hidden is not None and self.context is not None:
+            self.context[:, :k + 1].copy_(hidden[:, :k + 1])
+        self.out[k].copy_(torch.cat([accepted[:, None], committed], dim=1))
+
+    def prepare_context(self, k: int) -> None:
+        """Make ``context`` hold what the drafter will read (a DFlash drafter's unfed target hidden
+        states): allocated at the first use, copied in when the drafter's context is not already
+        a view of it (the first graphed step after an unfused one)."""
+        drafter = self.loop.drafter
+        source = getattr(drafter, "context", None) if drafter is not None and drafter.needs_target_hidden else None
+        if source is None:
+            return
+        if self.context is None:
+            width = max(k, self.loop.num_draft) + 1  # the widest block of any k
+            self.context = torch.zeros(1, width, source.shape[-1], dtype=source.dtype, device=source.device)
+        if source.data_ptr() != self.context.data_ptr() or source.stride() != self.context.stride():
+            c = min(source.shape[1], self.context.shape[1])
+            self.context[:, :c].copy_(source[:, :c])
+
+    @property
+    def captures(self) -> int:
+        return len(self.graphs)
+
+    def launch(self, key: tuple) -> None:
+        """Replay ``key``'s graph (captured: ``ready``); its result is read by :meth:`result`.
+        Timed into ``graphs.logging_replays``'s list when one is active."""
+        self.prepare_context(key[0])
+        graph = self.graphs[key]
+        log = graphs_module._REPLAY_LOG
+        if log is None:
+            graph.replay()
+        else:
+            start = graphs_module._stamp(graph)
+            graph.replay()
+            log.append((self, start, graphs_module._stamp(graph)))
+        self.replays += 1
+
+    def result(self, k: int) -> list[list[int]]:
+        """The launched step's rows ``[[accepted, committed tokens...]]``: the step's one device ->
+        host copy."""
+        return self.out[k].tolist()
+
+    def stats(self) -> dict:
+        """What ``graph_stats`` reports for the whole-step graphs."""
+        return {"captures": len(self.graphs), "replays": self.replays, "eager_calls": self.eager_calls,
+                "eager_reasons": {str(key): why for key, why in self.failed.items()}}
