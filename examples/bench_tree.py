@@ -587,6 +587,14 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
     if kernels:
         ar["kernels"] = kernel_pass(ar_loop, prompts[0], new_tokens, cuda)
         _print_gaps("AR", ar["kernels"])
+    # the same AR loop with each step one CUDA graph launched ahead (``step_graphs``, opt-in until measured here)
+    ar_loop.step_graphs = True
+    ar_whole = {"system": "ar, step graphs", **_timed(ar_loop, prompts, new_tokens, cuda),
+                "graphs": ar_loop.graph_stats().get("step")}
+    ar_whole["speedup_vs_ar"] = ar_whole["tokens_per_s"] / ar["tokens_per_s"]
+    ar["step_graphs"] = ar_whole
+    print(f"[e2e-8b] AR, step graphs {ar_whole['tokens_per_s']:8.1f} tok/s, {ar_whole['decode_step_ms']:.2f} ms/step "
+          f"without the prefills ({ar_whole['speedup_vs_ar']:.3f}x AR; graphs {ar_whole['graphs']})", flush=True)
     del ar_loop
     runs = []
     for spec, tree_model in zip(specs, models):
@@ -596,12 +604,14 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
                                   batch_size=1)
         print(f"[e2e-8b] acceptance {spec}: {tree_model.describe()}", flush=True)
         rows = []
-        # the chain twice: as the engine runs it, and with its next draft launched ahead of the host's
-        # bookkeeping (``DeviceSpeculativeDecoder.draft_ahead``, opt-in until measured here)
-        for budget, ahead in ((0, False), (0, True), *((b, False) for b in budgets)):
+        # the chain three times: as the engine runs it, with its next draft launched ahead of the host's
+        # bookkeeping (``DeviceSpeculativeDecoder.draft_ahead``), and with each step one CUDA graph
+        # launched ahead (``step_graphs``); both opt-in until measured here
+        for budget, ahead in ((0, False), (0, True), (0, "step"), *((b, False) for b in budgets)):
             use = {role: step for role, step in steps.items() if budget or role != "target_tree"}
             system = build_loop(use, impl.strategy, k, max_len, drafter_section=section, tree_budget=budget)
-            system.draft_ahead = ahead
+            system.draft_ahead = ahead is True
+            system.step_graphs = ahead == "step"
             system.use_verifiers(chain=ReplayVerifier(chain_model.alphas, seed=seed),
                                  tree=TreeReplayVerifier.from_model(tree_model, seed=seed))
             measured = _timed(system, prompts, new_tokens, cuda)
@@ -613,9 +623,11 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
             else:
                 predicted = {"tokens_per_s": chain_pred.tokens_per_s, "step_ms": chain_pred.step_time * 1e3,
                              "tokens_per_step": chain_pred.expected_tokens}
-            row = {"system": f"tree {budget}" if budget else ("chain, draft ahead" if ahead else "chain"),
-                   "budget": budget, "draft_ahead": ahead, **measured,
-                   "predicted": predicted}
+            name = {False: "chain", True: "chain, draft ahead", "step": "chain, step graphs"}[ahead]
+            row = {"system": f"tree {budget}" if budget else name, "budget": budget, "draft_ahead": ahead is True,
+                   "step_graphs": ahead == "step", **measured, "predicted": predicted}
+            if ahead == "step":
+                row["graphs"] = system.graph_stats().get("step")
             rows.append(row)
             print(f"[e2e-8b] {row['system']:18s} {row['tokens_per_s']:8.1f} tok/s, {row['tokens_per_step']:.2f} "
                   f"tokens/step, {row['step_ms']:.2f} ms/step, {row['decode_step_ms']:.2f} without the prefills "

@@ -418,13 +418,15 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             if b is not None:
                 r.setdefault("speedup_vs", {})[base] = r["tokens_per_s"] / b["tokens_per_s"]
     from specc.codegen.kernels.pdl import launch_mode
+    from specc.runtime.step_graphs import step_graphs_enabled
 
     report = {
         "format": "specc-bench/1", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "what": s.label,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu ({platform.processor() or platform.machine()}, "
                                                                              f"{torch.get_num_threads()} threads)",
         "versions": _versions(), "dtype": str(dtype).replace("torch.", ""), "deployment": dep.name,
-        "launch": launch_mode(dev), "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
+        "launch": launch_mode(dev), "step_graphs": bool(dev.type == "cuda" and step_graphs_enabled()),
+        "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
         "prompt_lengths": [len(p) for p in prompts], "batch": opts.batch, "context_for_prediction": context,
         "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),
                         "expected_tokens_per_step": stated.expected_tokens(s.k), "notice": REPLAY_NOTICE}

@@ -38,13 +38,18 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
     result = json.loads((tmp_path / "tree-e2e-8b.json").read_text())
     assert result["num_draft"] == 15 and result["ar"]["tokens_per_step"] == 1.0 and result["ar"]["tokens_per_s"] > 0
     assert result["ar"]["profile"]["part_ms_per_step"]["verify"] > 0
+    assert result["ar"]["step_graphs"]["tokens_per_s"] > 0 and result["ar"]["step_graphs"]["speedup_vs_ar"] > 0
     assert [run["spec"].split("+")[0] for run in result["runs"]] == ["dflash-qwen3-8b:gsm8k", "dflash-qwen3-8b:mt-bench"]
     for run in result["runs"]:
         rows = {r["system"]: r for r in run["rows"]}
-        assert set(rows) == {"chain", "chain, draft ahead", "tree 16"}
-        # drafting ahead launches the same drafts earlier: the same replayed acceptance, step for step
+        assert set(rows) == {"chain", "chain, draft ahead", "chain, step graphs", "tree 16"}
+        # drafting ahead launches the same drafts earlier, whole-step graphs run the same step (on the
+        # CPU: unfused, no CUDA graphs): the same replayed acceptance, step for step
         assert rows["chain, draft ahead"]["draft_ahead"] and not rows["chain"]["draft_ahead"]
-        assert rows["chain, draft ahead"]["tokens_per_step"] == rows["chain"]["tokens_per_step"]
+        assert rows["chain, step graphs"]["step_graphs"] and not rows["chain"]["step_graphs"]
+        for variant in ("chain, draft ahead", "chain, step graphs"):
+            assert rows[variant]["tokens_per_step"] == rows["chain"]["tokens_per_step"]
+        assert rows["chain, step graphs"]["graphs"] is None
         assert "tiny-dflash-ranks.json" in run["spec"] and "assumed" in run["tree_source"]
         model = parse_tree_acceptance(run["spec"], 15)
         assert rows["tree 16"]["predicted"]["tokens_per_step"] == model.expected_tokens(16, 15)
