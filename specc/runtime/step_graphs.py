@@ -146,6 +146,7 @@ class StepGraphs:
         self.prepare_context(k)  # the context buffer exists before a graph reads it
         if k not in self.out:
             self.out[k] = torch.zeros(1, k + 2, dtype=torch.long, device=loop.target.device)
+        self._warm_glue(k)
         if self.pool is None and loop.target.device.type == "cuda":
             self.pool = new_pool()
             if isinstance(loop.target, GraphedStep) and loop.target.pool is None:
@@ -156,6 +157,14 @@ class StepGraphs:
             if torch.cuda.is_available() and loop.target.device.type == "cuda":
                 torch.cuda.synchronize()
             self.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+    def _warm_glue(self, k: int) -> None:
+        """Run the graph's own index ops once outside any capture (reads only), so that none of
+        their kernels is loaded for the first time inside one (lazy module loading)."""
+        lengths, seq = self.loop.state.lengths, self.loop.seq
+        last = seq.gather(1, lengths[:, None])
+        torch.cat([last, (lengths[:, None] + self.offsets[:, :k + 1]).clamp(max=0)], dim=1)
+        torch.cat([(lengths - 1)[:, None], last], dim=1)
 
     # --- the step --------------------------------------------------------------------------------
 

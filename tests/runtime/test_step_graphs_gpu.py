@@ -1,0 +1,77 @@
+"""Whole-step CUDA graphs (GPU only): compiled specc-tiny steps in the engine's loop, each batch-1
+greedy chain step one graph replay. Tokens and accepted lengths equal the loop without them
+(greedy, and with replayed acceptance so every drafting key occurs), through the scheduler
+(steps launched ahead) and for plain AR; the graphs are captured once per key and replayed."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+
+PROMPT = list(range(20, 52))
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    import bench_tree as B
+    from specc.pairing import resolve_pair
+
+    out = {}
+    for method, drafter in (("dflash", "specc-tiny-dflash"), ("pard", "specc-tiny-pard")):
+        pair = resolve_pair("specc-tiny", drafter, method)
+        out[method] = (pair, *B.compiled_tree_steps(pair, torch.bfloat16, "cuda"))
+    return out
+
+
+def _system(compiled, method, step_graphs: bool):
+    """The engine's loop over the shared compiled steps (a new loop rebinds their state: use one
+    at a time)."""
+    import bench_tree as B
+
+    pair, steps, section = compiled[method]
+    loop = B.compiled_tree_system(steps, section, pair.impl.strategy, 0, 256)
+    loop.step_graphs = step_graphs
+    return loop
+
+
+def _runs(loop) -> list:
+    from specc.runtime.replay import ReplayVerifier
+
+    out = [loop.generate(PROMPT, 64, ())]
+    loop.verifier = ReplayVerifier([0.9, 0.8, 0.7, 0.6], seed=4)
+    out.append(loop.generate(PROMPT, 96, ()))
+    return [(r.tokens, r.stats.accepted_lengths) for r in out]
+
+
+@pytest.mark.parametrize("method", ["dflash", "pard"])
+def test_whole_step_graphs_equal_the_unfused_loop(compiled, method):
+    on = _system(compiled, method, True)
+    got = _runs(on)
+    stats = on.graph_stats()["step"]
+    assert not stats["eager_reasons"], stats["eager_reasons"]
+    assert stats["replays"] >= len(got[0][1]) + len(got[1][1]) - 6
+    captures = stats["captures"]
+    on.verifier.reset()
+    assert on.generate(PROMPT, 96, ()).stats.accepted_lengths == got[1][1]
+    assert on.graph_stats()["step"]["captures"] == captures  # every key was captured at its first use
+    want = _runs(_system(compiled, method, False))
+    assert got == want and len(set(got[1][1])) > 2
+
+
+def test_plain_ar_as_one_graph_per_step(compiled):
+    from specc.runtime.engine import build_loop
+
+    _, steps, _ = compiled["dflash"]
+    on = build_loop({"target": steps["target"]}, None, 0, 256)
+    on.step_graphs = True
+    got = on.generate(PROMPT, 40, ()).tokens
+    assert on.graph_stats()["step"]["replays"] >= 37
+    off = build_loop({"target": steps["target"]}, None, 0, 256)
+    assert off.generate(PROMPT, 40, ()).tokens == got
