@@ -178,3 +178,32 @@ def test_unwrapped_steps():
     step = torch.nn.Identity()
     graphed = GraphedStep(step)
     assert unwrapped(graphed) == graphed._run and unwrapped(step) is step
+
+
+@QWEN3
+@pytest.mark.parametrize("key,method,k", DRAFTERS[:2])
+def test_with_graphed_steps_as_on_a_gpu(checkpoints, key, method, k):
+    """The loop as ``engine.build_loop`` makes it on CUDA: steps wrapped in (CPU stand-ins of)
+    ``GraphedStep``, every drafting shape captured up front, drafting not capped at the budget.
+    The whole-step graph calls the wrapped steps themselves, never their graphs."""
+    from cpu_graphs import CpuGraphedStep
+
+    def graphed(step_graphs):
+        loop = _loop(checkpoints, key, method, k, step_graphs, cap_to_budget=False)
+        loop.target = CpuGraphedStep(loop.target, max_tokens=k + 1)
+        drafter = loop.drafter
+        attr = "drafter" if method == "dflash" else "model"
+        setattr(drafter, attr, CpuGraphedStep(getattr(drafter, attr), max_tokens=2 * k + 2))
+        loop.capture_shapes = True
+        loop.verifier = ReplayVerifier([0.9, 0.6, 0.8, 0.7][:k], seed=2)
+        return loop
+
+    on, off = graphed(True), graphed(False)
+    got, want = on.generate(PROMPT, 30, ()), off.generate(PROMPT, 30, ())
+    _same(got, want)
+    assert _replays(on) >= len(got.stats.accepted_lengths) - 3
+    inner = on.target.replays
+    steps = len(on.generate(PROMPT, 30, ()).stats.accepted_lengths) - 1
+    # the target's own graph replays only in the first decode step (the drafter has not read the
+    # prompt yet: unfused); whole steps call the wrapped step inside their own graphs
+    assert on.target.replays == inner + 1 and _replays(on) >= steps - 1
