@@ -607,7 +607,7 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
         # the chain three times: as the engine runs it, with its next draft launched ahead of the host's
         # bookkeeping (``DeviceSpeculativeDecoder.draft_ahead``), and with each step one CUDA graph
         # launched ahead (``step_graphs``); both opt-in until measured here
-        for budget, ahead in ((0, False), (0, True), (0, "step"), *((b, False) for b in budgets)):
+        for budget, ahead in ((0, False), (0, True), (0, "step"), *((b, v) for b in budgets for v in (False, "step"))):
             use = {role: step for role, step in steps.items() if budget or role != "target_tree"}
             system = build_loop(use, impl.strategy, k, max_len, drafter_section=section, tree_budget=budget)
             system.draft_ahead = ahead is True
@@ -624,7 +624,8 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
                 predicted = {"tokens_per_s": chain_pred.tokens_per_s, "step_ms": chain_pred.step_time * 1e3,
                              "tokens_per_step": chain_pred.expected_tokens}
             name = {False: "chain", True: "chain, draft ahead", "step": "chain, step graphs"}[ahead]
-            row = {"system": f"tree {budget}" if budget else name, "budget": budget, "draft_ahead": ahead is True,
+            tree_name = f"tree {budget}" + (", step graphs" if ahead == "step" else "")
+            row = {"system": tree_name if budget else name, "budget": budget, "draft_ahead": ahead is True,
                    "step_graphs": ahead == "step", **measured, "predicted": predicted}
             if ahead == "step":
                 row["graphs"] = system.graph_stats().get("step")

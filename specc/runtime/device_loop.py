@@ -63,7 +63,7 @@ takes it, and refuses one that does not match its committed length and k. A requ
 instead releases its slot, which drops the draft (one wasted draft on the GPU at an EOS).
 
 Whole-step graphs (``step_graphs``, opt-in until timed on a GPU; batch 1, greedy chains in one
-level): the step's draft, verify, acceptance and commit as one CUDA graph per drafting shape,
+level and trees): the step's draft, verify, acceptance and commit as one CUDA graph per drafting shape,
 over buffers at fixed addresses, launched ahead of the scheduler's bookkeeping when it promises to
 step again (``specc.runtime.step_graphs``). The same calls as the unfused step, so the same tokens;
 steps it does not apply to run unfused.
@@ -213,6 +213,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             self.verifier = chain  # drops the chain step's graph (the ``verifier`` setter)
         if tree is not None:
             self.tree_verifier, self._tree_graphs = tree, None
+            self._step_graphs, self._ahead_step = None, None  # whole tree steps hold it too
 
     @property
     def verifier(self) -> Verifier:
@@ -514,10 +515,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if step_ahead is None:  # (one launched ahead is already on the GPU)
                 graphs.launch(whole)
             host, context = graphs.result(k), graphs.context
+            nodes = whole[2] + 1 if whole[2] else 0
             if self.drafter is not None:
                 self.drafter.drafted_on_device(n, whole[1], k)
         elif self.tree_budget and k > 0:
             host, context, nodes = self._tree_step(seq, n, k, caps, active, timer, drafting)
+            if graphs is not None and rows == 1 and isinstance(self.policy, GreedyPolicy):
+                graphs.ran_unfused(k, self.tree_budget)
         else:
             policy = self.policy
             q = None
@@ -587,8 +591,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     def _whole_step_key(self, graphs, k: int, per_row: bool = False):
         """The whole-step graph key of this step (``StepGraphs.key``) when it is a batch-1 greedy
-        chain step in one level, else None."""
-        if (graphs is None or self.tree_budget or per_row or not isinstance(self.policy, GreedyPolicy)
+        tree step or chain step in one level, else None."""
+        if (graphs is None or per_row or not isinstance(self.policy, GreedyPolicy)
                 or (self.two_level_k1 and self.verifies_ragged and k > self.two_level_k1)):
             return None
         return graphs.key(k)

@@ -273,9 +273,10 @@ class Drafter:
         """Make, outside any capture, the constant tensors ``draft_on_device`` reads (mask blocks)."""
 
     def draft_on_device(self, seq: torch.Tensor, lengths: torch.Tensor, key, k: int,
-                        context: torch.Tensor | None, offsets: torch.Tensor) -> torch.Tensor:
-        """The batch-1 draft [1, k] that ``propose_rows`` would give, computed with device ops
-        only from ``seq`` [1, L] (committed tokens), ``lengths`` [1] (the target state's length:
+                        context: torch.Tensor | None, offsets: torch.Tensor, logits: bool = False) -> torch.Tensor:
+        """The batch-1 draft [1, k] that ``propose_rows`` would give (``logits``: the [1, k, V]
+        of ``propose_logits_rows``, parallel drafters), computed with device ops only from
+        ``seq`` [1, L] (committed tokens), ``lengths`` [1] (the target state's length:
         committed - 1), the loop's ``context`` buffer (target hidden states, DFlash) and
         ``offsets`` [1, W] (0, 1, 2, ...): no host value but ``key`` and ``k`` (it is captured
         into a CUDA graph and replayed on later steps). Host bookkeeping: ``drafted_on_device``."""
@@ -438,15 +439,17 @@ class ARDraft(CausalDrafter):
     def device_draft_keys(self, k):
         return [1, 2]  # after a step the drafter lags by 1 token, or 2 when every draft was accepted
 
-    def draft_on_device(self, seq, lengths, key, k, context, offsets):
+    def draft_on_device(self, seq, lengths, key, k, context, offsets, logits=False):
         """``_chain`` on the device: the m fed tokens, then each draft fed back."""
+        if logits:
+            raise NotImplementedError("the AR drafter gives no per-position distributions (chains only)")
         step = _unwrapped(self.model)
         feed, start = self._device_feed(seq, lengths, key, offsets)
         drafts = []
         for _ in range(k):
             width = feed.shape[1]
-            logits = step(feed, start[:, None] + offsets[:, :width], start)
-            drafts.append(logits[:, -1].argmax(-1, keepdim=True))
+            out = step(feed, start[:, None] + offsets[:, :width], start)
+            drafts.append(out[:, -1].argmax(-1, keepdim=True))
             start = start + width
             feed = drafts[-1]
         return torch.cat(drafts, dim=1)
@@ -492,12 +495,12 @@ class PardDraft(CausalDrafter):
     def propose_rows(self, seq, n, k, active=None):
         return self.propose_logits_rows(seq, n, k, active).argmax(-1)
 
-    def draft_on_device(self, seq, lengths, key, k, context, offsets):
+    def draft_on_device(self, seq, lengths, key, k, context, offsets, logits=False):
         """``_block`` on the device: the m fed tokens and k - 1 mask slots, one forward."""
         feed, start = self._device_feed(seq, lengths, key, offsets)
         feed = torch.cat([feed, self._masks(1, self.mask_slots(k))], dim=1)
-        logits = _unwrapped(self.model)(feed, start[:, None] + offsets[:, :feed.shape[1]], start)
-        return logits[:, -k:].argmax(-1)
+        out = _unwrapped(self.model)(feed, start[:, None] + offsets[:, :feed.shape[1]], start)[:, -k:]
+        return out if logits else out.argmax(-1)
 
     def drafted_on_device(self, n, key, k):
         super().drafted_on_device(n, key, k)
@@ -669,14 +672,14 @@ class DFlashDraft(Drafter):
     def prepare_device_draft(self, k):
         self._masks(1, k)
 
-    def draft_on_device(self, seq, lengths, key, k, context, offsets):
+    def draft_on_device(self, seq, lengths, key, k, context, offsets, logits=False):
         """``_propose_one`` on the device: the block [last committed token, mask x k] at the
         drafter's cache length ``lengths - c``, the c context entries from ``context``."""
         c = key
         cached = lengths - c
         block = torch.cat([seq.gather(1, lengths[:, None]), self._masks(1, k)], dim=1)
-        logits = _unwrapped(self.drafter)(block, context[:, :c], cached[:, None] + offsets[:, :c + k + 1], cached)
-        return logits.argmax(-1)
+        out = _unwrapped(self.drafter)(block, context[:, :c], cached[:, None] + offsets[:, :c + k + 1], cached)
+        return out if logits else out.argmax(-1)
 
     def drafted_on_device(self, n, key, k):
         self.forwards += 1

@@ -7,7 +7,7 @@ through every launch it waits for. On the H200 (docs/benchmarks/h200-run9.md, Qw
 DFlash-b16) a 6.55 ms chain step spent ~0.35 ms of its draft part and ~0.13 ms of its accept part
 outside their graphs, and 0.09 ms between steps; the compiled AR step ~0.23 ms of 4.63 ms.
 
-What. :class:`StepGraphs` captures, per (k, drafting key), one CUDA graph of the whole step over
+What. :class:`StepGraphs` captures, per (k, drafting key, tree budget), one CUDA graph of the whole step over
 buffers at fixed addresses: the loop's committed tokens ``seq``, the target state's ``lengths``
 (at batch 1 the committed count minus one), a context buffer for DFlash (the target's hidden
 states of the step's block, which the next draft reads) and a small output buffer ``[1, k + 2]``
@@ -27,8 +27,12 @@ whose state is not idempotent (a hybrid target) is fine. Captures happen at the 
 can use them, for every key of that k at once, and only after an unfused step of the same k has
 run (every kernel is then compiled: nothing compiles during a capture).
 
+Tree steps (``tree_budget`` N > 0) are one graph the same way: the drafter's logits, the tree's
+plan, the tree verify, acceptance, the KV compaction of the accepted path and the path's hidden
+states for DFlash, the same calls as the unfused tree step (``DeviceSpeculativeDecoder._tree_step``).
+
 Where it applies (``StepGraphs.key``): batch 1, a live row, greedy, a chain step in one level
-(no trees, no per-request k), a drafter with a device draft for the current key (or plain AR),
+(no per-request k) or a tree step, a drafter with a device draft for the current key (or plain AR),
 graphed steps that would graph this verify, and no per-part profile. Everywhere else the loop
 runs its unfused step, whose parts it can time. Opt-in (``DeviceSpeculativeDecoder.step_graphs``,
 ``SPECC_STEP_GRAPHS=1``) until timed on a GPU (``examples/bench_tree.py --e2e-8b`` times both).
@@ -82,11 +86,11 @@ class StepGraphs:
         self.seq = loop.seq
         target = loop.target
         self.pool = getattr(target, "pool", None)  # the loop's graphed steps' pool (made at a CUDA capture if none)
-        self.graphs: dict = {}  # (k, key) -> graph
+        self.graphs: dict = {}  # (k, drafting key, tree budget) -> graph
         self.out: dict[int, torch.Tensor] = {}  # k -> [1, k + 2] (accepted, committed tokens)
         self.context: torch.Tensor | None = None  # [1, k + 1, n*H]: the target's hidden states of the block
-        self.failed: dict = {}  # (k, key) -> why its capture failed (the step then runs unfused)
-        self.compiled: set[int] = set()  # k values an unfused step has run with (kernels compiled)
+        self.failed: dict = {}  # key -> why its capture failed (the step then runs unfused)
+        self.compiled: set[tuple] = set()  # (k, tree budget) of unfused steps run so far (kernels compiled)
         self.replays = self.eager_calls = 0  # (the counters ``warm_up`` resets; no step runs eagerly here)
         dev = target.device
         width = 2 * (loop.num_draft + 2)
@@ -100,35 +104,37 @@ class StepGraphs:
         loop = self.loop
         if loop.seq is not self.seq or loop.batch != 1 or not loop.live[0]:
             return None
-        if getattr(loop.target, "max_tokens", k + 1) < k + 1:  # the target's verify is not graphed now
-            return None
         drafter = loop.drafter
+        tree = loop.tree_budget if drafter is not None and k > 0 else 0
+        verify, rows = (loop.tree_target, tree + 1) if tree else (loop.target, k + 1)
+        if getattr(verify, "max_tokens", rows) < rows:  # the verify step is not graphed now
+            return None
         if drafter is None:
-            return (k, 0) if k == 0 else None
+            return (k, 0, 0) if k == 0 else None
         if k < 1:
             return None
         draft_key = drafter.device_draft_key(loop.n, k)
         if draft_key is None:
             return None
-        key = (k, draft_key)
+        key = (k, draft_key, tree)
         return None if key in self.failed else key
 
-    def ran_unfused(self, k: int) -> None:
-        """An unfused step with k drafts has run: every kernel of a k-draft step is compiled."""
-        self.compiled.add(k)
+    def ran_unfused(self, k: int, tree: int = 0) -> None:
+        """An unfused step with k drafts (a tree of ``tree`` nodes) has run: its kernels are compiled."""
+        self.compiled.add((k, tree))
 
     def ready(self, key: tuple) -> bool:
         """Whether ``key``'s graph exists, capturing every key of its k first when an unfused step
         of that k has run (False: run this step unfused)."""
         if key in self.graphs:
             return True
-        k = key[0]
-        if k not in self.compiled:
+        k, _, tree = key
+        if (k, tree) not in self.compiled:
             return False
         keys = [key]
         drafter = self.loop.drafter
         if drafter is not None:
-            keys = [(k, d) for d in drafter.device_draft_keys(k)]
+            keys = [(k, d, tree) for d in drafter.device_draft_keys(k)]
             if key not in keys:
                 keys.append(key)
         for each in keys:
@@ -158,6 +164,27 @@ class StepGraphs:
                 torch.cuda.synchronize()
             self.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
+    def _tree_body(self, k: int, draft_key, tree: int) -> None:
+        """``DeviceSpeculativeDecoder._tree_step`` at batch 1, greedy: plan a tree of ``tree``
+        nodes from the drafter's logits, verify it, accept a root path, commit it (the KV
+        compaction) and keep its hidden states for DFlash."""
+        loop = self.loop
+        seq, lengths = loop.seq, loop.state.lengths
+        root = seq.gather(1, lengths[:, None])[:, 0]
+        draft_logits = loop.drafter.draft_on_device(seq, lengths, draft_key, k, self.context, self.offsets,
+                                                    logits=True)
+        tokens, parents, depths, positions, mask = loop.tree_verifier.plan(draft_logits, root, lengths, tree,
+                                                                           loop.tree_topk)
+        out = unwrapped(loop.tree_target)(tokens, positions, lengths, mask)
+        logits, hidden = out if isinstance(out, tuple) else (out, None)
+        accepted, committed, path = loop._accept_tree(tokens, parents, depths, mask, logits, None, k)
+        seq.scatter_(1, lengths[:, None] + loop._arange(committed.shape[1] + 1)[:, 1:], committed)
+        loop._commit_path(accepted + 1, path)
+        if hidden is not None and self.context is not None:
+            along = hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
+            self.context[:, :along.shape[1]].copy_(along)
+        self.out[k].copy_(torch.cat([accepted[:, None], committed], dim=1))
+
     def _warm_glue(self, k: int) -> None:
         """Run the graph's own index ops once outside any capture (reads only), so that none of
         their kernels is loaded for the first time inside one (lazy module loading)."""
@@ -168,9 +195,11 @@ class StepGraphs:
 
     # --- the step --------------------------------------------------------------------------------
 
-    def _body(self, k: int, draft_key) -> None:
+    def _body(self, k: int, draft_key, tree: int) -> None:
         """The step on the device: reads only ``seq``, the state, ``context`` and owned ranges,
         writes the state, ``seq``, ``context`` and ``out[k]``. Host values are the key's."""
+        if tree:
+            return self._tree_body(k, draft_key, tree)
         loop = self.loop
         seq, lengths = loop.seq, loop.state.lengths
         if k:

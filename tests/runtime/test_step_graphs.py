@@ -207,3 +207,34 @@ def test_with_graphed_steps_as_on_a_gpu(checkpoints, key, method, k):
     # the target's own graph replays only in the first decode step (the drafter has not read the
     # prompt yet: unfused); whole steps call the wrapped step inside their own graphs
     assert on.target.replays == inner + 1 and _replays(on) >= steps - 1
+
+
+@QWEN3
+@pytest.mark.parametrize("key,method,k", DRAFTERS[:2])
+def test_tree_steps_as_one_graph(checkpoints, key, method, k):
+    """A tree step (plan, tree verify, acceptance, the accepted path's KV compaction, DFlash's
+    context along the path) as one graph gives the unfused tree step's tokens, greedy and with a
+    replayed per-rank acceptance whose paths leave the top-1 chain."""
+    from specc.runtime.tree_replay import TreeReplayVerifier
+
+    def tree_loop(graphs):
+        eager = build_eager(resolve_pair(checkpoints["target"], checkpoints[key], method), k,
+                            max_len=len(PROMPT) + 48, tree_budget=6)
+        loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, k, eager.max_len, cap_to_budget=False,
+                                        tree_budget=6)
+        loop.step_graphs = graphs
+        loop.step_graph_capture = lambda body, pool: _Recorded(body, loop)
+        return loop
+
+    on, off = tree_loop(True), tree_loop(False)
+    got, want = on.generate(PROMPT, 30, ()), off.generate(PROMPT, 30, ())
+    _same(got, want)
+    assert got.stats.tree_nodes == want.stats.tree_nodes and set(got.stats.tree_nodes) == {7}
+    assert got.tokens == reference(checkpoints["target"], 30)
+    assert _replays(on) >= len(got.stats.accepted_lengths) - 3
+    for loop in (on, off):
+        loop.use_verifiers(tree=TreeReplayVerifier([[0.6, 0.3], [0.7, 0.2]], seed=3))
+    assert on._step_graphs is None  # dropped with the old verifier
+    got, want = on.generate(PROMPT, 40, ()), off.generate(PROMPT, 40, ())
+    _same(got, want)
+    assert len(set(got.stats.accepted_lengths)) > 1 and _replays(on) >= len(got.stats.accepted_lengths) - 3

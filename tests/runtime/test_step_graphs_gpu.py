@@ -30,38 +30,43 @@ def compiled():
     return out
 
 
-def _system(compiled, method, step_graphs: bool):
+def _system(compiled, method, step_graphs: bool, budget: int = 0):
     """The engine's loop over the shared compiled steps (a new loop rebinds their state: use one
-    at a time)."""
+    at a time); ``budget``: tree verification of that many drafted nodes."""
     import bench_tree as B
 
     pair, steps, section = compiled[method]
-    loop = B.compiled_tree_system(steps, section, pair.impl.strategy, 0, 256)
+    loop = B.compiled_tree_system(steps, section, pair.impl.strategy, budget, 256)
     loop.step_graphs = step_graphs
     return loop
 
 
 def _runs(loop) -> list:
+    """Greedy, then with replayed acceptance (chains: per position; trees: per rank)."""
     from specc.runtime.replay import ReplayVerifier
+    from specc.runtime.tree_replay import TreeReplayVerifier
 
     out = [loop.generate(PROMPT, 64, ())]
-    loop.verifier = ReplayVerifier([0.9, 0.8, 0.7, 0.6], seed=4)
+    if loop.tree_budget:
+        loop.use_verifiers(tree=TreeReplayVerifier([[0.7, 0.15], [0.8, 0.1]], seed=4))
+    else:
+        loop.verifier = ReplayVerifier([0.9, 0.8, 0.7, 0.6], seed=4)
     out.append(loop.generate(PROMPT, 96, ()))
     return [(r.tokens, r.stats.accepted_lengths) for r in out]
 
 
-@pytest.mark.parametrize("method", ["dflash", "pard"])
-def test_whole_step_graphs_equal_the_unfused_loop(compiled, method):
-    on = _system(compiled, method, True)
+@pytest.mark.parametrize("method,budget", [("dflash", 0), ("pard", 0), ("dflash", 16)])
+def test_whole_step_graphs_equal_the_unfused_loop(compiled, method, budget):
+    on = _system(compiled, method, True, budget)
     got = _runs(on)
     stats = on.graph_stats()["step"]
     assert not stats["eager_reasons"], stats["eager_reasons"]
     assert stats["replays"] >= len(got[0][1]) + len(got[1][1]) - 6
     captures = stats["captures"]
-    on.verifier.reset()
+    (on.tree_verifier if budget else on.verifier).reset()
     assert on.generate(PROMPT, 96, ()).stats.accepted_lengths == got[1][1]
     assert on.graph_stats()["step"]["captures"] == captures  # every key was captured at its first use
-    want = _runs(_system(compiled, method, False))
+    want = _runs(_system(compiled, method, False, budget))
     assert got == want and len(set(got[1][1])) > 2
 
 

@@ -42,7 +42,8 @@ def test_bench_tree_e2e_8b_tiny_check(tmp_path):
     assert [run["spec"].split("+")[0] for run in result["runs"]] == ["dflash-qwen3-8b:gsm8k", "dflash-qwen3-8b:mt-bench"]
     for run in result["runs"]:
         rows = {r["system"]: r for r in run["rows"]}
-        assert set(rows) == {"chain", "chain, draft ahead", "chain, step graphs", "tree 16"}
+        assert set(rows) == {"chain", "chain, draft ahead", "chain, step graphs", "tree 16", "tree 16, step graphs"}
+        assert rows["tree 16, step graphs"]["tokens_per_step"] == rows["tree 16"]["tokens_per_step"]
         # drafting ahead launches the same drafts earlier, whole-step graphs run the same step (on the
         # CPU: unfused, no CUDA graphs): the same replayed acceptance, step for step
         assert rows["chain, draft ahead"]["draft_ahead"] and not rows["chain"]["draft_ahead"]
