@@ -258,6 +258,7 @@ def run_timings(engine) -> dict:
 
     s, load = engine.last_stats, engine.load_stats
     return {"tokens_per_s": s["tokens_per_s"], "launch": launch_mode(engine.device),
+            "step_graphs": bool(getattr(engine.loop, "step_graphs", False)),
             "load_seconds": load.get("total", 0.0),
             "load_phases_s": {k: load[k] for k in LOAD_PHASES if k in load},
             "kernel_cache": load.get("kernel_cache"),
