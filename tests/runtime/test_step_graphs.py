@@ -238,3 +238,28 @@ def test_tree_steps_as_one_graph(checkpoints, key, method, k):
     got, want = on.generate(PROMPT, 40, ()), off.generate(PROMPT, 40, ())
     _same(got, want)
     assert len(set(got.stats.accepted_lengths)) > 1 and _replays(on) >= len(got.stats.accepted_lengths) - 3
+
+
+@pytest.mark.parametrize("budget", [0, 8])
+def test_shipped_hybrid_pair_chain_and_tree(budget):
+    """specc-tiny-hybrid (GDN + attention) with its DFlash drafter, real weights: whole chain and
+    tree steps commit the recurrent state's snapshot and DFlash's context as the unfused steps do
+    (the same tokens, which accept several drafts per step)."""
+    from specc.models.loading import ZOO_DIR
+
+    if not (ZOO_DIR / "specc-tiny-hybrid-dflash" / "config.json").is_file():
+        pytest.skip("hybrid zoo models not shipped")
+    from specc.runtime.eager import build_device_loop
+
+    prompt = [int(t) for t in torch.randint(10, 8000, (24,), generator=torch.Generator().manual_seed(0))]
+    runs = []
+    for graphs in (True, False):
+        loop = build_device_loop(resolve_pair("specc-tiny-hybrid", "specc-tiny-hybrid-dflash", "dflash"), 15,
+                                 max_len=96, tree_budget=budget)
+        loop.cap_to_budget = False
+        loop.step_graphs = graphs
+        loop.step_graph_capture = lambda body, pool, lp=loop: _Recorded(body, lp)
+        runs.append((loop.generate(prompt, 40, ()), _replays(loop)))
+    (got, replays), (want, _) = runs
+    _same(got, want)
+    assert max(got.stats.accepted_lengths) > 1 and replays >= len(got.stats.accepted_lengths) - 3
