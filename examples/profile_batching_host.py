@@ -33,6 +33,7 @@ end is its work's end; on a GPU the real graphs and ``bench_tree --e2e-8b`` say 
     PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 16,32
     PYTHONPATH=. python3 examples/profile_batching_host.py --batches 16 --profile 25 --out host.json
     PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 1 --phases --profile 30
+    PYTHONPATH=. SPECC_THREADS=1 python3 examples/profile_batching_host.py --batches 1 --phases --step-graphs
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class ForwardClock:
         self._handles = []
 
 
-PHASES = ("copy_to_draft", "draft_to_verify", "verify_to_accept")
+PHASES = ("copy_to_draft", "draft_to_verify", "verify_to_accept", "result_to_step")
 
 
 class PhaseClock:
@@ -148,7 +149,8 @@ class PhaseClock:
         now = time.perf_counter()
         if self._last is not None:
             phase = {("accept", "draft"): "copy_to_draft", ("draft", "verify"): "draft_to_verify",
-                     ("verify", "accept"): "verify_to_accept"}.get((self._last[0], role))
+                     ("verify", "accept"): "verify_to_accept", ("result", "step"): "result_to_step"}.get(
+                         (self._last[0], role))
             if phase is not None:
                 self.seconds[phase] += now - self._last[1]
                 self.counts[phase] += 1
@@ -156,6 +158,11 @@ class PhaseClock:
 
     def leave(self, role: str) -> None:
         self._last = (role, time.perf_counter()) if self.counting else None
+
+    def result(self) -> None:
+        """The host has read a whole step's result (``StepGraphs.on_result``): on a GPU it waited
+        for the step there, so the next step's launch is late by what the host does from here."""
+        self.leave("result")
 
 
 def emulated_graphs():
@@ -211,11 +218,29 @@ def _copy_into(dst, src) -> None:
             _copy_into(d, s)
 
 
-def graph_loop(loop, clock: PhaseClock) -> None:
+class StepReplay:
+    """A CPU stand-in for a whole-step graph (``--step-graphs``): a replay runs the step's body,
+    reported to the ``PhaseClock`` as role "step". With the loop's ``step_graph_on_result`` hook,
+    ``result_to_step`` is the host's time from reading one step's result (where on a GPU it waited
+    for that step) to launching the next: the GPU's idle window per step at batch 1."""
+
+    def __init__(self, body, clock: PhaseClock):
+        self.body, self.clock = body, clock
+
+    def replay(self):
+        self.clock.enter("step")
+        try:
+            self.body()
+        finally:
+            self.clock.leave("step")
+
+
+def graph_loop(loop, clock: PhaseClock, step_graphs: bool = False) -> None:
     """Set ``loop`` up as ``engine.build_loop`` does on a GPU (graphed target and drafter steps,
     shapes captured up front, drafting uncapped at the budget), with ``EmulatedGraphs``
     reporting to ``clock``, the next draft launched ahead at batch 1 (``draft_ahead``); the chain
-    acceptance's graph is made per scheduler (``graph_accept``)."""
+    acceptance's graph is made per scheduler (``graph_accept``). ``step_graphs``: batch-1 steps as
+    whole-step graphs (``StepReplay``) launched ahead, as ``SPECC_STEP_GRAPHS=1`` runs them."""
     graphs = emulated_graphs()
     k = loop.num_draft
     target = graphs(loop.target, k + 1)
@@ -229,6 +254,10 @@ def graph_loop(loop, clock: PhaseClock) -> None:
     loop.capture_shapes, loop.cap_to_budget = True, False
     loop.draft_ahead = True  # as on a GPU (a runtime without it ignores the attribute)
     loop.emulated_graphs = graphs
+    if step_graphs:
+        loop.step_graphs = True
+        loop.step_graph_capture = lambda body, pool: StepReplay(body, clock)
+        loop.step_graph_on_result = clock.result
 
 
 def graph_accept(loop, clock: PhaseClock) -> None:
@@ -290,7 +319,9 @@ def drive(loop, batch: int, work, audit: bool = False, profiler=None, phases: Ph
         out.update(forward_ms_per_step=clock.seconds * per_step, host_ms_per_step=(decode_s - clock.seconds) * per_step)
     if phases is not None:
         out.update({f"{name}_ms": 1e3 * phases.seconds[name] / max(phases.counts[name], 1) for name in PHASES})
-        out["host_critical_ms"] = out["copy_to_draft_ms"]
+        out["whole_steps"] = phases.counts["result_to_step"]  # steps launched after a whole step's result
+        # the window the GPU waits through per step: before the draft's launch, or between whole steps
+        out["host_critical_ms"] = out["result_to_step_ms" if phases.counts["result_to_step"] else "copy_to_draft_ms"]
     if audit:
         out.update({f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()})
         out["glue_ms_per_step"] = 1e3 * out.pop("glue_seconds_per_step")
@@ -326,6 +357,8 @@ def main(argv=None) -> None:
     ap.add_argument("--sort", default="tottime", help="cProfile order (tottime, cumulative, ...)")
     ap.add_argument("--phases", action="store_true", help="graphed steps emulated, the host gaps between the "
                     "draft, verify and acceptance launches per step (module doc)")
+    ap.add_argument("--step-graphs", action="store_true", help="with --phases: batch-1 steps as whole-step graphs "
+                    "(SPECC_STEP_GRAPHS=1), timed from reading one step's result to the next one's launch")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     opts = ap.parse_args(argv)
     if torch.device(opts.device).type == "cpu":
@@ -334,8 +367,10 @@ def main(argv=None) -> None:
         configure_threads()  # SPECC_THREADS, else the idle cores
     loop, vocab = build_loop(opts)
     clock = PhaseClock() if opts.phases else None
+    if opts.step_graphs and clock is None:
+        ap.error("--step-graphs needs --phases")
     if clock is not None:
-        graph_loop(loop, clock)
+        graph_loop(loop, clock, opts.step_graphs)
     rows = []
     for batch in [int(b) for b in opts.batches.split(",")]:
         opts_b = argparse.Namespace(**{**vars(opts), "requests": opts.requests or 3 * batch})
@@ -346,7 +381,8 @@ def main(argv=None) -> None:
             # (the counts are the same in every pass)
             timed = least([drive(loop, batch, work, phases=clock) for _ in range(opts.repeat)])
             counted = least([drive(loop, batch, work, audit=True, phases=clock) for _ in range(opts.repeat)])
-            counted = {key: value for key, value in counted.items() if key not in (*PHASES, "host_critical_ms")}
+            counted = {key: value for key, value in counted.items()
+                       if key not in (*(f"{p}_ms" for p in PHASES), "host_critical_ms", "whole_steps")}
             profiler = cProfile.Profile() if opts.profile else None
             if profiler is not None:
                 drive(loop, batch, work, profiler=profiler, phases=clock)

@@ -46,6 +46,22 @@ def test_profile_batching_host_bs1_phases(tmp_path):
     assert row["audit_forwards_per_step"] == 2.0 and row["audit_host_reads_per_step"] == 1.0
 
 
+def test_profile_batching_host_bs1_whole_step_graphs(tmp_path):
+    """``--phases --step-graphs``: batch-1 steps as whole-step graphs (a CPU stand-in) launched
+    ahead; the critical gap is from reading a step's result to the next launch, and every decode
+    step but each request's first is a whole step."""
+    from examples import profile_batching_host
+
+    out = tmp_path / "bs1-steps.json"
+    profile_batching_host.main(["--batches", "1", "--phases", "--step-graphs", "--requests", "2", "--prompt-min",
+                                "20", "--prompt-max", "30", "--tokens-min", "24", "--tokens-max", "32", "--repeat", "1",
+                                "--out", str(out)])
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["whole_steps"] >= row["decode_steps"] - 2 * 2 > 0
+    assert row["host_critical_ms"] == row["result_to_step_ms"] and 0 < row["result_to_step_ms"] < row["step_ms"]
+    assert row["audit_forwards_per_step"] == 2.0 and row["audit_host_reads_per_step"] == 1.0
+
+
 def test_phase_clock_sums_the_gaps_between_launches():
     from examples.profile_batching_host import PhaseClock
 
@@ -53,7 +69,7 @@ def test_phase_clock_sums_the_gaps_between_launches():
     for role in ("draft", "verify", "accept", "draft", "verify", "accept"):
         clock.enter(role)
         clock.leave(role)
-    assert clock.counts == {"copy_to_draft": 1, "draft_to_verify": 2, "verify_to_accept": 2}
+    assert clock.counts == {"copy_to_draft": 1, "draft_to_verify": 2, "verify_to_accept": 2, "result_to_step": 0}
     clock.boundary()  # an admission: the next draft's gap is no step's
     clock.enter("draft")
     assert clock.counts["copy_to_draft"] == 1

@@ -178,6 +178,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     _ahead: tuple | None = None  # ((committed tokens, k), drafts) made ahead for the next step
     step_graphs = False  # batch 1: each greedy chain step as one CUDA graph (``specc.runtime.step_graphs``)
     step_graph_capture = None  # how those graphs are made (None: CUDA graphs; the CPU tests pass a stand-in)
+    step_graph_on_result = None  # called when a whole step's result is read (host-time profiles)
     _step_graphs = None  # the ``StepGraphs`` of the current seq buffer and state
     _ahead_step: tuple | None = None  # (committed tokens, graph key) of a whole step launched ahead
 
@@ -599,14 +600,15 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     def _step_ahead(self, budget: int, num_draft) -> bool:
         """Launch the next step's whole-step graph now (``ahead``): batch 1, a live row with
-        ``budget`` tokens left, the loop's own k, its graph captured. Whether it was launched."""
+        ``budget`` tokens left, the loop's own k, its graph captured (or capturable). Whether it
+        was launched (if not, ``draft_ahead`` may still draft ahead)."""
         graphs = self._step_graphs if self.step_graphs and not self.profile else None
         if graphs is None or self.batch != 1 or not self.live[0] or budget < 1 or num_draft is not None:
             return False
         k = self.num_draft if self.drafter is not None else 0
         k = min(k, budget - 1) if self.cap_to_budget else k
         key = self._whole_step_key(graphs, k)
-        if key is None or key not in graphs.graphs:
+        if key is None or not graphs.ready(key):  # (captured now if its kernels are compiled)
             return False
         graphs.launch(key)
         self._ahead_step = (self.n[0], key)

@@ -92,6 +92,9 @@ class StepGraphs:
         self.failed: dict = {}  # key -> why its capture failed (the step then runs unfused)
         self.compiled: set[tuple] = set()  # (k, tree budget) of unfused steps run so far (kernels compiled)
         self.replays = self.eager_calls = 0  # (the counters ``warm_up`` resets; no step runs eagerly here)
+        # called after the host reads a step's result: where a host-time profile starts the window the
+        # GPU waits through until the next launch (examples/profile_batching_host.py --step-graphs)
+        self.on_result = getattr(loop, "step_graph_on_result", None)
         dev = target.device
         width = 2 * (loop.num_draft + 2)
         self.offsets = torch.arange(width, device=dev)[None]  # owned here: graphs read it
@@ -250,7 +253,10 @@ class StepGraphs:
     def result(self, k: int) -> list[list[int]]:
         """The launched step's rows ``[[accepted, committed tokens...]]``: the step's one device ->
         host copy."""
-        return self.out[k].tolist()
+        rows = self.out[k].tolist()
+        if self.on_result is not None:
+            self.on_result()
+        return rows
 
     def stats(self) -> dict:
         """What ``graph_stats`` reports for the whole-step graphs."""
