@@ -111,7 +111,7 @@ def process_rows(logits: torch.Tensor, rows: RowParams, seen: torch.Tensor | Non
     repetition penalty (``seen`` [B, ..., V] bool, the context's tokens; None: no row has one),
     temperature, top-k, top-p, min-p. -inf marks tokens that cannot be sampled."""
     scores = logits.float()
-    neg_inf = torch.tensor(float("-inf"), device=scores.device)
+    neg_inf = float("-inf")  # a Python scalar: no host -> device copy per call (capturable in a CUDA graph)
     if seen is not None:
         penalty = _col(rows.penalty, scores)
         penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
