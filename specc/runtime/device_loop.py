@@ -63,7 +63,7 @@ takes it, and refuses one that does not match its committed length and k. A requ
 instead releases its slot, which drops the draft (one wasted draft on the GPU at an EOS).
 
 Whole-step graphs (``step_graphs``, opt-in until timed on a GPU; batch 1, greedy chains in one
-level and trees): the step's draft, verify, acceptance and commit as one CUDA graph per drafting shape,
+level, greedy trees, sampled chains): the step's draft, verify, acceptance and commit as one CUDA graph per drafting shape,
 over buffers at fixed addresses, launched ahead of the scheduler's bookkeeping when it promises to
 step again (``specc.runtime.step_graphs``). The same calls as the unfused step, so the same tokens;
 steps it does not apply to run unfused.
@@ -432,8 +432,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             first = logits[:, -1].argmax(-1)
         else:
             if isinstance(self.policy, GreedyPolicy):  # the first sampled request: every other row greedy
-                self.policy = SamplingPolicy([None] * self.batch, torch.zeros(self.batch, dtype=torch.long, device=dev),
-                                             self.seq[:, :1], logits.shape[-1])
+                self.policy = self._sampling_policy(logits.shape[-1])
             self.policy.start_row(slot, (params.seed if params is not None else 0) if seed is None else seed,
                                   self.seq[slot, :plen], params)
             first = self.policy.first_row(slot, logits[:, -1], torch.tensor([plen], device=dev))
@@ -444,6 +443,21 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if self.batch > 1 and hasattr(self.drafter, "feed_prompt"):
                 self.drafter.feed_prompt(slot, ids)
         return int(first[0])
+
+    def _sampling_policy(self, vocab: int) -> SamplingPolicy:
+        """The SamplingPolicy of a generation's first sampled request, every row greedy: the one
+        kept from an earlier generation of this batch size and vocabulary (``restart``), so that
+        whole-step graphs captured over its tensors stay valid, else a new one."""
+        kept = getattr(self, "_kept_sampling", None)
+        dev = self.target.device
+        if (kept is not None and kept.rows.rows == self.batch and kept.vocab == vocab
+                and kept.seeds.device == dev and kept.seeds.is_inference() == torch.is_inference_mode_enabled()):
+            kept.restart()
+            return kept
+        kept = SamplingPolicy([None] * self.batch, torch.zeros(self.batch, dtype=torch.long, device=dev),
+                              self.seq[:, :1], vocab)
+        self._kept_sampling = kept
+        return kept
 
     def release_slot(self, slot: int) -> None:
         """Free ``slot`` (its request finished or was cancelled); a later prefill reuses it."""
@@ -556,8 +570,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                     policy.observe(committed, accepted * active if active is not None else accepted)
                 self._commit_chain(accepted, committed, active)
             host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
-            if graphs is not None and rows == 1 and isinstance(policy, GreedyPolicy):
-                graphs.ran_unfused(k)  # kernels of a k-draft step are compiled: its graphs may be captured
+            if graphs is not None and rows == 1:  # kernels of a k-draft step are compiled: its graphs may be captured
+                graphs.ran_unfused(k, 0, sampled=not isinstance(policy, GreedyPolicy))
         acc = [row[0] if self.live[b] else 0 for b, row in enumerate(host)]
         if self.drafter is not None:
             self.drafter.accepted_rows(n, acc, k, context)
@@ -591,10 +605,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         return graphs
 
     def _whole_step_key(self, graphs, k: int, per_row: bool = False):
-        """The whole-step graph key of this step (``StepGraphs.key``) when it is a batch-1 greedy
-        tree step or chain step in one level, else None."""
-        if (graphs is None or per_row or not isinstance(self.policy, GreedyPolicy)
-                or (self.two_level_k1 and self.verifies_ragged and k > self.two_level_k1)):
+        """The whole-step graph key of this step (``StepGraphs.key``: batch 1, a greedy tree or
+        chain step or a sampled chain step) when it verifies in one level, else None."""
+        if graphs is None or per_row or (self.two_level_k1 and self.verifies_ragged and k > self.two_level_k1):
             return None
         return graphs.key(k)
 

@@ -188,6 +188,16 @@ class SamplingPolicy:
         self.observe(res.committed, res.accepted)
         return res.accepted, res.committed, res.path
 
+    def restart(self) -> None:
+        """Every row greedy again, for a new generation that reuses this policy (the device loop
+        keeps one per batch size, so CUDA graphs captured over its tensors stay valid): params and
+        seeds rewritten in place, the seen set dropped. ``RowParams.used`` stays: a processor no row
+        has on changes no row's distribution (each is masked per row)."""
+        for row in range(self.rows.rows):
+            self.rows.set_row(row, None)
+        self.seeds.zero_()
+        self.seen = None
+
     def start_row(self, slot: int, seed: int, prompt: torch.Tensor, params=None) -> None:
         """A request enters ``slot`` (continuous batching): its seed, its params (None: a greedy
         row) and, when it has a repetition penalty, its prompt as the seen set."""

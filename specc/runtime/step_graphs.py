@@ -7,7 +7,7 @@ through every launch it waits for. On the H200 (docs/benchmarks/h200-run9.md, Qw
 DFlash-b16) a 6.55 ms chain step spent ~0.35 ms of its draft part and ~0.13 ms of its accept part
 outside their graphs, and 0.09 ms between steps; the compiled AR step ~0.23 ms of 4.63 ms.
 
-What. :class:`StepGraphs` captures, per (k, drafting key, tree budget), one CUDA graph of the whole step over
+What. :class:`StepGraphs` captures, per (k, drafting key, tree budget, sampling), one CUDA graph of the whole step over
 buffers at fixed addresses: the loop's committed tokens ``seq``, the target state's ``lengths``
 (at batch 1 the committed count minus one), a context buffer for DFlash (the target's hidden
 states of the step's block, which the next draft reads) and a small output buffer ``[1, k + 2]``
@@ -31,9 +31,18 @@ Tree steps (``tree_budget`` N > 0) are one graph the same way: the drafter's log
 plan, the tree verify, acceptance, the KV compaction of the accepted path and the path's hidden
 states for DFlash, the same calls as the unfused tree step (``DeviceSpeculativeDecoder._tree_step``).
 
-Where it applies (``StepGraphs.key``): batch 1, a live row, greedy, a chain step in one level
-(no per-request k) or a tree step, a drafter with a device draft for the current key (or plain AR),
-graphed steps that would graph this verify, and no per-part profile. Everywhere else the loop
+Speculative sampling (a ``SamplingPolicy``) is one graph too for chain steps with a parallel
+drafter (or plain AR) and no repetition penalty: the drafts drawn from the drafter's processed
+distributions, the target, the rejection test and the commit, the same calls as the unfused step
+(``SamplingPolicy.draft`` / ``verify_chain`` / ``observe``). The graphs read the policy's row tensors
+(params, seeds), written in place when a request enters (``start_row``); the loop keeps one policy
+per batch size across generations (``SamplingPolicy.restart``), so its graphs stay valid, and the
+processors some row has used (top-k, top-p, min-p) are part of the key.
+
+Where it applies (``StepGraphs.key``): batch 1, a live row, a greedy chain step in one level (no
+per-request k), a greedy tree step, or a sampled chain step as above; a drafter with a device
+draft for the current key (or plain AR), graphed steps that would graph this verify, and no
+per-part profile. Everywhere else the loop
 runs its unfused step, whose parts it can time. Opt-in (``DeviceSpeculativeDecoder.step_graphs``,
 ``SPECC_STEP_GRAPHS=1``) until timed on a GPU (``examples/bench_tree.py --e2e-8b`` times both).
 """
@@ -46,6 +55,7 @@ import torch
 
 from specc.runtime import graphs as graphs_module
 from specc.runtime.graphs import GraphedStep, new_pool, pool_id
+from specc.sampling import rng
 
 
 ENV = "SPECC_STEP_GRAPHS"
@@ -86,11 +96,12 @@ class StepGraphs:
         self.seq = loop.seq
         target = loop.target
         self.pool = getattr(target, "pool", None)  # the loop's graphed steps' pool (made at a CUDA capture if none)
-        self.graphs: dict = {}  # (k, drafting key, tree budget) -> graph
+        self.graphs: dict = {}  # (k, drafting key, tree budget, sampling) -> graph
         self.out: dict[int, torch.Tensor] = {}  # k -> [1, k + 2] (accepted, committed tokens)
         self.context: torch.Tensor | None = None  # [1, k + 1, n*H]: the target's hidden states of the block
         self.failed: dict = {}  # key -> why its capture failed (the step then runs unfused)
-        self.compiled: set[tuple] = set()  # (k, tree budget) of unfused steps run so far (kernels compiled)
+        self.compiled: set[tuple] = set()  # (k, tree budget, sampled) of unfused steps run so far (kernels compiled)
+        self.policy = None  # the SamplingPolicy the sampled graphs read (a new one drops them)
         self.replays = self.eager_calls = 0  # (the counters ``warm_up`` resets; no step runs eagerly here)
         # called after the host reads a step's result: where a host-time profile starts the window the
         # GPU waits through until the next launch (examples/profile_batching_host.py --step-graphs)
@@ -109,35 +120,52 @@ class StepGraphs:
             return None
         drafter = loop.drafter
         tree = loop.tree_budget if drafter is not None and k > 0 else 0
+        sampling = self._sampling_key(loop.policy, drafter, tree)
+        if sampling is False:  # a policy whose step is not captured
+            return None
         verify, rows = (loop.tree_target, tree + 1) if tree else (loop.target, k + 1)
         if getattr(verify, "max_tokens", rows) < rows:  # the verify step is not graphed now
             return None
         if drafter is None:
-            return (k, 0, 0) if k == 0 else None
-        if k < 1:
+            key = (k, 0, 0, sampling) if k == 0 else None
+        elif k < 1:
             return None
-        draft_key = drafter.device_draft_key(loop.n, k)
-        if draft_key is None:
-            return None
-        key = (k, draft_key, tree)
-        return None if key in self.failed else key
+        else:
+            draft_key = drafter.device_draft_key(loop.n, k)
+            key = None if draft_key is None else (k, draft_key, tree, sampling)
+        return None if key is None or key in self.failed else key
 
-    def ran_unfused(self, k: int, tree: int = 0) -> None:
-        """An unfused step with k drafts (a tree of ``tree`` nodes) has run: its kernels are compiled."""
-        self.compiled.add((k, tree))
+    def _sampling_key(self, policy, drafter, tree: int):
+        """None for greedy steps; for speculative sampling ("sample", the processors some row uses)
+        when its step can be one graph (a chain, no repetition penalty, a parallel drafter or
+        none), else False. A policy other than the one the sampled graphs read drops them."""
+        if not hasattr(policy, "rows"):  # GreedyPolicy
+            return None
+        if tree or policy.seen is not None or (drafter is not None and not drafter.supports_tree):
+            return False
+        if policy is not self.policy:
+            for key in [key for key in self.graphs if key[3] is not None]:
+                del self.graphs[key]
+            self.policy = policy
+        return ("sample", frozenset(policy.rows.used))
+
+    def ran_unfused(self, k: int, tree: int = 0, sampled: bool = False) -> None:
+        """An unfused step with k drafts (a tree of ``tree`` nodes; sampled or greedy) has run: its
+        kernels are compiled."""
+        self.compiled.add((k, tree, sampled))
 
     def ready(self, key: tuple) -> bool:
         """Whether ``key``'s graph exists, capturing every key of its k first when an unfused step
         of that k has run (False: run this step unfused)."""
         if key in self.graphs:
             return True
-        k, _, tree = key
-        if (k, tree) not in self.compiled:
+        k, _, tree, sampling = key
+        if (k, tree, sampling is not None) not in self.compiled:
             return False
         keys = [key]
         drafter = self.loop.drafter
         if drafter is not None:
-            keys = [(k, d, tree) for d in drafter.device_draft_keys(k)]
+            keys = [(k, d, tree, sampling) for d in drafter.device_draft_keys(k)]
             if key not in keys:
                 keys.append(key)
         for each in keys:
@@ -198,21 +226,33 @@ class StepGraphs:
 
     # --- the step --------------------------------------------------------------------------------
 
-    def _body(self, k: int, draft_key, tree: int) -> None:
-        """The step on the device: reads only ``seq``, the state, ``context`` and owned ranges,
-        writes the state, ``seq``, ``context`` and ``out[k]``. Host values are the key's."""
+    def _body(self, k: int, draft_key, tree: int, sampling) -> None:
+        """The step on the device: reads only ``seq``, the state, ``context``, owned ranges (and a
+        sampling policy's row tensors), writes the state, ``seq``, ``context`` and ``out[k]``.
+        Host values are the key's."""
         if tree:
             return self._tree_body(k, draft_key, tree)
         loop = self.loop
         seq, lengths = loop.seq, loop.state.lengths
-        if k:
+        q = None
+        if k and sampling is None:
             drafts = loop.drafter.draft_on_device(seq, lengths, draft_key, k, self.context, self.offsets)
+        elif k:  # ``SamplingPolicy.draft`` of a parallel drafter: each position drawn from its q
+            q = self.policy.probs(loop.drafter.draft_on_device(seq, lengths, draft_key, k, self.context,
+                                                               self.offsets, logits=True), None)
+            drafts = rng.sample(q, rng.uniform(self.policy.seeds, (lengths + 1)[:, None] + self.offsets[:, :k],
+                                               rng.DRAFT))
         else:
             drafts = seq[:, :0]
         block = torch.cat([seq.gather(1, lengths[:, None]), drafts], dim=1)
         out = unwrapped(loop.target)(block, lengths[:, None] + loop._arange(k + 1), lengths)
         logits, hidden = out if isinstance(out, tuple) else (out, None)
-        accepted, committed = loop._accept_chain(drafts, logits, None, None)
+        if sampling is None:
+            accepted, committed = loop._accept_chain(drafts, logits, None, None)
+        else:  # the unfused sampled step's calls, in its order
+            accepted, committed = self.policy.verify_chain(loop.verifier, drafts, q, logits, None, lengths)
+            self.policy.observe(committed, accepted)
+            loop._commit_chain(accepted, committed, None)
         if hidden is not None and self.context is not None:
             self.context[:, :k + 1].copy_(hidden[:, :k + 1])
         self.out[k].copy_(torch.cat([accepted[:, None], committed], dim=1))

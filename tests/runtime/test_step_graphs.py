@@ -263,3 +263,32 @@ def test_shipped_hybrid_pair_chain_and_tree(budget):
     (got, replays), (want, _) = runs
     _same(got, want)
     assert max(got.stats.accepted_lengths) > 1 and replays >= len(got.stats.accepted_lengths) - 3
+
+
+@QWEN3
+@pytest.mark.parametrize("key,method,k", DRAFTERS[:2] + [(None, "ar", 0)])
+def test_sampled_chain_steps_as_one_graph(checkpoints, key, method, k):
+    """Speculative sampling at batch 1 (a parallel drafter, or plain AR): each step's draws,
+    rejection test and commit in one graph give the unfused step's tokens for the same seeds.
+    The loop keeps its SamplingPolicy across generations (``restart``), so the graphs captured
+    over its tensors serve the next generation; a processor newly in use (top-k) is another
+    key; a repetition penalty (a seen set) runs unfused."""
+    from specc.sampling.params import SamplingParams
+
+    on = _loop(checkpoints, key, method, k, True, cap_to_budget=False)
+    off = _loop(checkpoints, key, method, k, False, cap_to_budget=False)
+    top_p = SamplingParams(temperature=0.9, top_p=0.95, seed=7)
+    for params in (top_p, SamplingParams(temperature=0.7, seed=8), top_p):
+        _same(on.generate(PROMPT, 24, (), params), off.generate(PROMPT, 24, (), params))
+    assert on._step_graphs.policy is on.policy and _replays(on) >= 3 * (23 - 2) // (k + 1)
+    captures = on._step_graphs.captures
+    _same(on.generate(PROMPT, 24, (), top_p), off.generate(PROMPT, 24, (), top_p))
+    assert on._step_graphs.captures == captures  # a new generation, the same graphs
+    top_k = SamplingParams(temperature=1.2, top_k=5, seed=9)
+    _same(on.generate(PROMPT, 24, (), top_k), off.generate(PROMPT, 24, (), top_k))
+    assert on._step_graphs.captures > captures  # top-k in use: new keys
+    replays = _replays(on)
+    penalty = SamplingParams(temperature=0.8, repetition_penalty=1.3, seed=3)
+    _same(on.generate(PROMPT, 24, (), penalty), off.generate(PROMPT, 24, (), penalty))
+    assert _replays(on) == replays
+    _same(on.generate(PROMPT, 24, ()), off.generate(PROMPT, 24, ()))  # greedy again

@@ -80,3 +80,18 @@ def test_plain_ar_as_one_graph_per_step(compiled):
     assert on.graph_stats()["step"]["replays"] >= 37
     off = build_loop({"target": steps["target"]}, None, 0, 256)
     assert off.generate(PROMPT, 40, ()).tokens == got
+
+
+def test_sampled_chain_steps_as_one_graph(compiled):
+    """Speculative sampling (DFlash, top-p) through whole-step graphs: a seed gives the unfused
+    loop's tokens; a later generation reuses the graphs."""
+    from specc.sampling.params import SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+    on = _system(compiled, "dflash", True)
+    got = [on.generate(PROMPT, 64, (), params).tokens for _ in range(2)]
+    stats = on.graph_stats()["step"]
+    assert not stats["eager_reasons"], stats["eager_reasons"]
+    assert stats["replays"] >= 2 * 10 and got[0] == got[1]
+    off = _system(compiled, "dflash", False)
+    assert off.generate(PROMPT, 64, (), params).tokens == got[0]
