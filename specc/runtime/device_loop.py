@@ -176,7 +176,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     _caps: tuple | None = None  # (per-row caps, their device copy) of the last step
     draft_ahead = False  # batch 1: launch the next step's draft before returning (module doc)
     _ahead: tuple | None = None  # ((committed tokens, k), drafts) made ahead for the next step
-    step_graphs = False  # batch 1: each greedy chain step as one CUDA graph (``specc.runtime.step_graphs``)
+    step_graphs = False  # batch 1: each step as one CUDA graph (``specc.runtime.step_graphs``)
     step_graph_capture = None  # how those graphs are made (None: CUDA graphs; the CPU tests pass a stand-in)
     step_graph_on_result = None  # called when a whole step's result is read (host-time profiles)
     _step_graphs = None  # the ``StepGraphs`` of the current seq buffer and state
