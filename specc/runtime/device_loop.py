@@ -615,7 +615,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         """Launch the next step's whole-step graph now (``ahead``): batch 1, a live row with
         ``budget`` tokens left, the loop's own k, its graph captured (or capturable). Whether it
         was launched (if not, ``draft_ahead`` may still draft ahead)."""
-        graphs = self._step_graphs if self.step_graphs and not self.profile else None
+        graphs = self._whole_step_graphs()
         if graphs is None or self.batch != 1 or not self.live[0] or budget < 1 or num_draft is not None:
             return False
         k = self.num_draft if self.drafter is not None else 0
@@ -815,10 +815,22 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         """Write row b's committed tokens into ``seq`` right after its last committed token
         (positions ``state.lengths[b] + 1`` onward, on the device) and commit ``accepted + 1``
         positions of the state (0 for a free row: ``active`` [B] 0/1, None: every row live)."""
+        self._write_committed(committed)
+        self.state.commit(accepted + 1 if active is None else (accepted + 1) * active)
+
+    def _write_committed(self, committed):
+        """Row b's committed tokens ``committed`` [B, W] into ``seq`` right after its last committed
+        token (positions ``state.lengths[b] + 1`` onward; entries past a row's count are rewritten
+        by its next step)."""
         lengths = self.state.lengths
         self.seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:],
                           committed.to(self.seq.dtype))
-        self.state.commit(accepted + 1 if active is None else (accepted + 1) * active)
+
+    @staticmethod
+    def _along_path(hidden, path):
+        """The target's hidden states ``hidden`` [B, N, n*H] at the accepted path's nodes ``path``
+        [B, P] (DFlash's context after a tree step; entries past a path's end are junk)."""
+        return hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
 
     def _tree_step(self, seq, n, k, caps, active, timer, drafting=None):
         """One tree step on the device (see the module doc): returns (the step's one host copy,
@@ -843,11 +855,11 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         timer.mark("commit")
         if active is not None:
             accepted = accepted * active
-        seq.scatter_(1, lengths[:, None] + self._arange(committed.shape[1] + 1)[:, 1:], committed)
+        self._write_committed(committed)
         tree_fns["commit"](accepted + 1 if active is None else (accepted + 1) * active, path)
         context = None
         if hidden is not None:  # DFlash: the target's hidden states of the committed path
-            context = hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
+            context = self._along_path(hidden, path)
         host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
         return host, context, tokens.shape[1]
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from specc.models.dflash import DFlashDrafter
+from specc.runtime.graphs import unwrapped
 from specc.runtime.state import slot_view
 from specc.runtime.uploads import upload
 
@@ -287,12 +288,6 @@ class Drafter:
         the step that began with ``n`` committed tokens."""
 
 
-def _unwrapped(step):
-    from specc.runtime.step_graphs import unwrapped
-
-    return unwrapped(step)
-
-
 class CausalDrafter(Drafter):
     """A drafter that is a causal LM step (specc CausalLM or its compiled step). ``lengths[b]``
     is how many committed tokens of row b its KV cache holds."""
@@ -443,7 +438,7 @@ class ARDraft(CausalDrafter):
         """``_chain`` on the device: the m fed tokens, then each draft fed back."""
         if logits:
             raise NotImplementedError("the AR drafter gives no per-position distributions (chains only)")
-        step = _unwrapped(self.model)
+        step = unwrapped(self.model)
         feed, start = self._device_feed(seq, lengths, key, offsets)
         drafts = []
         for _ in range(k):
@@ -499,7 +494,7 @@ class PardDraft(CausalDrafter):
         """``_block`` on the device: the m fed tokens and k - 1 mask slots, one forward."""
         feed, start = self._device_feed(seq, lengths, key, offsets)
         feed = torch.cat([feed, self._masks(1, self.mask_slots(k))], dim=1)
-        out = _unwrapped(self.model)(feed, start[:, None] + offsets[:, :feed.shape[1]], start)[:, -k:]
+        out = unwrapped(self.model)(feed, start[:, None] + offsets[:, :feed.shape[1]], start)[:, -k:]
         return out if logits else out.argmax(-1)
 
     def drafted_on_device(self, n, key, k):
@@ -678,7 +673,7 @@ class DFlashDraft(Drafter):
         c = key
         cached = lengths - c
         block = torch.cat([seq.gather(1, lengths[:, None]), self._masks(1, k)], dim=1)
-        out = _unwrapped(self.drafter)(block, context[:, :c], cached[:, None] + offsets[:, :c + k + 1], cached)
+        out = unwrapped(self.drafter)(block, context[:, :c], cached[:, None] + offsets[:, :c + k + 1], cached)
         return out if logits else out.argmax(-1)
 
     def drafted_on_device(self, n, key, k):

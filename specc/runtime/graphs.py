@@ -74,6 +74,17 @@ def _stamp(graph):
     return time.perf_counter()
 
 
+def replay(graph, owner) -> None:
+    """``graph.replay()``, timed into ``logging_replays``'s list under ``owner`` when one is active."""
+    log = _REPLAY_LOG
+    if log is None:
+        graph.replay()
+        return
+    start = _stamp(graph)
+    graph.replay()
+    log.append((owner, start, _stamp(graph)))
+
+
 def new_pool():
     """A graph memory pool that stays valid while referenced (module doc): a ``torch.cuda.MemPool``
     where torch has it, else a ``graph_pool_handle()`` id (older torch)."""
@@ -181,13 +192,7 @@ class GraphedStep:
         for buf, a in zip(static_in, args):
             if torch.is_tensor(a):
                 buf.copy_(a, non_blocking=True)
-        log = _REPLAY_LOG
-        if log is None:
-            graph.replay()
-        else:
-            start = _stamp(graph)
-            graph.replay()
-            log.append((self, start, _stamp(graph)))
+        replay(graph, self)
         self.replays += 1
         return out
 
@@ -219,3 +224,10 @@ def _plain(key):
     if isinstance(key, torch.Size):
         return tuple(key)
     return tuple(_plain(k) for k in key) if isinstance(key, tuple) else key
+
+
+def unwrapped(step):
+    """The callable a ``GraphedStep`` runs (its wrapped step, through any signature mapping of a
+    subclass); any other step as it is. What a graph of a larger function (a whole step,
+    ``specc.runtime.step_graphs``) calls inside its own capture."""
+    return step._run if isinstance(step, GraphedStep) else step

@@ -53,8 +53,7 @@ import os
 
 import torch
 
-from specc.runtime import graphs as graphs_module
-from specc.runtime.graphs import GraphedStep, new_pool, pool_id
+from specc.runtime.graphs import GraphedStep, new_pool, pool_id, replay, unwrapped
 from specc.sampling import rng
 
 
@@ -68,12 +67,6 @@ def step_graphs_enabled() -> bool:
     if value not in ("0", "1", "", "off", "on", "false", "true"):
         raise ValueError(f"{ENV}={value!r}: use 1 (on) or 0 (off)")
     return value in ("1", "on", "true")
-
-
-def unwrapped(step):
-    """The callable a ``GraphedStep`` runs (its wrapped step, through any signature mapping of a
-    subclass); any other step as it is. What a whole-step graph calls inside its capture."""
-    return step._run if isinstance(step, GraphedStep) else step
 
 
 def cuda_capture(body, pool):
@@ -191,7 +184,7 @@ class StepGraphs:
         try:
             self.graphs[key] = self._capture(lambda: self._body(*key), self.pool)
         except Exception as exc:  # noqa: BLE001 - a step that cannot be captured runs unfused
-            if torch.cuda.is_available() and loop.target.device.type == "cuda":
+            if loop.target.device.type == "cuda":
                 torch.cuda.synchronize()
             self.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
@@ -209,10 +202,10 @@ class StepGraphs:
         out = unwrapped(loop.tree_target)(tokens, positions, lengths, mask)
         logits, hidden = out if isinstance(out, tuple) else (out, None)
         accepted, committed, path = loop._accept_tree(tokens, parents, depths, mask, logits, None, k)
-        seq.scatter_(1, lengths[:, None] + loop._arange(committed.shape[1] + 1)[:, 1:], committed)
+        loop._write_committed(committed)
         loop._commit_path(accepted + 1, path)
         if hidden is not None and self.context is not None:
-            along = hidden.gather(1, path.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1]))
+            along = loop._along_path(hidden, path)
             self.context[:, :along.shape[1]].copy_(along)
         self.out[k].copy_(torch.cat([accepted[:, None], committed], dim=1))
 
@@ -280,14 +273,7 @@ class StepGraphs:
         """Replay ``key``'s graph (captured: ``ready``); its result is read by :meth:`result`.
         Timed into ``graphs.logging_replays``'s list when one is active."""
         self.prepare_context(key[0])
-        graph = self.graphs[key]
-        log = graphs_module._REPLAY_LOG
-        if log is None:
-            graph.replay()
-        else:
-            start = graphs_module._stamp(graph)
-            graph.replay()
-            log.append((self, start, graphs_module._stamp(graph)))
+        replay(self.graphs[key], self)
         self.replays += 1
 
     def result(self, k: int) -> list[list[int]]:

@@ -19,9 +19,8 @@ from specc.pairing import resolve_pair
 from specc.runtime.batching import BatchScheduler
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
 from specc.runtime.eager import build_eager
-from specc.runtime.graphs import GraphedStep
+from specc.runtime.graphs import GraphedStep, unwrapped
 from specc.runtime.replay import ReplayVerifier
-from specc.runtime.step_graphs import unwrapped
 
 QWEN3 = pytest.mark.parametrize("family", ["qwen3"], indirect=True)
 DRAFTERS = [("dflash", "dflash", 3), ("pard_same", "pard", 4), ("ar_perturbed", "ar-draft", 3)]
