@@ -369,3 +369,44 @@ def test_linear_bf16_gpu(m, norm, tma):
     y = L.linear(x, w, b, g, 1e-6, config=cfg)
     ref = L.linear_reference(x.float(), w.float(), b.float(), None if g is None else g.float(), 1e-6)
     assert _rel(y, ref) < 1e-2
+
+
+@pytest.mark.parametrize("cfg", ["dot_swap", "dot_split", "dot_prologue", "dot_tma", "dot_tma_prologue"])
+def test_dot_first_tile_gives_the_loops_bits(dev, cfg, monkeypatch):
+    """PDL mode 3's first weight tile, loaded before the wait and run as the loop's first
+    iteration, sums the same products in the same order: the same bits, with K uneven, split-K
+    programs, the norm prologue and TMA tiles."""
+    torch.manual_seed(9)
+    x = torch.randn(18, 100)
+    w = torch.randn(33, 100) * 0.1
+    g = 1 + 0.1 * torch.randn(100)
+    c = CONFIGS[cfg]
+    norm = (None, g, 1e-5) if c.norm_prologue else ()
+    want = L.linear(x.to(dev), w.to(dev), *norm, config=c)
+    monkeypatch.setattr(L, "_dot_first_tile", lambda mode: True)
+    got = L.linear(x.to(dev), w.to(dev), *norm, config=c)
+    assert torch.equal(got, want)
+    assert L._dot_first_tile.__name__ == "<lambda>"  # (the patched choice was the one launched)
+
+
+def test_dot_first_tile_only_in_mode_3():
+    assert [L._dot_first_tile(mode) for mode in range(5)] == [False, False, False, True, False]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [3, 4])
+@pytest.mark.parametrize("m", [4, 16, 64])
+def test_dot_pdl_modes_give_mode_0_bits_gpu(m, mode, monkeypatch):
+    """Modes 3 and 4 change when the tensor-core linear loads its first tiles, never its sums."""
+    from specc.codegen.kernels import pdl
+
+    if not pdl.PDL_SUPPORTED or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs PDL (Hopper)")
+    torch.manual_seed(m)
+    x = torch.randn(m, 4096, device="cuda").bfloat16()
+    w = (torch.randn(4096, 4096, device="cuda") * 0.02).bfloat16()
+    monkeypatch.setattr(pdl, "PDL_MODE", 0)
+    want = L.linear(x, w)
+    monkeypatch.setattr(pdl, "PDL_MODE", mode)
+    for _ in range(3):
+        assert torch.equal(L.linear(x, w), want)
