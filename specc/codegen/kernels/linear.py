@@ -117,13 +117,6 @@ M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # (B = 1, Q = 16) took 1.6% less time and the B = 16 AR step 0.8% more (without it on this kernel,
 # +1.6%); at 256 rows (B = 16, Q = 16) the step took 5.8% more with it and 1.2% more without.
 PDL_DOT_MAX_ROWS = 64
-
-
-def _dot_first_tile(mode: int) -> bool:
-    """Whether the tensor-core kernel, launched under PDL ``mode``, loads its first weight tile
-    before waiting on its predecessor (mode 3; the GEMVs do from mode 2). The kernel runs that
-    tile as its loop's first iteration, so the sums are the same, bit for bit."""
-    return mode == 3
 # The multi-row GEMV's widest row tile (LinearConfig.block_m of kind="gemv"): each weight element
 # costs block_m fp32 FMAs, and at 16 rows the H200's FMA rate (~33 TFMA/s) falls below what its
 # HBM streams (~2.4 G bf16 weights/us x 16).
@@ -403,78 +396,13 @@ def _gemv_rows_kernel(
 
 
 @triton.jit
-def _prefetch_l2(w_base, k0, k_hi, LINES: tl.constexpr, PER_LINE: tl.constexpr):
-    """Prefetch ``LINES`` 128-byte lines of every weight row from column k0 (not past k_hi) into
-    L2: nothing is loaded into registers; the loop's own loads then hit L2."""
-    ptrs = w_base + tl.minimum(k0 + tl.arange(0, LINES)[None, :] * PER_LINE, k_hi - 1)
-    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _gemm_weights(w_base, w_desc, row0, k0, k_hi, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                  TMA: tl.constexpr):
-    """The dot kernel's ``[BLOCK_N, BLOCK_K]`` weight tile at column k0, rows from ``row0`` (streamed
-    once: evict first; TMA: a bulk tensor copy, columns past K arrive as zeros)."""
-    if TMA:
-        return w_desc.load([row0, k0])
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    if EVEN_K:
-        offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
-        return tl.load(w_base + offs_k[None, :], eviction_policy="evict_first")
-    mk = offs_k < k_hi
-    return tl.load(w_base + offs_k[None, :], mask=mk[None, :], other=0.0, eviction_policy="evict_first")
-
-
-@triton.jit
-def _gemm_step(acc, x_base, x_desc, row0, g_ptr, rstd, w, k0, k_hi, K, BLOCK_K: tl.constexpr,
-               EVEN_K: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr,
-               HAS_NORM: tl.constexpr, X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr):
-    """One K step of the dot kernel on the weight tile ``w`` at column k0: the x tile (rows from
-    ``row0``; the norm prologue applied), then the MMA into ``acc``."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    if TMA:
-        # a chunk never straddles a split boundary (K_PER_SPLIT is a multiple of BLOCK_K)
-        xv = x_desc.load([row0, k0])
-        if HAS_NORM:
-            gv = tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-    elif EVEN_K:
-        offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
-        xv = tl.load(x_base + offs_k[None, :])
-        if HAS_NORM:
-            gv = tl.load(g_ptr + offs_k).to(tl.float32)
-    else:
-        mk = offs_k < k_hi
-        xv = tl.load(x_base + offs_k[None, :], mask=mk[None, :], other=0.0)
-        if HAS_NORM:
-            gv = tl.load(g_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
-    if HAS_NORM:
-        xv = _prologue(xv.to(tl.float32), rstd, gv[None, :], X_DTYPE, H_DTYPE)
-    if DOT_F32:
-        a = xv.to(tl.float32)
-        b = w.to(tl.float32)
-        if SWAP_AB:
-            acc = tl.dot(b, tl.trans(a), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
-    else:
-        a = xv.to(w.dtype)
-        if SWAP_AB:
-            acc = tl.dot(w, tl.trans(a), acc)
-        else:
-            acc = tl.dot(a, tl.trans(w), acc)
-    return acc
-
-
-@triton.jit
 def _gemm_kernel(
     x_ptr, w_ptr, y_ptr, b_ptr, g_ptr, rstd_ptr, ws_ptr, cnt_ptr, r_ptr, x_desc, w_desc,
     M, N, K, K_PER_SPLIT, stride_xm, stride_wn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     SWAP_AB: tl.constexpr, DOT_F32: tl.constexpr, TMA: tl.constexpr,
     USE_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
-    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, PDL: tl.constexpr = 0, FIRST_TILE: tl.constexpr = False,
-    L2_LINES: tl.constexpr = 0, W_BYTES: tl.constexpr = 2,
+    X_DTYPE: tl.constexpr, H_DTYPE: tl.constexpr, PDL: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -487,29 +415,50 @@ def _gemm_kernel(
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, K)
     x_base = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm
     w_base = w_ptr + rows_n.to(tl.int64)[:, None] * stride_wn
-    m0, n0 = pid_m * BLOCK_M, pid_n * BLOCK_N
-    if FIRST_TILE:  # the first weight tile is in flight while the previous kernel finishes
-        w_first = _gemm_weights(w_base, w_desc, n0, k_lo, k_hi, BLOCK_K, EVEN_K, TMA)
-    if L2_LINES > 0:  # or: the first tiles' 128-byte lines are prefetched into L2 meanwhile
-        _prefetch_l2(w_base, k_lo, k_hi, L2_LINES, 128 // W_BYTES)
-    pdl_wait(PDL)  # (the loop's tiles, which Triton's pipeliner issues, all come after the wait)
+    pdl_wait(PDL)  # (Triton's pipeliner owns the loads: no tile is issued before the wait)
     if HAS_NORM:
         rstd = tl.load(rstd_ptr + rows_m)[:, None]
-    else:
-        rstd = 1.0
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_start = k_lo
-    if FIRST_TILE:  # the loop's first iteration, on that tile (every program has one)
-        acc = _gemm_step(acc, x_base, x_desc, m0, g_ptr, rstd, w_first, k_lo, k_hi, K, BLOCK_K, EVEN_K, TMA,
-                         SWAP_AB, DOT_F32, HAS_NORM, X_DTYPE, H_DTYPE)
-        k_start = k_lo + BLOCK_K
-    for k0 in range(k_start, k_hi, BLOCK_K):
-        w = _gemm_weights(w_base, w_desc, n0, k0, k_hi, BLOCK_K, EVEN_K, TMA)
-        acc = _gemm_step(acc, x_base, x_desc, m0, g_ptr, rstd, w, k0, k_hi, K, BLOCK_K, EVEN_K, TMA,
-                         SWAP_AB, DOT_F32, HAS_NORM, X_DTYPE, H_DTYPE)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if TMA:
+            # bulk tensor copies; rows past M / N and columns past K arrive as zeros. A chunk
+            # never straddles a split boundary (K_PER_SPLIT is a multiple of BLOCK_K).
+            xv = x_desc.load([pid_m * BLOCK_M, k0])
+            w = w_desc.load([pid_n * BLOCK_N, k0])
+            if HAS_NORM:
+                gv = tl.load(g_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        elif EVEN_K:
+            offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
+            xv = tl.load(x_base + offs_k[None, :])
+            w = tl.load(w_base + offs_k[None, :], eviction_policy="evict_first")
+            if HAS_NORM:
+                gv = tl.load(g_ptr + offs_k).to(tl.float32)
+        else:
+            mk = offs_k < k_hi
+            xv = tl.load(x_base + offs_k[None, :], mask=mk[None, :], other=0.0)
+            w = tl.load(w_base + offs_k[None, :], mask=mk[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            if HAS_NORM:
+                gv = tl.load(g_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            xv = _prologue(xv.to(tl.float32), rstd, gv[None, :], X_DTYPE, H_DTYPE)
+        if DOT_F32:
+            a = xv.to(tl.float32)
+            b = w.to(tl.float32)
+            if SWAP_AB:
+                acc = tl.dot(b, tl.trans(a), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        else:
+            a = xv.to(w.dtype)
+            if SWAP_AB:
+                acc = tl.dot(w, tl.trans(a), acc)
+            else:
+                acc = tl.dot(a, tl.trans(w), acc)
     if SWAP_AB:
         out = tl.trans(acc)
     else:
@@ -807,13 +756,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     b = bias.contiguous() if bias is not None else y
     r = residual.reshape(m, n).contiguous() if residual is not None else y  # y's [M, N] layout
     x_tl, h_tl = tl_dtype(x.dtype), tl_dtype(out_dtype)
-    first_tile, l2_lines = False, 0
     if cfg.kind == "dot":
-        mode = pdl_mode(x, "linear_dot") if m <= PDL_DOT_MAX_ROWS else 0
-        pdl, first_tile = min(mode, 1), _dot_first_tile(mode)
-        if mode >= 4 and not INTERPRETED:  # L2 prefetch of the first num_stages tiles (experiment)
-            first_tile = False
-            l2_lines = triton.next_power_of_2(max(1, cfg.num_stages * cfg.block_k * weight.element_size() // 128))
+        pdl = min(pdl_mode(x, "linear_dot"), 1) if m <= PDL_DOT_MAX_ROWS else 0
     else:
         pdl = pdl_mode(x, "linear")
     common = dict(USE_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_NORM=has_norm, HAS_RES=residual is not None,
@@ -843,7 +787,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             x2, weight, y, b, g, rstd, ws, cnt, r, x_desc, w_desc, m, n, k, k_per, x2.stride(0),
             weight.stride(0), y.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, EVEN_K=even_k, SWAP_AB=cfg.swap_ab, DOT_F32=dot_f32, TMA=tma,
-            FIRST_TILE=first_tile, L2_LINES=l2_lines, W_BYTES=weight.element_size(), **common)
+            **common)
     return y.reshape(*lead, n)
 
 

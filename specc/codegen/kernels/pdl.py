@@ -15,14 +15,6 @@ it at every launch, so a CUDA graph records the mode it was captured under):
 * 2, first tile (the default): as 1, but the GEMV kernels (specc's bf16 linear at one row, the
   bf12 FMA path) load their first weight tile before waiting, so their first DRAM round trip
   overlaps the predecessor's tail.
-* 3, first tile, tensor-core linears too: as 2, and specc's bf16 tensor-core linear (the verify
-  step's few-row GEMMs, up to ``linear.PDL_DOT_MAX_ROWS`` rows) also loads its first weight tile
-  before the wait and runs it as its loop's first iteration (same sums, bit for bit). Not the
-  default until timed on a GPU (``examples/bench_pdl.py --modes 2,3,4``).
-* 4, as 3, but the tensor-core linear prefetches its first ``num_stages`` weight tiles into L2
-  (``prefetch.global.L2``, no registers) before the wait instead, and its pipelined loop then
-  finds them there (an experiment beside 3: mode 3 consumes its tile before the loop's pipeline
-  issues the next ones).
 
 ``SPECC_PDL_SKIP`` (``PDL_SKIP``) launches the named kernel families (``PDL_FAMILIES``; each
 launcher names its own) plainly, to measure or rule out one of them.
@@ -53,8 +45,7 @@ from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_ena
 __all__ = ["PDL_MODES", "PDL_FAMILIES", "PDL_SUPPORTED", "PDL_MODE", "PDL_SKIP", "pdl_mode", "pdl_launch",
            "pdl_args", "pdl_wait", "device_mode", "launch_mode"]
 
-PDL_MODES = {0: "off", 1: "wait", 2: "first tile", 3: "first tile, tensor-core linears too",
-             4: "first tile, tensor-core linears prefetch to L2"}
+PDL_MODES = {0: "off", 1: "wait", 2: "first tile"}
 
 
 def _pdl_supported() -> bool:
@@ -71,8 +62,7 @@ PDL_SUPPORTED: bool = (not INTERPRETED) and _pdl_supported()
 
 def _mode_from_env() -> int:
     raw = os.environ.get("SPECC_PDL", "2").strip().lower()
-    named = {"off": 0, "no": 0, "false": 0, "wait": 1, "on": 2, "yes": 2, "true": 2, "first-tile": 2,
-             "first-tile-dot": 3}
+    named = {"off": 0, "no": 0, "false": 0, "wait": 1, "on": 2, "yes": 2, "true": 2, "first-tile": 2}
     if raw in named:
         return named[raw]
     if raw.isdigit() and int(raw) in PDL_MODES:
@@ -97,10 +87,12 @@ PDL_SKIP: frozenset = _skip_from_env()
 _PDL_DEVICES: dict[int, bool] = {}
 
 
-def _supported_mode(device: torch.device) -> int:
-    """``PDL_MODE`` on a CUDA device of compute capability 9.0 or newer with a Triton that has
-    griddepcontrol, else 0."""
-    if not PDL_MODE or not PDL_SUPPORTED or device.type != "cuda":
+def pdl_mode(t: torch.Tensor | torch.device, family: str | None = None) -> int:
+    """The PDL mode a launch of ``family``'s kernel on ``t``'s device (or on the device ``t``)
+    uses: ``PDL_MODE`` on a CUDA device of compute capability 9.0 or newer with a Triton that
+    has griddepcontrol, unless the family is in ``PDL_SKIP``; else 0."""
+    device = t if isinstance(t, torch.device) else t.device
+    if not PDL_MODE or not PDL_SUPPORTED or device.type != "cuda" or family in PDL_SKIP:
         return 0
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _PDL_DEVICES:
@@ -108,24 +100,11 @@ def _supported_mode(device: torch.device) -> int:
     return PDL_MODE if _PDL_DEVICES[index] else 0
 
 
-def pdl_mode(t: torch.Tensor | torch.device, family: str | None = None) -> int:
-    """The PDL mode a launch of ``family``'s kernel on ``t``'s device (or on the device ``t``)
-    uses: ``PDL_MODE`` where the device supports it (:func:`_supported_mode`), unless the family
-    is in ``PDL_SKIP`` (0). Modes 3 and 4 differ from 2 only in the tensor-core linear
-    (``linear_dot``): every other family sees 2 and keeps its compiled variant."""
-    device = t if isinstance(t, torch.device) else t.device
-    mode = _supported_mode(device)
-    if not mode or family in PDL_SKIP:
-        return 0
-    return mode if family == "linear_dot" else min(mode, 2)
-
-
 def device_mode(device) -> int:
-    """The PDL mode kernels launched now on ``device`` (a name or ``torch.device``) use, 0 where no
-    usable CUDA device answers (for reports and cache names, which must not fail on a machine
-    without one)."""
+    """:func:`pdl_mode` for a device given by name or ``torch.device``, 0 where no usable CUDA
+    device answers (for reports and cache names, which must not fail on a machine without one)."""
     try:
-        return _supported_mode(torch.device(device))
+        return pdl_mode(torch.device(device))
     except (RuntimeError, AssertionError):
         return 0
 

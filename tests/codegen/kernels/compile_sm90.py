@@ -153,12 +153,6 @@ def main() -> int:
         "bf12v1 fma m1 asm split +bias": lambda: B1.linear_bf12(z(1, 4096), bf12(4096, 4096), z(4096), config=C1(
             kind="fma", block_m=1, block_n=16, block_j=32, split_k=4)),
         "linear dot m256 pdl2 (plain launch)": lambda: _pdl(2, L, lambda: L.linear(z(256, 512), z(1024, 512))),
-        "linear dot pdl3 first tile": lambda: _pdl(3, L, lambda: L.linear(z(16, 4096), z(4096, 4096), config=L.LinearConfig(
-            "dot", block_m=16, block_n=64, block_k=128, split_k=2, num_stages=5, swap_ab=True))),
-        "linear dot pdl3 first tile tma +norm": lambda: _pdl(3, L, lambda: L.linear(
-            z(16, 4096), z(4096, 4096), None, z(4096), config=L.LinearConfig("dot", tma=True, norm_prologue=True))),
-        "linear dot pdl4 l2 prefetch": lambda: _pdl(4, L, lambda: L.linear(z(16, 4096), z(6144, 4096), config=L.LinearConfig(
-            "dot", block_m=16, block_n=64, block_k=256, num_stages=4, swap_ab=True))),
         "bf12v1 fma m1 pdl2": lambda: _pdl(2, B1, lambda: B1.linear_bf12(z(1, 4096), bf12(4096, 4096), config=C1(
             kind="fma", block_m=1, block_n=16, block_j=32, split_k=2))),
         "bf12v1 dot m16 pdl2": lambda: _pdl(2, B1, lambda: B1.linear_bf12(z(16, 4096), bf12(1024, 4096), config=C1(
@@ -280,27 +274,6 @@ def main() -> int:
         return True
 
     wait_first = ("griddepcontrol.wait before any global load or store", waits_first)
-
-    def _before_wait(ptx, pattern):  # (count before the wait, count after) of a PTX pattern
-        import re
-
-        wait = ptx.find("griddepcontrol.wait")
-        where = [m.start() for m in re.finditer(pattern, ptx)]
-        return sum(w < wait for w in where), sum(w > wait for w in where)
-
-    def weights_first(ptx):  # mode 3: the first tile's evict-first weight loads, and nothing else
-        import re
-
-        wait = ptx.find("griddepcontrol.wait")
-        early = [m.group(0) for m in re.finditer(r"\b(ld|st|atom|red)\.global\S*|\bcp\.async\S*", ptx)
-                 if m.start() < wait]
-        return bool(early) and all("evict_first" in op for op in early)
-
-    def tma_first(ptx):
-        return _before_wait(ptx, r"cp\.async\.bulk\.tensor")[0] == 1
-
-    def l2_first(ptx):
-        return _before_wait(ptx, r"prefetch\.global\.L2")[0] > 0
     # the check can fail: mode 2's GEMV loads its first weight tile before the wait
     PTX_NEGATIVE = {"linear gemv pdl2 split +residual": waits_first}
 
@@ -318,9 +291,6 @@ def main() -> int:
         "swiglu pdl1": [wait_first],
         "attention q1 pdl1": [wait_first],
         "linear dot pdl2 tma": [pdl_ptx, wait_first],
-        "linear dot pdl3 first tile": [pdl_ptx, ("only weight loads before the wait", weights_first)],
-        "linear dot pdl3 first tile tma +norm": [pdl_ptx, ("a TMA weight tile before the wait", tma_first)],
-        "linear dot pdl4 l2 prefetch": [pdl_ptx, wait_first, ("L2 prefetches before the wait", l2_first)],
         "greedy_accept pdl1": [pdl_ptx, wait_first],
         "ragged split merge pdl1": [pdl_ptx, wait_first],
         "kv_compact pdl1": [pdl_ptx, wait_first],

@@ -12,8 +12,7 @@ from specc.codegen.kernels import pdl as _pdl
 
 
 @pytest.mark.parametrize("raw, mode", [("0", 0), ("off", 0), ("1", 1), ("wait", 1), ("2", 2), ("on", 2),
-                                       ("first-tile", 2), (" ON ", 2), ("3", 3), ("first-tile-dot", 3),
-                                       ("4", 4)])
+                                       ("first-tile", 2), (" ON ", 2)])
 def test_mode_from_env(monkeypatch, raw, mode):
     monkeypatch.setenv("SPECC_PDL", raw)
     assert _pdl._mode_from_env() == mode
@@ -25,7 +24,7 @@ def test_default_mode_is_first_tile(monkeypatch):
     assert _pdl.PDL_MODES[2] == "first tile"
 
 
-@pytest.mark.parametrize("raw", ["5", "prefetch", "-1", "maybe"])
+@pytest.mark.parametrize("raw", ["3", "prefetch", "-1", "maybe"])
 def test_bad_mode_is_an_error_that_lists_the_choices(monkeypatch, raw):
     monkeypatch.setenv("SPECC_PDL", raw)
     with pytest.raises(ValueError, match="SPECC_PDL") as e:
@@ -66,18 +65,6 @@ def test_every_launcher_names_a_known_family():
     assert {"linear", "linear_dot", "attention"} <= used
 
 
-def test_modes_3_and_4_reach_only_the_tensor_core_linear(monkeypatch):
-    """Every other kernel family sees mode 2 (its compiled variant), reports the mode set."""
-    for mode in (3, 4):
-        monkeypatch.setattr(_pdl, "_supported_mode", lambda device, mode=mode: mode)
-        assert _pdl.pdl_mode(torch.zeros(1), "linear_dot") == mode
-        assert {_pdl.pdl_mode(torch.zeros(1), f) for f in _pdl.PDL_FAMILIES if f != "linear_dot"} == {2}
-        assert _pdl.launch_mode("cuda").startswith(f"pdl {mode} (first tile, tensor-core linears")
-        monkeypatch.setattr(_pdl, "PDL_SKIP", frozenset({"linear_dot"}))
-        assert _pdl.pdl_mode(torch.zeros(1), "linear_dot") == 0
-        monkeypatch.setattr(_pdl, "PDL_SKIP", frozenset())
-
-
 def test_mode_off_is_off_everywhere(monkeypatch):
     monkeypatch.setattr(_pdl, "PDL_MODE", 0)
     assert _pdl.pdl_mode(torch.zeros(1)) == 0
@@ -96,7 +83,7 @@ def test_pdl_linear_gives_the_same_bits_on_gpu(monkeypatch):
         return x, w, (torch.rand(k, device="cuda", generator=g) + 0.5).bfloat16()
 
     outs = {}
-    for mode in (0, 1, 2, 3, 4):
+    for mode in (0, 1, 2):
         monkeypatch.setattr(_pdl, "PDL_MODE", mode)
         for m, n, k in ((1, 4096, 4096), (1, 640, 4000), (16, 4096, 4096)):
             x, w, nw = inputs(m, n, k)
@@ -107,7 +94,7 @@ def test_pdl_linear_gives_the_same_bits_on_gpu(monkeypatch):
 
 def test_launch_mode_for_reports(monkeypatch):
     assert _pdl.launch_mode("cpu") == "plain"
-    monkeypatch.setattr(_pdl, "_supported_mode", lambda device: 2)
+    monkeypatch.setattr(_pdl, "pdl_mode", lambda device, family=None: 2)
     assert _pdl.launch_mode("cuda") == "pdl 2 (first tile)"
     monkeypatch.setattr(_pdl, "PDL_SKIP", frozenset({"attention", "linear_dot"}))
     assert _pdl.launch_mode("cuda") == "pdl 2 (first tile, plain: attention, linear_dot)"
