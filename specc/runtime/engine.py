@@ -268,10 +268,11 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
                                     tree_target=tree_step, ragged_target=steps.get("target_ragged"))
     loop.capture_shapes = graphs
     # batch 1: launch the next draft before the host's bookkeeping (``draft_ahead``): exact on the CPU,
-    # not yet timed on a GPU (bench_tree --e2e-8b times the chain with and without it), so opt-in
+    # timed on the H200 (bench_tree --e2e-8b): 0.98x in run 8, -3.2% decode step in run 15; opt-in
     loop.draft_ahead = False
     # batch 1: each greedy chain step as one CUDA graph, launched ahead (``specc.runtime.step_graphs``):
-    # exact on the CPU (a capture stand-in), opt-in (SPECC_STEP_GRAPHS=1) until timed on a GPU
+    # exact on the CPU (a capture stand-in), 4% faster steps on the H200 (docs/benchmarks/h200-run15.md);
+    # opt-in (SPECC_STEP_GRAPHS=1) until its GPU exactness test has passed
     loop.step_graphs = graphs and step_graphs_enabled()
     loop.steps = steps
     return loop
