@@ -8,7 +8,10 @@
   12-bit one (``linear_bf12``, what ``pack_weights_12bit`` lowers to); weights are rotated over
   enough copies that they cannot stay in L2 (on CPU: in the last-level cache, :func:`cache_bytes`;
   a decode step streams every weight from memory, so a weight timed from cache would price its
-  linears several times too fast);
+  linears several times too fast; a ``--model``'s own shapes rotate over that model's weight bytes
+  instead where those are less than twice the cache, since its steps then find their weights
+  there too:
+  :func:`specc.search.model_shapes.resident_cache_bytes`);
 - attention by Q and C (specc's Triton attention on CUDA, the reference op on CPU);
 - kernel launch overhead (back-to-back tiny kernels, eager) and CUDA-graph per-node replay
   overhead (the same kernels captured in one graph);
@@ -395,7 +398,9 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     cache, whatever the weight's size (their total stays about 2 x the cache plus one weight).
     A fixed cap would leave small weights in the cache: on CPU the calibration's own (some
     servers have hundreds of MiB of last-level cache), on CUDA a ``--model``'s (16 copies of
-    specc-tiny's 1 MiB q/k/v weight fit the H200's L2 several times over)."""
+    specc-tiny's 1 MiB q/k/v weight fit the H200's L2 several times over). For a ``--model``'s
+    own shapes the caller passes ``model_shapes.resident_cache_bytes`` instead of the cache: the
+    rotation then spans that model's own weight bytes where those are fewer."""
     import torch
     import torch.nn.functional as F
 
@@ -788,15 +793,16 @@ def calibrate(deployment, device: str | None = None, quick: bool = False,
     return _calibrate(deployment, device, quick, progress, None, models)
 
 
-def _model_linears(models, base) -> list[tuple[str, list[tuple[int, int]]]]:
-    """(label, shapes not measured yet) per model, each shape once, the reference sizes first."""
+def _model_linears(models, base) -> list[tuple[str, list[tuple[int, int]], int]]:
+    """(label, shapes not measured yet, the model's weight elements per round of steps) per model,
+    each shape once, the reference sizes first."""
     seen = {tuple(s) for s in base}
     out = []
     for ms in models:
         shapes = [tuple(s) for s in ms.linears if tuple(s) not in seen]
         seen.update(shapes)
         if shapes:
-            out.append((ms.label, shapes))
+            out.append((ms.label, shapes, int(getattr(ms, "weight_elements", 0))))
     return out
 
 
@@ -822,6 +828,7 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
 
     from specc import __version__
     from specc.search.deployments import get_deployment
+    from specc.search.model_shapes import resident_cache_bytes
 
     dep = get_deployment(deployment) if isinstance(deployment, str) else deployment
     device = device or dep.device
@@ -848,16 +855,20 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
         m["models"] = [ms.to_json() for ms in models]
     say("linear by M and shape")
     m["linear"] = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer, cache, "torch")
-    for label, shapes in extra:
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    # a model's own shapes rotate over its own working set where that is smaller than the cache's
+    # (model_shapes.resident_cache_bytes): what its steps find in the cache, its samples find too
+    extra = [(label, shapes, resident_cache_bytes(cache, elements * itemsize)) for label, shapes, elements in extra]
+    for label, shapes, resident in extra:
         say(f"linear by M at {label}'s {len(shapes)} other shapes")
-        m["linear"] += measure_linear(device, shapes, sizes["linear_m"], dtype, timer, cache, "torch", label)
+        m["linear"] += measure_linear(device, shapes, sizes["linear_m"], dtype, timer, resident, "torch", label)
     m["linear_impl"] = "torch"
     if device == "cuda":
         try:
             specc_rows = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer,
                                         dep.l2_bytes, "specc")
-            for label, shapes in extra:
-                specc_rows += measure_linear(device, shapes, sizes["linear_m"], dtype, timer, dep.l2_bytes, "specc",
+            for label, shapes, resident in extra:
+                specc_rows += measure_linear(device, shapes, sizes["linear_m"], dtype, timer, resident, "specc",
                                              label)
             m["linear"] += specc_rows
             m["linear_impl"] = "specc"

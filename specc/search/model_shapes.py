@@ -33,11 +33,14 @@ class ModelShapes:
     attention_heads: tuple[tuple[int, int, int], ...]
     positions: int | None = None
     norm_widths: tuple[int, ...] = ()  # the rows' widths its RMSNorms run at (short kernels' sizes)
+    # weight elements its steps' linears read per round of steps (each linear node once; 0:
+    # unknown): the working set the L2 sees step after step (:func:`resident_cache_bytes`)
+    weight_elements: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "linears": [list(s) for s in self.linears],
                 "attention_heads": [list(h) for h in self.attention_heads], "positions": self.positions,
-                "norm_widths": list(self.norm_widths)}
+                "norm_widths": list(self.norm_widths), "weight_elements": self.weight_elements}
 
     def describe(self) -> str:
         heads = ", ".join(f"{h}/{kv} heads of {d}" for h, kv, d in self.attention_heads) or "no attention"
@@ -50,6 +53,7 @@ def shapes_of_irs(label: str, irs: Iterable[Any], positions: int | None = None) 
     linears: dict[tuple[int, int], None] = {}
     heads: dict[tuple[int, int, int], None] = {}
     widths: dict[int, None] = {}
+    elements = 0
     for ir in irs:
         if ir is None:
             continue
@@ -58,7 +62,9 @@ def shapes_of_irs(label: str, irs: Iterable[Any], positions: int | None = None) 
             attrs = meta.attrs
             try:
                 if meta.kind in LINEAR_KINDS:
-                    linears[(int(attrs["in_features"]), int(attrs["out_features"]))] = None
+                    k, n = int(attrs["in_features"]), int(attrs["out_features"])
+                    linears[(k, n)] = None
+                    elements += k * n
                     if meta.kind == "norm_linear":
                         widths[int(attrs["in_features"])] = None
                 elif meta.kind == "rms_norm" and getattr(meta.out, "shape", None):
@@ -67,7 +73,21 @@ def shapes_of_irs(label: str, irs: Iterable[Any], positions: int | None = None) 
                     heads[(int(attrs["num_heads"]), int(attrs["num_kv_heads"]), int(attrs["head_dim"]))] = None
             except (KeyError, TypeError, ValueError):
                 continue
-    return ModelShapes(label, tuple(linears), tuple(heads), positions, tuple(widths))
+    return ModelShapes(label, tuple(linears), tuple(heads), positions, tuple(widths), elements)
+
+
+def resident_cache_bytes(cache_bytes: int, weight_bytes: int) -> int:
+    """The cache size to rotate a model's own linear samples past (``calibrate.copies_past_cache``
+    rotates over copies exceeding twice it): the device's cache, or half the model's weight bytes
+    per round of steps when those are fewer. Why: a decode step streams each weight once, but a
+    model whose weights about fit the cache (specc-tiny: 52 MB of weights, the H200's 50 MB L2)
+    finds much of them there at the next step, so its kernels run faster than cold samples say
+    (docs/benchmarks/h200-run15.md: its steps were over-predicted by up to 21%). Rotating over
+    the model's own working set lets the samples see what its steps see. ``weight_bytes`` 0:
+    unknown, the device's cache."""
+    if weight_bytes <= 0:
+        return cache_bytes
+    return max(1, min(cache_bytes, weight_bytes // 2))
 
 
 def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any] | None = None, *,

@@ -47,7 +47,7 @@ def test_shapes_are_measured_once_each_beyond_the_reference():
     ref = _sizes("cpu", quick=True)
     a = ModelShapes("a", ((256, 1024), (64, 128), (128, 64)), ((4, 2, 16), (2, 1, 32)), positions=40)
     b = ModelShapes("b", ((64, 128), (512, 512)), ((2, 1, 32), (8, 8, 8)), positions=None)
-    assert _model_linears([a, b], ref["linear_shapes"]) == [("a", [(64, 128), (128, 64)]), ("b", [(512, 512)])]
+    assert _model_linears([a, b], ref["linear_shapes"]) == [("a", [(64, 128), (128, 64)], 0), ("b", [(512, 512)], 0)]
     # reference heads skipped, each layout once; a's contexts must fit 40 positions with Q = 8
     assert _model_attention([a, b], ref) == [((2, 1, 32), [32]), ((8, 8, 8), ref["attn_c"])]
 
@@ -91,3 +91,43 @@ def test_specc_cost_suggests_calibrating_for_a_small_model(capsys):
     assert "small linear shapes" in out and "specc calibrate --deployment h200-bs1 --model specc-tiny -o FILE" in out
     assert main(["cost", "specc-tiny", "--deployment", "cpu"]) == 0
     assert "small linear shape" not in capsys.readouterr().out
+
+
+def test_weight_elements_sum_every_linear_node():
+    """The working set a model's steps stream: each linear node's weight once per round of steps
+    (a target's and its drafter's), which sizes the rotation of its own samples."""
+    from specc.search.model_shapes import resident_cache_bytes
+
+    cfg = json.loads((resolve_checkpoint("specc-tiny") / "config.json").read_text())
+    h, heads, kv, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    i, v, layers = cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    per_layer = h * (heads + 2 * kv) * d + heads * d * h + h * 2 * i + i * h
+    target = model_shapes("specc-tiny")
+    assert target.weight_elements == layers * per_layer + h * v
+    assert model_shapes("specc-tiny", "specc-tiny-dflash").weight_elements > target.weight_elements
+    assert target.to_json()["weight_elements"] == target.weight_elements
+    l2 = 50 << 20
+    assert resident_cache_bytes(l2, 2 * target.weight_elements) == target.weight_elements  # 52 MB < 2 x L2
+    assert resident_cache_bytes(l2, 16 << 30) == l2  # an 8B model streams past the cache
+    assert resident_cache_bytes(l2, 0) == l2  # unknown: the cache
+
+
+def test_model_samples_rotate_over_the_models_own_weights(monkeypatch):
+    """`calibrate --model`: a model whose weights fit twice in the cache is timed over copies
+    spanning its own weight bytes (not twice the cache); the reference shapes still stream."""
+    from specc.search import calibrate as cal
+
+    seen = {}
+    real = cal.measure_linear
+
+    def spy(device, shapes, ms, dtype, timer, l2_bytes, impl="torch", model=None):
+        seen[model] = l2_bytes
+        return real(device, shapes, ms, dtype, timer, l2_bytes, impl, model)
+
+    monkeypatch.setattr(cal, "measure_linear", spy)
+    small = ModelShapes("small", ((48, 80),), (), weight_elements=48 * 80 * 6)
+    dep, record = cal.calibrate("cpu", device="cpu", quick=True, models=[small])
+    cache = record.measurements["cache_bytes"]
+    assert seen[None] == cache and seen["small"] == 48 * 80 * 6 * 4 // 2
+    rows = [r for r in record.measurements["linear"] if r.get("model") == "small"]
+    assert rows and all(r["copies"] == 7 for r in rows)  # ceil(6 weights' bytes / one) + 1
