@@ -11,7 +11,7 @@
   linears several times too fast; a ``--model``'s own shapes rotate over that model's weight bytes
   instead where those are less than twice the cache, since its steps then find their weights
   there too:
-  :func:`specc.search.model_shapes.resident_cache_bytes`);
+  :func:`resident_cache_bytes`);
 - attention by Q and C (specc's Triton attention on CUDA, the reference op on CPU);
 - kernel launch overhead (back-to-back tiny kernels, eager) and CUDA-graph per-node replay
   overhead (the same kernels captured in one graph);
@@ -399,7 +399,7 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     A fixed cap would leave small weights in the cache: on CPU the calibration's own (some
     servers have hundreds of MiB of last-level cache), on CUDA a ``--model``'s (16 copies of
     specc-tiny's 1 MiB q/k/v weight fit the H200's L2 several times over). For a ``--model``'s
-    own shapes the caller passes ``model_shapes.resident_cache_bytes`` instead of the cache: the
+    own shapes the caller passes :func:`resident_cache_bytes` instead of the cache: the
     rotation then spans that model's own weight bytes where those are fewer."""
     import torch
     import torch.nn.functional as F
@@ -439,6 +439,20 @@ def copies_past_cache(nbytes: int, cache_bytes: int) -> int:
     """Copies of an operand of ``nbytes`` that a timed loop rotates over so that together they
     exceed twice ``cache_bytes`` (each call then streams its operand from memory)."""
     return math.ceil(2 * cache_bytes / max(nbytes, 1)) + 1
+
+
+def resident_cache_bytes(cache_bytes: int, weight_bytes: int) -> int:
+    """The cache size to rotate a model's own linear samples past (:func:`copies_past_cache`
+    rotates over copies exceeding twice it): the device's cache, or half the model's weight bytes
+    per round of steps when those are fewer. Why: a decode step streams each weight once, but a
+    model whose weights about fit the cache (specc-tiny: 52 MB of weights, the H200's 50 MB L2)
+    finds much of them there at the next step, so its kernels run faster than cold samples say
+    (docs/benchmarks/h200-run15.md: its steps were over-predicted by up to 21%). Rotating over
+    the model's own working set lets the samples see what its steps see. ``weight_bytes`` 0:
+    unknown, the device's cache."""
+    if weight_bytes <= 0:
+        return cache_bytes
+    return max(1, min(cache_bytes, weight_bytes // 2))
 
 
 def attention_copies(device: str, nbytes: int, l2_bytes: int | None) -> int:
@@ -828,7 +842,6 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
 
     from specc import __version__
     from specc.search.deployments import get_deployment
-    from specc.search.model_shapes import resident_cache_bytes
 
     dep = get_deployment(deployment) if isinstance(deployment, str) else deployment
     device = device or dep.device
@@ -857,7 +870,7 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
     m["linear"] = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer, cache, "torch")
     itemsize = torch.empty((), dtype=dtype).element_size()
     # a model's own shapes rotate over its own working set where that is smaller than the cache's
-    # (model_shapes.resident_cache_bytes): what its steps find in the cache, its samples find too
+    # (resident_cache_bytes): what its steps find in the cache, its samples find too
     extra = [(label, shapes, resident_cache_bytes(cache, elements * itemsize)) for label, shapes, elements in extra]
     for label, shapes, resident in extra:
         say(f"linear by M at {label}'s {len(shapes)} other shapes")

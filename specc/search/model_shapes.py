@@ -34,7 +34,7 @@ class ModelShapes:
     positions: int | None = None
     norm_widths: tuple[int, ...] = ()  # the rows' widths its RMSNorms run at (short kernels' sizes)
     # weight elements its steps' linears read per round of steps (each linear node once; 0:
-    # unknown): the working set the L2 sees step after step (:func:`resident_cache_bytes`)
+    # unknown): the working set the L2 sees step after step (``calibrate.resident_cache_bytes``)
     weight_elements: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -75,19 +75,6 @@ def shapes_of_irs(label: str, irs: Iterable[Any], positions: int | None = None) 
                 continue
     return ModelShapes(label, tuple(linears), tuple(heads), positions, tuple(widths), elements)
 
-
-def resident_cache_bytes(cache_bytes: int, weight_bytes: int) -> int:
-    """The cache size to rotate a model's own linear samples past (``calibrate.copies_past_cache``
-    rotates over copies exceeding twice it): the device's cache, or half the model's weight bytes
-    per round of steps when those are fewer. Why: a decode step streams each weight once, but a
-    model whose weights about fit the cache (specc-tiny: 52 MB of weights, the H200's 50 MB L2)
-    finds much of them there at the next step, so its kernels run faster than cold samples say
-    (docs/benchmarks/h200-run15.md: its steps were over-predicted by up to 21%). Rotating over
-    the model's own working set lets the samples see what its steps see. ``weight_bytes`` 0:
-    unknown, the device's cache."""
-    if weight_bytes <= 0:
-        return cache_bytes
-    return max(1, min(cache_bytes, weight_bytes // 2))
 
 
 def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any] | None = None, *,

@@ -96,7 +96,7 @@ def test_specc_cost_suggests_calibrating_for_a_small_model(capsys):
 def test_weight_elements_sum_every_linear_node():
     """The working set a model's steps stream: each linear node's weight once per round of steps
     (a target's and its drafter's), which sizes the rotation of its own samples."""
-    from specc.search.model_shapes import resident_cache_bytes
+    from specc.search.calibrate import resident_cache_bytes
 
     cfg = json.loads((resolve_checkpoint("specc-tiny") / "config.json").read_text())
     h, heads, kv, d = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
