@@ -10,8 +10,7 @@
   a decode step streams every weight from memory, so a weight timed from cache would price its
   linears several times too fast; a ``--model``'s own shapes rotate over that model's weight bytes
   instead where those are less than twice the cache, since its steps then find their weights
-  there too:
-  :func:`resident_cache_bytes`);
+  there too: :func:`resident_cache_bytes`);
 - attention by Q and C (specc's Triton attention on CUDA, the reference op on CPU);
 - kernel launch overhead (back-to-back tiny kernels, eager) and CUDA-graph per-node replay
   overhead (the same kernels captured in one graph);
@@ -816,7 +815,7 @@ def _model_linears(models, base) -> list[tuple[str, list[tuple[int, int]], int]]
         shapes = [tuple(s) for s in ms.linears if tuple(s) not in seen]
         seen.update(shapes)
         if shapes:
-            out.append((ms.label, shapes, int(getattr(ms, "weight_elements", 0))))
+            out.append((ms.label, shapes, ms.weight_elements))
     return out
 
 
@@ -871,8 +870,8 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
     itemsize = torch.empty((), dtype=dtype).element_size()
     # a model's own shapes rotate over its own working set where that is smaller than the cache's
     # (resident_cache_bytes): what its steps find in the cache, its samples find too
-    extra = [(label, shapes, resident_cache_bytes(cache, elements * itemsize)) for label, shapes, elements in extra]
-    for label, shapes, resident in extra:
+    own = [(label, shapes, resident_cache_bytes(cache, elements * itemsize)) for label, shapes, elements in extra]
+    for label, shapes, resident in own:
         say(f"linear by M at {label}'s {len(shapes)} other shapes")
         m["linear"] += measure_linear(device, shapes, sizes["linear_m"], dtype, timer, resident, "torch", label)
     m["linear_impl"] = "torch"
@@ -880,7 +879,7 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
         try:
             specc_rows = measure_linear(device, sizes["linear_shapes"], sizes["linear_m"], dtype, timer,
                                         dep.l2_bytes, "specc")
-            for label, shapes, resident in extra:
+            for label, shapes, resident in own:
                 specc_rows += measure_linear(device, shapes, sizes["linear_m"], dtype, timer, resident, "specc",
                                              label)
             m["linear"] += specc_rows

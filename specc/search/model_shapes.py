@@ -76,7 +76,6 @@ def shapes_of_irs(label: str, irs: Iterable[Any], positions: int | None = None) 
     return ModelShapes(label, tuple(linears), tuple(heads), positions, tuple(widths), elements)
 
 
-
 def model_shapes(model: str | Mapping[str, Any], drafter: str | Mapping[str, Any] | None = None, *,
                  method: str | None = None, dtype: str | None = None, pipeline: str | None = None,
                  label: str | None = None) -> ModelShapes:
