@@ -874,9 +874,12 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             if self.capture_shapes:
                 from specc.runtime.graphs import GraphedStep
 
-                # commit moves K/V in place (not idempotent): captured at its second call, no warm-up
-                fns = {name: GraphedStep(fn, max_tokens=1 << 30, warmup=0 if name == "commit" else 2,
-                                         eager_first=name == "commit") for name, fn in fns.items()}
+                # not idempotent, so captured at their second call with no warm-up: commit moves K/V
+                # in place, and accept advances a replay verifier's draw counter (a warm-up would
+                # skip draws: the graphed loop would then replay another acceptance than the unfused)
+                once = ("commit", "accept")
+                fns = {name: GraphedStep(fn, max_tokens=1 << 30, warmup=0 if name in once else 2,
+                                         eager_first=name in once) for name, fn in fns.items()}
             self._tree_graphs = fns
         return fns
 

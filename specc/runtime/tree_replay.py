@@ -100,6 +100,11 @@ class TreeReplayVerifier(TreeVerifier):
         """From a ``TreeAcceptanceModel``."""
         return cls(model.p, seed=seed, source=model.source)
 
+    @property
+    def step(self) -> int:
+        """Steps drawn so far (the on-device counter; reading it syncs), as ``ReplayVerifier.step``."""
+        return max((int(c) for c in self._counters.values()), default=0)
+
     def reset(self, seed: int | None = None) -> None:
         """Restart the draws (the same sequence again unless a new ``seed`` is given)."""
         if seed is not None:

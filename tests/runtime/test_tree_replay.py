@@ -173,3 +173,52 @@ def test_plan_and_decision_have_no_host_sync():
     for e, t in zip(eager, traced):
         assert all(torch.equal(x, y) for x, y in zip(e, t))
     assert int(v._counters["cpu"]) == 3
+
+
+def test_graphed_tree_accept_draws_once_a_step(checkpoints, monkeypatch):
+    """On CUDA the tree step's accept function is a ``GraphedStep``. It advances the replay
+    verifier's draw counter, so warm-up calls before its capture would skip draws and the graphed
+    loop would replay another acceptance than the unfused one (found by the GPU test of whole
+    step graphs). Here GraphedStep's protocol runs on the CPU (``cpu_graphs``, capture by a
+    stand-in that undoes the counter, as a CUDA capture records without running; plan and commit
+    run eagerly here): after N steps the counter reads N, and the accepted lengths equal the
+    ungraphed loop's."""
+    from cpu_graphs import CpuGraphedStep
+
+    import specc.runtime.graphs as graphs
+
+    class Captured(CpuGraphedStep):  # a capture records without running: no draw is spent there
+        def _on_device(self, tensor) -> bool:  # the accept function only (plan / commit run eagerly)
+            return getattr(self.step, "__name__", "") == "_accept_tree"
+
+        def _capture(self, args, key):
+            for _ in range(self.warmup):  # warm-ups run (and draw), as on a GPU
+                self._run(*[a.clone() if torch.is_tensor(a) else a for a in args])
+            warmup, self.warmup = self.warmup, 0
+            before = {k: c.clone() for k, c in verifier_of[0]._counters.items()}
+            entry = super()._capture(args, key)
+            for k, c in verifier_of[0]._counters.items():
+                c.copy_(before[k])
+            self.warmup = warmup
+            return entry
+
+    verifier_of = []
+
+    def run(graphed: bool):
+        eager = build_eager(resolve_pair(checkpoints["target"], checkpoints["dflash"], "dflash"), 3,
+                            max_len=len(PROMPT) + 40, tree_budget=6)
+        loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, 3, eager.max_len, tree_budget=6)
+        verifier = TreeReplayVerifier([[0.6, 0.3], [0.7, 0.2]], seed=5)
+        verifier_of[:] = [verifier]
+        loop.use_verifiers(tree=verifier)
+        if graphed:
+            monkeypatch.setattr(graphs, "GraphedStep", Captured)
+            loop.capture_shapes = True
+        res = loop.generate(PROMPT, 30, ())
+        monkeypatch.setattr(graphs, "GraphedStep", GraphedStepOriginal)
+        return res.stats.accepted_lengths, verifier.step, len(res.stats.accepted_lengths)
+
+    GraphedStepOriginal = graphs.GraphedStep
+    got, count, steps = run(True)
+    want, _, _ = run(False)
+    assert count == steps and got == want and len(set(got)) > 1
