@@ -105,6 +105,8 @@ def time_steps_graphed(fn, *, qs: Sequence[int], context: int, repeats: int = 20
     the graph. On the CPU this is :func:`time_steps`."""
     import torch.distributed as dist
 
+    from specc.runtime.graphs import capture
+
     if torch.device(device).type != "cuda":
         return time_steps(fn, qs=qs, context=context, repeats=repeats, warmup=warmup, device=device, vocab=vocab,
                           distributed=distributed)
@@ -121,7 +123,7 @@ def time_steps_graphed(fn, *, qs: Sequence[int], context: int, repeats: int = 20
         graph = torch.cuda.CUDAGraph()
         if distributed:
             dist.barrier()
-        with torch.cuda.graph(graph):
+        with capture(graph):
             fn(*args)
         times = []
         for r in range(warmup + repeats):

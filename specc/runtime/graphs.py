@@ -24,16 +24,38 @@ use count reaches zero while blocks allocated during capture can outlive them (c
 workspace per stream, allocated inside the first capture of a GEMM), and the next capture into
 that id fails inside the allocator (``use_count > 0 INTERNAL ASSERT``): every later shape then
 ran eagerly. A MemPool object keeps one use of its pool for as long as it lives.
+
+Captures run with Python's cyclic garbage collector paused (``capture``): a loop that drops its
+graphs (a new verifier, a resize) leaves them in reference cycles, and a collection that ran
+inside a later capture destroyed those graphs and their memory there, which CUDA forbids during
+a capture: the process aborted ("Fatal Python error: Aborted ... Garbage-collecting", once in the
+GPU test of whole-step graphs). torch's ``torch.cuda.graph`` no longer collects before a capture.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 
 import torch
 
 from specc.models.state import idempotent_step
+
+
+@contextlib.contextmanager
+def capture(graph: "torch.cuda.CUDAGraph", pool=None):
+    """``torch.cuda.graph(graph, pool=...)`` with the cyclic garbage collector paused for the
+    capture (module doc: a collection inside it can free CUDA graphs and memory, which aborts);
+    what became garbage is collected at the next collection after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool_id(pool)):
+            yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 _REPLAY_LOG: list | None = None  # (step, start, end) per replay while ``logging_replays`` is active
@@ -208,7 +230,7 @@ class GraphedStep:
             graph = torch.cuda.CUDAGraph()
             if self.pool is None:
                 self.pool = new_pool()
-            with torch.cuda.graph(graph, pool=pool_id(self.pool)):
+            with capture(graph, self.pool):
                 out = self._run(*static_in)
         except Exception as exc:  # a host sync or an unsupported op inside the step
             torch.cuda.synchronize()

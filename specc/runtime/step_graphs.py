@@ -55,7 +55,7 @@ import os
 
 import torch
 
-from specc.runtime.graphs import GraphedStep, new_pool, pool_id, replay, unwrapped
+from specc.runtime.graphs import GraphedStep, capture, new_pool, replay, unwrapped
 from specc.sampling import rng
 
 
@@ -76,7 +76,7 @@ def cuda_capture(body, pool):
     if pool is None:
         raise ValueError("a CUDA capture needs a memory pool (graphs.new_pool)")
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool_id(pool)):
+    with capture(graph, pool):
         body()
     return graph
 

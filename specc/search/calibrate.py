@@ -273,8 +273,10 @@ class Timer:
                 for _ in range(self.warmup):
                     fn()
             torch.cuda.current_stream().wait_stream(s)
+            from specc.runtime.graphs import capture
+
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with capture(graph):
                 fn()
             for _ in range(self.warmup):
                 graph.replay()

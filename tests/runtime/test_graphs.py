@@ -233,3 +233,36 @@ def test_logging_replays_times_each_replay_by_step():
     seconds = replay_seconds(log, {id(step): "target"})
     assert set(seconds) == {"target"} and seconds["target"] >= 0
     assert replay_seconds(log, {}) == {"CpuGraphedStep": seconds["target"]}
+
+
+def test_captures_pause_the_garbage_collector(monkeypatch):
+    """A cyclic collection inside a CUDA capture can destroy dropped graphs and free their memory
+    there, which aborts the process: ``capture`` pauses the collector for the capture (and
+    restores it after, also when the capture fails), around ``torch.cuda.graph``."""
+    import contextlib
+    import gc
+
+    from specc.runtime import graphs
+
+    seen = []
+
+    @contextlib.contextmanager
+    def fake_graph(graph, pool=None):
+        seen.append((gc.isenabled(), graph, pool))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    assert gc.isenabled()
+    with graphs.capture("g", (0, 7)):
+        assert not gc.isenabled()
+    assert gc.isenabled() and seen == [(False, "g", (0, 7))]
+    with pytest.raises(RuntimeError), graphs.capture("h"):
+        raise RuntimeError("capture failed")
+    assert gc.isenabled() and seen[-1] == (False, "h", None)
+    gc.disable()
+    try:
+        with graphs.capture("i"):
+            pass
+        assert not gc.isenabled()  # left as it was
+    finally:
+        gc.enable()
