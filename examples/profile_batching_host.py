@@ -240,7 +240,7 @@ def graph_loop(loop, clock: PhaseClock, step_graphs: bool = False) -> None:
     shapes captured up front, drafting uncapped at the budget), with ``EmulatedGraphs``
     reporting to ``clock``, the next draft launched ahead at batch 1 (``draft_ahead``); the chain
     acceptance's graph is made per scheduler (``graph_accept``). ``step_graphs``: batch-1 steps as
-    whole-step graphs (``StepReplay``) launched ahead, as ``SPECC_STEP_GRAPHS=1`` runs them."""
+    whole-step graphs (``StepReplay``) launched ahead, as the engine runs them on CUDA by default."""
     graphs = emulated_graphs()
     k = loop.num_draft
     target = graphs(loop.target, k + 1)
@@ -358,7 +358,7 @@ def main(argv=None) -> None:
     ap.add_argument("--phases", action="store_true", help="graphed steps emulated, the host gaps between the "
                     "draft, verify and acceptance launches per step (module doc)")
     ap.add_argument("--step-graphs", action="store_true", help="with --phases: batch-1 steps as whole-step graphs "
-                    "(SPECC_STEP_GRAPHS=1), timed from reading one step's result to the next one's launch")
+                    "(the engine's default on CUDA), timed from reading one step's result to the next one's launch")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     opts = ap.parse_args(argv)
     if torch.device(opts.device).type == "cpu":

@@ -49,6 +49,14 @@ def print_table(report: dict, console=None) -> None:
         console.print(f"[bold yellow]acceptance: REPLAYED[/bold yellow] from {acc['source']} "
                       f"(E = {acc['expected_tokens_per_step']:.2f} tokens/step at k={report['num_draft']}). "
                       f"{acc['notice']}.")
+        for r in report["rows"]:
+            at = r.get("at_stated_acceptance")
+            if at:
+                versus = (f", {at['decode_speedup_vs_best_ar']:.2f}x the best AR's decode"
+                          if at.get("decode_speedup_vs_best_ar") else "")
+                console.print(f"at the stated E = {at['tokens_per_step']:.2f} tokens/step (this run drew "
+                              f"{at['drawn_tokens_per_step']:.2f}): {r['system']} {at['decode_tokens_per_s']:,.1f} "
+                              f"decode tok/s{versus} (its measured step, {at['decode_step_s'] * 1e3:.3f} ms)")
         tree = acc.get("tree")
         if tree:
             console.print(f"[bold yellow]trees: REPLAYED[/bold yellow] from {tree['source']} (E = "

@@ -271,8 +271,8 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     # timed on the H200 (bench_tree --e2e-8b): 0.98x in run 8, -3.2% decode step in run 15; opt-in
     loop.draft_ahead = False
     # batch 1: each greedy chain step as one CUDA graph, launched ahead (``specc.runtime.step_graphs``):
-    # exact on the CPU (a capture stand-in), 4% faster steps on the H200 (docs/benchmarks/h200-run15.md);
-    # opt-in (SPECC_STEP_GRAPHS=1) until its GPU exactness test has passed
+    # exact on the CPU (a capture stand-in) and on the GPU, 4% faster steps on the H200
+    # (docs/benchmarks/h200-run15.md); on unless SPECC_STEP_GRAPHS=0
     loop.step_graphs = graphs and step_graphs_enabled()
     loop.steps = steps
     return loop

@@ -43,10 +43,12 @@ Where it applies (``StepGraphs.key``): batch 1, a live row, a greedy chain step 
 per-request k), a greedy tree step, or a sampled chain step as above; a drafter with a device
 draft for the current key (or plain AR), graphed steps that would graph this verify, and no
 per-part profile. Everywhere else the loop
-runs its unfused step, whose parts it can time. Opt-in (``DeviceSpeculativeDecoder.step_graphs``,
-``SPECC_STEP_GRAPHS=1``): on the H200 at Qwen3-8B + DFlash-b16 shapes it took 4.1% off the chain's
-decode step and 4.7% off AR's (``examples/bench_tree.py --e2e-8b``, docs/benchmarks/h200-run15.md),
-but its GPU exactness test (tests/runtime/test_step_graphs_gpu.py) has not passed on a GPU yet.
+runs its unfused step, whose parts it can time. On by default for loops ``engine.build_loop``
+makes on CUDA (``DeviceSpeculativeDecoder.step_graphs``; ``SPECC_STEP_GRAPHS=0`` turns it off): on
+the H200 at Qwen3-8B + DFlash-b16 shapes it took 4.1% off the chain's decode step and 4.7% off
+AR's (``examples/bench_tree.py --e2e-8b``, docs/benchmarks/h200-run15.md), and its GPU exactness
+test (tests/runtime/test_step_graphs_gpu.py: chains, trees, sampled chains and plain AR equal
+the unfused loop) passes (docs/benchmarks/h100-run16.md).
 """
 
 from __future__ import annotations
@@ -63,12 +65,12 @@ ENV = "SPECC_STEP_GRAPHS"
 
 
 def step_graphs_enabled() -> bool:
-    """Whether loops built by ``engine.build_loop`` on CUDA use whole-step graphs: ``SPECC_STEP_GRAPHS``
-    = 1 (default off until the GPU exactness test passes)."""
-    value = os.environ.get(ENV, "0").strip().lower()
+    """Whether loops built by ``engine.build_loop`` on CUDA use whole-step graphs: yes unless
+    ``SPECC_STEP_GRAPHS`` = 0 (off, false; empty or unset: on)."""
+    value = os.environ.get(ENV, "1").strip().lower()
     if value not in ("0", "1", "", "off", "on", "false", "true"):
         raise ValueError(f"{ENV}={value!r}: use 1 (on) or 0 (off)")
-    return value in ("1", "on", "true")
+    return value in ("1", "", "on", "true")
 
 
 def cuda_capture(body, pool):

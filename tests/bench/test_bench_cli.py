@@ -44,6 +44,13 @@ def test_shapes_with_replayed_acceptance_table_and_plots(capsys, tmp_path):
     assert spec["replay"] and spec["same_tokens_as_hf_eager"] is None
     assert abs(spec["expected_tokens_per_step"] - 6.5) < 1e-6 and report["acceptance"]["mode"] == "replay"
     assert spec["prediction"]["expected_tokens_per_step"] == pytest.approx(6.5)
+    at = spec["at_stated_acceptance"]  # the measured step at E tokens instead of this run's draws
+    assert at["tokens_per_step"] == pytest.approx(6.5) and at["drawn_tokens_per_step"] == spec["tau"]
+    assert at["decode_tokens_per_s"] == pytest.approx(spec["decode_tokens_per_s"] * 6.5 / spec["tau"])
+    best = max(r["decode_tokens_per_s"] for r in report["rows"] if r["system"] == report["best_ar"])
+    assert at["decode_speedup_vs_best_ar"] == pytest.approx(at["decode_tokens_per_s"] / best)
+    assert "at the stated E = 6.50 tokens/step" in out.out
+    assert all("at_stated_acceptance" not in r for r in report["rows"] if not r.get("replay"))
     for png in ("tokens_per_s.png", "accepted_length.png"):
         assert (tmp_path / "b" / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -85,3 +92,17 @@ def test_bench_an_artifact(checkpoints, tmp_path, capsys):
     rows = {r["system"]: r for r in report["rows"]}
     assert "artifact" in report["what"] and rows["specc-pard"]["same_tokens_as_hf_eager"] is True
     assert rows["specc-pard"]["prediction"]["tokens_per_s"] > 0
+
+
+def test_at_stated_acceptance_scales_the_measured_step():
+    """A replayed row drew 6.0 tokens a step at 600 decode tok/s (a 10 ms step): at the stated
+    E = 6.5 the same step gives 650 tok/s; rows that are not replayed get nothing."""
+    from specc.bench.run import at_stated_acceptance
+
+    row = {"replay": True, "tau": 6.0, "expected_tokens_per_step": 6.5, "decode_tokens_per_s": 600.0}
+    at = at_stated_acceptance(row, {"decode_tokens_per_s": 130.0})
+    assert at["decode_step_s"] == pytest.approx(0.01) and at["decode_tokens_per_s"] == pytest.approx(650.0)
+    assert at["decode_speedup_vs_best_ar"] == pytest.approx(5.0)
+    assert "decode_speedup_vs_best_ar" not in at_stated_acceptance(row, None)
+    assert at_stated_acceptance({**row, "replay": False}, None) is None
+    assert at_stated_acceptance({"tau": 1.0, "decode_tokens_per_s": 100.0}, None) is None

@@ -20,7 +20,7 @@ def test_run_json_separates_load_first_token_and_decode(checkpoints, tmp_path, c
     phases = got["load_phases_s"]
     assert got["load_seconds"] > 0 and set(phases) == set(LOAD_PHASES)
     assert got["launch"] == "plain"  # programmatic dependent launch is for sm_90+ GPUs
-    assert got["step_graphs"] is False  # whole-step graphs are CUDA graphs (and opt-in)
+    assert got["step_graphs"] is False  # whole-step graphs are CUDA graphs (none on the CPU)
     # the phases are disjoint and cover the load but for bookkeeping between them
     assert 0 < sum(phases.values()) <= got["load_seconds"]
     assert phases["device_init"] < 0.01  # on a CPU there is no driver context to make

@@ -291,3 +291,19 @@ def test_sampled_chain_steps_as_one_graph(checkpoints, key, method, k):
     _same(on.generate(PROMPT, 24, (), penalty), off.generate(PROMPT, 24, (), penalty))
     assert _replays(on) == replays
     _same(on.generate(PROMPT, 24, ()), off.generate(PROMPT, 24, ()))  # greedy again
+
+
+def test_step_graphs_are_on_unless_turned_off(monkeypatch):
+    """Whole-step graphs are the engine's default on CUDA; SPECC_STEP_GRAPHS=0 turns them off
+    and a value that is neither on nor off is refused."""
+    from specc.runtime.step_graphs import ENV, step_graphs_enabled
+
+    monkeypatch.delenv(ENV, raising=False)
+    assert step_graphs_enabled()
+    for value, on in (("", True), ("1", True), ("on", True), ("TRUE", True), ("0", False), ("off", False),
+                      ("false", False)):
+        monkeypatch.setenv(ENV, value)
+        assert step_graphs_enabled() is on, value
+    monkeypatch.setenv(ENV, "2")
+    with pytest.raises(ValueError, match="SPECC_STEP_GRAPHS"):
+        step_graphs_enabled()
