@@ -576,6 +576,7 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
     t_ir, d_ir = built.irs["target"], built.irs["drafter"]
 
     ar_loop = build_loop({"target": steps["target"]}, None, 0, max_len)  # the same compiled target step, no drafter
+    ar_loop.step_graphs = False  # first the unfused loop (whole-step graphs are the engine's default: below)
     ar_pred = cost.predict(t_ir, None, method="ar", context=context, batch_size=1)
     ar = {"system": "ar", **_timed(ar_loop, prompts, new_tokens, cuda),
           "predicted": {"tokens_per_s": ar_pred.tokens_per_s, "step_ms": ar_pred.step_time * 1e3, "tokens_per_step": 1.0}}
@@ -587,7 +588,7 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
     if kernels:
         ar["kernels"] = kernel_pass(ar_loop, prompts[0], new_tokens, cuda)
         _print_gaps("AR", ar["kernels"])
-    # the same AR loop with each step one CUDA graph launched ahead (``step_graphs``, opt-in until measured here)
+    # the same AR loop with each step one CUDA graph launched ahead (``step_graphs``, the engine's default)
     ar_loop.step_graphs = True
     ar_whole = {"system": "ar, step graphs", **_timed(ar_loop, prompts, new_tokens, cuda),
                 "graphs": ar_loop.graph_stats().get("step")}
@@ -606,7 +607,7 @@ def e2e_8b(specs, budgets, n_prompts: int, prompt_len: int, new_tokens: int, dev
         rows = []
         # the chain three times: as the engine runs it, with its next draft launched ahead of the host's
         # bookkeeping (``DeviceSpeculativeDecoder.draft_ahead``), and with each step one CUDA graph
-        # launched ahead (``step_graphs``); both opt-in until measured here
+        # launched ahead (``step_graphs``, the engine's default on CUDA; draft ahead is opt-in)
         for budget, ahead in ((0, False), (0, True), (0, "step"), *((b, v) for b in budgets for v in (False, "step"))):
             use = {role: step for role, step in steps.items() if budget or role != "target_tree"}
             system = build_loop(use, impl.strategy, k, max_len, drafter_section=section, tree_budget=budget)
