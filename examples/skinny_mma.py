@@ -391,9 +391,10 @@ def main(argv: list[str] | None = None) -> dict:
             row["best"] = best
             hbm = 4.8e12
             fmt = lambda s: f"{s * 1e6:7.1f} us {nbytes / s / hbm:.2f}" if s else "   -"  # noqa: E731
+            chosen = "" if best is None else " ".join(f"{key}={best[key]}" for key in ("unroll", "warps", "splits",
+                                                                                     "prefetch"))
             print(f"[skinny] {name:8s} M={m:2d}  triton {fmt(row['triton_s'])}  cublas {fmt(row['cublas_s'])}  "
-                  f"mma {fmt(best['seconds'] if best else None)} {best and {k: best[k] for k in ('unroll', 'warps', 'splits', 'prefetch')}}",
-                  flush=True)
+                  f"mma {fmt(best['seconds'] if best else None)} {chosen}", flush=True)
             rows.append(row)
         weights = []
     report = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "rows": rows,
