@@ -24,8 +24,10 @@ split-K): deterministic. fp32 accumulation, one rounding to bf16.
 Status: an experiment, not a lowering. ``main`` (GPU) compiles the kernel with
 ``torch.utils.cpp_extension.load_inline``, checks every configuration against an fp32
 reference, and times it beside specc's Triton linear and cuBLAS in CUDA graphs that rotate
-weight copies past L2; the JSON answers whether a lowering is worth building (not yet run on a GPU:
-the next device session's first call). On the CPU,
+weight copies past L2; the JSON answers whether a lowering is worth building. Answer on the H100
+(docs/benchmarks/h100-run16.md): no. At 4-16 rows it is within 1-10% of the Triton linear and
+cuBLAS, all three at the same rate per shape, so shared-memory staging is not what holds the
+small-M linears back; kept as the base of a bf12 decode-into-fragments kernel. On the CPU,
 :func:`emulate` replays the kernel's index mapping in torch (tests/test_skinny_mma_script.py)
 and :func:`compile_check` compiles the CUDA source for sm_90 with NVRTC when it is installed.
 
