@@ -27,7 +27,11 @@ reference, and times it beside specc's Triton linear and cuBLAS in CUDA graphs t
 weight copies past L2; the JSON answers whether a lowering is worth building. Answer on the H100
 (docs/benchmarks/h100-run16.md): no. At 4-16 rows it is within 1-10% of the Triton linear and
 cuBLAS, all three at the same rate per shape, so shared-memory staging is not what holds the
-small-M linears back; kept as the base of a bf12 decode-into-fragments kernel. On the CPU,
+small-M linears back; kept as the base of a bf12 decode-into-fragments kernel. Since then each
+configuration also runs with programmatic dependent launch (``pdl``): with ``prefetch`` the
+first chunk's weights load before ``griddepcontrol.wait``, the one-row GEMV's trick, which the
+Triton tensor-core linear cannot do (its pipeline's loads follow the wait); not yet run on a
+GPU. On the CPU,
 :func:`emulate` replays the kernel's index mapping in torch (tests/test_skinny_mma_script.py)
 and :func:`compile_check` compiles the CUDA source for sm_90 with NVRTC when it is installed.
 
@@ -117,6 +121,11 @@ skinny_mma(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* _
       rb[u] = load_weights(wb + warp * 32 * U + 32 * u);
     }
   }
+  // programmatic dependent launch: the weights (which no kernel writes) may load before the
+  // previous kernel has finished; x, the workspace, the tickets and y only after it (a no-op
+  // when launched without the PDL attribute)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   for (int c = warp; c < chunks; c += WARPS) {
     const int k0 = c * 32 * U;
     V4 xa_[U], xb_[U], na[U], nb[U];
@@ -202,17 +211,34 @@ skinny_mma(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* _
 HOST_SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 
 #define LAUNCH(MT, U, WARPS)                                                                   \
   if (prefetch) LAUNCH_P(MT, U, WARPS, true); else LAUNCH_P(MT, U, WARPS, false)
 #define LAUNCH_P(MT, U, WARPS, P)                                                              \
-  skinny_mma<MT, U, WARPS, P><<<grid, WARPS * 32, 0, stream>>>(                                \
+  launch(skinny_mma<MT, U, WARPS, P>, grid, WARPS * 32, stream, pdl,                           \
       (const bf16_t*)x.data_ptr(), (const bf16_t*)w.data_ptr(), (bf16_t*)y.data_ptr(),         \
-      ws.data_ptr<float>(), (unsigned*)tickets.data_ptr<int>(), M, N, K, K / splits,           \
-      x.stride(0), y.stride(0))
+      ws.data_ptr<float>(), (unsigned*)tickets.data_ptr<int>(), M, N, K, (int)(K / splits),    \
+      (long)x.stride(0), (long)y.stride(0))
+
+// a launch that may start while the previous kernel on the stream finishes (pdl)
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, dim3 grid, int threads, cudaStream_t stream, bool pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
 
 void skinny_mma_out(torch::Tensor x, torch::Tensor w, torch::Tensor y, torch::Tensor ws, torch::Tensor tickets,
-                    int64_t splits, int64_t unroll, int64_t warps, bool prefetch) {
+                    int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl) {
   const int M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(M >= 1 && M <= 16, "1 .. 16 rows");
   TORCH_CHECK(N % 16 == 0 && K % (32 * unroll * splits) == 0, "N % 16, K % (32 * unroll * splits)");
@@ -238,7 +264,7 @@ void skinny_mma_out(torch::Tensor x, torch::Tensor w, torch::Tensor y, torch::Te
 }
 """
 
-UNROLLS, WARPS, SPLITS, PREFETCH = (2, 4, 8), (4, 8), (1, 2, 4), (False, True)
+UNROLLS, WARPS, SPLITS, PREFETCH, PDL = (2, 4, 8), (4, 8), (1, 2), (False, True), (False, True)
 
 
 def build():
@@ -246,7 +272,7 @@ def build():
     from torch.utils.cpp_extension import load_inline
 
     declaration = ("void skinny_mma_out(torch::Tensor x, torch::Tensor w, torch::Tensor y, torch::Tensor ws, "
-                   "torch::Tensor tickets, int64_t splits, int64_t unroll, int64_t warps, bool prefetch);")
+                   "torch::Tensor tickets, int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl);")
     return load_inline("specc_skinny_mma", cpp_sources=declaration, cuda_sources=CUDA_SOURCE + HOST_SOURCE,
                        functions=["skinny_mma_out"], extra_cuda_cflags=["-O3", "-arch=sm_90"], verbose=False)
 
@@ -368,20 +394,20 @@ def main(argv: list[str] | None = None) -> dict:
             row["cublas_s"] = timer(lambda: [torch.nn.functional.linear(x, w) for w in weights], inner=copies)
             got_t = triton_linear(x, weights[0]).float()
             row["triton_max_err"] = float((got_t - want).abs().max())
-            for u, wp, sp, pf in itertools.product(UNROLLS, WARPS, SPLITS, PREFETCH):
+            for u, wp, sp, pf, pdl in itertools.product(UNROLLS, WARPS, SPLITS, PREFETCH, PDL):
                 if k % (32 * u * sp):
                     continue
                 ws = torch.empty(sp * (n // 16) * 32 * 8, device=dev, dtype=torch.float32)
-                cfg = {"unroll": u, "warps": wp, "splits": sp, "prefetch": pf}
+                cfg = {"unroll": u, "warps": wp, "splits": sp, "prefetch": pf, "pdl": pdl}
                 try:
-                    ext.skinny_mma_out(x, weights[0], y, ws, tickets, sp, u, wp, pf)
+                    ext.skinny_mma_out(x, weights[0], y, ws, tickets, sp, u, wp, pf, pdl)
                     torch.cuda.synchronize()
                     err = float((y.float() - want).abs().max())
                     # the same bits twice (deterministic split-K) and within bf16 rounding of fp32
                     again = y.clone()
-                    ext.skinny_mma_out(x, weights[0], y, ws, tickets, sp, u, wp, pf)
+                    ext.skinny_mma_out(x, weights[0], y, ws, tickets, sp, u, wp, pf, pdl)
                     ok = bool(torch.equal(again, y)) and err <= max(2 * row["triton_max_err"], 1e-2)
-                    seconds = timer(lambda: [ext.skinny_mma_out(x, w, y, ws, tickets, sp, u, wp, pf) for w in weights],
+                    seconds = timer(lambda: [ext.skinny_mma_out(x, w, y, ws, tickets, sp, u, wp, pf, pdl) for w in weights],
                                     inner=copies)
                 except Exception as exc:  # noqa: BLE001 - an experiment: record and go on
                     failures.append({**cfg, "shape": name, "M": m, "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -394,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
             hbm = 4.8e12
             fmt = lambda s: f"{s * 1e6:7.1f} us {nbytes / s / hbm:.2f}" if s else "   -"  # noqa: E731
             chosen = "" if best is None else " ".join(f"{key}={best[key]}" for key in ("unroll", "warps", "splits",
-                                                                                     "prefetch"))
+                                                                                     "prefetch", "pdl"))
             print(f"[skinny] {name:8s} M={m:2d}  triton {fmt(row['triton_s'])}  cublas {fmt(row['cublas_s'])}  "
                   f"mma {fmt(best['seconds'] if best else None)} {chosen}", flush=True)
             rows.append(row)
