@@ -101,6 +101,55 @@ __device__ __forceinline__ void store_lane(const float (&s)[8], bf16_t* y, long 
   }
 }
 
+// the CTA's sum and store: its warps' accumulators added in warp order in shared memory; with
+// split-K (gridDim.y > 1) each CTA's sum goes to the fp32 workspace and the last CTA of a row
+// block (a ticket) adds them up in split order: deterministic whoever finishes last
+template <int WARPS>
+__device__ __forceinline__ void finish(const float (&c0)[4], const float (&c1)[4], bf16_t* __restrict__ y,
+                                       float* __restrict__ ws, unsigned* __restrict__ tickets, int M, int n0,
+                                       long stride_y) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3, split = blockIdx.y, splits = gridDim.y;
+  __shared__ float red[WARPS][32][8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    red[warp][lane][i] = c0[i];
+    red[warp][lane][4 + i] = c1[i];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  float s[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    s[i] = red[0][lane][i];
+#pragma unroll
+    for (int v = 1; v < WARPS; ++v) s[i] += red[v][lane][i];
+  }
+  if (splits == 1) {
+    store_lane(s, y, stride_y, M, n0, g, t);
+    return;
+  }
+  float* mine = ws + (((long)split * gridDim.x + blockIdx.x) * 32 + lane) * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) mine[i] = s[i];
+  __threadfence();
+  __syncwarp();
+  unsigned ticket = 0;
+  if (lane == 0) ticket = atomicAdd(tickets + blockIdx.x, 1u);
+  ticket = __shfl_sync(0xffffffffu, ticket, 0);
+  if (ticket != (unsigned)(splits - 1)) return;
+  __threadfence();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i] = 0.f;
+  for (int p = 0; p < splits; ++p) {  // in split order, whoever finishes last
+    const float* part = ws + (((long)p * gridDim.x + blockIdx.x) * 32 + lane) * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] += __ldcg(part + i);
+  }
+  store_lane(s, y, stride_y, M, n0, g, t);
+  if (lane == 0) tickets[blockIdx.x] = 0u;  // ready for the next launch (and graph replay)
+}
+
 // y[M, N] = x[M, K] @ W[N, K]^T; M <= 8 * MT; K % (32 * U * splits) == 0 handled by the host;
 // grid (N / 16, splits), WARPS warps; PREFETCH: double-buffer the weight registers across chunks
 template <int MT, int U, int WARPS, bool PREFETCH>
@@ -110,7 +159,7 @@ skinny_mma(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* _
            long stride_x, long stride_y) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int n0 = blockIdx.x * 16, split = blockIdx.y, splits = gridDim.y;
+  const int n0 = blockIdx.x * 16, split = blockIdx.y;
   const int chunks = k_split / (32 * U);
   const bf16_t* wa = w + (long)(n0 + g) * K + split * k_split + 8 * t;
   const bf16_t* wb = wa + 8L * K;
@@ -171,44 +220,7 @@ skinny_mma(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* _
       }
     }
   }
-  __shared__ float red[WARPS][32][8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    red[warp][lane][i] = c0[i];
-    red[warp][lane][4 + i] = c1[i];
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  float s[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    s[i] = red[0][lane][i];
-#pragma unroll
-    for (int v = 1; v < WARPS; ++v) s[i] += red[v][lane][i];
-  }
-  if (splits == 1) {
-    store_lane(s, y, stride_y, M, n0, g, t);
-    return;
-  }
-  float* mine = ws + (((long)split * gridDim.x + blockIdx.x) * 32 + lane) * 8;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) mine[i] = s[i];
-  __threadfence();
-  __syncwarp();
-  unsigned ticket = 0;
-  if (lane == 0) ticket = atomicAdd(tickets + blockIdx.x, 1u);
-  ticket = __shfl_sync(0xffffffffu, ticket, 0);
-  if (ticket != (unsigned)(splits - 1)) return;
-  __threadfence();
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = 0.f;
-  for (int p = 0; p < splits; ++p) {  // in split order, whoever finishes last
-    const float* part = ws + (((long)p * gridDim.x + blockIdx.x) * 32 + lane) * 8;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] += __ldcg(part + i);
-  }
-  store_lane(s, y, stride_y, M, n0, g, t);
-  if (lane == 0) tickets[blockIdx.x] = 0u;  // ready for the next launch (and graph replay)
+  finish<WARPS>(c0, c1, y, ws, tickets, M, n0, stride_y);
 }
 
 // ---- bf12 (layout 2): the same kernel on packed weights, decoded in registers ----
@@ -245,7 +257,7 @@ skinny_mma_bf12(const bf16_t* __restrict__ x, const unsigned char* __restrict__ 
                 int M, int N, int Kp, int k_split, long stride_x, long stride_y) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3, high = t & 1;
-  const int n0 = blockIdx.x * 16, split = blockIdx.y, splits = gridDim.y;
+  const int n0 = blockIdx.x * 16, split = blockIdx.y;
   const int chunks = k_split / (64 * U);
   const long k_lo = (long)split * k_split;
   const unsigned char* sa = sm + (long)(n0 + g) * Kp + k_lo + 16 * t;
@@ -319,44 +331,7 @@ skinny_mma_bf12(const bf16_t* __restrict__ x, const unsigned char* __restrict__ 
     c0[i] *= sc;
     c1[i] *= sc;
   }
-  __shared__ float red[WARPS][32][8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    red[warp][lane][i] = c0[i];
-    red[warp][lane][4 + i] = c1[i];
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  float s[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    s[i] = red[0][lane][i];
-#pragma unroll
-    for (int v = 1; v < WARPS; ++v) s[i] += red[v][lane][i];
-  }
-  if (splits == 1) {
-    store_lane(s, y, stride_y, M, n0, g, t);
-    return;
-  }
-  float* mine = ws + (((long)split * gridDim.x + blockIdx.x) * 32 + lane) * 8;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) mine[i] = s[i];
-  __threadfence();
-  __syncwarp();
-  unsigned ticket = 0;
-  if (lane == 0) ticket = atomicAdd(tickets + blockIdx.x, 1u);
-  ticket = __shfl_sync(0xffffffffu, ticket, 0);
-  if (ticket != (unsigned)(splits - 1)) return;
-  __threadfence();
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = 0.f;
-  for (int p = 0; p < splits; ++p) {
-    const float* part = ws + (((long)p * gridDim.x + blockIdx.x) * 32 + lane) * 8;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] += __ldcg(part + i);
-  }
-  store_lane(s, y, stride_y, M, n0, g, t);
-  if (lane == 0) tickets[blockIdx.x] = 0u;
+  finish<WARPS>(c0, c1, y, ws, tickets, M, n0, stride_y);
 }
 """
 
