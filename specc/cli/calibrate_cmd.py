@@ -86,7 +86,9 @@ def run(args) -> int:
     for field in ("hbm_bandwidth", "bf16_flops", "bandwidth_efficiency", "flops_efficiency", "launch_overhead_s",
                   "graph_node_overhead_s"):
         table.add_row(field, f"{getattr(base, field):.4g}", f"{getattr(dep, field):.4g}")
-    for kind, effs in record.kind_efficiency.items():
+    kinds = list(record.kind_efficiency.items())
+    kinds += [(f"attention at {layout} heads", effs) for layout, effs in record.attention_by_heads.items()]
+    for kind, effs in kinds:
         for what, value in effs.items():
             if what.endswith("_s"):  # a time (latency_s, merge_slot_s, kernel_latency_s), not a fraction
                 table.add_row(f"{kind} {what[:-2].replace('_', ' ')}", "-", f"{value * 1e6:.3g} us")

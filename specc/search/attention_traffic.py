@@ -30,6 +30,11 @@ PARTIAL_ITEMSIZE = 4  # the split kernel's partial outputs are fp32
 PRICED_KINDS = ("attention", "rope_attention")  # the kinds that run kernels.attention's split kernel
 
 
+def heads_key(num_heads: int, num_kv_heads: int, head_dim: int) -> str:
+    """The key of a head layout in ``Calibration.attention_by_heads`` ("Hq/Hkv/d")."""
+    return f"{int(num_heads)}/{int(num_kv_heads)}/{int(head_dim)}"
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionTraffic:
     """The kernel-level terms of one attention call (see the module docstring)."""

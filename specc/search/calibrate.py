@@ -46,6 +46,9 @@ Fits (``t_net`` = measured time minus the launch overhead of the kernels timed):
   the single-token samples (a batch-1 call moves a few MB and is mostly fixed latency: a bare
   efficiency would mistake that for slow streaming and overprice large batches) and a flops
   efficiency from the samples it underprices;
+- ``attention_by_heads`` (CUDA): the same split-KV form fitted over each head layout's own
+  samples (:func:`fit_attention_by_heads`; the reference layout's and a ``--model``'s), which
+  the cost model prices a node of that layout by; the fit across layouts prices the others;
 - ``linear_bandwidth_by_m`` and ``linear_flops_by_m``: per M, the median over shapes of
   ``bytes / t_net / hbm_bandwidth`` and of ``flops / t_net / bf16_flops``. At one M the weight-
   dominated shapes share an arithmetic intensity (~M flops per weight byte), so the roofline
@@ -106,6 +109,10 @@ class Calibration:
     fitted: dict[str, float] = dataclasses.field(default_factory=dict)
     measurements: dict[str, Any] = dataclasses.field(default_factory=dict)
     linear_choice: dict[str, Any] | None = None  # LinearChoice.to_json(): per-shape Triton vs cuBLAS
+    # the split-KV attention fit per head layout ("Hq/Hkv/d") that has samples of its own
+    # (``fit_attention_by_heads``): a model's own layout (``--model``) is priced from its own
+    # samples, not from the fit across layouts; older records: empty
+    attention_by_heads: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     # the per-M linear tables were fitted on the bytes of the Triton kernel's row tiles (the weight
     # once per tile, ``linear_traffic``), as the cost model prices them; older records: False
     linear_tiles: bool = False
@@ -177,12 +184,13 @@ class Calibration:
                     raise ValueError(f"{key}: row count {m} must be >= 1")
                 out[m] = number(v, f"{key}[{k}]")
             kwargs[key] = out
-        ke = kwargs.get("kind_efficiency", {})
-        if not isinstance(ke, dict) or not all(isinstance(v, dict) for v in ke.values()):
-            raise ValueError("kind_efficiency must be an object of kind -> {field: value}")
-        for kind, vals in ke.items():
-            for name, v in vals.items():
-                number(v, f"kind_efficiency.{kind}.{name}")
+        for key, what in (("kind_efficiency", "kind"), ("attention_by_heads", "head layout")):
+            table = kwargs.get(key, {})
+            if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+                raise ValueError(f"{key} must be an object of {what} -> {{field: value}}")
+            for kind, vals in table.items():
+                for name, v in vals.items():
+                    number(v, f"{key}.{kind}.{name}")
         for key in ("fitted", "measurements"):
             if not isinstance(kwargs.get(key, {}), dict):
                 raise ValueError(f"{key} must be an object")
@@ -756,6 +764,32 @@ def fit_split_kv_attention(dep, m: dict[str, Any], device: str, overhead: float)
             "flops": flops_eff, "merge_slot_s": per_slot}
 
 
+def fit_attention_by_heads(dep, m: dict[str, Any], device: str, overhead: float) -> dict[str, dict[str, float]]:
+    """:func:`fit_split_kv_attention` over each head layout's own samples, for every layout
+    whose samples determine it (the reference layout's, and a ``--model``'s own).
+
+    Why: the fit across layouts is one latency for all. On specc-tiny (8 / 4 heads of 64, run 16)
+    its 4.8 us intercept, pulled up by the Qwen3-8B-shaped samples, priced a batch-1 attention
+    call at 7.4 us where the tiny layout's own samples measure 4.1 us, and the 8 layers' excess
+    was most of the model's +26% on that step (docs/benchmarks/h100-run16.md)."""
+    from specc.search.attention_traffic import heads_key
+
+    layouts: dict[str, list] = {}
+    default = (m.get("sizes") or {}).get("attn_heads")
+    for r in m.get("attention") or []:
+        heads = r.get("heads") or default
+        try:
+            layouts.setdefault(heads_key(*heads), []).append(r)
+        except (TypeError, ValueError):
+            continue
+    out = {}
+    for key, rows in layouts.items():
+        fitted = fit_split_kv_attention(dep, {**m, "attention": rows}, device, overhead)
+        if fitted is not None:
+            out[key] = fitted
+    return out
+
+
 def linear_choice_of(m: dict[str, Any], overhead_s: float) -> LinearChoice | None:
     """The per-shape Triton / cuBLAS table of a run's linear measurements: only where both
     specc's Triton linear and torch's (cuBLAS) were timed, i.e. on CUDA."""
@@ -909,7 +943,8 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
     notes: list[str] = []
     fields, kinds, by_m, bw_by_m = fit(dep, m, device, notes)
     new = dataclasses.replace(dep, calibrated=True, **fields)
-    choice = linear_choice_of(m, fields["graph_node_overhead_s"] if device == "cuda" else fields["launch_overhead_s"])
+    overhead = fields["graph_node_overhead_s"] if device == "cuda" else fields["launch_overhead_s"]
+    choice = linear_choice_of(m, overhead)
     if choice is not None:
         choice = dataclasses.replace(choice, source=f"specc calibrate on {torch.cuda.get_device_name()}")
     record = Calibration(
@@ -917,6 +952,7 @@ def _calibrate(deployment, device, quick, progress, threads, models=()) -> tuple
         deployment=dep.name, device=device,
         device_name=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         kind_efficiency=kinds, linear_flops_by_m=by_m, linear_bandwidth_by_m=bw_by_m,
+        attention_by_heads=fit_attention_by_heads(new, m, device, overhead),
         packed_linear_bandwidth_by_m=fit_packed_by_m(new, m, device), fitted=fields, measurements=m,
         linear_tiles=True, notes=notes,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

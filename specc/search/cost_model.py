@@ -60,7 +60,7 @@ from specc.codegen.linear_choice import KINDS as CHOICE_KINDS
 from specc.ir import STRUCTURAL_KINDS, evaluate
 from specc.ir.meta import TensorMeta, tensors_in
 from specc.search.attention_traffic import PRICED_KINDS as ATTENTION_PRICED
-from specc.search.attention_traffic import split_kv_traffic
+from specc.search.attention_traffic import heads_key, split_kv_traffic
 from specc.search.calibrate import interpolate_log
 
 DEFAULT_CONTEXT = 1024
@@ -188,6 +188,10 @@ class CostModel:
         if measured is not None:
             bw_eff, fl_eff, n_launch, extra = measured
             return dep.hbm_bandwidth * bw_eff, dep.bf16_flops * fl_eff, n_launch, extra, True
+        own = self.attention_fit(meta) if eclass == "attention" else None
+        if own is not None:
+            return (dep.hbm_bandwidth * own["bandwidth"], dep.bf16_flops * own["flops"], self.launches(meta, rows), 0.0,
+                    False)
         return (dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows),
                 dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind), self.launches(meta, rows), 0.0,
                 False)
@@ -226,11 +230,25 @@ class CostModel:
                 return float(eff)
         return self.deployment.flops_efficiency
 
-    def latency(self, eclass: str, kind: str | None = None, launches: int = 1) -> float:
-        """Calibrated fixed time of a node: per call of the kind (attention's fitted intercept),
-        plus the short kernels' latency (:meth:`kernel_latency`) for each launch of an
-        elementwise node and for rope_attention's rope_and_cache kernel; 0 without a
-        calibration."""
+    def attention_fit(self, meta) -> dict[str, float] | None:
+        """The calibration's attention fit of the node's own head layout
+        (``Calibration.attention_by_heads``: measured on that layout, e.g. by ``calibrate
+        --model``), else None (the fit across layouts in ``kind_efficiency`` applies)."""
+        cal = self.calibration
+        by_heads = getattr(cal, "attention_by_heads", None) if cal is not None else None
+        if not by_heads or efficiency_class(meta) != "attention":
+            return None
+        try:
+            key = heads_key(meta.attrs["num_heads"], meta.attrs["num_kv_heads"], meta.attrs["head_dim"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return by_heads.get(key)
+
+    def latency(self, eclass: str, kind: str | None = None, launches: int = 1, meta=None) -> float:
+        """Calibrated fixed time of a node: per call of the kind (attention's fitted intercept:
+        of the node's head layout where ``meta`` has one measured, :meth:`attention_fit`), plus
+        the short kernels' latency (:meth:`kernel_latency`) for each launch of an elementwise
+        node and for rope_attention's rope_and_cache kernel; 0 without a calibration."""
         cal = self.calibration
         if cal is None:
             return 0.0
@@ -238,6 +256,9 @@ class CostModel:
         # attention kernels the calibration timed
         short = launches * self.kernel_latency() if eclass == "elementwise" else \
             self.kernel_latency() if kind == "rope_attention" else 0.0
+        own = self.attention_fit(meta) if meta is not None and eclass == "attention" else None
+        if own is not None:
+            return float(own["latency_s"]) + short
         for key in (kind, eclass):
             value = cal.kind_efficiency.get(key, {}).get("latency_s") if key else None
             if value:
@@ -279,7 +300,8 @@ class CostModel:
         (the node is priced by the IR's bytes, as before that fit)."""
         if meta.kind not in ATTENTION_PRICED or self.deployment.device != "cuda" or self.calibration is None:
             return None
-        slot_s = self.calibration.kind_efficiency.get("attention", {}).get("merge_slot_s")
+        own = self.attention_fit(meta)
+        slot_s = (own or self.calibration.kind_efficiency.get("attention", {})).get("merge_slot_s")
         out = meta.out
         if not slot_s or not isinstance(out, TensorMeta) or out.ndim != 3:
             return None
@@ -369,7 +391,7 @@ class CostModel:
             weight_bytes=self._num(meta.weight_bytes, values),
             cache_bytes=self._num(meta.cache_read + meta.cache_written, values), launches=n_launch,
             t_memory=moved / bw, t_compute=work_flops / peak,
-            t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind, n_launch) + extra,
+            t_launch=n_launch * self.overhead + self.latency(eclass, meta.kind, n_launch, meta) + extra,
             floor=max(nbytes / dep.hbm_bandwidth, flops / dep.bf16_flops), bandwidth=bw, peak=peak,
             bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
 
@@ -445,7 +467,7 @@ class CostModel:
             if flops_scale != 1.0:
                 nflops = nflops * sympy.Float(flops_scale, 15)
             key = (sympy.expand(nbytes), sympy.expand(nflops), bw, peak, n_launch,
-                   self.latency(eclass, meta.kind, n_launch) + extra + more_s)
+                   self.latency(eclass, meta.kind, n_launch, meta) + extra + more_s)
             if key[0] == 0 and key[1] == 0:
                 continue
             terms[key] += 1
