@@ -438,7 +438,8 @@ def build():
                    "torch::Tensor y, torch::Tensor ws, torch::Tensor tickets, int64_t splits, int64_t unroll, "
                    "int64_t warps, bool prefetch, bool pdl);")
     return load_inline("specc_skinny_mma", cpp_sources=declaration, cuda_sources=CUDA_SOURCE + HOST_SOURCE,
-                       functions=["skinny_mma_out", "skinny_mma_bf12_out"], extra_cuda_cflags=["-O3", "-arch=sm_90"], verbose=False)
+                       functions=["skinny_mma_out", "skinny_mma_bf12_out"],
+                       extra_cuda_cflags=["-O3", "-arch=sm_90"], verbose=False)
 
 
 def compile_check(arch: str = "compute_90") -> str:
@@ -565,7 +566,8 @@ def emulate_bf12(x: torch.Tensor, packed, unroll: int = 1, warps: int = 4, split
                             for r in (g, g + 8):
                                 codes = ex[n0 + r, k0 // 2 + 16 * (t // 2): k0 // 2 + 16 * (t // 2) + 16]
                                 codes = (codes >> 4) if t % 2 else (codes & 0xF)
-                                dec[lane, r] = decode_constant_exponent(sm[n0 + r, k0 + 16 * t: k0 + 16 * t + 16], codes)
+                                weights = sm[n0 + r, k0 + 16 * t: k0 + 16 * t + 16]
+                                dec[lane, r] = decode_constant_exponent(weights, codes)
                         for i in range(4):
                             a = torch.zeros(16, 16)
                             b = [torch.zeros(16, 8), torch.zeros(16, 8)]
@@ -687,8 +689,8 @@ def main(argv: list[str] | None = None) -> dict:
                     again = y.clone()
                     ext.skinny_mma_out(x, weights[0], y, ws, tickets, sp, u, wp, pf, pdl)
                     ok = bool(torch.equal(again, y)) and err <= max(2 * row["triton_max_err"], 1e-2)
-                    seconds = timer(lambda: [ext.skinny_mma_out(x, w, y, ws, tickets, sp, u, wp, pf, pdl) for w in weights],
-                                    inner=copies)
+                    seconds = timer(lambda: [ext.skinny_mma_out(x, w, y, ws, tickets, sp, u, wp, pf, pdl)
+                                             for w in weights], inner=copies)
                 except Exception as exc:  # noqa: BLE001 - an experiment: record and go on
                     failures.append({**cfg, "shape": name, "M": m, "error": f"{type(exc).__name__}: {exc}"[:300]})
                     continue

@@ -62,9 +62,10 @@ one the next step would make (the same call on the same state, only earlier); th
 takes it, and refuses one that does not match its committed length and k. A request that ends
 instead releases its slot, which drops the draft (one wasted draft on the GPU at an EOS).
 
-Whole-step graphs (``step_graphs``, set by ``engine.build_loop`` on CUDA unless ``SPECC_STEP_GRAPHS=0``; batch 1, greedy chains in one
-level, greedy trees, sampled chains): the step's draft, verify, acceptance and commit as one CUDA graph per drafting shape,
-over buffers at fixed addresses, launched ahead of the scheduler's bookkeeping when it promises to
+Whole-step graphs (``step_graphs``, set by ``engine.build_loop`` on CUDA unless
+``SPECC_STEP_GRAPHS=0``; batch 1, greedy chains in one level, greedy trees, sampled chains): the
+step's draft, verify, acceptance and commit as one CUDA graph per drafting shape, over buffers at
+fixed addresses, launched ahead of the scheduler's bookkeeping when it promises to
 step again (``specc.runtime.step_graphs``). The same calls as the unfused step, so the same tokens;
 steps it does not apply to run unfused.
 
