@@ -24,7 +24,9 @@ Every number is a formula over node metadata (docs/ir.md) and deployment fields
   padded row tiles and runs ``B x Q x Hq`` merge programs (specc.search.attention_traffic,
   with the calibrated ``merge_slot_s``), and a multi-row norm_linear runs its rms_norm kernel
   apart (its bytes at the elementwise bandwidth);
-- ``latency``: a calibrated fixed time per call (attention's fitted intercept), else 0; for
+- ``latency``: a calibrated fixed time per call (attention's fitted intercept; attention's
+  latency, bandwidth, flops and ``merge_slot_s`` come from the fit of the node's own head layout
+  where the calibration measured it, ``Calibration.attention_by_heads``), else 0; for
   elementwise nodes also the short kernels' latency per launch (``kernel_latency_s``: what an
   rms_norm of a few rows takes beyond a near-empty kernel's graph node, fitted by calibration
   on CUDA), which each other short kernel beside a timed one pays too (a multi-row
