@@ -394,22 +394,13 @@ def test_model_shapes_join_the_choice_table_but_not_the_reference_fits():
 def test_split_kv_attention_fit_reads_each_samples_heads():
     """Samples of two head layouts (the reference and a --model's), timed by the split-KV form
     with known parameters: the fit recovers them only by pricing each sample with its own heads."""
-    from specc.search.attention_traffic import split_kv_traffic
+    from split_kv_samples import split_kv_samples
+
     from specc.search.calibrate import fit_split_kv_attention
 
     dep = BUILTIN["h200-bs1"]
     latency, bw, slot, node = 6e-6, 0.55, 2.5e-8, 1e-6
-    rows = []
-    for heads in ((32, 8, 128), (8, 4, 64)):
-        hq, hkv, d = heads
-        for b in (1, 8, 32):
-            for q in (1, 4, 16):
-                for c in (512, 4096):
-                    tr = split_kv_traffic(b, q, hq, hkv, d, c + q, dep.sm_count)
-                    nbytes = 2 * b * hkv * (c + q) * d * 2 + 2 * b * q * hq * d * 2
-                    t = latency + (nbytes + tr.extra_bytes) / (bw * dep.hbm_bandwidth) + slot * tr.merge_work
-                    rows.append({"B": b, "Q": q, "C": c, "bytes": nbytes, "flops": 4.0 * b * hq * q * (c + q) * d,
-                                 "seconds": t + (2 if tr.merge_kernel else 1) * node, "heads": list(heads)})
+    rows = split_kv_samples(dep, {(32, 8, 128): (latency, bw), (8, 4, 64): (latency, bw)}, slot, node)
     m = {"attention": rows, "sizes": {"attn_heads": (32, 8, 128)}}
     got = fit_split_kv_attention(dep, m, "cuda", node)
     assert got["latency_s"] == pytest.approx(latency, rel=1e-6)

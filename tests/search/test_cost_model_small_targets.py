@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from specc.search.attention_traffic import heads_key, split_kv_traffic
+from specc.search.attention_traffic import heads_key
 from specc.search.calibrate import Calibration, fit_attention_by_heads, fit_split_kv_attention
 from specc.search.cost_model import CostModel
 from specc.search.deployments import BUILTIN, get_deployment
@@ -102,21 +102,12 @@ def test_qwen3_8b_steps_keep_their_accuracy():
 def test_the_fit_per_layout_recovers_each_layouts_terms():
     """Samples of two head layouts timed by the split-KV form with different latencies and
     bandwidths: each layout's own fit recovers its parameters; the fit across layouts cannot."""
+    from split_kv_samples import split_kv_samples
+
     dep = BUILTIN["h200-bs1"]
     truth = {(32, 8, 128): (6e-6, 0.8), (8, 4, 64): (2e-6, 0.5)}
-    slot, node = 2.5e-8, 1e-6
-    rows = []
-    for heads, (latency, bw) in truth.items():
-        hq, hkv, d = heads
-        for b in (1, 8, 32):
-            for q in (1, 4, 16):
-                for c in (512, 4096):
-                    tr = split_kv_traffic(b, q, hq, hkv, d, c + q, dep.sm_count)
-                    nbytes = 2 * b * hkv * (c + q) * d * 2 + 2 * b * q * hq * d * 2
-                    t = latency + (nbytes + tr.extra_bytes) / (bw * dep.hbm_bandwidth) + slot * tr.merge_work
-                    rows.append({"B": b, "Q": q, "C": c, "bytes": nbytes, "flops": 4.0 * b * hq * q * (c + q) * d,
-                                 "seconds": t + (2 if tr.merge_kernel else 1) * node, "heads": list(heads)})
-    m = {"attention": rows, "sizes": {"attn_heads": (32, 8, 128)}}
+    node = 1e-6
+    m = {"attention": split_kv_samples(dep, truth, 2.5e-8, node), "sizes": {"attn_heads": (32, 8, 128)}}
     got = fit_attention_by_heads(dep, m, "cuda", node)
     assert set(got) == {"32/8/128", "8/4/64"}
     for heads, (latency, bw) in truth.items():
