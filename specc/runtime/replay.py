@@ -96,6 +96,11 @@ class InPlaceTensors(dict):
             tensor = self[key] = self.make(key)
         return tensor
 
+    def most_steps(self) -> int:
+        """Of step counters (:meth:`counters`): the largest count over the devices, 0 before any
+        draw (reads the device tensors: a sync)."""
+        return max((int(c) for c in self.values()), default=0)
+
     def remake(self) -> None:
         """Rewrite every tensor in place with what ``make`` gives now (after a restart or re-seed)."""
         for key, tensor in self.items():
@@ -126,7 +131,7 @@ class ReplayVerifier(Verifier):
     @property
     def step(self) -> int:
         """Steps begun so far (verify calls with ``start`` 0); reads the device counter (a sync)."""
-        return max((int(c) for c in self._counters.values()), default=0)
+        return self._counters.most_steps()
 
     def reset(self, seed: int | None = None) -> None:
         """Restart the draws (same sequence again unless a new ``seed`` is given), in place so

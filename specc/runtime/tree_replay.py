@@ -103,7 +103,7 @@ class TreeReplayVerifier(TreeVerifier):
     @property
     def step(self) -> int:
         """Steps drawn so far (the on-device counter; reading it syncs), as ``ReplayVerifier.step``."""
-        return max((int(c) for c in self._counters.values()), default=0)
+        return self._counters.most_steps()
 
     def reset(self, seed: int | None = None) -> None:
         """Restart the draws (the same sequence again unless a new ``seed`` is given)."""

@@ -715,6 +715,13 @@ def linear_traffic(r: dict[str, Any], device: str) -> float:
     return float(r["bytes"]) + (weight_passes(m, n, k) - 1) * n * k * itemsize
 
 
+def sample_heads(r: dict[str, Any], m: dict[str, Any]) -> tuple[int, int, int]:
+    """An attention sample's head layout (Hq, Hkv, d): its own ``heads``, or on older records
+    (which timed one layout) the sizes' ``attn_heads``."""
+    hq, hkv, d = (int(x) for x in (r.get("heads") or m["sizes"]["attn_heads"]))
+    return hq, hkv, d
+
+
 def fit_split_kv_attention(dep, m: dict[str, Any], device: str, overhead: float) -> dict[str, float] | None:
     """The attention fit of the split-KV kernel (CUDA; None elsewhere or when the samples do not
     determine it): ``t = latency_s + max((bytes + partials) / bw, flops x flops_scale / peak)
@@ -737,8 +744,8 @@ def fit_split_kv_attention(dep, m: dict[str, Any], device: str, overhead: float)
     attn = m.get("attention") or []
     samples = []
     for r in attn:
-        try:  # each sample's heads (a --model's layout beside the reference one); older records: the sizes'
-            hq, hkv, d = (int(x) for x in (r.get("heads") or m["sizes"]["attn_heads"]))
+        try:  # each sample's heads (a --model's layout beside the reference one)
+            hq, hkv, d = sample_heads(r, m)
         except (KeyError, TypeError, ValueError):
             return None
         tr = split_kv_traffic(r["B"], r["Q"], hq, hkv, d, r["C"] + r["Q"], dep.sm_count)
@@ -775,12 +782,10 @@ def fit_attention_by_heads(dep, m: dict[str, Any], device: str, overhead: float)
     from specc.search.attention_traffic import heads_key
 
     layouts: dict[str, list] = {}
-    default = (m.get("sizes") or {}).get("attn_heads")
     for r in m.get("attention") or []:
-        heads = r.get("heads") or default
         try:
-            layouts.setdefault(heads_key(*heads), []).append(r)
-        except (TypeError, ValueError):
+            layouts.setdefault(heads_key(*sample_heads(r, m)), []).append(r)
+        except (KeyError, TypeError, ValueError):
             continue
     out = {}
     for key, rows in layouts.items():
