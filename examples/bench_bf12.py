@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
           ("lm_head", 4096, 151936)]  # (name, K, N)
 LAYER = ("qkv", "o", "gate_up", "down")
+LAYOUT_VERSION = {"v1": 1, "v2": 2, "mma": 2}  # mma: layout-2 weights through the tensor-core kernel
 MS = (1, 4, 16, 64)
 ROTATE_BYTES = 320 << 20  # weight bytes per rotation, >> 50 MB of L2 (also for the packed copies)
 MIN_CALLS = 48  # kernel calls per graph replay
@@ -112,11 +113,24 @@ def candidates_v2(m: int, quick: bool = False):
     return c[:2] + c[-1:] if quick else c  # (the last one decodes without the inline asm)
 
 
+def candidates_mma(m: int, quick: bool = False):
+    """Configs of the tensor-core kernel (layout 2, 1 .. 16 rows; none above): its default first."""
+    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS
+    from specc.codegen.kernels.linear_bf12_mma import Bf12MmaConfig as C
+
+    if m > MAX_ROWS:
+        return []
+    c = [C(), C(prefetch=True), C(unroll=2, prefetch=True), C(splits=2), C(warps=4, unroll=2, prefetch=True)]
+    return c[:2] if quick else c
+
+
 def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool):
-    """The configs a layout is timed with: v2 always swept; v1 its shipped table (None) unless
-    ``sweep_v1``."""
+    """The configs a layout is timed with: v2 (the Triton kernels) and mma (the tensor-core
+    kernel on layout-2 weights) always swept; v1 its shipped table (None) unless ``sweep_v1``."""
     if layout == "v2":
         return candidates_v2(m, quick)
+    if layout == "mma":
+        return candidates_mma(m, quick)
     return candidates(m, quick) if sweep_v1 else [None]
 
 
@@ -133,7 +147,7 @@ def _compile_worker(jobs):
     for layout, m, k, cfg in jobs:
         if (layout, k) not in cache:
             w = (torch.randn(256, k, device="cuda", generator=g) * 0.02).bfloat16()
-            cache[layout, k] = pack_bf16_12bit(w, version=int(layout[1:]))
+            cache[layout, k] = pack_bf16_12bit(w, version=LAYOUT_VERSION[layout])
         x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
         try:
             linear_bf12(x, cache[layout, k], config=cfg)
@@ -145,7 +159,7 @@ def _compile_worker(jobs):
 
 def precompile(layouts, ms, ks, quick, sweep_v1, workers):
     jobs = [(lay, m, k, c) for lay in layouts for m in ms for k in sorted(set(ks))
-            for c in configs_for(lay, m, quick, sweep_v1)]
+            for c in configs_for(lay, m, quick, sweep_v1) if lay != "mma"]  # (mma: one extension, built once)
     # K only matters through divisibility (all Qwen3-8B K are multiples of 256): one K suffices,
     # except that split-K's effective split depends on K; compile for each distinct K anyway.
     workers = max(1, min(workers, len(jobs)))
@@ -203,6 +217,8 @@ def rel_err(y, ref) -> float:
 def cfg_str(c) -> str:
     if c is None:
         return "table"
+    if not hasattr(c, "kind"):  # a Bf12MmaConfig
+        return f"mma u{c.unroll} w{c.warps}" + (f" sk{c.splits}" if c.splits > 1 else "") + (" pf" if c.prefetch else "")
     s = f"{c.kind} m{c.block_m} n{c.block_n} " + (f"j{c.block_j}" if hasattr(c, "block_j") else f"k{c.block_k}")
     if c.split_k > 1:
         s += f" sk{c.split_k}"
@@ -261,7 +277,7 @@ def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke) ->
         packs = {}
         for lay in layouts:
             t0 = time.time()
-            p = pack_bf16_12bit(w, version=int(lay[1:]))
+            p = pack_bf16_12bit(w, version=LAYOUT_VERSION[lay])
             sync()
             assert torch.equal(p.unpack().view(torch.int16), w.view(torch.int16)), f"{lay} unpack not bit-exact"
             copies = max(1, math.ceil(ROTATE_BYTES / p.nbytes))
@@ -335,8 +351,12 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     target = build_causal(cfg, dtype, dev, seed=1)
     target.setup_caches(1, 16)
     packed = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")
+    # packed_v2: layout 2 as engines run it (the tensor-core kernel at 1 .. 16 rows where it runs);
+    # packed_v2_triton: the same weights with SPECC_BF12_MMA=0 (the Triton kernels only)
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
-                "packed_v2": (packed, {"pack_version": 2})}
+                "packed_v2": (packed, {"pack_version": 2}), "packed_v2_triton": (packed, {"pack_version": 2})}
+    if "v1" not in args.layouts.split(","):
+        del variants["packed_v1"]
     model = CostModel(args.deployment)
     base = model.calibration or Calibration(deployment=model.deployment.name, device="cuda")
     measured = CostModel(model.deployment, calibration=dataclasses.replace(
@@ -344,31 +364,54 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     gen = torch.Generator(device=dev).manual_seed(5)
     ids = {q: torch.randint(0, cfg["vocab_size"], (1, q), device=dev, generator=gen) for q in (1, 16)}
     res, logits_of = {}, {}
+    from specc.codegen.kernels.linear_bf12_mma import ENV as MMA_ENV
+
     for label, (pipeline, options) in variants.items():
-        built = build_steps(target, None, pipeline, pass_options=options)
-        stats = {r["name"]: r["stats"] for r in built.pass_records["target"]}
-        step = instantiate(built.emitted["target"])
-        step.setup_caches(1, context + 128)
-        res[label] = {"pipeline": pipeline, "options": options, "pack_stats": stats.get("pack_weights_12bit")}
-        for q in (1, 16):
-            pos = torch.arange(context, context + q, device=dev)[None]
-            cl = torch.tensor([context], device=dev)
-            with torch.inference_mode():
-                logits_of[label, q] = step(ids[q], pos, cl).float().cpu()
-            vals = {"B": 1, "Q": q, "C": context}
-            res[label][q] = {"ms": time_graph(step, (ids[q], pos, cl)),
-                             "predicted_ms": model.step(built.irs["target"], vals).time * 1e3,
-                             "predicted_measured_eff_ms": None if measured is None else
-                             measured.step(built.irs["target"], vals).time * 1e3}
-        del step, built
+        saved = os.environ.get(MMA_ENV)
+        os.environ[MMA_ENV] = "0" if label == "packed_v2_triton" else "1"
+        try:
+            _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev,
+                          time_graph, build_steps, instantiate)
+        finally:
+            if saved is None:
+                os.environ.pop(MMA_ENV, None)
+            else:
+                os.environ[MMA_ENV] = saved
         if not smoke:
             torch.cuda.empty_cache()
+    return _step_records(res, logits_of, context, model, measured, packed_by_m)
+
+
+def _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev, time_graph,
+                  build_steps, instantiate) -> None:
+    """Build, run (logits) and time one step variant at Q = 1 and 16 into ``res`` / ``logits_of``."""
+    built = build_steps(target, None, pipeline, pass_options=options)
+    stats = {r["name"]: r["stats"] for r in built.pass_records["target"]}
+    step = instantiate(built.emitted["target"])
+    step.setup_caches(1, context + 128)
+    res[label] = {"pipeline": pipeline, "options": options, "pack_stats": stats.get("pack_weights_12bit")}
+    for q in (1, 16):
+        pos = torch.arange(context, context + q, device=dev)[None]
+        cl = torch.tensor([context], device=dev)
+        with torch.inference_mode():
+            logits_of[label, q] = step(ids[q], pos, cl).float().cpu()
+        vals = {"B": 1, "Q": q, "C": context}
+        res[label][q] = {"ms": time_graph(step, (ids[q], pos, cl)),
+                         "predicted_ms": model.step(built.irs["target"], vals).time * 1e3,
+                         "predicted_measured_eff_ms": None if measured is None else
+                         measured.step(built.irs["target"], vals).time * 1e3}
+
+
+def _step_records(res, logits_of, context, model, measured, packed_by_m) -> list[dict]:
+    """One record per (step, packed variant): times, logit agreement with the unpacked step, and
+    the cost model's choice beside the measured winner."""
     out = []
     for q, what in ((1, "AR"), (16, "verify Q=16")):
         u = res["unpacked"][q]
-        for label in ("packed_v1", "packed_v2"):
+        for label in [v for v in ("packed_v1", "packed_v2", "packed_v2_triton") if v in res]:
             p = res[label][q]
-            rec = {"kind": "step", "step": what, "layout": int(label[-1]), "Q": q, "context": context,
+            rec = {"kind": "step", "step": what, "variant": label, "layout": 1 if label == "packed_v1" else 2,
+                   "Q": q, "context": context,
                    "unpacked_ms": u["ms"], "packed_ms": p["ms"], "packed_over_unpacked": p["ms"] / u["ms"],
                    **logit_agreement(logits_of["unpacked", q], logits_of[label, q]),
                    "deployment": model.deployment.name, "predicted_unpacked_ms": u["predicted_ms"],
@@ -391,7 +434,9 @@ def main():
     ap.add_argument("--out", default="bf12.json")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
-    ap.add_argument("--layouts", default="v1,v2", help="bf12 layouts to time (v1, v2)")
+    ap.add_argument("--layouts", default="v1,v2,mma",
+                    help="bf12 kernels to time: v1 (layout 1), v2 (layout 2, Triton), mma (layout 2, tensor cores, "
+                         "1 .. 16 rows)")
     ap.add_argument("--quick", action="store_true", help="3 configs per M")
     ap.add_argument("--sweep-v1", action="store_true", help="sweep the layout-1 configs too (default: its table)")
     ap.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
@@ -415,9 +460,9 @@ def main():
 
     global ROTATE_BYTES, MIN_CALLS, REPLAYS
     layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
-    bad = [lay for lay in layouts if lay not in ("v1", "v2")]
+    bad = [lay for lay in layouts if lay not in LAYOUT_VERSION]
     if bad:
-        ap.error(f"unknown layout {bad[0]!r} (use v1, v2)")
+        ap.error(f"unknown layout {bad[0]!r} (use {', '.join(LAYOUT_VERSION)})")
     shapes = [s for s in SHAPES if s[0] in args.shapes.split(",")]
     ms = [int(m) for m in args.ms.split(",")]
     hbm = get_deployment(args.deployment).hbm_bandwidth
@@ -477,8 +522,10 @@ def main():
         json.dump(out, f, indent=1)
     steps = []
     if args.steps:
-        packed_by_m = {m: statistics.median(r["v2_hbm_frac"] for r in rows if r["M"] == m and "v2_hbm_frac" in r)
-                       for m in ms if any(r["M"] == m and "v2_hbm_frac" in r for r in rows)}
+        # what engines get per M: the faster of the Triton layout-2 kernel and the tensor-core one
+        best = [(r["M"], max(r.get("v2_hbm_frac", 0.0), r.get("mma_hbm_frac", 0.0))) for r in rows]
+        packed_by_m = {m: statistics.median(f for mm, f in best if mm == m and f > 0)
+                       for m in ms if any(mm == m and f > 0 for mm, f in best)}
         packed_by_m = {m: min(1.0, v) for m, v in packed_by_m.items()}
         try:
             steps = step_rows(args, dev, torch.bfloat16, smoke, packed_by_m)  # bf16 weights: what bf12 packs

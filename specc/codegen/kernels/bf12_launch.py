@@ -40,13 +40,15 @@ def escape_meta(packed: Packed12) -> dict:
     return meta
 
 
-_WORKSPACES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+_WORKSPACES: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def split_k_workspace(device: torch.device, n_out: int, n_tiles: int):
-    """The per-device fp32 split-K workspace (>= n_out floats, zero between calls) and ticket
-    counters (>= n_tiles), grown on demand; the kernels leave both clean."""
-    key = str(device)
+def split_k_workspace(device: torch.device, n_out: int, n_tiles: int, owner: str = "triton"):
+    """The per-device fp32 split-K workspace (>= n_out floats) and ticket counters (>= n_tiles,
+    zero between calls), grown on demand, one pair per ``owner``: the Triton bf12 kernels add
+    into a zeroed workspace and leave it zeroed, the tensor-core kernel
+    (:mod:`.linear_bf12_mma`) writes its partials and leaves them, so the two never share one."""
+    key = (str(device), owner)
     ws, cnt = _WORKSPACES.get(key, (None, None))
     if ws is None or ws.numel() < n_out or cnt.numel() < n_tiles:
         ws = torch.zeros(max(n_out, 1 << 16), dtype=torch.float32, device=device)

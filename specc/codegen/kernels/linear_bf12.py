@@ -525,8 +525,17 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
         y = out.view(m, n)
     if m == 0:
         return y.reshape(*lead, n)
-    if packed.version != 1:  # the layout-2 kernel (inputs checked above; its own configs)
+    if packed.version != 1:  # layout 2 (inputs checked above): the tensor-core kernel where it runs, else Triton
+        from specc.codegen.kernels.linear_bf12_mma import Bf12MmaConfig, linear_bf12_mma, unsupported_reason
         from specc.codegen.kernels.linear_bf12_v2 import linear_bf12_v2
+
+        if config is None or isinstance(config, Bf12MmaConfig):
+            got = linear_bf12_mma(x2, packed, bias, config, out=y)
+            if got is not None:
+                return got.reshape(*lead, n)
+            if config is not None:
+                why = unsupported_reason(x2, packed, bias) or "its extension could not be built"
+                raise ValueError(f"linear_bf12: a Bf12MmaConfig was given but the tensor-core kernel cannot run: {why}")
 
         return linear_bf12_v2(x2, packed, bias, config, out=y).reshape(*lead, n)
     if config is not None and not isinstance(config, (Bf12Config, Mapping)):

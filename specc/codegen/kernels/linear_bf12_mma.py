@@ -1,0 +1,345 @@
+"""bf12 layout-2 linear for 1 .. 16 rows: decoded in registers straight into tensor-core fragments.
+
+Why: the AR step (one row) and the bs1 verify and draft blocks (2 .. 16 rows) are bound by the
+weight bytes, and bf12 holds 0.75 of them. The Triton layout-2 kernels
+(:mod:`specc.codegen.kernels.linear_bf12_v2`) do not cash that in: their FMA path decodes at
+about the bf16 GEMV's speed, and their ``tl.dot`` path stages every decoded tile through shared
+memory, which made the Q = 16 verify step 1.85x slower packed than unpacked on the H200. This
+kernel (CUDA, ``cuda/linear_bf12_mma.cu``) loads the sign|mantissa and code planes as 16-byte
+vectors, decodes four weights with two byte permutes and a few integer ops, and feeds the
+registers to ``mma.sync.m16n8k16`` directly (weights as the MMA's A operand, the few x rows as
+B: "swap AB"; ``cuda/skinny_mma.cuh`` explains the fragment trick). Measured on the H100
+(docs/benchmarks/h100-run17.md): 0.82-0.94x the time of the best bf16 kernel (Triton or cuBLAS)
+at 1, 4 and 16 rows on the Qwen3-8B layer shapes, where the Triton bf12 kernels take 1.0-2.9x.
+
+Exactness: fp32 accumulation of the exact decoded weights; the row's power of two is multiplied
+back after the sum (exact); escapes (weights outside the row's exponent window, ~1e-4) decode to
+the format's stand-in in the loop, and the lane that stores an output adds ``x * true - x *
+stand-in`` for each escape of its row (both products exact in fp32; inf/NaN propagate), then
+the bias, then rounds once to bf16. So the result is the bf16 matmul on the unpacked weights up
+to fp32 summation order, like the Triton bf12 kernels and cuBLAS. Split-K partials go through an
+fp32 workspace and are added in split order by the last CTA of a row block: the same bits on
+every call.
+
+When it runs (:func:`unsupported_reason` says why not): a CUDA device of compute capability 8.0
+or newer, bf16 activations, a layout-2 weight with N % 16 == 0 and K % 64 == 0, 1 .. 16 rows with
+16-byte aligned rows, batch-invariant mode off, ``SPECC_BF12_MMA`` not ``0``, and the extension
+built. Everything else goes to the Triton kernels. The extension is compiled once per machine by
+``torch.utils.cpp_extension.load`` (nvcc and ninja; ~30-60 s) and cached by torch in
+``TORCH_EXTENSIONS_DIR``; if it cannot be built the Triton kernels run and a warning says why.
+
+CPU: :func:`emulate` replays the kernel's index mapping, decode, escape fix-up and bias with torch
+(tests/codegen/kernels/test_linear_bf12_mma.py), and :func:`compile_check` compiles the CUDA
+source for sm_90 with NVRTC where it is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import pathlib
+import sys
+import threading
+import time
+import warnings
+
+import torch
+
+from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
+from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
+from specc.formats.bf12 import Packed12
+
+__all__ = ["Bf12MmaConfig", "ENV", "CUDA_DIR", "MAX_ROWS", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
+           "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
+
+ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
+CUDA_DIR = pathlib.Path(__file__).resolve().parent / "cuda"
+MAX_ROWS = 16  # two 8-row x tiles: the MMA's N side
+UNROLLS = (1, 2)  # 64-weight super-groups per lane and chunk
+WARPS = (4, 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bf12MmaConfig:
+    """A launch: ``unroll`` super-groups per chunk, ``warps`` per CTA (they split the CTA's K range
+    in interleaved chunks), ``splits`` CTAs per 16-row block along K, ``prefetch`` (load the next
+    chunk's weights during this chunk's MMAs, and the first chunk's before the PDL wait)."""
+
+    unroll: int = 1
+    warps: int = 8
+    splits: int = 1
+    prefetch: bool = False
+
+    def __post_init__(self):
+        if self.unroll not in UNROLLS or self.warps not in WARPS or self.splits < 1:
+            raise ValueError(f"Bf12MmaConfig: unroll in {UNROLLS}, warps in {WARPS}, splits >= 1; got {self}")
+
+
+def get_config(m: int, n: int, kp: int, sms: int) -> Bf12MmaConfig:
+    """The launch for ``m`` rows of an ``[n, kp]`` weight on a GPU of ``sms`` SMs. One config was
+    within 5% of the best of 32 on every Qwen3-8B layer shape at 1, 4 and 16 rows (H100,
+    docs/benchmarks/h100-run17.md): 8 warps, one super-group per chunk, no prefetch. Layers with
+    fewer 16-row blocks than SMs (small models) split K so that every SM streams."""
+    blocks = n // 16
+    splits = 1
+    while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
+        splits *= 2
+    return Bf12MmaConfig(unroll=1, warps=8, splits=splits, prefetch=False)
+
+
+def _env_enabled() -> bool:
+    raw = os.environ.get(ENV, "1").strip().lower()
+    return raw not in ("0", "off", "no", "false")
+
+
+def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None) -> str | None:
+    """Why this kernel cannot compute ``x2 @ W^T`` (x2: ``[M, K]``), or None when it can (the
+    extension may still fail to build: :func:`extension`). The checks that need no GPU come
+    first, so the rules are testable on the CPU."""
+    if not _env_enabled():
+        return f"{ENV}=0"
+    if batch_invariant_enabled():
+        return "batch-invariant mode (the Triton dot kernel at every M)"
+    if packed.version != 2:
+        return f"layout version {packed.version} (this kernel reads layout 2)"
+    n, k = packed.shape
+    if n % 16 or k % 64 or packed.padded_cols != k:
+        return f"shape {n} x {k} (needs N % 16 == 0 and K % 64 == 0)"
+    m = x2.shape[0]
+    if not 1 <= m <= MAX_ROWS:
+        return f"{m} rows (1 .. {MAX_ROWS})"
+    if x2.dtype != torch.bfloat16:
+        return f"{x2.dtype} activations (bf16 only)"
+    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
+        return "bias not contiguous bf16"
+    if x2.stride(-1) != 1 or (m > 1 and x2.stride(0) % 8) or x2.data_ptr() % 16:
+        return "x rows not 16-byte aligned"
+    if x2.device.type != "cuda":
+        return f"device {x2.device.type}"
+    if _capability(x2.device)[0] < 8:
+        return "compute capability < 8.0 (no bf16 mma.sync)"
+    return None
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITY[index]
+
+
+_LOCK = threading.Lock()
+_EXTENSIONS: dict[str, object] = {}  # arch -> module, or the exception its build raised
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = _capability(device)
+    return f"{major}{minor}"
+
+
+def extension(device: torch.device):
+    """The compiled extension for ``device``'s architecture, built on first use (once per machine:
+    torch caches it) with a note on stderr; None, with one warning, when it cannot be built."""
+    arch = _arch(device)
+    with _LOCK:
+        if arch not in _EXTENSIONS:
+            _EXTENSIONS[arch] = _build(arch)
+        ext = _EXTENSIONS[arch]
+    return None if isinstance(ext, BaseException) else ext
+
+
+def _build(arch: str):
+    from torch.utils.cpp_extension import _get_build_directory, load
+
+    name = f"specc_bf12_mma_sm{arch}"
+    try:
+        cached = any(p.suffix == ".so" for p in pathlib.Path(_get_build_directory(name, False)).glob("*.so"))
+    except Exception:  # noqa: BLE001 - only decides whether to print the note
+        cached = False
+    t0 = time.perf_counter()
+    if not cached:
+        print(f"specc: compiling the bf12 tensor-core kernel for sm_{arch} (once per machine, ~1 min)",
+              file=sys.stderr, flush=True)
+    try:
+        ext = load(name, sources=[str(CUDA_DIR / "linear_bf12_mma.cu"), str(CUDA_DIR / "linear_bf12_mma_host.cpp")],
+                   extra_include_paths=[str(CUDA_DIR)], extra_cuda_cflags=["-O3", f"-arch=sm_{arch}"], verbose=False)
+    except Exception as exc:  # noqa: BLE001 - no nvcc / ninja / headers: the Triton kernels run instead
+        warnings.warn(f"specc: the bf12 tensor-core kernel could not be built ({type(exc).__name__}: "
+                      f"{str(exc)[:300]}); packed linears use the Triton kernels", RuntimeWarning, stacklevel=3)
+        return exc
+    if not cached:
+        print(f"specc: bf12 tensor-core kernel ready ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    return ext
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
+                    config: Bf12MmaConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``x2 @ W^T + bias`` (x2: ``[M, K]`` bf16, 1 .. 16 rows) into ``out`` or a new ``[M, N]``
+    tensor; None when the kernel cannot run here (:func:`unsupported_reason`, or no extension):
+    the caller runs the Triton kernel instead."""
+    if unsupported_reason(x2, packed, bias) is not None:
+        return None
+    ext = extension(x2.device)
+    if ext is None:
+        return None
+    n, kp = packed.rows, packed.padded_cols
+    m = x2.shape[0]
+    cfg = config or get_config(m, n, kp, _sms(x2.device))
+    if n % 16 or kp % (64 * cfg.unroll * cfg.splits):
+        raise ValueError(f"{cfg} does not tile a {n} x {kp} weight")
+    y = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out
+    meta = escape_meta(packed)
+    if cfg.splits > 1:
+        ws, tickets = split_k_workspace(x2.device, cfg.splits * n * 16, n // 16, owner="bf12_mma")
+    else:
+        ws = tickets = meta["rowptr"]  # unused
+    from specc.codegen.kernels.pdl import pdl_mode
+
+    ext.bf12_mma_out(x2, packed.sm, packed.ex, meta["base"], meta["stride_base"], meta["rowptr"], meta["ecol"],
+                     meta["etrue"], meta["efake"], bias if bias is not None else meta["rowptr"], bias is not None, y,
+                     ws, tickets, cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch, bool(pdl_mode(x2, "bf12")))
+    return y
+
+
+# --------------------------------------------------------------------------- CPU: emulation, compile check
+
+
+def decode_constant_exponent(sm: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """The kernel's decode of sign|mantissa bytes and 4-bit codes (uint8 tensors of one shape):
+    ``W * 2**(112 - base)`` as fp32, by the same bit operations."""
+    s, c = sm.to(torch.int32), codes.to(torch.int32)
+    bits = ((s & 0x80) << 8) | ((0x70 + c) << 7) | (s & 0x7F)
+    return (bits << 16).view(torch.float32)
+
+
+def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
+            config: Bf12MmaConfig = Bf12MmaConfig(unroll=1, warps=4)) -> torch.Tensor:
+    """The kernel replayed with torch in fp32: which weights and x columns each lane's vectors
+    hold, how they become MMA fragments, which output each accumulator is, the per-warp, per-CTA
+    and split-order sums, the rows' power of two, the escape fix-up and the bias. Equal to ``x @
+    W^T + bias`` on the unpacked weights up to fp32 summation order exactly when all of that is
+    right."""
+    sm, ex = packed.sm.cpu(), packed.ex.cpu()
+    meta = {key: (v.cpu() if isinstance(v, torch.Tensor) else v) for key, v in escape_meta(packed).items()}
+    n_dim, kp = sm.shape
+    m_rows = x.shape[0]
+    u_, warps, splits = config.unroll, config.warps, config.splits
+    assert m_rows <= 16 and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version == 2
+    xp = torch.zeros(16, kp)
+    xp[:m_rows, :x.shape[1]] = x.float()
+    base = meta["base"].to(torch.int32)
+    y = torch.zeros(m_rows, n_dim)
+    k_split = kp // splits
+    for n0 in range(0, n_dim, 16):
+        total = torch.zeros(32, 8)
+        for split in range(splits):
+            part = torch.zeros(32, 8)
+            for warp in range(warps):
+                acc = torch.zeros(32, 8)
+                for c in range(warp, k_split // (64 * u_), warps):
+                    for u in range(u_):
+                        k0 = split * k_split + c * 64 * u_ + 64 * u
+                        _super_group(acc, xp, sm, ex, n0, k0)
+                part += acc
+            for lane in range(32):
+                g = lane // 4
+                for j in range(8):
+                    row = n0 + g + (8 if j % 4 >= 2 else 0)
+                    part[lane, j] *= 2.0 ** (int(base[row * meta["stride_base"]]) - 112)
+            total += part
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for j in range(8):
+                m = 2 * t + j % 2 + (8 if j >= 4 else 0)
+                row = n0 + g + (8 if j % 4 >= 2 else 0)
+                if m >= m_rows:
+                    continue
+                s = total[lane, j]
+                for e in range(int(meta["rowptr"][row]), int(meta["rowptr"][row + 1])):
+                    xv = xp[m, int(meta["ecol"][e])]
+                    s = s + (xv * meta["etrue"][e] - xv * meta["efake"][e])
+                if bias is not None:
+                    s = s + bias[row].float()
+                y[m, row] = s
+    return y
+
+
+def _super_group(acc: torch.Tensor, xp: torch.Tensor, sm: torch.Tensor, ex: torch.Tensor, n0: int, k0: int) -> None:
+    """One 64-weight super-group of a 16-row block: each lane's 16 decoded weights per row, then
+    the four MMAs (both x tiles), accumulated into ``acc`` [32 lanes, 8]."""
+    dec = {}
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for r in (g, g + 8):
+            codes = ex[n0 + r, k0 // 2 + 16 * (t // 2): k0 // 2 + 16 * (t // 2) + 16]
+            codes = (codes >> 4) if t % 2 else (codes & 0xF)
+            dec[lane, r] = decode_constant_exponent(sm[n0 + r, k0 + 16 * t: k0 + 16 * t + 16], codes)
+    for i in range(4):
+        a = torch.zeros(16, 16)
+        b = [torch.zeros(16, 8), torch.zeros(16, 8)]
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for e in range(2):
+                for r in (g, g + 8):
+                    a[r, 2 * t + e] = dec[lane, r][4 * i + e]
+                    a[r, 2 * t + 8 + e] = dec[lane, r][4 * i + 2 + e]
+                for tile in range(2):
+                    b[tile][2 * t + e, g] = xp[8 * tile + g, k0 + 16 * t + 4 * i + e]
+                    b[tile][2 * t + 8 + e, g] = xp[8 * tile + g, k0 + 16 * t + 4 * i + 2 + e]
+        d = [a @ b[0], a @ b[1]]
+        for lane in range(32):
+            g, t = lane // 4, lane % 4
+            for j in range(8):
+                acc[lane, j] += d[j // 4][g + (8 if j % 4 >= 2 else 0), 2 * t + j % 2]
+
+
+def nvrtc_ptx(source: str, name: str, include_dirs=(), arch: str = "compute_90") -> str:
+    """PTX of ``source`` from NVRTC (``pip install nvidia-cuda-nvrtc-cu12``), for checking a
+    kernel compiles on a machine without a GPU. Raises FileNotFoundError without NVRTC and
+    RuntimeError with NVRTC's log on a compile error."""
+    import ctypes
+    import glob
+    import site
+
+    dirs = site.getsitepackages() + [site.getusersitepackages()]
+    paths = [p for d in dirs for p in glob.glob(os.path.join(d, "nvidia/cuda_nvrtc/lib/libnvrtc.so*"))
+             if "alt" not in p and "builtins" not in p]
+    if not paths:
+        raise FileNotFoundError("libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12)")
+    lib = ctypes.CDLL(paths[0])
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None) != 0:
+        raise RuntimeError("nvrtcCreateProgram failed")
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-DSPECC_NVRTC"]
+    opts += [f"--include-path={d}".encode() for d in include_dirs]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if rc != 0:
+        raise RuntimeError(f"NVRTC failed:\n{log.value.decode()}")
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    return ptx.value.decode()
+
+
+def compile_check(arch: str = "compute_90") -> str:
+    """PTX of every kernel instance of ``cuda/linear_bf12_mma.cu`` from NVRTC (see :func:`nvrtc_ptx`)."""
+    instances = "".join(
+        f"template __global__ void bf12_mma<{mt}, {u}, {w}, {str(p).lower()}>(const bf16_t*, const unsigned char*, "
+        f"const unsigned char*, const unsigned char*, int, const int*, const int*, const float*, const float*, "
+        f"const bf16_t*, bf16_t*, float*, unsigned*, int, int, int, long, long);\n"
+        for mt, u, w, p in itertools.product((1, 2), UNROLLS, WARPS, (False, True)))
+    source = (CUDA_DIR / "linear_bf12_mma.cu").read_text() + instances
+    return nvrtc_ptx(source, "linear_bf12_mma.cu", [str(CUDA_DIR)], arch)

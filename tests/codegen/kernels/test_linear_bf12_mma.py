@@ -1,0 +1,218 @@
+"""The bf12 tensor-core kernel for 1 .. 16 rows (specc.codegen.kernels.linear_bf12_mma).
+
+On the CPU: the kernel replayed in torch (index mapping, decode, warp / CTA / split sums, the
+rows' power of two, the escape fix-up, the bias) equals x @ W^T + bias on the unpacked weights;
+the dispatch rules; the config choice; the CUDA source compiles for sm_90 (NVRTC, where
+installed). On a GPU (marked gpu): the kernel against the fp32 reference with escapes of every
+kind, the same bits on every call and in a CUDA graph, and linear_bf12's dispatch to it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specc.codegen.kernels import linear_bf12_mma as mma
+from specc.codegen.kernels.linear_bf12 import linear_bf12
+from specc.formats.bf12 import pack_bf16_12bit
+
+gpu = pytest.mark.gpu
+
+
+def _weights(n: int, k: int, seed: int, escapes: bool = True, scale: float = 0.02) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * scale).to(torch.bfloat16)
+    if escapes:  # a zero, a subnormal, outliers on both sides of the window, two escapes in one row
+        w[0, 1] = 0.0
+        w[1, 70] = 1e-39
+        w[2, 5], w[2, 6] = 300.0, -1e-12
+        w[n - 1, k - 1] = -2.0 ** 20
+    return w
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y = x.float() @ w.float().T
+    return y if bias is None else y + bias.float()
+
+
+@pytest.mark.parametrize("m,cfg,base", [
+    (1, mma.Bf12MmaConfig(unroll=1, warps=4), "row"),
+    (5, mma.Bf12MmaConfig(unroll=2, warps=4, splits=2), "row"),
+    (9, mma.Bf12MmaConfig(unroll=1, warps=8, splits=4, prefetch=True), "tensor"),
+    (16, mma.Bf12MmaConfig(unroll=2, warps=4), "row"),
+])
+def test_emulated_kernel_is_the_matmul_with_escapes_and_bias(m, cfg, base):
+    w = _weights(32, 512, seed=m)
+    packed = pack_bf16_12bit(w, version=2, base=base)
+    assert packed.esc_idx.numel() >= 5  # the planted escapes (and the tensor window's own)
+    g = torch.Generator().manual_seed(100 + m)
+    x = torch.randn(m, 512, generator=g).to(torch.bfloat16).float()
+    bias = torch.randn(32, generator=g).to(torch.bfloat16)
+    got = mma.emulate(x, packed, bias, cfg)
+    want = _reference(x, w, bias)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)
+
+
+def test_emulated_escapes_carry_inf_and_nan():
+    w = _weights(16, 128, seed=3, escapes=False)
+    w[4, 10], w[7, 3] = float("inf"), float("nan")
+    packed = pack_bf16_12bit(w, version=2)
+    x = torch.randn(2, 128, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).float()
+    got = mma.emulate(x, packed)
+    want = _reference(x, w, None)
+    assert torch.isinf(got[:, 4]).all() and torch.isnan(got[:, 7]).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, equal_nan=True)
+
+
+def test_decode_is_the_weight_times_the_rows_power_of_two():
+    w = _weights(16, 64, seed=5, escapes=False)
+    packed = pack_bf16_12bit(w, version=2)
+    codes = torch.stack([packed.ex[:, 16 * (k // 32) + k % 16] >> (4 * ((k // 16) % 2)) & 0xF for k in range(64)], 1)
+    dec = mma.decode_constant_exponent(packed.sm[:, :64], codes)
+    scale = torch.pow(2.0, packed.base.float() - 112)[:, None]
+    assert torch.equal(dec * scale, w.float())
+
+
+def test_unsupported_reasons(monkeypatch):
+    w = _weights(32, 128, seed=6)
+    v2, v1 = pack_bf16_12bit(w, version=2), pack_bf16_12bit(w, version=1)
+    x = torch.randn(4, 128).to(torch.bfloat16)
+    assert "layout version 1" in mma.unsupported_reason(x, v1)
+    assert "rows" in mma.unsupported_reason(torch.zeros(17, 128, dtype=torch.bfloat16), v2)
+    assert "float32" in mma.unsupported_reason(x.float(), v2)
+    assert "aligned" in mma.unsupported_reason(torch.zeros(4, 129, dtype=torch.bfloat16)[:, 1:], v2)
+    assert "K % 64" in mma.unsupported_reason(x[:, :96], pack_bf16_12bit(w[:, :96], version=2))
+    assert "N % 16" in mma.unsupported_reason(x, pack_bf16_12bit(w[:24], version=2))
+    assert "bias" in mma.unsupported_reason(x, v2, torch.zeros(32))
+    assert mma.unsupported_reason(x, v2) == "device cpu"  # every rule but the device holds
+    monkeypatch.setenv(mma.ENV, "0")
+    assert mma.unsupported_reason(x, v2) == f"{mma.ENV}=0"
+    monkeypatch.delenv(mma.ENV)
+    from specc.codegen.kernels.batch_invariant import batch_invariant
+
+    with batch_invariant():
+        assert "batch-invariant" in mma.unsupported_reason(x, v2)
+
+
+def test_cpu_calls_fall_back_and_an_explicit_config_says_why():
+    w = _weights(32, 128, seed=7)
+    packed = pack_bf16_12bit(w, version=2)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    assert mma.linear_bf12_mma(x, packed) is None
+    with pytest.raises(ValueError, match="cannot run: device cpu"):
+        linear_bf12(x, packed, config=mma.Bf12MmaConfig())
+
+
+def test_config_splits_small_layers_only():
+    assert mma.get_config(1, 6144, 4096, 132) == mma.Bf12MmaConfig(unroll=1, warps=8, splits=1)
+    assert mma.get_config(16, 4096, 12288, 132).splits == 1
+    small = mma.get_config(1, 256, 1024, 132)  # 16 row blocks on 132 SMs
+    assert small.splits == 2 and 1024 % (64 * small.splits) == 0
+    assert mma.get_config(1, 256, 4096, 132).splits == 8
+    with pytest.raises(ValueError):
+        mma.Bf12MmaConfig(unroll=3)
+
+
+def test_cuda_source_compiles_for_sm90():
+    try:
+        ptx = mma.compile_check()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert ".target sm_90" in ptx and ptx.count(".entry") == 16 and "mma.sync.aligned.m16n8k16" in ptx
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _gpu_case(n, k, m, seed, base="row", bias=True):
+    dev = torch.device("cuda")
+    w = _weights(n, k, seed).to(dev)
+    packed = pack_bf16_12bit(w, version=2, base=base)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(m, k, device=dev, generator=g).to(torch.bfloat16)
+    b = torch.randn(n, device=dev, generator=g).to(torch.bfloat16) if bias else None
+    return w, packed, x, b
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 16])
+@pytest.mark.parametrize("cfg", [mma.Bf12MmaConfig(), mma.Bf12MmaConfig(unroll=2, warps=4, splits=2, prefetch=True),
+                                 mma.Bf12MmaConfig(unroll=1, warps=8, splits=4, prefetch=True)])
+def test_gpu_kernel_matches_the_fp32_reference(m, cfg):
+    assert mma.extension(torch.device("cuda")) is not None, "the extension did not build"
+    w, packed, x, b = _gpu_case(256, 1024, m, seed=m)
+    got = mma.linear_bf12_mma(x, packed, b, cfg)
+    want = _reference(x, w, b)
+    ref_bf16 = torch.nn.functional.linear(x, w, b).float()  # cuBLAS: its own rounding, the yardstick
+    tol = 2 * float((ref_bf16 - want).abs().max()) + 1e-2
+    assert float((got.float() - want).abs().max()) <= tol
+    again = mma.linear_bf12_mma(x, packed, b, cfg)
+    assert torch.equal(got, again)  # deterministic, split-K included
+
+
+@gpu
+def test_gpu_inf_nan_escapes_and_tensor_base():
+    w, packed, x, _ = _gpu_case(64, 512, 3, seed=11, base="tensor", bias=False)
+    w[5, 9], w[6, 2] = float("inf"), float("nan")
+    packed = pack_bf16_12bit(w, version=2, base="tensor")
+    got = mma.linear_bf12_mma(x, packed).float()
+    want = _reference(x, w, None)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)  # within bf16 rounding of the output (the planted outlier makes some large)
+    assert bool(((got[fin] - want[fin]).abs() <= want[fin].abs() / 128 + 1e-2).all())
+
+
+@gpu
+def test_gpu_dispatch_and_graph_replay():
+    w, packed, x, b = _gpu_case(512, 2048, 16, seed=12)
+    eager = linear_bf12(x, packed, b)  # dispatched to the tensor-core kernel
+    assert torch.equal(eager, mma.linear_bf12_mma(x, packed, b))
+    y = torch.empty_like(eager)
+    linear_bf12(x, packed, b, out=y)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        linear_bf12(x, packed, b, out=y)
+    y.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, eager)
+    triton_y = linear_bf12(x.float(), packed, b.float()).to(torch.bfloat16)  # fp32 activations: the Triton kernel
+    assert float((triton_y.float() - eager.float()).abs().max()) < 5e-2
+
+
+@gpu
+def test_gpu_packed_specc_tiny_agrees_with_unpacked(monkeypatch):
+    """specc-tiny (real weights; every linear is eligible) compiled with and without
+    pack_weights_12bit: the packed step runs its linears through the tensor-core kernel at 1 and
+    16 rows, and its greedy tokens equal the unpacked step's wherever the unpacked top-2 margin is
+    not a tie (the kernels sum in another order than the bf16 ones)."""
+    from specc.codegen.build import build_steps
+    from specc.models import load_model
+    from specc.passes.pipelines import DEFAULT_PIPELINE
+    from specc.runtime.compiled import instantiate
+    from specc.verify.forcing import top2_margins
+
+    calls = []
+    real = mma.linear_bf12_mma
+    monkeypatch.setattr(mma, "linear_bf12_mma", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    target = load_model("specc-tiny", dtype=torch.bfloat16, device="cuda", with_tokenizer=False).model
+    target.setup_caches(1, 16)
+    logits = {}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = {q: torch.randint(0, 8192, (1, q), device="cuda", generator=g) for q in (1, 16)}
+    packed = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")
+    for label, pipeline in (("unpacked", DEFAULT_PIPELINE), ("packed", packed)):
+        built = build_steps(target, None, pipeline, pass_options={"pack_version": 2} if label == "packed" else {})
+        step = instantiate(built.emitted["target"])
+        step.setup_caches(1, 256)
+        prompt = torch.arange(100, 164, device="cuda")[None]
+        with torch.inference_mode():
+            step(prompt, torch.arange(64, device="cuda")[None], torch.tensor([0], device="cuda"))
+            for q in (1, 16):
+                pos = torch.arange(64, 64 + q, device="cuda")[None]
+                logits[label, q] = step(ids[q], pos, torch.tensor([64], device="cuda")).float()
+    assert 1 in calls and 16 in calls, calls
+    for q in (1, 16):
+        u, p = logits["unpacked", q].reshape(q, -1), logits["packed", q].reshape(q, -1)
+        flips = (u.argmax(-1) != p.argmax(-1)).nonzero().flatten().tolist()
+        assert all(m < 0.25 for m in top2_margins(u[flips])), flips
+        assert float((u - p).abs().max()) < 0.5
