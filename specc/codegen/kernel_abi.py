@@ -148,11 +148,16 @@ _PACKED: dict = {}  # sm tensor identity -> Packed12 (the kernel keeps per-weigh
 
 
 def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None, norm_weight=None, eps=1e-6,
-                  version=1):
+                  version=1, residual=None):
+    """One kernel where the bf12 tensor-core kernel runs (layout 2, 1 .. 16 rows: the residual
+    epilogue fused, and the norm prologue at one row; more rows get the rms_norm kernel first);
+    else the Triton bf12 kernel with the rms_norm kernel before it and the residual add after
+    it, as separate ops."""
     if not use_triton(x, opt_in=True):
         return fused.packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias, norm_weight, eps,
-                                   version)
+                                   version, residual)
     from specc.codegen.kernels.linear_bf12 import linear_bf12
+    from specc.codegen.kernels.linear_bf12_mma import FUSED_NORM_MAX_ROWS, MAX_ROWS, linear_bf12_mma
     from specc.formats.bf12 import Packed12
 
     key = (sm.data_ptr(), sm.device, tuple(sm.shape))
@@ -161,9 +166,21 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
         hit = (sm, Packed12(sm=sm, ex=ex, base=base, esc_idx=esc_idx, esc_val=esc_val, shape=(n, k), base_mode=base_mode,
                             version=version))
         _PACKED[key] = hit
+    rows = x.numel() // k
+    if version == 2 and rows <= MAX_ROWS:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, k)
+        r2 = None if residual is None else residual.reshape(-1, n)
+        if norm_weight is None or rows <= FUSED_NORM_MAX_ROWS:
+            y = linear_bf12_mma(x2, hit[1], bias, norm_weight=norm_weight, eps=eps, residual=r2)
+        else:
+            y = linear_bf12_mma(rms_norm(x2, norm_weight, eps), hit[1], bias, residual=r2)
+        if y is not None:
+            return y.reshape(*lead, n)
     if norm_weight is not None:
         x = rms_norm(x, norm_weight, eps)
-    return linear_bf12(x, hit[1], bias)
+    y = linear_bf12(x, hit[1], bias)
+    return y if residual is None else residual + y
 
 
 def rope_attention(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight, k_norm_weight,

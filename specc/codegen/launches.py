@@ -9,14 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
+def _packed_linear_cuda(m, rows=None) -> int:
+    """kernel_abi.packed_linear: at 1 .. 16 rows of layout 2 the tensor-core kernel, which fuses
+    the residual add, and the norm at one row (an rms_norm kernel first above); else the bf12
+    GEMM plus an rms_norm kernel (norm prologue) and an add (residual epilogue)."""
+    from specc.codegen.kernels.linear_bf12_mma import FUSED_NORM_MAX_ROWS, MAX_ROWS
+
+    norm = bool(m.attrs.get("norm_prologue"))
+    if m.attrs.get("format_version") == 2 and rows is not None and rows <= MAX_ROWS:
+        return 1 + (norm and rows > FUSED_NORM_MAX_ROWS)
+    return 1 + norm + bool(m.attrs.get("residual_epilogue"))
+
+
 # From the kernel_abi functions and the reference bodies (specc.models.ops, specc.models.fused_ops).
 # A value is an int or a function of the node's NodeMeta.
 LAUNCHES: dict[str, dict[str, Any]] = {
     # attention: write_kv (arange, add, arange, 2 index_put) + split + merge kernels;
     # rope / rope_tables run their eager bodies (mul, neg, cat, mul, add / float, mul, cat, cos, sin, 2 casts);
     # norm_linear: one GEMV at M = 1 (it computes the row statistics itself), an rms_norm kernel
-    # + the GEMM for more rows; packed_linear: the bf12 GEMM (+ an rms_norm kernel when it
-    # carries a norm prologue). A function gets the NodeMeta and, if it takes it, ``rows`` (M).
+    # + the GEMM for more rows; packed_linear: see _packed_linear_cuda. A function gets the
+    # NodeMeta and, if it takes it, ``rows`` (M).
     # rope_attention: rope_and_cache + the attention split and merge kernels.
     # ragged_attention: the K/V write, split and merge kernels; on CPU its reference body runs
     # ~20 ops per row (counted at one row: the table has no per-row count).
@@ -25,14 +37,15 @@ LAUNCHES: dict[str, dict[str, Any]] = {
     "cuda": {"attention": 7, "ragged_attention": 3, "rope": 5, "rope_tables": 7, "norm_linear": lambda m, rows=None: 1 if rows == 1 else 2,
              "rope_attention": 3, "gdn_conv": 1, "gated_delta_rule": 1, "gdn_gates": 1, "gated_rms_norm": 1,
              "offset_rms_norm": 1, "tree_parents": 12,
-             "packed_linear": lambda m: 2 if m.attrs.get("norm_prologue") else 1},
+             "packed_linear": _packed_linear_cuda},
     # CPU runs the reference bodies: each aten op is one dispatch.
     # GDN on CPU: the conv ~20 ops; the delta rule ~12 per block token plus ~15 (counted at a
     # 4-token block, the cost model has no per-token launch count).
     "cpu": {"attention": 20, "ragged_attention": 20, "rope": 5, "rope_tables": 7, "norm_linear": 9, "rms_norm": 8, "silu_mul": 2,
             "rope_attention": 48, "gdn_conv": 20, "gated_delta_rule": 63, "gdn_gates": 8, "gated_rms_norm": 12,
             "offset_rms_norm": 10, "tree_parents": 12,
-            "packed_linear": lambda m: 10 if m.attrs.get("norm_prologue") else 2},
+            "packed_linear": lambda m: (10 if m.attrs.get("norm_prologue") else 2) + (1 if m.attrs.get("residual_epilogue")
+                                                                                      else 0)},
 }
 
 

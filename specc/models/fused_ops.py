@@ -38,9 +38,10 @@ _UNPACKED: dict = {}  # sm tensor identity -> (tensor ref, unpacked bf16 weight)
 
 @torch.fx.wrap
 def packed_linear(x, sm, ex, base, esc_idx, esc_val, n: int, k: int, base_mode: str, bias=None,
-                  norm_weight=None, eps: float = 1e-6, version: int = 1):
-    """``linear([rms_norm](x), W, bias)`` with W given by its bf12 planes (exact bf16 weights;
-    ``version``: the planes' layout, see ``specc.formats.bf12``)."""
+                  norm_weight=None, eps: float = 1e-6, version: int = 1, residual=None):
+    """``[residual +] linear([rms_norm](x), W, bias)`` with W given by its bf12 planes (exact
+    bf16 weights; ``version``: the planes' layout, see ``specc.formats.bf12``); the residual add
+    (``fuse_residual_add``) is the separate op's: the product rounded, then the sum."""
     key = (sm.data_ptr(), sm.device, tuple(sm.shape))
     hit = _UNPACKED.get(key)
     if hit is None or hit[0] is not sm:
@@ -50,7 +51,8 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n: int, k: int, base_mode: 
         _UNPACKED[key] = hit
     if norm_weight is not None:
         x = ops.rms_norm(x, norm_weight, eps)
-    return ops.linear(x, hit[1].to(x.dtype), bias)
+    y = ops.linear(x, hit[1].to(x.dtype), bias)
+    return y if residual is None else residual + y
 
 
 @torch.fx.wrap

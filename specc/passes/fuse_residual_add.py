@@ -7,8 +7,11 @@ MLP down projection: at batch 1 each add is a launch of its own that moves a few
 them removes two kernels per layer. The kernel adds ``r`` to the *rounded* product and rounds
 again, the same two roundings as the separate ops: bit-identical.
 
-Linears already rewritten by other passes (norm_linear, packed_linear, tensor-parallel linears
-followed by an all-reduce) are not matched: run this after them.
+A ``packed_linear`` (pack_weights_12bit) takes the add the same way, as its ``residual``
+keyword: the bf12 tensor-core kernel adds it in its epilogue with the same two roundings
+(elsewhere its lowering runs the add as a separate op). Linears rewritten by other passes
+(norm_linear, tensor-parallel linears followed by an all-reduce) are not matched: run this after
+them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ def _same(ir: IR, a: torch.fx.Node, b: torch.fx.Node) -> bool:
     return isinstance(ma, TensorMeta) and ma.same_as(ir.meta(b).out)
 
 
+def _fusible(ir: IR, lin: torch.fx.Node) -> bool:
+    kind = ir.meta(lin).kind
+    return kind == "linear" or (kind == "packed_linear" and lin.kwargs.get("residual") is None)
+
+
 def candidates(ir: IR) -> list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node]]:
     """(add, linear, residual) triples that can fuse."""
     out = []
@@ -34,7 +42,7 @@ def candidates(ir: IR) -> list[tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node
             continue
         for lin, res in ((add.args[1], add.args[0]), (add.args[0], add.args[1])):
             if (isinstance(lin, torch.fx.Node) and isinstance(res, torch.fx.Node) and lin is not res
-                    and ir.meta(lin).kind == "linear" and list(lin.users) == [add]
+                    and _fusible(ir, lin) and list(lin.users) == [add]
                     and _same(ir, res, add) and _same(ir, lin, add)):
                 out.append((add, lin, res))
                 break
@@ -53,10 +61,14 @@ class FuseResidualAdd(Pass):
         found = candidates(ir)
         for add, lin, _ in found:
             res = add.args[0] if add.args[1] is lin else add.args[1]  # an earlier fusion may have replaced it
-            x, w = lin.args[0], lin.args[1]
-            b = lin.args[2] if len(lin.args) > 2 else lin.kwargs.get("bias")
             with graph.inserting_before(add):
-                fused = graph.create_node("call_function", linear_add, (x, w, b, res), name=f"{lin.name}_add")
+                if ir.meta(lin).kind == "packed_linear":
+                    fused = graph.create_node("call_function", lin.target, lin.args, {**lin.kwargs, "residual": res},
+                                              name=f"{lin.name}_add")
+                else:
+                    x, w = lin.args[0], lin.args[1]
+                    b = lin.args[2] if len(lin.args) > 2 else lin.kwargs.get("bias")
+                    fused = graph.create_node("call_function", linear_add, (x, w, b, res), name=f"{lin.name}_add")
             fused.meta[SCOPE_KEY] = lin.meta.get(SCOPE_KEY, "")
             if lin.meta.get(GROUP_KEY):
                 fused.meta[GROUP_KEY] = lin.meta[GROUP_KEY]

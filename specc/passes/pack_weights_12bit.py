@@ -41,11 +41,16 @@ def _packed_linear_rule(op: OpCall) -> Cost:
     n, k = op.arg(6, "n"), op.arg(7, "k")
     bias = op.tensor(9, "bias", optional=True)
     norm_w = op.tensor(10, "norm_weight", optional=True)
+    residual = op.tensor(13, "residual", optional=True)  # fuse_residual_add's epilogue
     x_in = TensorMeta(x.shape, torch.bfloat16 if norm_w is None else torch.promote_types(norm_w.dtype, x.dtype))
     cost = linear_cost(op, x_in, TensorMeta((n, k), torch.bfloat16), bias)
     if norm_w is not None:
         cost.flops = cost.flops + 4 * x.numel
-    cost.attrs = {**cost.attrs, "format": "bf12", "norm_prologue": norm_w is not None}
+    if residual is not None:
+        op.check(residual.same_as(cost.out), f"residual {residual} must match the linear's output {cost.out}")
+        cost.flops = cost.flops + cost.out.numel
+    cost.attrs = {**cost.attrs, "format": "bf12", "format_version": int(op.arg(12, "version", 1)),
+                  "norm_prologue": norm_w is not None, "residual_epilogue": residual is not None}
     return cost
 
 

@@ -1,5 +1,6 @@
 """fuse_residual_add: two fusions per decoder layer (o_proj, down_proj), bit-identical outputs,
-drafters included; packed linears and broadcasting adds are left alone."""
+drafters included; packed linears take the add as their residual keyword (bit-identical too);
+broadcasting adds are left alone."""
 
 import pytest
 import torch
@@ -39,13 +40,23 @@ def test_dflash_drafter_is_exact(checkpoints):
     assert torch.equal(run_ir(ir, inputs), want)
 
 
-def test_packed_linears_are_not_matched(checkpoints):
+def test_packed_linears_take_the_add_and_stay_exact(checkpoints):
     model = load_model(checkpoints["target"], torch.bfloat16).model
     model.setup_caches(1, 32)
     ir = trace(model, "verify")
+    inputs = ir.example_inputs({"B": 1, "Q": 5, "C": 0})
+    want = run_ir(ir, inputs)
+    adds = ir.count("add")
     report = PassManager("fuse_residual_add,pack_weights_12bit").run(ir)  # ordered: pack first
-    assert report.stats("pack_weights_12bit")["packed"] > 0
-    assert report.stats("fuse_residual_add")["adds"] == 0 and ir.count("linear_add") == 0
+    layers = model.config.num_layers
+    assert report.stats("pack_weights_12bit")["packed"] > 0 and ir.count("linear_add") == 0
+    assert report.stats("fuse_residual_add")["adds"] == 2 * layers and ir.count("add") == adds - 2 * layers
+    fused = [n for n in ir.calls("packed_linear") if n.kwargs.get("residual") is not None]
+    assert len(fused) == 2 * layers
+    assert all(ir.meta(n).attrs["residual_epilogue"] and ir.meta(n).attrs["format_version"] == 1 for n in fused)
+    assert torch.equal(run_ir(ir, inputs), want)
+    again = PassManager("fuse_residual_add").run(ir)  # a packed linear takes one residual only
+    assert again.stats("fuse_residual_add")["adds"] == 0
 
 
 def test_broadcasting_add_is_not_fused(checkpoints):

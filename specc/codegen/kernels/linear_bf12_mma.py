@@ -50,12 +50,16 @@ from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_ena
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
 
-__all__ = ["Bf12MmaConfig", "ENV", "CUDA_DIR", "MAX_ROWS", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
+__all__ = ["Bf12MmaConfig", "ENV", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
 ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
 CUDA_DIR = pathlib.Path(__file__).resolve().parent / "cuda"
 MAX_ROWS = 16  # two 8-row x tiles: the MMA's N side
+# Rows up to which kernel_abi fuses a norm prologue: every CTA reads the x rows whole for their
+# inverse RMS, which at 16 rows made the Qwen3-8B Q = 16 verify step 1.6x slower (H100, run 17);
+# above this the rms_norm kernel runs first (as for the unpacked GEMM).
+FUSED_NORM_MAX_ROWS = 1
 UNROLLS = (1, 2)  # 64-weight super-groups per lane and chunk
 WARPS = (4, 8)
 
@@ -76,16 +80,18 @@ class Bf12MmaConfig:
             raise ValueError(f"Bf12MmaConfig: unroll in {UNROLLS}, warps in {WARPS}, splits >= 1; got {self}")
 
 
-def get_config(m: int, n: int, kp: int, sms: int) -> Bf12MmaConfig:
+def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> Bf12MmaConfig:
     """The launch for ``m`` rows of an ``[n, kp]`` weight on a GPU of ``sms`` SMs. One config was
     within 5% of the best of 32 on every Qwen3-8B layer shape at 1, 4 and 16 rows (H100,
-    docs/benchmarks/h100-run17.md): 8 warps, one super-group per chunk, no prefetch. Layers with
-    fewer 16-row blocks than SMs (small models) split K so that every SM streams."""
+    docs/benchmarks/h100-run17.md): 8 warps, one super-group per chunk, no prefetch. With a fused
+    norm the first chunk's weights load before the PDL wait (``prefetch``), so that their DRAM
+    round trip overlaps the inverse-RMS pass over x. Layers with fewer 16-row blocks than SMs
+    (small models) split K so that every SM streams."""
     blocks = n // 16
     splits = 1
     while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
         splits *= 2
-    return Bf12MmaConfig(unroll=1, warps=8, splits=splits, prefetch=False)
+    return Bf12MmaConfig(unroll=1, warps=8, splits=splits, prefetch=fused_norm)
 
 
 def _env_enabled() -> bool:
@@ -93,10 +99,11 @@ def _env_enabled() -> bool:
     return raw not in ("0", "off", "no", "false")
 
 
-def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None) -> str | None:
-    """Why this kernel cannot compute ``x2 @ W^T`` (x2: ``[M, K]``), or None when it can (the
-    extension may still fail to build: :func:`extension`). The checks that need no GPU come
-    first, so the rules are testable on the CPU."""
+def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
+                       norm_weight: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> str | None:
+    """Why this kernel cannot compute ``[residual +] [rms_norm](x2) @ W^T [+ bias]`` (x2: ``[M,
+    K]``), or None when it can (the extension may still fail to build: :func:`extension`). The
+    checks that need no GPU come first, so the rules are testable on the CPU."""
     if not _env_enabled():
         return f"{ENV}=0"
     if batch_invariant_enabled():
@@ -113,6 +120,12 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
         return f"{x2.dtype} activations (bf16 only)"
     if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
         return "bias not contiguous bf16"
+    if norm_weight is not None and (norm_weight.dtype != torch.bfloat16 or not norm_weight.is_contiguous()
+                                    or norm_weight.numel() != k or norm_weight.data_ptr() % 16):
+        return "norm weight not a contiguous, 16-byte aligned bf16 [K]"
+    if residual is not None and (residual.dtype != torch.bfloat16 or tuple(residual.shape) != (m, n)
+                                 or residual.stride(-1) != 1):
+        return "residual not a bf16 [M, N] with unit column stride"
     if x2.stride(-1) != 1 or (m > 1 and x2.stride(0) % 8) or x2.data_ptr() % 16:
         return "x rows not 16-byte aligned"
     if x2.device.type != "cuda":
@@ -181,18 +194,21 @@ def _sms(device: torch.device) -> int:
 
 
 def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
-                    config: Bf12MmaConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """``x2 @ W^T + bias`` (x2: ``[M, K]`` bf16, 1 .. 16 rows) into ``out`` or a new ``[M, N]``
-    tensor; None when the kernel cannot run here (:func:`unsupported_reason`, or no extension):
-    the caller runs the Triton kernel instead."""
-    if unsupported_reason(x2, packed, bias) is not None:
+                    config: Bf12MmaConfig | None = None, out: torch.Tensor | None = None,
+                    norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                    residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """``[residual +] [rms_norm](x2, norm_weight, eps) @ W^T [+ bias]`` (x2: ``[M, K]`` bf16, 1 ..
+    16 rows; ``residual``: ``[M, N]``) into ``out`` or a new ``[M, N]`` tensor, the norm and the
+    add rounded as the separate ops round; None when the kernel cannot run here
+    (:func:`unsupported_reason`, or no extension): the caller runs the Triton kernels instead."""
+    if unsupported_reason(x2, packed, bias, norm_weight, residual) is not None:
         return None
     ext = extension(x2.device)
     if ext is None:
         return None
     n, kp = packed.rows, packed.padded_cols
     m = x2.shape[0]
-    cfg = config or get_config(m, n, kp, _sms(x2.device))
+    cfg = config or get_config(m, n, kp, _sms(x2.device), fused_norm=norm_weight is not None)
     if n % 16 or kp % (64 * cfg.unroll * cfg.splits):
         raise ValueError(f"{cfg} does not tile a {n} x {kp} weight")
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out
@@ -203,8 +219,11 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
         ws = tickets = meta["rowptr"]  # unused
     from specc.codegen.kernels.pdl import pdl_mode
 
+    unused = meta["rowptr"]
     ext.bf12_mma_out(x2, packed.sm, packed.ex, meta["base"], meta["stride_base"], meta["rowptr"], meta["ecol"],
-                     meta["etrue"], meta["efake"], bias if bias is not None else meta["rowptr"], bias is not None, y,
+                     meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
+                     unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
+                     unused if residual is None else residual, residual is not None, y,
                      ws, tickets, cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch, bool(pdl_mode(x2, "bf12")))
     return y
 
@@ -221,12 +240,15 @@ def decode_constant_exponent(sm: torch.Tensor, codes: torch.Tensor) -> torch.Ten
 
 
 def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
-            config: Bf12MmaConfig = Bf12MmaConfig(unroll=1, warps=4)) -> torch.Tensor:
-    """The kernel replayed with torch in fp32: which weights and x columns each lane's vectors
-    hold, how they become MMA fragments, which output each accumulator is, the per-warp, per-CTA
-    and split-order sums, the rows' power of two, the escape fix-up and the bias. Equal to ``x @
-    W^T + bias`` on the unpacked weights up to fp32 summation order exactly when all of that is
-    right."""
+            config: Bf12MmaConfig = Bf12MmaConfig(unroll=1, warps=4), norm_weight: torch.Tensor | None = None,
+            eps: float = 1e-6, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernel replayed with torch in fp32: the rows' inverse RMS and rms_norm's roundings
+    (``norm_weight``), which weights and x columns each lane's vectors hold, how they become MMA
+    fragments, which output each accumulator is, the per-warp, per-CTA and split-order sums, the
+    rows' power of two, the escape fix-up, the bias and the residual's two roundings. Equal to
+    ``residual + rms_norm(x) @ W^T + bias`` on the unpacked weights up to fp32 summation order
+    exactly when all of that is right. Returns bf16 when ``residual`` is given (its roundings are
+    part of the result), else fp32."""
     sm, ex = packed.sm.cpu(), packed.ex.cpu()
     meta = {key: (v.cpu() if isinstance(v, torch.Tensor) else v) for key, v in escape_meta(packed).items()}
     n_dim, kp = sm.shape
@@ -235,6 +257,10 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
     assert m_rows <= 16 and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version == 2
     xp = torch.zeros(16, kp)
     xp[:m_rows, :x.shape[1]] = x.float()
+    if norm_weight is not None:  # n = bf16(x * rstd), h = bf16(g * n), as specc.models.ops.rms_norm
+        rstd = torch.rsqrt(xp[:m_rows].pow(2).sum(-1, keepdim=True) / kp + eps)
+        n_ = (xp[:m_rows] * rstd).to(torch.bfloat16).float()
+        xp[:m_rows] = (norm_weight.float() * n_).to(torch.bfloat16).float()
     base = meta["base"].to(torch.int32)
     y = torch.zeros(m_rows, n_dim)
     k_split = kp // splits
@@ -268,8 +294,10 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
                     s = s + (xv * meta["etrue"][e] - xv * meta["efake"][e])
                 if bias is not None:
                     s = s + bias[row].float()
+                if residual is not None:
+                    s = s.to(torch.bfloat16).float() + residual[m, row].float()
                 y[m, row] = s
-    return y
+    return y if residual is None else y.to(torch.bfloat16)
 
 
 def _super_group(acc: torch.Tensor, xp: torch.Tensor, sm: torch.Tensor, ex: torch.Tensor, n0: int, k0: int) -> None:
@@ -339,7 +367,8 @@ def compile_check(arch: str = "compute_90") -> str:
     instances = "".join(
         f"template __global__ void bf12_mma<{mt}, {u}, {w}, {str(p).lower()}>(const bf16_t*, const unsigned char*, "
         f"const unsigned char*, const unsigned char*, int, const int*, const int*, const float*, const float*, "
-        f"const bf16_t*, bf16_t*, float*, unsigned*, int, int, int, long, long);\n"
+        f"const bf16_t*, const bf16_t*, float, const bf16_t*, long, bf16_t*, float*, unsigned*, int, int, int, long, "
+        f"long);\n"
         for mt, u, w, p in itertools.product((1, 2), UNROLLS, WARPS, (False, True)))
     source = (CUDA_DIR / "linear_bf12_mma.cu").read_text() + instances
     return nvrtc_ptx(source, "linear_bf12_mma.cu", [str(CUDA_DIR)], arch)

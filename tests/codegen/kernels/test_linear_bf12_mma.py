@@ -52,6 +52,29 @@ def test_emulated_kernel_is_the_matmul_with_escapes_and_bias(m, cfg, base):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.parametrize("m,cfg", [(3, mma.Bf12MmaConfig(unroll=1, warps=4)),
+                                   (12, mma.Bf12MmaConfig(unroll=2, warps=4, splits=2))])
+def test_emulated_norm_prologue_and_residual_are_the_separate_ops(m, cfg):
+    """The fused RMSNorm prologue normalizes x as ops.rms_norm does (its two roundings), the
+    escape fix-up sees the normalized x, and the residual is added to the rounded product and
+    rounded again: the result is ``residual + linear(rms_norm(x))`` as three ops."""
+    from specc.models import ops
+
+    w = _weights(32, 256, seed=20 + m)
+    packed = pack_bf16_12bit(w, version=2)
+    g = torch.Generator().manual_seed(m)
+    x = (torch.randn(m, 256, generator=g) * 3).to(torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(256, generator=g)).to(torch.bfloat16)
+    residual = torch.randn(m, 32, generator=g).to(torch.bfloat16)
+    h = ops.rms_norm(x, norm_w, 1e-6)
+    got = mma.emulate(x.float(), packed, None, cfg, norm_weight=norm_w, eps=1e-6)
+    torch.testing.assert_close(got, h.float() @ w.float().T, rtol=1e-5, atol=1e-3)
+    fused = mma.emulate(x.float(), packed, None, cfg, norm_weight=norm_w, eps=1e-6, residual=residual)
+    want = residual + (h.float() @ w.float().T).to(torch.bfloat16)
+    assert fused.dtype == torch.bfloat16
+    torch.testing.assert_close(fused.float(), want.float(), rtol=2 ** -7, atol=1e-2)
+
+
 def test_emulated_escapes_carry_inf_and_nan():
     w = _weights(16, 128, seed=3, escapes=False)
     w[4, 10], w[7, 3] = float("inf"), float("nan")
@@ -83,6 +106,11 @@ def test_unsupported_reasons(monkeypatch):
     assert "K % 64" in mma.unsupported_reason(x[:, :96], pack_bf16_12bit(w[:, :96], version=2))
     assert "N % 16" in mma.unsupported_reason(x, pack_bf16_12bit(w[:24], version=2))
     assert "bias" in mma.unsupported_reason(x, v2, torch.zeros(32))
+    assert "norm weight" in mma.unsupported_reason(x, v2, norm_weight=torch.ones(96, dtype=torch.bfloat16))
+    assert "residual" in mma.unsupported_reason(x, v2, residual=torch.zeros(4, 31, dtype=torch.bfloat16))
+    ok = mma.unsupported_reason(x, v2, norm_weight=torch.ones(128, dtype=torch.bfloat16),
+                                residual=torch.zeros(4, 32, dtype=torch.bfloat16))
+    assert ok == "device cpu"
     assert mma.unsupported_reason(x, v2) == "device cpu"  # every rule but the device holds
     monkeypatch.setenv(mma.ENV, "0")
     assert mma.unsupported_reason(x, v2) == f"{mma.ENV}=0"
@@ -147,6 +175,30 @@ def test_gpu_kernel_matches_the_fp32_reference(m, cfg):
     assert float((got.float() - want).abs().max()) <= tol
     again = mma.linear_bf12_mma(x, packed, b, cfg)
     assert torch.equal(got, again)  # deterministic, split-K included
+
+
+@gpu
+@pytest.mark.parametrize("m,cfg", [(1, mma.Bf12MmaConfig()), (16, mma.Bf12MmaConfig(splits=2, prefetch=True))])
+def test_gpu_norm_prologue_and_residual_epilogue(m, cfg):
+    """One launch computes ``r + linear(rms_norm(x))`` like the three separate ops (their
+    roundings), and equals kernel_abi's unfused fallback up to fp32 summation order."""
+    from specc.codegen.kernels.rmsnorm import rms_norm as rms_norm_kernel
+    from specc.models import ops
+
+    w, packed, x, _ = _gpu_case(256, 1024, m, seed=30 + m, bias=False)
+    x = x * 4
+    g = torch.Generator(device="cuda").manual_seed(m)
+    norm_w = (1 + 0.1 * torch.randn(1024, device="cuda", generator=g)).to(torch.bfloat16)
+    r = torch.randn(m, 256, device="cuda", generator=g).to(torch.bfloat16)
+    got = mma.linear_bf12_mma(x, packed, None, cfg, norm_weight=norm_w, eps=1e-6, residual=r)
+    h = ops.rms_norm(x, norm_w, 1e-6)
+    prod = (h.float() @ w.float().T).to(torch.bfloat16)
+    want = (r.float() + prod.float()).to(torch.bfloat16)
+    # within one bf16 rounding of the product (another summation order) plus the add's
+    assert bool(((got.float() - want.float()).abs() <= prod.float().abs() / 128 + r.float().abs() / 128 + 2e-2).all())
+    unfused = r + mma.linear_bf12_mma(rms_norm_kernel(x, norm_w, 1e-6), packed, None, cfg)
+    assert float((got.float() - unfused.float()).abs().max()) <= float(want.float().abs().max()) / 64
+    assert torch.equal(got, mma.linear_bf12_mma(x, packed, None, cfg, norm_weight=norm_w, eps=1e-6, residual=r))
 
 
 @gpu

@@ -11,6 +11,12 @@
 // (exact). Escapes decode to the format's stand-in 2**(base - 127); after the sum the lane that
 // stores an output adds x[m, col] * true - x[m, col] * stand-in for each escape of its rows (the
 // CSR table of bf12_launch.escape_meta), then the bias, then rounds once to bf16.
+//
+// Fused RMSNorm prologue (norm_w given): every CTA first computes the fp32 inverse RMS of each
+// x row (rsqrt(mean(x^2) + eps), over the whole row), then normalizes x as it loads it, rounding
+// where specc.models.ops.rms_norm rounds: n = bf16(x * rstd), h = bf16(g * n). The escape fix-up
+// reads the same normalized values. Fused residual (residual given): the rounded product plus r,
+// rounded again: the two roundings of ``r + linear(x)`` as separate ops.
 #include "skinny_mma.cuh"
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 sel) {
@@ -30,6 +36,63 @@ __device__ __forceinline__ float base_scale(unsigned char base) {  // 2**(base -
   return __int_as_float(((int)base + 15) << 23);
 }
 
+// rms_norm's roundings on two bf16 of x (a word) with their norm weights g (a word)
+__device__ __forceinline__ u32 norm_pair(u32 xw, u32 gw, float rstd) {
+  const bf16_t n0 = to_bf16(__int_as_float(xw << 16) * rstd);
+  const bf16_t n1 = to_bf16(__int_as_float(xw & 0xFFFF0000u) * rstd);
+  const bf16_t h0 = to_bf16(__int_as_float(gw << 16) * from_bf16(n0));
+  const bf16_t h1 = to_bf16(__int_as_float(gw & 0xFFFF0000u) * from_bf16(n1));
+  return (u32)h0 | ((u32)h1 << 16);
+}
+
+__device__ __forceinline__ V4 norm_vec(V4 x, V4 g, float rstd) {
+  V4 r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) r.w[i] = norm_pair(x.w[i], g.w[i], rstd);
+  return r;
+}
+
+// the inverse RMS of x rows 0 .. M - 1 into rstd (shared; the host fuses the norm for few rows
+// only: every CTA reads the rows whole). All threads share a row: thread i sums the squares of
+// 8 consecutive k per 16-byte load, 4 loads in flight, then warps and the CTA add up.
+template <int WARPS>
+__device__ __forceinline__ void rows_rstd(const bf16_t* __restrict__ x, int M, int K, long stride_x, float eps,
+                                          float* rstd) {
+  constexpr int STRIDE = WARPS * 32 * 8;  // k covered by one load of every thread
+  __shared__ float part[WARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int m = 0; m < M; ++m) {
+    const bf16_t* row = x + m * stride_x;
+    float acc = 0.f;
+    for (int k0 = 8 * threadIdx.x; k0 < K; k0 += 4 * STRIDE) {
+      V4 v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (k0 + j * STRIDE < K) v[j] = load_x(row + k0 + j * STRIDE);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (k0 + j * STRIDE >= K) continue;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float a = __int_as_float(v[j].w[i] << 16), b = __int_as_float(v[j].w[i] & 0xFFFF0000u);
+          acc += a * a + b * b;
+        }
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) s += part[w];
+      rstd[m] = rsqrtf(s / (float)K + eps);
+    }
+    __syncthreads();
+  }
+}
+
 // grid (N / 16, splits), WARPS warps; the host checks N % 16 == 0, Kp % (64 * U * splits) == 0,
 // 16-byte aligned rows; PREFETCH: double-buffer the weight registers across chunks
 template <int MT, int U, int WARPS, bool PREFETCH>
@@ -37,7 +100,8 @@ __global__ void __launch_bounds__(WARPS * 32)
 bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, const unsigned char* __restrict__ ex,
          const unsigned char* __restrict__ base, int stride_base, const int* __restrict__ rowptr,
          const int* __restrict__ ecol, const float* __restrict__ etrue, const float* __restrict__ efake,
-         const bf16_t* __restrict__ bias, bf16_t* __restrict__ y, float* __restrict__ ws,
+         const bf16_t* __restrict__ bias, const bf16_t* __restrict__ norm_w, float eps,
+         const bf16_t* __restrict__ residual, long stride_r, bf16_t* __restrict__ y, float* __restrict__ ws,
          unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3, high = t & 1;
@@ -48,8 +112,11 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   const unsigned char* sb = sa + 8L * Kp;
   const unsigned char* ea = ex + (long)(n0 + g) * (Kp / 2) + k_lo / 2 + 16 * (t >> 1);
   const unsigned char* eb = ea + 8L * (Kp / 2);
-  const bf16_t* xa = x + (long)(g < M ? g : 0) * stride_x + k_lo + 16 * t;  // rows past M:
-  const bf16_t* xb = x + (long)(g + 8 < M ? g + 8 : 0) * stride_x + k_lo + 16 * t;  // never stored
+  const int row_a = g < M ? g : 0, row_b = g + 8 < M ? g + 8 : 0;  // x rows past M: never stored
+  const bf16_t* xa = x + (long)row_a * stride_x + k_lo + 16 * t;
+  const bf16_t* xb = x + (long)row_b * stride_x + k_lo + 16 * t;
+  const bf16_t* gk = norm_w + k_lo + 16 * t;  // the norm weights of the lane's k (norm_w given)
+  __shared__ float rstd[16];
   float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
   V4 rsa[U], rsb[U], rea[U], reb[U];
   if (PREFETCH && warp < chunks) {  // the first chunk's weights (which no kernel writes) before the wait
@@ -63,6 +130,8 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
     }
   }
   pdl_wait_then_release();
+  if (norm_w != nullptr) rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
+  const float rstd_a = norm_w != nullptr ? rstd[row_a] : 1.f, rstd_b = norm_w != nullptr ? rstd[row_b] : 1.f;
   for (int c = warp; c < chunks; c += WARPS) {
     V4 nsa[U], nsb[U], nea[U], neb[U];
     const int kc = (PREFETCH ? (c + WARPS < chunks ? c + WARPS : c) : c) * 64 * U;  // the last reloads itself
@@ -83,9 +152,18 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = c * 64 * U + 64 * u;
-      const V4 x0a = load_x(xa + k0), x1a = load_x(xa + k0 + 8);
+      V4 x0a = load_x(xa + k0), x1a = load_x(xa + k0 + 8);
       V4 x0b, x1b;
       if (MT == 2) { x0b = load_x(xb + k0); x1b = load_x(xb + k0 + 8); }
+      if (norm_w != nullptr) {
+        const V4 g0 = load_x(gk + k0), g1 = load_x(gk + k0 + 8);
+        x0a = norm_vec(x0a, g0, rstd_a);
+        x1a = norm_vec(x1a, g1, rstd_a);
+        if (MT == 2) {
+          x0b = norm_vec(x0b, g0, rstd_b);
+          x1b = norm_vec(x1b, g1, rstd_b);
+        }
+      }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const u32 a0 = decode_pair(rsa[u].w[i], rea[u].w[i], 0x4140u, high);
@@ -127,7 +205,9 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
       for (int i = 0; i < 8; ++i) {
         const int m = acc_row(i, t);
         if (((i >> 1) & 1) == h && m < M) {
-          const float xv = from_bf16(x[m * stride_x + col]);
+          float xv = from_bf16(x[m * stride_x + col]);
+          if (norm_w != nullptr)  // the value the MMA saw: rms_norm's roundings
+            xv = from_bf16(to_bf16(from_bf16(norm_w[col]) * from_bf16(to_bf16(xv * rstd[m]))));
           s[i] += xv * w_true - xv * w_fake;
         }
       }
@@ -136,6 +216,13 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   if (bias != nullptr) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[i] += from_bf16(bias[n0 + acc_col(i, g)]);
+  }
+  if (residual != nullptr) {  // the rounded product plus r (rounded again by the store)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int m = acc_row(i, t);
+      if (m < M) s[i] = from_bf16(to_bf16(s[i])) + from_bf16(residual[m * stride_r + n0 + acc_col(i, g)]);
+    }
   }
   store_lane(s, y, stride_y, M, n0, g, t);
 }
@@ -148,7 +235,8 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 template <int MT, int U, int WARPS, bool P>
 static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const void* x, const void* sm,
                               const void* ex, const void* base, int stride_base, const void* rowptr,
-                              const void* ecol, const void* etrue, const void* efake, const void* bias, void* y,
+                              const void* ecol, const void* etrue, const void* efake, const void* bias,
+                              const void* norm_w, float eps, const void* residual, long stride_r, void* y,
                               void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
@@ -163,15 +251,17 @@ static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const vo
   return cudaLaunchKernelEx(&cfg, bf12_mma<MT, U, WARPS, P>, (const bf16_t*)x, (const unsigned char*)sm,
                             (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
                             (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
-                            (bf16_t*)y, (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y);
+                            (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,
+                            (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y);
 }
 
 void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
                      const void* x, const void* sm, const void* ex, const void* base, int stride_base,
                      const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
-                     void* y, void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
-#define SPECC_BF12_ARGS pdl, grid, stream, x, sm, ex, base, stride_base, rowptr, ecol, etrue, efake, bias, y, ws, \
-                        tickets, M, Kp, k_split, stride_x, stride_y
+                     const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
+                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
+#define SPECC_BF12_ARGS pdl, grid, stream, x, sm, ex, base, stride_base, rowptr, ecol, etrue, efake, bias, norm_w, \
+                        eps, residual, stride_r, y, ws, tickets, M, Kp, k_split, stride_x, stride_y
 #define SPECC_BF12_CASE(MT, U, W)                                                                        \
   case MT * 100 + U * 10 + W / 4:                                                                        \
     err = prefetch ? launch_one<MT, U, W, true>(SPECC_BF12_ARGS) : launch_one<MT, U, W, false>(SPECC_BF12_ARGS); \

@@ -7,11 +7,13 @@
 void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
                      const void* x, const void* sm, const void* ex, const void* base, int stride_base,
                      const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
-                     void* y, void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y);
+                     const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
+                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y);
 
 void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Tensor base, int64_t stride_base,
                   torch::Tensor rowptr, torch::Tensor ecol, torch::Tensor etrue, torch::Tensor efake,
-                  torch::Tensor bias, bool has_bias, torch::Tensor y, torch::Tensor ws, torch::Tensor tickets,
+                  torch::Tensor bias, bool has_bias, torch::Tensor norm_w, bool has_norm, double eps,
+                  torch::Tensor residual, bool has_residual, torch::Tensor y, torch::Tensor ws, torch::Tensor tickets,
                   int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl) {
   const int64_t M = x.size(0), N = sm.size(0), Kp = sm.size(1);
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16, "x: bf16 on the GPU");
@@ -22,11 +24,17 @@ void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Te
   TORCH_CHECK(N % 16 == 0 && Kp % (64 * unroll * splits) == 0, "N % 16 == 0 and Kp % (64 * unroll * splits) == 0");
   TORCH_CHECK(splits == 1 || (ws.numel() >= splits * (N / 16) * 256 && tickets.numel() >= N / 16),
               "split-K workspace too small");
+  TORCH_CHECK(!has_norm || (norm_w.numel() == Kp && norm_w.is_contiguous() &&
+                             norm_w.scalar_type() == torch::kBFloat16), "norm weight: Kp contiguous bf16");
+  TORCH_CHECK(!has_residual || (residual.size(0) == M && residual.size(1) == N && residual.stride(1) == 1 &&
+                                 residual.scalar_type() == torch::kBFloat16), "residual: [M, N] bf16");
   const int mt = M > 8 ? 2 : 1;
   dim3 grid((unsigned)(N / 16), (unsigned)splits);
   bf12_mma_launch(mt, (int)unroll, (int)warps, prefetch, pdl, grid, at::cuda::getCurrentCUDAStream(),
                   x.data_ptr(), sm.data_ptr(), ex.data_ptr(), base.data_ptr(), (int)stride_base, rowptr.data_ptr(),
                   ecol.data_ptr(), etrue.data_ptr(), efake.data_ptr(), has_bias ? bias.data_ptr() : nullptr,
+                  has_norm ? norm_w.data_ptr() : nullptr, (float)eps, has_residual ? residual.data_ptr() : nullptr,
+                  has_residual ? (long)residual.stride(0) : 0L,
                   y.data_ptr(), ws.data_ptr(), tickets.data_ptr(), (int)M, (int)Kp, (int)(Kp / splits),
                   (long)x.stride(0), (long)y.stride(0));
 }

@@ -1,0 +1,24 @@
+"""Launch counts the cost model prices: a packed linear is one kernel where the bf12 tensor-core
+kernel fuses its residual epilogue (layout 2, 1 .. 16 rows) and its norm prologue (one row; an
+rms_norm kernel first above), else the bf12 GEMM plus an rms_norm kernel and an add."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from specc.codegen.launches import LAUNCHES
+
+
+@pytest.mark.parametrize("version,rows,norm,res,want", [
+    (2, 1, True, False, 1), (2, 1, True, True, 1), (2, 16, True, True, 2), (2, 16, False, True, 1),
+    (2, 17, True, True, 3), (2, 64, False, True, 2),
+    (1, 1, True, True, 3), (1, 4, False, False, 1), (2, None, True, False, 2),
+])
+def test_packed_linear_launches_on_cuda(version, rows, norm, res, want):
+    meta = SimpleNamespace(attrs={"format_version": version, "norm_prologue": norm, "residual_epilogue": res})
+    assert LAUNCHES["cuda"]["packed_linear"](meta, rows=rows) == want
+
+
+def test_packed_linear_launches_on_cpu_count_the_residual_add():
+    meta = SimpleNamespace(attrs={"format_version": 2, "norm_prologue": True, "residual_epilogue": True})
+    assert LAUNCHES["cpu"]["packed_linear"](meta) == 11
