@@ -34,14 +34,16 @@ import torch
 from examples.bench_steps import QWEN3_8B, build_causal, time_graph, tiny
 
 
-def build_step(cfg: dict, dtype, dev, max_len: int, batch: int = 1):
+def build_step(cfg: dict, dtype, dev, max_len: int, batch: int = 1, pipeline: str | None = None,
+               options: dict | None = None):
     from specc.codegen.build import build_steps
     from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
 
     target = build_causal(cfg, dtype, dev, seed=1)
     target.setup_caches(1, 16)
-    step = instantiate(build_steps(target, None, DEFAULT_PIPELINE).emitted["target"])
+    step = instantiate(build_steps(target, None, pipeline or DEFAULT_PIPELINE, pass_options=options or {})
+                       .emitted["target"])
     step.setup_caches(batch, max_len)
     shapes = sorted({tuple(v.shape) for name, v in step.state_dict().items()  # the linears' [N, K]
                      if v.dim() == 2 and name.endswith("weight") and "embed" not in name})
@@ -214,6 +216,8 @@ def main() -> None:
     ap.add_argument("--tune", type=int, default=0, help="tune the linear configs of this Q in the step")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds for --tune")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--pack", type=int, choices=(1, 2), default=None,
+                    help="profile the step with pack_weights_12bit (bf12 weights) in this layout version")
     ap.add_argument("--attention-sweep", default=None,
                     help="a sweep_attention.py JSON: also time the steps with its fastest plans")
     args = ap.parse_args()
@@ -225,10 +229,14 @@ def main() -> None:
 
     cfg = tiny(QWEN3_8B) if args.tiny else (QWEN3_8B if args.config == "qwen3-8b" else target_shapes(args.config))
     context = min(args.context, 64) if args.tiny else args.context
-    step, _, shapes = build_step(cfg, dtype, dev, context + 128, args.batch)
+    from specc.passes.pipelines import DEFAULT_PIPELINE
+
+    pipeline = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce") if args.pack else None
+    step, _, shapes = build_step(cfg, dtype, dev, context + 128, args.batch, pipeline,
+                                 {"pack_version": args.pack} if args.pack else None)
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"), "config": "tiny" if args.tiny else args.config, "batch": args.batch,
-           "context": context, "linear_shapes": shapes, "steps": {}}
+           "context": context, "linear_shapes": shapes, "pack": args.pack, "steps": {}}
     try:
         import triton
 
