@@ -352,9 +352,11 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     target.setup_caches(1, 16)
     packed = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")
     # packed_v2: layout 2 as engines run it (the tensor-core kernel at 1 .. 16 rows where it runs);
-    # packed_v2_triton: the same weights with SPECC_BF12_MMA=0 (the Triton kernels only)
+    # packed_v2_prefetch: the same with every tensor-core launch loading its first weights before
+    # the PDL wait; packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
+    v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
-                "packed_v2": (packed, {"pack_version": 2}), "packed_v2_triton": (packed, {"pack_version": 2})}
+                "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_triton": v2}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     model = CostModel(args.deployment)
@@ -364,19 +366,23 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     gen = torch.Generator(device=dev).manual_seed(5)
     ids = {q: torch.randint(0, cfg["vocab_size"], (1, q), device=dev, generator=gen) for q in (1, 16)}
     res, logits_of = {}, {}
-    from specc.codegen.kernels.linear_bf12_mma import ENV as MMA_ENV
+    from specc.codegen.kernels import linear_bf12_mma as mma
 
+    default_config = mma.get_config
     for label, (pipeline, options) in variants.items():
-        saved = os.environ.get(MMA_ENV)
-        os.environ[MMA_ENV] = "0" if label == "packed_v2_triton" else "1"
+        saved = os.environ.get(mma.ENV)
+        os.environ[mma.ENV] = "0" if label == "packed_v2_triton" else "1"
+        if label == "packed_v2_prefetch":
+            mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
         try:
             _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev,
                           time_graph, build_steps, instantiate)
         finally:
+            mma.get_config = default_config
             if saved is None:
-                os.environ.pop(MMA_ENV, None)
+                os.environ.pop(mma.ENV, None)
             else:
-                os.environ[MMA_ENV] = saved
+                os.environ[mma.ENV] = saved
         if not smoke:
             torch.cuda.empty_cache()
     return _step_records(res, logits_of, context, model, measured, packed_by_m)
@@ -408,7 +414,7 @@ def _step_records(res, logits_of, context, model, measured, packed_by_m) -> list
     out = []
     for q, what in ((1, "AR"), (16, "verify Q=16")):
         u = res["unpacked"][q]
-        for label in [v for v in ("packed_v1", "packed_v2", "packed_v2_triton") if v in res]:
+        for label in [v for v in ("packed_v1", "packed_v2", "packed_v2_prefetch", "packed_v2_triton") if v in res]:
             p = res[label][q]
             rec = {"kind": "step", "step": what, "variant": label, "layout": 1 if label == "packed_v1" else 2,
                    "Q": q, "context": context,
