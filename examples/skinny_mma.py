@@ -139,26 +139,10 @@ HOST_SOURCE = r"""
 #define LAUNCH(MT, U, WARPS)                                                                   \
   if (prefetch) LAUNCH_P(MT, U, WARPS, true); else LAUNCH_P(MT, U, WARPS, false)
 #define LAUNCH_P(MT, U, WARPS, P)                                                              \
-  launch(skinny_mma<MT, U, WARPS, P>, grid, WARPS * 32, stream, pdl,                           \
+  C10_CUDA_CHECK(launch_maybe_pdl(skinny_mma<MT, U, WARPS, P>, grid, WARPS * 32, stream, pdl,  \
       (const bf16_t*)x.data_ptr(), (const bf16_t*)w.data_ptr(), (bf16_t*)y.data_ptr(),         \
       ws.data_ptr<float>(), (unsigned*)tickets.data_ptr<int>(), M, N, K, (int)(K / splits),    \
-      (long)x.stride(0), (long)y.stride(0))
-
-// a launch that may start while the previous kernel on the stream finishes (pdl)
-template <typename Kernel, typename... Args>
-void launch(Kernel kernel, dim3 grid, int threads, cudaStream_t stream, bool pdl, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
+      (long)x.stride(0), (long)y.stride(0)))
 
 void skinny_mma_out(torch::Tensor x, torch::Tensor w, torch::Tensor y, torch::Tensor ws, torch::Tensor tickets,
                     int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl) {

@@ -228,7 +228,6 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 }
 
 #ifndef SPECC_NVRTC  // the host launch (nvcc); NVRTC compile checks instantiate the kernels themselves
-#include <cuda_runtime.h>
 #include <stdexcept>
 #include <string>
 
@@ -238,17 +237,7 @@ static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const vo
                               const void* ecol, const void* etrue, const void* efake, const void* bias,
                               const void* norm_w, float eps, const void* residual, long stride_r, void* y,
                               void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(WARPS * 32);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, bf12_mma<MT, U, WARPS, P>, (const bf16_t*)x, (const unsigned char*)sm,
+  return launch_maybe_pdl(bf12_mma<MT, U, WARPS, P>, grid, WARPS * 32, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
                             (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
                             (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
                             (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,

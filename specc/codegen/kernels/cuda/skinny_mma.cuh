@@ -112,3 +112,25 @@ __device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c
   if (lane == 0) tickets[blockIdx.x] = 0u;
   return true;
 }
+
+#if !defined(__CUDACC_RTC__)  // host side (nvcc): NVRTC compile checks see the device code only
+#include <cuda_runtime.h>
+
+// launch kernel<<<grid, threads, 0, stream>>>(args...), with programmatic dependent launch when
+// pdl (it may then start while the previous kernel on the stream finishes: see pdl_wait_then_release)
+template <typename... Params, typename... Args>
+cudaError_t launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t stream, bool pdl,
+                             Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+#endif
