@@ -10,10 +10,14 @@ Options (``PassContext.option``): ``pack_include`` / ``pack_exclude``: substring
 names selecting the linears (default: all), so the cost model can pack a subset (e.g. only the
 MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
 ``pack_version``: the bf12 layout, 1 (default) or 2 (the wide-load layout of
-``specc.codegen.kernels.linear_bf12_v2``). Both are exact; on the H200 (runs 5 and 8,
-docs/benchmarks/h200-run8.md) layout 2's kernels were the slower ones (packed / unpacked Qwen3-8B
-AR step 1.21x against layout 1's 0.98x; verify Q = 16 2.45x against 1.81x), so layout 1 stays
-the default. The layout version is a keyword of each
+``specc.codegen.kernels.linear_bf12_v2``, and at 1 .. 16 rows of the tensor-core kernel
+``specc.codegen.kernels.linear_bf12_mma``). Both are exact. With the Triton kernels alone
+layout 2 was the slower one on the H200 (runs 5 and 8, docs/benchmarks/h200-run8.md: packed /
+unpacked Qwen3-8B AR step 1.21x against layout 1's 0.98x; verify Q = 16 2.45x against 1.81x);
+with the tensor-core kernel layout 2's verify Q = 16 step is 1.04x and its AR step 1.04-1.08x
+(H100, docs/benchmarks/h100-run17.md). Neither layout makes a step faster yet, so the default
+stays layout 1 until one does; ``fuse_residual_add`` folds the residual add into packed linears
+(the tensor-core kernel adds it in its epilogue). The layout version is a keyword of each
 ``packed_linear`` call (the emitted step's source shows it) and ``format_version`` in the
 pass's stats (the manifest's record of applied passes).
 """
