@@ -99,18 +99,20 @@ def test_compile_with_pack_on_bf16_cpu_deployment(checkpoints, tmp_path):
     dep.write_text(json.dumps({"base": "cpu", "name": "cpu-bf16", "dtype": "bfloat16"}))
     out = tmp_path / "packed.specc"
     result = compile_artifact(checkpoints["target"], checkpoints["pard_same"], deployment=str(dep), out=out,
-                              passes="fuse_qkv,fuse_gate_up,fuse_norm_linear,pack_weights_12bit,dce", max_new_tokens=12)
+                              passes="fuse_qkv,fuse_gate_up,fuse_norm_linear,pack_weights_12bit,fuse_residual_add,dce",
+                              max_new_tokens=12)
     applied = {r["name"]: r for r in result.manifest["passes"]["applied"]["target"]}
     assert applied["pack_weights_12bit"]["changed"]
     assert applied["pack_weights_12bit"]["stats"]["format_version"] == DEFAULT_PACK_VERSION
     assert result.manifest["lowering"]["target"]["lowered"].get("packed_linear", 0) > 0
+    assert applied["fuse_residual_add"]["stats"]["adds"] > 0  # folded into packed linears (their residual)
     verification = result.manifest["verification"]
     assert verification["passed"]  # bf16 vs HF eager: ties (margin < tolerance) are reported, none failed
     assert all(t["margin"] < verification["tolerance"] for t in verification["ties"])
     # Packing is exact: the packed engine's logits equal an unpacked bf16 engine's, bit for bit.
     plain = tmp_path / "plain.specc"
     compile_artifact(checkpoints["target"], checkpoints["pard_same"], deployment=str(dep), out=plain,
-                     passes="fuse_qkv,fuse_gate_up,fuse_norm_linear,dce", max_new_tokens=12)
+                     passes="fuse_qkv,fuse_gate_up,fuse_norm_linear,fuse_residual_add,dce", max_new_tokens=12)
     a, b = load(out), load(plain)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     pos = torch.arange(5)[None]

@@ -130,6 +130,8 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
         return "x rows not 16-byte aligned"
     if x2.device.type != "cuda":
         return f"device {x2.device.type}"
+    if x2.device.index is not None and x2.device.index != torch.cuda.current_device():
+        return f"{x2.device} is not the current device (the launch uses the current device's stream)"
     if _capability(x2.device)[0] < 8:
         return "compute capability < 8.0 (no bf16 mma.sync)"
     return None
