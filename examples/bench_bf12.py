@@ -6,8 +6,9 @@
 
 1. Per linear shape (qkv 4096->6144, o 4096->4096, gate_up 4096->24576, down 12288->4096,
    lm_head 4096->151936) and M (default 1, 4, 16, 64): cuBLAS bf16 (``F.linear``), the layout-1
-   kernel with its shipped config table (``--sweep-v1`` sweeps it instead), and the layout-2
-   kernel (``specc.codegen.kernels.linear_bf12_v2``) with a sweep of configs. Each config is
+   kernel with its shipped config table (``--sweep-v1`` sweeps it instead), the layout-2
+   Triton kernel (``specc.codegen.kernels.linear_bf12_v2``) with a sweep of configs, and the
+   layout-2 tensor-core kernel (``mma``: ``specc.codegen.kernels.linear_bf12_mma``, 1 .. 16 rows). Each config is
    checked in bf16 against ``x.float() @ W.float().T`` into a NaN-poisoned output (relative
    error beside cuBLAS's own) and timed as the median of CUDA-graph replays, each graph a
    sequence of calls rotating over enough weight copies that the 50 MB L2 cannot serve them.
@@ -15,7 +16,9 @@
    fraction of the deployment's HBM bandwidth each one streams (bytes read / time / HBM B/s;
    bf16 bytes for cuBLAS, packed bytes -- planes, bases, escape table -- for bf12).
 2. ``--steps`` (on by default on CUDA): the compiled Qwen3-8B target step (random weights,
-   context 1024) with the default pipeline and with ``pack_weights_12bit`` (layouts 1 and 2), at Q = 1
+   context 1024) with the default pipeline and with ``pack_weights_12bit`` (layout 1 when
+   ``--layouts`` names v1; layout 2 as engines run it, with every tensor-core launch
+   prefetching, with the norm unfused at one row, and on the Triton kernels alone), at Q = 1
    (the AR step) and Q = 16 (the verify step), CUDA-graph medians in the same run, the greedy
    logits compared (max difference; each flipped greedy token with its top-2 margin: a tie or a defect), and the cost model's prediction for both (the choice it would
    make) beside the measured winner -- with the deployment's calibration, and with the packed
@@ -353,10 +356,11 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     packed = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")
     # packed_v2: layout 2 as engines run it (the tensor-core kernel at 1 .. 16 rows where it runs);
     # packed_v2_prefetch: the same with every tensor-core launch loading its first weights before
-    # the PDL wait; packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
+    # the PDL wait; packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at
+    # one row too; packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
     v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
-                "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_triton": v2}
+                "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_norm_unfused": v2, "packed_v2_triton": v2}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     model = CostModel(args.deployment)
@@ -368,17 +372,19 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     res, logits_of = {}, {}
     from specc.codegen.kernels import linear_bf12_mma as mma
 
-    default_config = mma.get_config
+    default_config, fused_norm_rows = mma.get_config, mma.FUSED_NORM_MAX_ROWS
     for label, (pipeline, options) in variants.items():
         saved = os.environ.get(mma.ENV)
         os.environ[mma.ENV] = "0" if label == "packed_v2_triton" else "1"
         if label == "packed_v2_prefetch":
             mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
+        if label == "packed_v2_norm_unfused":
+            mma.FUSED_NORM_MAX_ROWS = 0
         try:
             _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev,
                           time_graph, build_steps, instantiate)
         finally:
-            mma.get_config = default_config
+            mma.get_config, mma.FUSED_NORM_MAX_ROWS = default_config, fused_norm_rows
             if saved is None:
                 os.environ.pop(mma.ENV, None)
             else:
@@ -414,7 +420,8 @@ def _step_records(res, logits_of, context, model, measured, packed_by_m) -> list
     out = []
     for q, what in ((1, "AR"), (16, "verify Q=16")):
         u = res["unpacked"][q]
-        for label in [v for v in ("packed_v1", "packed_v2", "packed_v2_prefetch", "packed_v2_triton") if v in res]:
+        labels = ("packed_v1", "packed_v2", "packed_v2_prefetch", "packed_v2_norm_unfused", "packed_v2_triton")
+        for label in [v for v in labels if v in res]:
             p = res[label][q]
             rec = {"kind": "step", "step": what, "variant": label, "layout": 1 if label == "packed_v1" else 2,
                    "Q": q, "context": context,
