@@ -9,15 +9,18 @@ decode + GEMV/GEMM kernel (``specc.codegen.kernels.linear_bf12``) reads 25% fewe
 Options (``PassContext.option``): ``pack_include`` / ``pack_exclude``: substrings of weight
 names selecting the linears (default: all), so the cost model can pack a subset (e.g. only the
 MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
-``pack_version``: the bf12 layout, 1 (default) or 2 (the wide-load layout of
+``pack_version``: the bf12 layout, 2 (default: the wide-load layout of
 ``specc.codegen.kernels.linear_bf12_v2``, and at 1 .. 16 rows of the tensor-core kernel
 ``specc.codegen.kernels.linear_bf12_mma``). Both are exact. With the Triton kernels alone
 layout 2 was the slower one on the H200 (runs 5 and 8, docs/benchmarks/h200-run8.md: packed /
 unpacked Qwen3-8B AR step 1.21x against layout 1's 0.98x; verify Q = 16 2.45x against 1.81x);
 with the tensor-core kernel layout 2's verify Q = 16 step is 1.04x and its AR step 1.04-1.08x
-(H100, docs/benchmarks/h100-run17.md). Neither layout makes a step faster yet, so the default
-stays layout 1 until one does; ``fuse_residual_add`` folds the residual add into packed linears
-(the tensor-core kernel adds it in its epilogue). The layout version is a keyword of each
+(H100, docs/benchmarks/h100-run17.md). Neither layout makes a step faster yet; layout 2 is the
+default because it is within 8% of the unpacked step at one and at 16 rows (layout 1's verify
+is 1.8x), it is what ``specc calibrate`` measures (``pack_bf16_12bit``'s default), so the cost
+model prices the layout compiled artifacts get, and it is the one the tensor-core kernel reads.
+``fuse_residual_add`` folds the residual add into packed linears (the tensor-core kernel adds it
+in its epilogue). The layout version is a keyword of each
 ``packed_linear`` call (the emitted step's source shows it) and ``format_version`` in the
 pass's stats (the manifest's record of applied passes).
 """
@@ -34,8 +37,8 @@ from specc.models.fused_ops import packed_linear  # the eager body
 from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.registry import register_pass
 
-# the layout compiled artifacts get; 2 once its kernels are measured on a GPU (docs/kernels.md)
-DEFAULT_PACK_VERSION = 1
+# the layout compiled artifacts get (the module docstring says why; docs/kernels.md)
+DEFAULT_PACK_VERSION = 2
 
 
 @register_op(packed_linear, "packed_linear")

@@ -9,6 +9,7 @@ from helpers import run_ir
 from specc.ir import bind_dflash, trace
 from specc.models import load_model
 from specc.passes import PassManager
+from specc.passes.pack_weights_12bit import DEFAULT_PACK_VERSION
 
 
 @pytest.mark.parametrize("pipeline", ["fuse_residual_add",
@@ -53,7 +54,8 @@ def test_packed_linears_take_the_add_and_stay_exact(checkpoints):
     assert report.stats("fuse_residual_add")["adds"] == 2 * layers and ir.count("add") == adds - 2 * layers
     fused = [n for n in ir.calls("packed_linear") if n.kwargs.get("residual") is not None]
     assert len(fused) == 2 * layers
-    assert all(ir.meta(n).attrs["residual_epilogue"] and ir.meta(n).attrs["format_version"] == 1 for n in fused)
+    assert all(ir.meta(n).attrs["residual_epilogue"] and ir.meta(n).attrs["format_version"] == DEFAULT_PACK_VERSION
+               for n in fused)
     assert torch.equal(run_ir(ir, inputs), want)
     again = PassManager("fuse_residual_add").run(ir)  # a packed linear takes one residual only
     assert again.stats("fuse_residual_add")["adds"] == 0

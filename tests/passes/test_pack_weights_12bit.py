@@ -38,7 +38,7 @@ def test_pack_fires_and_outputs_are_identical(checkpoints):
 
 
 def test_pack_versions_agree_and_are_recorded(checkpoints):
-    """Both bf12 layouts (pack_version 1, the default until layout 2 has run on a GPU, and 2) give the unpacked outputs exactly;
+    """Both bf12 layouts (pack_version 1, and 2: the default) give the unpacked outputs exactly;
     each packed_linear call carries its layout version and the stats record it."""
     from specc.passes import PassContext
     from specc.passes.pack_weights_12bit import PackWeights12bit
