@@ -31,6 +31,7 @@ depend on the values. Kernels are compiled first in parallel worker processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -339,13 +340,8 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     """Compiled Qwen3-8B target step, default pipeline vs + pack_weights_12bit (layouts 1 and 2), with
     the cost model's predictions: the deployment's own, and the same with this run's layout-2
     efficiencies by M (``packed_by_m``, packed bytes / time / HBM) for the packed linears."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_steps import time_graph  # the step timer of examples/bench_steps.py
-
     from specc.bench.shapes import QWEN3_8B, build_causal, tiny
-    from specc.codegen.build import build_steps
     from specc.passes.pipelines import DEFAULT_PIPELINE
-    from specc.runtime.compiled import instantiate
     from specc.search.calibrate import Calibration
     from specc.search.cost_model import CostModel
 
@@ -370,33 +366,46 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     gen = torch.Generator(device=dev).manual_seed(5)
     ids = {q: torch.randint(0, cfg["vocab_size"], (1, q), device=dev, generator=gen) for q in (1, 16)}
     res, logits_of = {}, {}
-    from specc.codegen.kernels import linear_bf12_mma as mma
-
-    default_config, fused_norm_rows = mma.get_config, mma.FUSED_NORM_MAX_ROWS
     for label, (pipeline, options) in variants.items():
-        saved = os.environ.get(mma.ENV)
-        os.environ[mma.ENV] = "0" if label == "packed_v2_triton" else "1"
-        if label == "packed_v2_prefetch":
-            mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
-        if label == "packed_v2_norm_unfused":
-            mma.FUSED_NORM_MAX_ROWS = 0
-        try:
-            _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev,
-                          time_graph, build_steps, instantiate)
-        finally:
-            mma.get_config, mma.FUSED_NORM_MAX_ROWS = default_config, fused_norm_rows
-            if saved is None:
-                os.environ.pop(mma.ENV, None)
-            else:
-                os.environ[mma.ENV] = saved
+        with _kernel_choice(label):
+            _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev)
         if not smoke:
             torch.cuda.empty_cache()
     return _step_records(res, logits_of, context, model, measured, packed_by_m)
 
 
-def _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev, time_graph,
-                  build_steps, instantiate) -> None:
+@contextlib.contextmanager
+def _kernel_choice(label: str):
+    """The bf12 kernel choice a step variant is built and timed under (restored after):
+    ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
+    ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_norm_unfused`` runs the
+    rms_norm kernel first at one row too; every other variant gets the defaults."""
+    from specc.codegen.kernels import linear_bf12_mma as mma
+
+    saved_env, default_config, fused_norm_rows = os.environ.get(mma.ENV), mma.get_config, mma.FUSED_NORM_MAX_ROWS
+    os.environ[mma.ENV] = "0" if label == "packed_v2_triton" else "1"
+    if label == "packed_v2_prefetch":
+        mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
+    if label == "packed_v2_norm_unfused":
+        mma.FUSED_NORM_MAX_ROWS = 0
+    try:
+        yield
+    finally:
+        mma.get_config, mma.FUSED_NORM_MAX_ROWS = default_config, fused_norm_rows
+        if saved_env is None:
+            os.environ.pop(mma.ENV, None)
+        else:
+            os.environ[mma.ENV] = saved_env
+
+
+def _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev) -> None:
     """Build, run (logits) and time one step variant at Q = 1 and 16 into ``res`` / ``logits_of``."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_steps import time_graph  # the step timer of examples/bench_steps.py
+
+    from specc.codegen.build import build_steps
+    from specc.runtime.compiled import instantiate
+
     built = build_steps(target, None, pipeline, pass_options=options)
     stats = {r["name"]: r["stats"] for r in built.pass_records["target"]}
     step = instantiate(built.emitted["target"])
@@ -420,8 +429,7 @@ def _step_records(res, logits_of, context, model, measured, packed_by_m) -> list
     out = []
     for q, what in ((1, "AR"), (16, "verify Q=16")):
         u = res["unpacked"][q]
-        labels = ("packed_v1", "packed_v2", "packed_v2_prefetch", "packed_v2_norm_unfused", "packed_v2_triton")
-        for label in [v for v in labels if v in res]:
+        for label in [v for v in res if v != "unpacked"]:  # the packed variants, in step_rows' order
             p = res[label][q]
             rec = {"kind": "step", "step": what, "variant": label, "layout": 1 if label == "packed_v1" else 2,
                    "Q": q, "context": context,

@@ -214,17 +214,17 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
     n, kp = packed.rows, packed.padded_cols
     m = x2.shape[0]
     cfg = config or get_config(m, n, kp, _sms(x2.device), fused_norm=norm_weight is not None)
-    if n % 16 or kp % (64 * cfg.unroll * cfg.splits):
+    if kp % (64 * cfg.unroll * cfg.splits):  # (N % 16 is unsupported_reason's)
         raise ValueError(f"{cfg} does not tile a {n} x {kp} weight")
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out
     meta = escape_meta(packed)
+    unused = meta["rowptr"]  # a device tensor for the arguments a launch does not read
     if cfg.splits > 1:
         ws, tickets = split_k_workspace(x2.device, cfg.splits * n * 16, n // 16, owner="bf12_mma")
     else:
-        ws = tickets = meta["rowptr"]  # unused
+        ws = tickets = unused
     from specc.codegen.kernels.pdl import pdl_mode
 
-    unused = meta["rowptr"]
     ext.bf12_mma_out(x2, packed.sm, packed.ex, meta["base"], meta["stride_base"], meta["rowptr"], meta["ecol"],
                      meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
                      unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
