@@ -124,7 +124,8 @@ def candidates_mma(m: int, quick: bool = False):
 
     if m > MAX_ROWS:
         return []
-    c = [C(), C(prefetch=True), C(unroll=2, prefetch=True), C(splits=2), C(warps=4, unroll=2, prefetch=True)]
+    c = [C(), C(prefetch=True), C(unroll=2, prefetch=True), C(unroll=2), C(warps=4, unroll=2, prefetch=True),
+         C(warps=4, prefetch=True), C(splits=2), C(splits=2, prefetch=True)]
     return c[:2] if quick else c
 
 
@@ -354,11 +355,19 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     # packed_v2_prefetch: the same with every tensor-core launch loading its first weights before
     # the PDL wait; packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at
     # one row too; packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
+    # packed_v2_u2w4: every tensor-core launch with two super-groups per chunk, 4 warps, prefetching
     v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
-                "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_norm_unfused": v2, "packed_v2_triton": v2}
+                "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
+                "packed_v2_triton": v2}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
+    if args.step_variants:  # the unpacked step is always the yardstick
+        wanted = {v.strip() for v in args.step_variants.split(",") if v.strip()}
+        unknown = wanted - set(variants)
+        if unknown:
+            raise SystemExit(f"unknown --step-variants {sorted(unknown)} (use {', '.join(v for v in variants if v != 'unpacked')})")
+        variants = {k: v for k, v in variants.items() if k == "unpacked" or k in wanted}
     model = CostModel(args.deployment)
     base = model.calibration or Calibration(deployment=model.deployment.name, device="cuda")
     measured = CostModel(model.deployment, calibration=dataclasses.replace(
@@ -378,7 +387,8 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
 def _kernel_choice(label: str):
     """The bf12 kernel choice a step variant is built and timed under (restored after):
     ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
-    ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_norm_unfused`` runs the
+    ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_u2w4`` also use two
+    super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` runs the
     rms_norm kernel first at one row too; every other variant gets the defaults."""
     from specc.codegen.kernels import linear_bf12_mma as mma
 
@@ -386,6 +396,8 @@ def _kernel_choice(label: str):
     os.environ[mma.ENV] = "0" if label == "packed_v2_triton" else "1"
     if label == "packed_v2_prefetch":
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
+    if label == "packed_v2_u2w4":
+        mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), unroll=2, warps=4, prefetch=True)
     if label == "packed_v2_norm_unfused":
         mma.FUSED_NORM_MAX_ROWS = 0
     try:
@@ -462,6 +474,9 @@ def main():
     ap.add_argument("--sweep-v1", action="store_true", help="sweep the layout-1 configs too (default: its table)")
     ap.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the compiled Qwen3-8B AR and Q=16 verify steps, packed (v2) vs unpacked")
+    ap.add_argument("--step-variants", default=None,
+                    help="comma-separated packed step variants to build (default all: packed_v1 with layout v1, "
+                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")

@@ -139,7 +139,7 @@ HOST_SOURCE = r"""
 #define LAUNCH(MT, U, WARPS)                                                                   \
   if (prefetch) LAUNCH_P(MT, U, WARPS, true); else LAUNCH_P(MT, U, WARPS, false)
 #define LAUNCH_P(MT, U, WARPS, P)                                                              \
-  C10_CUDA_CHECK(launch_maybe_pdl(skinny_mma<MT, U, WARPS, P>, grid, WARPS * 32, stream, pdl,  \
+  C10_CUDA_CHECK(launch_maybe_pdl(skinny_mma<MT, U, WARPS, P>, grid, WARPS * 32, 0, stream, pdl,  \
       (const bf16_t*)x.data_ptr(), (const bf16_t*)w.data_ptr(), (bf16_t*)y.data_ptr(),         \
       ws.data_ptr<float>(), (unsigned*)tickets.data_ptr<int>(), M, N, K, (int)(K / splits),    \
       (long)x.stride(0), (long)y.stride(0)))

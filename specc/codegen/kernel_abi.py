@@ -157,7 +157,7 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
         return fused.packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias, norm_weight, eps,
                                    version, residual)
     from specc.codegen.kernels.linear_bf12 import linear_bf12
-    from specc.codegen.kernels.linear_bf12_mma import FUSED_NORM_MAX_ROWS, MAX_ROWS, linear_bf12_mma
+    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, fuses_norm, linear_bf12_mma
     from specc.formats.bf12 import Packed12
 
     key = (sm.data_ptr(), sm.device, tuple(sm.shape))
@@ -171,7 +171,7 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
         lead = x.shape[:-1]
         x2 = x.reshape(-1, k)
         r2 = None if residual is None else residual.reshape(-1, n)
-        if norm_weight is None or rows <= FUSED_NORM_MAX_ROWS:
+        if norm_weight is None or fuses_norm(rows, k):
             y = linear_bf12_mma(x2, hit[1], bias, norm_weight=norm_weight, eps=eps, residual=r2)
         else:
             y = linear_bf12_mma(rms_norm(x2, norm_weight, eps), hit[1], bias, residual=r2)

@@ -57,7 +57,7 @@ def _packed_linear_rule(op: OpCall) -> Cost:
         op.check(residual.same_as(cost.out), f"residual {residual} must match the linear's output {cost.out}")
         cost.flops = cost.flops + cost.out.numel
     cost.attrs = {**cost.attrs, "format": "bf12", "format_version": int(op.arg(12, "version", 1)),
-                  "norm_prologue": norm_w is not None, "residual_epilogue": residual is not None}
+                  "norm_prologue": norm_w is not None, "residual_epilogue": residual is not None, "k": int(k)}
     return cost
 
 

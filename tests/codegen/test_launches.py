@@ -1,6 +1,6 @@
 """Launch counts the cost model prices: a packed linear is one kernel where the bf12 tensor-core
-kernel fuses its residual epilogue (layout 2, 1 .. 16 rows) and its norm prologue (one row; an
-rms_norm kernel first above), else the bf12 GEMM plus an rms_norm kernel and an add."""
+kernel fuses its residual epilogue (layout 2, 1 .. 16 rows) and its norm prologue (one row whose
+normalized values fit the kernel's shared-memory stage; an rms_norm kernel first otherwise), else the bf12 GEMM plus an rms_norm kernel and an add."""
 
 from types import SimpleNamespace
 
@@ -17,6 +17,14 @@ from specc.codegen.launches import LAUNCHES
 def test_packed_linear_launches_on_cuda(version, rows, norm, res, want):
     meta = SimpleNamespace(attrs={"format_version": version, "norm_prologue": norm, "residual_epilogue": res})
     assert LAUNCHES["cuda"]["packed_linear"](meta, rows=rows) == want
+
+
+def test_a_row_too_long_for_the_norm_stage_gets_the_rms_norm_kernel_first():
+    from specc.codegen.kernels.linear_bf12_mma import FUSED_NORM_MAX_STAGED_BYTES
+
+    for k, want in ((4096, 1), (FUSED_NORM_MAX_STAGED_BYTES, 2)):
+        meta = SimpleNamespace(attrs={"format_version": 2, "norm_prologue": True, "residual_epilogue": False, "k": k})
+        assert LAUNCHES["cuda"]["packed_linear"](meta, rows=1) == want
 
 
 def test_packed_linear_launches_on_cpu_count_the_residual_add():

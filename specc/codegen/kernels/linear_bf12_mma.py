@@ -53,7 +53,8 @@ from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_ena
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
 
-__all__ = ["Bf12MmaConfig", "ENV", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
+__all__ = ["Bf12MmaConfig", "ENV", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
+           "fuses_norm", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
 ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
@@ -63,6 +64,10 @@ MAX_ROWS = 16  # two 8-row x tiles: the MMA's N side
 # inverse RMS, which at 16 rows made the Qwen3-8B Q = 16 verify step 1.6x slower (H100, run 17);
 # above this the rms_norm kernel runs first (as for the unpacked GEMM).
 FUSED_NORM_MAX_ROWS = 1
+# A fused norm stages the CTA's normalized x rows in shared memory (rows x K / splits bf16):
+# at most this many bytes, so that with the kernel's static shared memory it fits the 48 KB a
+# launch gets without opting in.
+FUSED_NORM_MAX_STAGED_BYTES = 32768
 UNROLLS = (1, 2)  # 64-weight super-groups per lane and chunk
 WARPS = (4, 8)
 
@@ -97,6 +102,13 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
     return Bf12MmaConfig(unroll=1, warps=8, splits=splits, prefetch=fused_norm)
 
 
+def fuses_norm(rows: int, k: int) -> bool:
+    """Whether ``rows`` rows of a K-column linear take their RMSNorm inside this kernel (else
+    kernel_abi runs the rms_norm kernel first): few rows, and their normalized values fit the
+    kernel's shared-memory stage (without split-K; a split stages only its K range)."""
+    return rows <= FUSED_NORM_MAX_ROWS and 2 * rows * k <= FUSED_NORM_MAX_STAGED_BYTES
+
+
 def _env_enabled() -> bool:
     raw = os.environ.get(ENV, "1").strip().lower()
     return raw not in ("0", "off", "no", "false")
@@ -123,12 +135,18 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
         return f"{x2.dtype} activations (bf16 only)"
     if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
         return "bias not contiguous bf16"
+    if bias is not None and bias.data_ptr() % 4:
+        return "bias not 4-byte aligned (the epilogue stages it by 4-byte copies)"
     if norm_weight is not None and (norm_weight.dtype != torch.bfloat16 or not norm_weight.is_contiguous()
                                     or norm_weight.numel() != k or norm_weight.data_ptr() % 16):
         return "norm weight not a contiguous, 16-byte aligned bf16 [K]"
+    if norm_weight is not None and 2 * m * k > FUSED_NORM_MAX_STAGED_BYTES:
+        return f"fused norm over {m} x {k} (stages at most {FUSED_NORM_MAX_STAGED_BYTES} bytes; run rms_norm first)"
     if residual is not None and (residual.dtype != torch.bfloat16 or tuple(residual.shape) != (m, n)
                                  or residual.stride(-1) != 1):
         return "residual not a bf16 [M, N] with unit column stride"
+    if residual is not None and (residual.data_ptr() % 4 or (m > 1 and residual.stride(0) % 2)):
+        return "residual rows not 4-byte aligned (the epilogue stages them by 4-byte copies)"
     if x2.stride(-1) != 1 or (m > 1 and x2.stride(0) % 8) or x2.data_ptr() % 16:
         return "x rows not 16-byte aligned"
     if x2.device.type != "cuda":

@@ -95,6 +95,46 @@ def test_decode_is_the_weight_times_the_rows_power_of_two():
     assert torch.equal(dec * scale, w.float())
 
 
+def _prmt(a: int, sel: int) -> int:
+    """PTX ``prmt.b32 d, a, 0, sel`` (default mode): result byte i is input byte ``sel``'s nibble i
+    (0-3 of a, 4-7 of the zero word), or that byte's sign replicated when the nibble's bit 3 is set."""
+    src = [(a >> (8 * j)) & 0xFF for j in range(4)] + [0, 0, 0, 0]
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = src[nib & 7]
+        out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * i)
+    return out
+
+
+def test_kernel_decode_by_byte_permutes_is_the_format_decode():
+    """cuda/linear_bf12_mma.cu's decode_pair / biased_codes (PRMT with sign replication, one
+    mask) give decode_constant_exponent's bits for every sign|mantissa byte, code and nibble."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(400):
+        smw = rng.getrandbits(32)
+        codes = [rng.randrange(16) for _ in range(8)]  # low and high nibbles of 4 code bytes
+        codew = sum((codes[j] | codes[4 + j] << 4) << (8 * j) for j in range(4))
+        for high in (0, 1):
+            bcodes = (((codew >> (4 * high)) & 0x0F0F0F0F) + 0x70707070) & 0xFFFFFFFF
+            for pair, (ssel, csel) in enumerate(((0x9180, 0x4140), (0xB3A2, 0x4342))):
+                word = (_prmt(smw, ssel) & 0x807F807F) | ((_prmt(bcodes, csel) << 7) & 0xFFFFFFFF)
+                for h in (0, 1):
+                    j = 2 * pair + h
+                    sm = torch.tensor([(smw >> (8 * j)) & 0xFF], dtype=torch.uint8)
+                    code = torch.tensor([codes[4 * high + j]], dtype=torch.uint8)
+                    want = int(mma.decode_constant_exponent(sm, code).view(torch.int32)) >> 16 & 0xFFFF
+                    assert (word >> (16 * h)) & 0xFFFF == want
+    for b in range(256):  # every sign|mantissa byte, code 0 and 15
+        for c in (0, 15):
+            word = (_prmt(b, 0x9180) & 0x807F807F) | ((_prmt(c + 0x70, 0x4140) << 7) & 0xFFFFFFFF)
+            want = int(mma.decode_constant_exponent(torch.tensor([b], dtype=torch.uint8),
+                                                    torch.tensor([c], dtype=torch.uint8)).view(torch.int32)) >> 16
+            assert word & 0xFFFF == want & 0xFFFF
+
+
 def test_unsupported_reasons(monkeypatch):
     w = _weights(32, 128, seed=6)
     v2, v1 = pack_bf16_12bit(w, version=2), pack_bf16_12bit(w, version=1)
@@ -108,6 +148,14 @@ def test_unsupported_reasons(monkeypatch):
     assert "bias" in mma.unsupported_reason(x, v2, torch.zeros(32))
     assert "norm weight" in mma.unsupported_reason(x, v2, norm_weight=torch.ones(96, dtype=torch.bfloat16))
     assert "residual" in mma.unsupported_reason(x, v2, residual=torch.zeros(4, 31, dtype=torch.bfloat16))
+    # the epilogue stages bias and residual by 4-byte copies, a fused norm the rows in shared memory
+    odd_bias = torch.zeros(33, dtype=torch.bfloat16)[1:]
+    assert "bias not 4-byte aligned" in mma.unsupported_reason(x, v2, odd_bias)
+    odd_res = torch.zeros(4, 33, dtype=torch.bfloat16)[:, 1:]
+    assert "residual rows not 4-byte aligned" in mma.unsupported_reason(x, v2, residual=odd_res)
+    wide = pack_bf16_12bit(_weights(16, 2048, seed=8), version=2)
+    x16 = torch.zeros(16, 2048, dtype=torch.bfloat16)
+    assert "fused norm over 16 x 2048" in mma.unsupported_reason(x16, wide, norm_weight=torch.ones(2048, dtype=torch.bfloat16))
     ok = mma.unsupported_reason(x, v2, norm_weight=torch.ones(128, dtype=torch.bfloat16),
                                 residual=torch.zeros(4, 32, dtype=torch.bfloat16))
     assert ok == "device cpu"
@@ -128,6 +176,12 @@ def test_cpu_calls_fall_back_and_an_explicit_config_says_why():
     assert mma.linear_bf12_mma(x, packed) is None
     with pytest.raises(ValueError, match="cannot run: device cpu"):
         linear_bf12(x, packed, config=mma.Bf12MmaConfig())
+
+
+def test_norm_fuses_at_one_row_within_the_shared_memory_stage():
+    assert mma.fuses_norm(1, 4096) and mma.fuses_norm(1, mma.FUSED_NORM_MAX_STAGED_BYTES // 2)
+    assert not mma.fuses_norm(1, mma.FUSED_NORM_MAX_STAGED_BYTES // 2 + 64)  # kernel_abi runs rms_norm first
+    assert not mma.fuses_norm(2, 1024)  # every CTA would read all rows whole (FUSED_NORM_MAX_ROWS)
 
 
 def test_config_splits_small_layers_only():
@@ -199,6 +253,36 @@ def test_gpu_norm_prologue_and_residual_epilogue(m, cfg):
     unfused = r + mma.linear_bf12_mma(rms_norm_kernel(x, norm_w, 1e-6), packed, None, cfg)
     assert float((got.float() - unfused.float()).abs().max()) <= float(want.float().abs().max()) / 64
     assert torch.equal(got, mma.linear_bf12_mma(x, packed, None, cfg, norm_weight=norm_w, eps=1e-6, residual=r))
+
+
+@gpu
+@pytest.mark.parametrize("m,norm", [(1, True), (1, False), (16, False)])
+def test_gpu_more_escapes_than_the_epilogue_stages(m, norm):
+    """A 16-row block with more escapes than the kernel stages in shared memory (ESC_CAP) before
+    its main loop: the rest are read in the epilogue, in the same CSR order, so the result is
+    the same matmul, with the bias, residual and fused norm reading the staged values."""
+    from specc.models import ops
+
+    n, k = 64, 1024
+    w = _weights(n, k, seed=40 + m).to("cuda")
+    g = torch.Generator(device="cuda").manual_seed(m)
+    cols = torch.randperm(k, device="cuda", generator=g)[:48]
+    w[3, cols] = 3.0e4  # far above row 3's window: 48 escapes in one row
+    w[7, cols[:40]] = -1.0e-30  # far below row 7's
+    w[12, cols[8:]] = 5.0e3
+    packed = pack_bf16_12bit(w, version=2)
+    esc_rows = packed.esc_idx.div(k, rounding_mode="floor")
+    assert int((esc_rows < 16).sum()) > 64 + 40  # well past the 64 the kernel stages for the first block
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    r = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16) if norm else None
+    got = mma.linear_bf12_mma(x, packed, b, norm_weight=norm_w, residual=r)
+    h = ops.rms_norm(x, norm_w, 1e-6) if norm else x
+    prod = (h.float() @ w.float().T + b.float()).to(torch.bfloat16)
+    want = (r.float() + prod.float()).to(torch.bfloat16)
+    assert bool(((got.float() - want.float()).abs() <= prod.float().abs() / 64 + r.float().abs() / 128 + 2e-2).all())
+    assert torch.equal(got, mma.linear_bf12_mma(x, packed, b, norm_weight=norm_w, residual=r))
 
 
 @gpu

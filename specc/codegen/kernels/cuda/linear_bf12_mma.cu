@@ -12,11 +12,20 @@
 // stores an output adds x[m, col] * true - x[m, col] * stand-in for each escape of its rows (the
 // CSR table of bf12_launch.escape_meta), then the bias, then rounds once to bf16.
 //
+// Epilogue inputs staged off the critical path: the rows' bases, escape ranges and the CTA's
+// first ESC_CAP escapes (column, true and stand-in values), the bias and norm weights at them
+// are constants, loaded before the PDL wait; x at the escapes' columns and the residual tile by
+// cp.async after it, completed by the time the warps' sums meet. Read after the main loop they
+// were a chain of ~5 dependent global round trips, which every CTA of a single-wave launch (the
+// 8B model's o, down and qkv at one row) paid in full.
+//
 // Fused RMSNorm prologue (norm_w given): every CTA first computes the fp32 inverse RMS of each
-// x row (rsqrt(mean(x^2) + eps), over the whole row), then normalizes x as it loads it, rounding
-// where specc.models.ops.rms_norm rounds: n = bf16(x * rstd), h = bf16(g * n). The escape fix-up
-// reads the same normalized values. Fused residual (residual given): the rounded product plus r,
-// rounded again: the two roundings of ``r + linear(x)`` as separate ops.
+// x row (rsqrt(mean(x^2) + eps), over the whole row), then stages its K range of the normalized
+// rows in shared memory once, rounding where specc.models.ops.rms_norm rounds: n = bf16(x *
+// rstd), h = bf16(g * n); the main loop reads x from there (normalizing as it loaded made every
+// lane of a k position repeat the same work, 8 times per CTA). The escape fix-up applies the
+// same roundings to x at the escape's column. Fused residual (residual given): the rounded
+// product plus r, rounded again: the two roundings of ``r + linear(x)`` as separate ops.
 #include "skinny_mma.cuh"
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 sel) {
@@ -25,11 +34,20 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 sel) {
   return r;
 }
 
-// two bf16 (bits) from sm bytes and code bytes at positions (p, p + 1) of the words (sel 0x4140 or 0x4342)
-__device__ __forceinline__ u32 decode_pair(u32 smw, u32 codew, u32 sel, int high) {
-  const u32 s = prmt(smw, sel);                       // [sm_p, 0, sm_p+1, 0]
-  const u32 e = (prmt(codew, sel) >> (4 * high)) & 0x000F000Fu;
-  return ((s & 0x00800080u) << 8) | (s & 0x007F007Fu) | ((e + 0x00700070u) << 7);
+// the lane's nibble of each code byte plus the exponent offset 0x70, per byte (no carries: code
+// <= 15): once per code word, shared by its four weight pairs
+__device__ __forceinline__ u32 biased_codes(u32 codew, int high) {
+  return ((codew >> (4 * high)) & 0x0F0F0F0Fu) + 0x70707070u;
+}
+
+// two bf16 (bits) from sm bytes and biased codes at positions (p, p + 1) of the words: pair 0
+// (p = 0) or 1 (p = 2). PRMT's sign-replicate mode puts each sm byte's sign in the byte above it,
+// so one mask keeps sign (bit 15) and mantissa (bits 0-6), and the code lands at bits 7-14.
+template <int PAIR>
+__device__ __forceinline__ u32 decode_pair(u32 smw, u32 bcodes) {
+  const u32 s = prmt(smw, PAIR ? 0xB3A2u : 0x9180u);     // [sm_p, sign(sm_p), sm_p+1, sign(sm_p+1)]
+  const u32 e = prmt(bcodes, PAIR ? 0x4342u : 0x4140u);  // [0x70 + c_p, 0, 0x70 + c_p+1, 0]
+  return (s & 0x807F807Fu) | (e << 7);
 }
 
 __device__ __forceinline__ float base_scale(unsigned char base) {  // 2**(base - 112)
@@ -93,8 +111,50 @@ __device__ __forceinline__ void rows_rstd(const bf16_t* __restrict__ x, int M, i
   }
 }
 
-// grid (N / 16, splits), WARPS warps; the host checks N % 16 == 0, Kp % (64 * U * splits) == 0,
-// 16-byte aligned rows; PREFETCH: double-buffer the weight registers across chunks
+// 4-byte asynchronous copy global -> shared (sm_80+), completed by cp_async_wait_all: staging
+// that needs no register while the main loop runs
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// the bf16 at element index i of 4-byte words (w: the word holding elements i & ~1, i | 1)
+__device__ __forceinline__ float half_of(u32 w, int i) { return __int_as_float((i & 1) ? (w & 0xFFFF0000u) : (w << 16)); }
+
+constexpr int ESC_CAP = 64;  // escapes per CTA staged in shared memory; any beyond are read in the epilogue
+
+// What the epilogue reads besides the sums, staged in shared memory while the main loop streams
+// (otherwise a chain of dependent global round trips after it: base, row pointers, escape,
+// x at its column, residual, ~1 us each on a single-wave launch). Escapes are the CTA's first
+// ESC_CAP in CSR order; the 4-byte words hold the bf16 element and its neighbour.
+template <int MT>
+struct EpilogueStage {
+  int rp[17];                  // the 16 rows' escape ranges, relative to the CTA's first escape
+  int col[ESC_CAP];
+  float wt[ESC_CAP], wf[ESC_CAP];
+  u32 g[ESC_CAP];              // norm_w at the escape's column (fused norm)
+  u32 x[8 * MT][ESC_CAP];      // x row m at the escape's column
+  u32 bias[8];                 // bias[n0 .. n0 + 15]
+  u32 res[8 * MT][8];          // residual[m, n0 .. n0 + 15]
+};
+
+// the normalized x rows (rms_norm's roundings) of the CTA's K range into shared memory, once
+template <int WARPS>
+__device__ __forceinline__ void stage_normalized(const bf16_t* __restrict__ x, const bf16_t* __restrict__ norm_w,
+                                                 int M, long k_lo, int k_split, long stride_x, const float* rstd,
+                                                 bf16_t* xs) {
+  for (int m = 0; m < M; ++m)
+    for (int k = 8 * threadIdx.x; k < k_split; k += WARPS * 32 * 8)
+      *reinterpret_cast<V4*>(xs + (long)m * k_split + k) =
+          norm_vec(load_x(x + m * stride_x + k_lo + k), load_x(norm_w + k_lo + k), rstd[m]);
+  __syncthreads();
+}
+
+// grid (N / 16, splits), WARPS warps, dynamic shared memory M * k_split bf16 with a fused norm;
+// the host checks N % 16 == 0, Kp % (64 * U * splits) == 0, 16-byte aligned rows (x, norm_w),
+// 4-byte aligned bias and residual rows; PREFETCH: double-buffer the weight registers across
+// chunks and load the first chunk before the PDL wait
 template <int MT, int U, int WARPS, bool PREFETCH>
 __global__ void __launch_bounds__(WARPS * 32)
 bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, const unsigned char* __restrict__ ex,
@@ -103,7 +163,7 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
          const bf16_t* __restrict__ bias, const bf16_t* __restrict__ norm_w, float eps,
          const bf16_t* __restrict__ residual, long stride_r, bf16_t* __restrict__ y, float* __restrict__ ws,
          unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3, high = t & 1;
   const int n0 = blockIdx.x * 16, split = blockIdx.y;
   const int chunks = k_split / (64 * U);
@@ -115,8 +175,12 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   const int row_a = g < M ? g : 0, row_b = g + 8 < M ? g + 8 : 0;  // x rows past M: never stored
   const bf16_t* xa = x + (long)row_a * stride_x + k_lo + 16 * t;
   const bf16_t* xb = x + (long)row_b * stride_x + k_lo + 16 * t;
-  const bf16_t* gk = norm_w + k_lo + 16 * t;  // the norm weights of the lane's k (norm_w given)
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
+  bf16_t* xs = reinterpret_cast<bf16_t*>(dyn_smem);  // [M][k_split] normalized x (norm_w given)
+  const bf16_t* xsa = xs + row_a * k_split + 16 * t;
+  const bf16_t* xsb = xs + row_b * k_split + 16 * t;
   __shared__ float rstd[16];
+  __shared__ __align__(16) EpilogueStage<MT> st;
   float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
   V4 rsa[U], rsb[U], rea[U], reb[U];
   if (PREFETCH && warp < chunks) {  // the first chunk's weights (which no kernel writes) before the wait
@@ -129,19 +193,44 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
       reb[u] = load_weights(eb + k0 / 2);
     }
   }
+  // constants (no kernel writes them) before the PDL wait: the rows' bases, escape table, bias
+  const unsigned char base_a = base[(n0 + g) * stride_base], base_b = base[(n0 + g + 8) * stride_base];
+  int e0 = 0, esc_col = 0;
+  bool has_esc = false;
+  if (tid < ESC_CAP) {
+    e0 = rowptr[n0];
+    if (tid <= 16) st.rp[tid] = rowptr[n0 + tid] - e0;
+    has_esc = e0 + tid < rowptr[n0 + 16];
+    if (has_esc) {
+      esc_col = ecol[e0 + tid];
+      st.col[tid] = esc_col;
+      cp_async4(&st.wt[tid], etrue + e0 + tid);
+      cp_async4(&st.wf[tid], efake + e0 + tid);
+      if (norm_w != nullptr) cp_async4(&st.g[tid], norm_w + (esc_col & ~1));
+    }
+  }
+  if (bias != nullptr && tid < 8) cp_async4(&st.bias[tid], bias + n0 + 2 * tid);
   pdl_wait_then_release();
-  if (norm_w != nullptr) rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
-  const float rstd_a = norm_w != nullptr ? rstd[row_a] : 1.f, rstd_b = norm_w != nullptr ? rstd[row_b] : 1.f;
+  // what earlier kernels write: x at the escapes' columns, the residual tile
+  if (has_esc)
+    for (int m = 0; m < M; ++m) cp_async4(&st.x[m][tid], x + m * stride_x + (esc_col & ~1));
+  if (residual != nullptr && tid < 8 * M) cp_async4(&st.res[tid >> 3][tid & 7], residual + (tid >> 3) * stride_r + n0 + 2 * (tid & 7));
+  if (norm_w != nullptr) {
+    rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
+    stage_normalized<WARPS>(x, norm_w, M, k_lo, k_split, stride_x, rstd, xs);
+  }
   for (int c = warp; c < chunks; c += WARPS) {
     V4 nsa[U], nsb[U], nea[U], neb[U];
-    const int kc = (PREFETCH ? (c + WARPS < chunks ? c + WARPS : c) : c) * 64 * U;  // the last reloads itself
+    if (!PREFETCH || c + WARPS < chunks) {  // prefetching: the next chunk's weights, if any
+      const int kc = (PREFETCH ? c + WARPS : c) * 64 * U;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k0 = kc + 64 * u;
-      nsa[u] = load_weights(sa + k0);
-      nsb[u] = load_weights(sb + k0);
-      nea[u] = load_weights(ea + k0 / 2);
-      neb[u] = load_weights(eb + k0 / 2);
+      for (int u = 0; u < U; ++u) {
+        const int k0 = kc + 64 * u;
+        nsa[u] = load_weights(sa + k0);
+        nsb[u] = load_weights(sb + k0);
+        nea[u] = load_weights(ea + k0 / 2);
+        neb[u] = load_weights(eb + k0 / 2);
+      }
     }
     if (!PREFETCH) {
 #pragma unroll
@@ -152,24 +241,29 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = c * 64 * U + 64 * u;
-      V4 x0a = load_x(xa + k0), x1a = load_x(xa + k0 + 8);
-      V4 x0b, x1b;
-      if (MT == 2) { x0b = load_x(xb + k0); x1b = load_x(xb + k0 + 8); }
-      if (norm_w != nullptr) {
-        const V4 g0 = load_x(gk + k0), g1 = load_x(gk + k0 + 8);
-        x0a = norm_vec(x0a, g0, rstd_a);
-        x1a = norm_vec(x1a, g1, rstd_a);
+      V4 x0a, x1a, x0b, x1b;
+      if (norm_w != nullptr) {  // staged once per CTA, already normalized
+        x0a = *reinterpret_cast<const V4*>(xsa + k0);
+        x1a = *reinterpret_cast<const V4*>(xsa + k0 + 8);
         if (MT == 2) {
-          x0b = norm_vec(x0b, g0, rstd_b);
-          x1b = norm_vec(x1b, g1, rstd_b);
+          x0b = *reinterpret_cast<const V4*>(xsb + k0);
+          x1b = *reinterpret_cast<const V4*>(xsb + k0 + 8);
+        }
+      } else {
+        x0a = load_x(xa + k0);
+        x1a = load_x(xa + k0 + 8);
+        if (MT == 2) {
+          x0b = load_x(xb + k0);
+          x1b = load_x(xb + k0 + 8);
         }
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const u32 a0 = decode_pair(rsa[u].w[i], rea[u].w[i], 0x4140u, high);
-        const u32 a2 = decode_pair(rsa[u].w[i], rea[u].w[i], 0x4342u, high);
-        const u32 a1 = decode_pair(rsb[u].w[i], reb[u].w[i], 0x4140u, high);
-        const u32 a3 = decode_pair(rsb[u].w[i], reb[u].w[i], 0x4342u, high);
+        const u32 ca = biased_codes(rea[u].w[i], high), cb = biased_codes(reb[u].w[i], high);
+        const u32 a0 = decode_pair<0>(rsa[u].w[i], ca);
+        const u32 a2 = decode_pair<1>(rsa[u].w[i], ca);
+        const u32 a1 = decode_pair<0>(rsb[u].w[i], cb);
+        const u32 a3 = decode_pair<1>(rsb[u].w[i], cb);
         const u32 b0 = (i < 2 ? x0a : x1a).w[(2 * i) & 3], b1 = (i < 2 ? x0a : x1a).w[(2 * i + 1) & 3];
         mma16816(c0, a0, a1, a2, a3, b0, b1);
         if (MT == 2) {
@@ -185,29 +279,31 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
       }
     }
   }
-  const float scale_a = base_scale(base[(n0 + g) * stride_base]);
-  const float scale_b = base_scale(base[(n0 + g + 8) * stride_base]);
+  const float scale_a = base_scale(base_a), scale_b = base_scale(base_b);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float sc = (i & 2) ? scale_b : scale_a;
     c0[i] *= sc;
     c1[i] *= sc;
   }
+  cp_async_wait_all();  // the staged epilogue inputs (reduce_cta's barrier makes them visible)
   float s[8];
   if (!reduce_cta<WARPS>(c0, c1, s, ws, tickets)) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the escapes of the lane's two weight rows: exact products in fp32
-    const int n = n0 + g + 8 * h;
-    for (int e = rowptr[n]; e < rowptr[n + 1]; ++e) {
-      const long col = ecol[e];
-      const float w_true = etrue[e], w_fake = efake[e];
+    for (int e = st.rp[g + 8 * h]; e < st.rp[g + 8 * h + 1]; ++e) {
+      const bool staged = e < ESC_CAP;
+      const int col = staged ? st.col[e] : ecol[e0 + e];
+      const float w_true = staged ? st.wt[e] : etrue[e0 + e], w_fake = staged ? st.wf[e] : efake[e0 + e];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int m = acc_row(i, t);
         if (((i >> 1) & 1) == h && m < M) {
-          float xv = from_bf16(x[m * stride_x + col]);
-          if (norm_w != nullptr)  // the value the MMA saw: rms_norm's roundings
-            xv = from_bf16(to_bf16(from_bf16(norm_w[col]) * from_bf16(to_bf16(xv * rstd[m]))));
+          float xv = staged ? half_of(st.x[m][e], col) : from_bf16(x[m * stride_x + col]);
+          if (norm_w != nullptr) {  // the value the MMA saw: rms_norm's roundings
+            const float gv = staged ? half_of(st.g[e], col) : from_bf16(norm_w[col]);
+            xv = from_bf16(to_bf16(gv * from_bf16(to_bf16(xv * rstd[m]))));
+          }
           s[i] += xv * w_true - xv * w_fake;
         }
       }
@@ -215,13 +311,13 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   }
   if (bias != nullptr) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] += from_bf16(bias[n0 + acc_col(i, g)]);
+    for (int i = 0; i < 8; ++i) s[i] += half_of(st.bias[acc_col(i, g) >> 1], acc_col(i, g));
   }
   if (residual != nullptr) {  // the rounded product plus r (rounded again by the store)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int m = acc_row(i, t);
-      if (m < M) s[i] = from_bf16(to_bf16(s[i])) + from_bf16(residual[m * stride_r + n0 + acc_col(i, g)]);
+      if (m < M) s[i] = from_bf16(to_bf16(s[i])) + half_of(st.res[m][acc_col(i, g) >> 1], acc_col(i, g));
     }
   }
   store_lane(s, y, stride_y, M, n0, g, t);
@@ -237,7 +333,9 @@ static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const vo
                               const void* ecol, const void* etrue, const void* efake, const void* bias,
                               const void* norm_w, float eps, const void* residual, long stride_r, void* y,
                               void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
-  return launch_maybe_pdl(bf12_mma<MT, U, WARPS, P>, grid, WARPS * 32, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
+  // a fused norm stages the normalized rows of the CTA's K range in dynamic shared memory
+  const size_t smem = norm_w != nullptr ? (size_t)M * k_split * sizeof(bf16_t) : 0;
+  return launch_maybe_pdl(bf12_mma<MT, U, WARPS, P>, grid, WARPS * 32, smem, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
                             (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
                             (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
                             (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,

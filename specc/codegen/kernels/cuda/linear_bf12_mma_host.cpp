@@ -28,6 +28,12 @@ void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Te
                              norm_w.scalar_type() == torch::kBFloat16), "norm weight: Kp contiguous bf16");
   TORCH_CHECK(!has_residual || (residual.size(0) == M && residual.size(1) == N && residual.stride(1) == 1 &&
                                  residual.scalar_type() == torch::kBFloat16), "residual: [M, N] bf16");
+  // the epilogue's inputs are staged by 4-byte copies; a fused norm stages the rows in shared memory
+  TORCH_CHECK(!has_residual || ((uintptr_t)residual.data_ptr() % 4 == 0 && (M == 1 || residual.stride(0) % 2 == 0)),
+              "residual rows: 4-byte aligned");
+  TORCH_CHECK(!has_bias || (uintptr_t)bias.data_ptr() % 4 == 0, "bias: 4-byte aligned");
+  TORCH_CHECK((uintptr_t)x.data_ptr() % 16 == 0 && (M == 1 || x.stride(0) % 8 == 0), "x rows: 16-byte aligned");
+  TORCH_CHECK(!has_norm || M * (Kp / splits) * 2 <= 32768, "fused norm: M * K / splits <= 16384");
   const int mt = M > 8 ? 2 : 1;
   dim3 grid((unsigned)(N / 16), (unsigned)splits);
   bf12_mma_launch(mt, (int)unroll, (int)warps, prefetch, pdl, grid, at::cuda::getCurrentCUDAStream(),

@@ -116,15 +116,15 @@ __device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c
 #if !defined(__CUDACC_RTC__)  // host side (nvcc): NVRTC compile checks see the device code only
 #include <cuda_runtime.h>
 
-// launch kernel<<<grid, threads, 0, stream>>>(args...), with programmatic dependent launch when
+// launch kernel<<<grid, threads, smem, stream>>>(args...), with programmatic dependent launch when
 // pdl (it may then start while the previous kernel on the stream finishes: see pdl_wait_then_release)
 template <typename... Params, typename... Args>
-cudaError_t launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, int threads, cudaStream_t stream, bool pdl,
-                             Args... args) {
+cudaError_t launch_maybe_pdl(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                             bool pdl, Args... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
