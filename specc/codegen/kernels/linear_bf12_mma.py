@@ -89,17 +89,27 @@ class Bf12MmaConfig:
 
 
 def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> Bf12MmaConfig:
-    """The launch for ``m`` rows of an ``[n, kp]`` weight on a GPU of ``sms`` SMs. One config was
-    within 5% of the best of 32 on every Qwen3-8B layer shape at 1, 4 and 16 rows (H100,
-    docs/benchmarks/h100-run17.md): 8 warps, one super-group per chunk, no prefetch. With a fused
-    norm the first chunk's weights load before the PDL wait (``prefetch``), so that their DRAM
-    round trip overlaps the inverse-RMS pass over x. Layers with fewer 16-row blocks than SMs
-    (small models) split K so that every SM streams."""
+    """The launch for ``m`` rows of an ``[n, kp]`` weight on a GPU of ``sms`` SMs, by how many
+    waves of 16-row blocks the layer makes (measured on the Qwen3-8B shapes, H200 run 18 and H100
+    run 17, docs/benchmarks/h200-run18.md):
+
+    - every launch prefetches (the next chunk's weights load during this chunk's MMAs, the first
+      before the PDL wait): without it a warp keeps 1.5 KB in flight, too little on the H200;
+    - at most 2 blocks per SM (o, down: every CTA lives the whole launch): 2 super-groups per
+      chunk, 8 warps; 2 .. 4 (qkv): 1 super-group, 8 warps; more (gate_up, lm_head: CTAs turn
+      over): 2 super-groups, 4 warps;
+    - layers with fewer blocks than SMs (small models) split K so that every SM streams.
+
+    ``fused_norm`` does not change the launch (the norm's rows are staged once per CTA)."""
     blocks = n // 16
     splits = 1
     while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
         splits *= 2
-    return Bf12MmaConfig(unroll=1, warps=8, splits=splits, prefetch=fused_norm)
+    waves = blocks * splits / max(1, sms)
+    unroll, warps = (2, 8) if waves <= 2 else (1, 8) if waves <= 4 else (2, 4)
+    if kp % (64 * unroll * splits) or kp // (64 * unroll * splits) < warps:
+        unroll = 1  # a chunk per warp at least
+    return Bf12MmaConfig(unroll=unroll, warps=warps, splits=splits, prefetch=True)
 
 
 def fuses_norm(rows: int, k: int) -> bool:

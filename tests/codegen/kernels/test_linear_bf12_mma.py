@@ -184,8 +184,15 @@ def test_norm_fuses_at_one_row_within_the_shared_memory_stage():
     assert not mma.fuses_norm(2, 1024)  # every CTA would read all rows whole (FUSED_NORM_MAX_ROWS)
 
 
+def test_config_by_waves_of_row_blocks():
+    C = mma.Bf12MmaConfig
+    assert mma.get_config(1, 4096, 12288, 132) == C(unroll=2, warps=8, prefetch=True)  # down: one wave
+    assert mma.get_config(1, 6144, 4096, 132) == C(unroll=1, warps=8, prefetch=True)  # qkv: 2.9 blocks an SM
+    assert mma.get_config(16, 151936, 4096, 132) == C(unroll=2, warps=4, prefetch=True)  # lm_head: turnover
+    assert mma.get_config(1, 4096, 4096, 132, fused_norm=True) == mma.get_config(1, 4096, 4096, 132)
+
+
 def test_config_splits_small_layers_only():
-    assert mma.get_config(1, 6144, 4096, 132) == mma.Bf12MmaConfig(unroll=1, warps=8, splits=1)
     assert mma.get_config(16, 4096, 12288, 132).splits == 1
     small = mma.get_config(1, 256, 1024, 132)  # 16 row blocks on 132 SMs
     assert small.splits == 2 and 1024 % (64 * small.splits) == 0
