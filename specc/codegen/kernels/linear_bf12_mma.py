@@ -6,14 +6,16 @@ weight bytes, and bf12 holds 0.75 of them. The Triton layout-2 kernels
 about the bf16 GEMV's speed, and their ``tl.dot`` path stages every decoded tile through shared
 memory, which made the Q = 16 verify step 1.85x slower packed than unpacked on the H200. This
 kernel (CUDA, ``cuda/linear_bf12_mma.cu``) loads the sign|mantissa and code planes as 16-byte
-vectors, decodes four weights with two byte permutes and a few integer ops, and feeds the
+vectors, decodes a pair of weights with two byte permutes and two integer ops, and feeds the
 registers to ``mma.sync.m16n8k16`` directly (weights as the MMA's A operand, the few x rows as
-B: "swap AB"; ``cuda/skinny_mma.cuh`` explains the fragment trick). Measured on the H100
-(docs/benchmarks/h100-run17.md): alone, 0.82-0.94x the time of the best bf16 kernel (Triton or
-cuBLAS) at 1, 4 and 16 rows on the Qwen3-8B layer shapes, where the Triton bf12 kernels take
-1.0-2.9x; it took the packed Q = 16 verify step from 2.0x to 1.04x the unpacked one. Inside the
-AR step it is not yet faster than the bf16 GEMV (it streams ~70% of HBM there where the GEMV
-streams ~90%; the one-row fused norm costs 5-15 us a call), so the packed AR step is 1.04-1.08x.
+B: "swap AB"; ``cuda/skinny_mma.cuh`` explains the fragment trick). What its epilogue reads
+(bases, escapes, bias, residual) is staged in shared memory while the main loop streams, and a
+fused norm's rows are normalized into shared memory once per CTA (``cuda/linear_bf12_mma.cu``
+says why). Measured (docs/benchmarks/h100-run17.md, h200-run18.md): on the H100 alone 0.82-0.94x
+the time of the best bf16 kernel at 1, 4 and 16 rows on the Qwen3-8B layer shapes, where the
+Triton bf12 kernels take 1.0-2.9x, and the packed Q = 16 verify step 1.04x the unpacked one
+(Triton bf12: 2.0x); on the H200, whose HBM streams 1.4x the bytes per SM cycle, it was no faster
+than bf16 and the packed steps 1.34-1.37x before run 18's changes.
 
 Exactness: fp32 accumulation of the exact decoded weights; the row's power of two is multiplied
 back after the sum (exact); escapes (weights outside the row's exponent window, ~1e-4) decode to
