@@ -11,7 +11,7 @@ registers to ``mma.sync.m16n8k16`` directly (weights as the MMA's A operand, the
 B: "swap AB"; ``cuda/skinny_mma.cuh`` explains the fragment trick). What its epilogue reads
 (bases, escapes, bias, residual) is staged in shared memory while the main loop streams, and a
 fused norm's rows are normalized into shared memory once per CTA (``cuda/linear_bf12_mma.cu``
-says why). Measured (docs/benchmarks/h100-run17.md, h200-run18.md): on the H100 alone 0.82-0.94x
+says why). Measured (docs/benchmarks/h100-run17.md, run18.md): on the H100 alone 0.82-0.94x
 the time of the best bf16 kernel at 1, 4 and 16 rows on the Qwen3-8B layer shapes, where the
 Triton bf12 kernels take 1.0-2.9x, and the packed Q = 16 verify step 1.04x the unpacked one
 (Triton bf12: 2.0x); on the H200, whose HBM streams 1.4x the bytes per SM cycle, it was no faster
@@ -55,11 +55,14 @@ from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_ena
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
 
-__all__ = ["Bf12MmaConfig", "ENV", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
+__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
            "fuses_norm", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
 ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
+# "128" / "256": build the kernel with L2 prefetch-size hints on its weight loads (an experiment:
+# a separately named extension; read once, when the extension is first built in the process)
+L2_PREFETCH_ENV = "SPECC_BF12_MMA_L2_PREFETCH"
 CUDA_DIR = pathlib.Path(__file__).resolve().parent / "cuda"
 MAX_ROWS = 16  # two 8-row x tiles: the MMA's N side
 # Rows up to which kernel_abi fuses a norm prologue: every CTA reads the x rows whole for their
@@ -93,7 +96,7 @@ class Bf12MmaConfig:
 def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> Bf12MmaConfig:
     """The launch for ``m`` rows of an ``[n, kp]`` weight on a GPU of ``sms`` SMs, by how many
     waves of 16-row blocks the layer makes (measured on the Qwen3-8B shapes, H200 run 18 and H100
-    run 17, docs/benchmarks/h200-run18.md):
+    run 17, docs/benchmarks/run18.md):
 
     - every launch prefetches (the next chunk's weights load during this chunk's MMAs, the first
       before the PDL wait): without it a warp keeps 1.5 KB in flight, too little on the H200;
@@ -203,7 +206,10 @@ def extension(device: torch.device):
 def _build(arch: str):
     from torch.utils.cpp_extension import _get_build_directory, load
 
-    name = f"specc_bf12_mma_sm{arch}"
+    l2 = os.environ.get(L2_PREFETCH_ENV, "0").strip() or "0"
+    if l2 not in ("0", "128", "256"):
+        raise ValueError(f"{L2_PREFETCH_ENV}={l2!r}: use 0, 128 or 256")
+    name = f"specc_bf12_mma_sm{arch}" + ("" if l2 == "0" else f"_l2pf{l2}")
     try:
         cached = any(p.suffix == ".so" for p in pathlib.Path(_get_build_directory(name, False)).glob("*.so"))
     except Exception:  # noqa: BLE001 - only decides whether to print the note
@@ -214,7 +220,7 @@ def _build(arch: str):
               file=sys.stderr, flush=True)
     try:
         ext = load(name, sources=[str(CUDA_DIR / "linear_bf12_mma.cu"), str(CUDA_DIR / "linear_bf12_mma_host.cpp")],
-                   extra_include_paths=[str(CUDA_DIR)], extra_cuda_cflags=["-O3", f"-arch=sm_{arch}"], verbose=False)
+                   extra_include_paths=[str(CUDA_DIR)], extra_cuda_cflags=["-O3", f"-arch=sm_{arch}", f"-DSKINNY_L2_PREFETCH={l2}"], verbose=False)
     except Exception as exc:  # noqa: BLE001 - no nvcc / ninja / headers: the Triton kernels run instead
         warnings.warn(f"specc: the bf12 tensor-core kernel could not be built ({type(exc).__name__}: "
                       f"{str(exc)[:300]}); packed linears use the Triton kernels", RuntimeWarning, stacklevel=3)
@@ -397,13 +403,14 @@ def nvrtc_ptx(source: str, name: str, include_dirs=(), arch: str = "compute_90")
     return ptx.value.decode()
 
 
-def compile_check(arch: str = "compute_90") -> str:
-    """PTX of every kernel instance of ``cuda/linear_bf12_mma.cu`` from NVRTC (see :func:`nvrtc_ptx`)."""
+def compile_check(arch: str = "compute_90", l2_prefetch: int = 0) -> str:
+    """PTX of every kernel instance of ``cuda/linear_bf12_mma.cu`` from NVRTC (see :func:`nvrtc_ptx`),
+    built as :data:`L2_PREFETCH_ENV` = ``l2_prefetch`` builds it."""
     instances = "".join(
         f"template __global__ void bf12_mma<{mt}, {u}, {w}, {str(p).lower()}>(const bf16_t*, const unsigned char*, "
         f"const unsigned char*, const unsigned char*, int, const int*, const int*, const float*, const float*, "
         f"const bf16_t*, const bf16_t*, float, const bf16_t*, long, bf16_t*, float*, unsigned*, int, int, int, long, "
         f"long);\n"
         for mt, u, w, p in itertools.product((1, 2), UNROLLS, WARPS, (False, True)))
-    source = (CUDA_DIR / "linear_bf12_mma.cu").read_text() + instances
+    source = f"#define SKINNY_L2_PREFETCH {int(l2_prefetch)}\n" + (CUDA_DIR / "linear_bf12_mma.cu").read_text() + instances
     return nvrtc_ptx(source, "linear_bf12_mma.cu", [str(CUDA_DIR)], arch)

@@ -207,6 +207,7 @@ def test_cuda_source_compiles_for_sm90():
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     assert ".target sm_90" in ptx and ptx.count(".entry") == 16 and "mma.sync.aligned.m16n8k16" in ptx
+    assert "L2::256B" not in ptx and "L2::256B" in mma.compile_check(l2_prefetch=256)  # the experiment switch
 
 
 # --------------------------------------------------------------------------- GPU

@@ -12,10 +12,22 @@ typedef unsigned short bf16_t;
 typedef unsigned int u32;
 struct __align__(16) V4 { u32 w[4]; };  // 16 bytes: 8 bf16 or 16 bytes of a plane
 
-// weights are read once: no L1 allocation
+// weights are read once: no L1 allocation. SKINNY_L2_PREFETCH (0, 128 or 256): ask L2 to fetch
+// that many bytes around each miss from DRAM (the warps of a CTA read adjacent 64-byte pieces of
+// a row at about the same time), an experiment switch (linear_bf12_mma.L2_PREFETCH_ENV)
+#ifndef SKINNY_L2_PREFETCH
+#define SKINNY_L2_PREFETCH 0
+#endif
+#if SKINNY_L2_PREFETCH == 256
+#define SKINNY_WEIGHT_LOAD "ld.global.nc.L1::no_allocate.L2::256B.v4.u32"
+#elif SKINNY_L2_PREFETCH == 128
+#define SKINNY_WEIGHT_LOAD "ld.global.nc.L1::no_allocate.L2::128B.v4.u32"
+#else
+#define SKINNY_WEIGHT_LOAD "ld.global.nc.L1::no_allocate.v4.u32"
+#endif
 __device__ __forceinline__ V4 load_weights(const void* p) {
   V4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+  asm volatile(SKINNY_WEIGHT_LOAD " {%0,%1,%2,%3}, [%4];\n"
                : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) : "l"(p));
   return v;
 }
