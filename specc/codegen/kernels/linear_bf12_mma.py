@@ -101,8 +101,9 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
     - every launch prefetches (the next chunk's weights load during this chunk's MMAs, the first
       before the PDL wait): without it a warp keeps 1.5 KB in flight, too little on the H200;
     - at most 2 blocks per SM (o, down: every CTA lives the whole launch): 2 super-groups per
-      chunk, 8 warps; 2 .. 4 (qkv): 1 super-group, 8 warps; more (gate_up, lm_head: CTAs turn
-      over): 2 super-groups, 4 warps;
+      chunk, 8 warps; 2 .. 4 (qkv): 1 super-group, 8 warps up to 8 rows, and above (two x
+      tiles: more registers, fewer CTAs an SM; 1 x 8 was 1.4x the best on the H100) as for more
+      than 4 (gate_up, lm_head: CTAs turn over): 2 super-groups, 4 warps;
     - layers with fewer blocks than SMs (small models) split K so that every SM streams.
 
     ``fused_norm`` does not change the launch (the norm's rows are staged once per CTA)."""
@@ -111,7 +112,7 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
     while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
         splits *= 2
     waves = blocks * splits / max(1, sms)
-    unroll, warps = (2, 8) if waves <= 2 else (1, 8) if waves <= 4 else (2, 4)
+    unroll, warps = (2, 8) if waves <= 2 else (1, 8) if waves <= 4 and m <= 8 else (2, 4)
     if kp % (64 * unroll * splits) or kp // (64 * unroll * splits) < warps:
         unroll = 1  # a chunk per warp at least
     return Bf12MmaConfig(unroll=unroll, warps=warps, splits=splits, prefetch=True)
