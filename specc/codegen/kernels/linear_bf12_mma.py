@@ -14,8 +14,10 @@ fused norm's rows are normalized into shared memory once per CTA (``cuda/linear_
 says why). Measured (docs/benchmarks/h100-run17.md, run18.md): on the H100 alone 0.82-0.94x
 the time of the best bf16 kernel at 1, 4 and 16 rows on the Qwen3-8B layer shapes, where the
 Triton bf12 kernels take 1.0-2.9x, and the packed Q = 16 verify step 1.04x the unpacked one
-(Triton bf12: 2.0x); on the H200, whose HBM streams 1.4x the bytes per SM cycle, it was no faster
-than bf16 and the packed steps 1.34-1.37x before run 18's changes.
+(Triton bf12: 2.0x). Run 18 (epilogue and norm staging, a 4-op decode, the launch rule, the L2
+prefetch hint) took the packed AR step to 0.930x the unpacked one and the verify to 0.940x on the
+H100; on the H200, whose HBM streams 1.4x the bytes per SM cycle, the version before the decode
+change and launch rule had the packed steps at 1.34-1.37x.
 
 Exactness: fp32 accumulation of the exact decoded weights; the row's power of two is multiplied
 back after the sum (exact); escapes (weights outside the row's exponent window, ~1e-4) decode to
@@ -55,14 +57,17 @@ from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_ena
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
 
-__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
+__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
            "fuses_norm", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
 ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
-# "128" / "256": build the kernel with L2 prefetch-size hints on its weight loads (an experiment:
-# a separately named extension; read once, when the extension is first built in the process)
+# L2 prefetch-size hint on the weight loads: 256 (the default: each miss fetches 256 bytes from
+# DRAM, which the CTA's warps read about together; the packed Qwen3-8B AR step 0.955x -> 0.930x
+# the unpacked one, verify 0.969x -> 0.940x, H100 run 18), 128, or 0 (none; a separately named
+# extension). Read once, when the extension is first built in the process.
 L2_PREFETCH_ENV = "SPECC_BF12_MMA_L2_PREFETCH"
+L2_PREFETCH_DEFAULT = "256"
 CUDA_DIR = pathlib.Path(__file__).resolve().parent / "cuda"
 MAX_ROWS = 16  # two 8-row x tiles: the MMA's N side
 # Rows up to which kernel_abi fuses a norm prologue: every CTA reads the x rows whole for their
@@ -207,10 +212,10 @@ def extension(device: torch.device):
 def _build(arch: str):
     from torch.utils.cpp_extension import _get_build_directory, load
 
-    l2 = os.environ.get(L2_PREFETCH_ENV, "0").strip() or "0"
+    l2 = os.environ.get(L2_PREFETCH_ENV, L2_PREFETCH_DEFAULT).strip() or L2_PREFETCH_DEFAULT
     if l2 not in ("0", "128", "256"):
         raise ValueError(f"{L2_PREFETCH_ENV}={l2!r}: use 0, 128 or 256")
-    name = f"specc_bf12_mma_sm{arch}" + ("" if l2 == "0" else f"_l2pf{l2}")
+    name = f"specc_bf12_mma_sm{arch}" + ("" if l2 == L2_PREFETCH_DEFAULT else f"_l2pf{l2}")
     try:
         cached = any(p.suffix == ".so" for p in pathlib.Path(_get_build_directory(name, False)).glob("*.so"))
     except Exception:  # noqa: BLE001 - only decides whether to print the note
@@ -221,7 +226,8 @@ def _build(arch: str):
               file=sys.stderr, flush=True)
     try:
         ext = load(name, sources=[str(CUDA_DIR / "linear_bf12_mma.cu"), str(CUDA_DIR / "linear_bf12_mma_host.cpp")],
-                   extra_include_paths=[str(CUDA_DIR)], extra_cuda_cflags=["-O3", f"-arch=sm_{arch}", f"-DSKINNY_L2_PREFETCH={l2}"], verbose=False)
+                   extra_include_paths=[str(CUDA_DIR)],
+                   extra_cuda_cflags=["-O3", f"-arch=sm_{arch}", f"-DSKINNY_L2_PREFETCH={l2}"], verbose=False)
     except Exception as exc:  # noqa: BLE001 - no nvcc / ninja / headers: the Triton kernels run instead
         warnings.warn(f"specc: the bf12 tensor-core kernel could not be built ({type(exc).__name__}: "
                       f"{str(exc)[:300]}); packed linears use the Triton kernels", RuntimeWarning, stacklevel=3)
@@ -404,7 +410,7 @@ def nvrtc_ptx(source: str, name: str, include_dirs=(), arch: str = "compute_90")
     return ptx.value.decode()
 
 
-def compile_check(arch: str = "compute_90", l2_prefetch: int = 0) -> str:
+def compile_check(arch: str = "compute_90", l2_prefetch: int = int(L2_PREFETCH_DEFAULT)) -> str:
     """PTX of every kernel instance of ``cuda/linear_bf12_mma.cu`` from NVRTC (see :func:`nvrtc_ptx`),
     built as :data:`L2_PREFETCH_ENV` = ``l2_prefetch`` builds it."""
     instances = "".join(

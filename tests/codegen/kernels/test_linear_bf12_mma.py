@@ -202,13 +202,19 @@ def test_config_splits_small_layers_only():
         mma.Bf12MmaConfig(unroll=3)
 
 
+def test_a_bad_l2_prefetch_setting_is_refused(monkeypatch):
+    monkeypatch.setenv(mma.L2_PREFETCH_ENV, "64")
+    with pytest.raises(ValueError, match="use 0, 128 or 256"):
+        mma._build("90")
+
+
 def test_cuda_source_compiles_for_sm90():
     try:
         ptx = mma.compile_check()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     assert ".target sm_90" in ptx and ptx.count(".entry") == 16 and "mma.sync.aligned.m16n8k16" in ptx
-    assert "L2::256B" not in ptx and "L2::256B" in mma.compile_check(l2_prefetch=256)  # the experiment switch
+    assert "L2::256B" in ptx and "L2::" not in mma.compile_check(l2_prefetch=0)  # the default hint, and without
 
 
 # --------------------------------------------------------------------------- GPU

@@ -14,7 +14,7 @@ struct __align__(16) V4 { u32 w[4]; };  // 16 bytes: 8 bf16 or 16 bytes of a pla
 
 // weights are read once: no L1 allocation. SKINNY_L2_PREFETCH (0, 128 or 256): ask L2 to fetch
 // that many bytes around each miss from DRAM (the warps of a CTA read adjacent 64-byte pieces of
-// a row at about the same time), an experiment switch (linear_bf12_mma.L2_PREFETCH_ENV)
+// a row at about the same time); the bf12 kernel builds with 256 (linear_bf12_mma.L2_PREFETCH_ENV)
 #ifndef SKINNY_L2_PREFETCH
 #define SKINNY_L2_PREFETCH 0
 #endif
