@@ -127,7 +127,12 @@ def fuses_norm(rows: int, k: int) -> bool:
     """Whether ``rows`` rows of a K-column linear take their RMSNorm inside this kernel (else
     kernel_abi runs the rms_norm kernel first): few rows, and their normalized values fit the
     kernel's shared-memory stage (without split-K; a split stages only its K range)."""
-    return rows <= FUSED_NORM_MAX_ROWS and 2 * rows * k <= FUSED_NORM_MAX_STAGED_BYTES
+    return rows <= FUSED_NORM_MAX_ROWS and _norm_stage_fits(rows, k)
+
+
+def _norm_stage_fits(rows: int, k: int) -> bool:
+    """Whether ``rows`` normalized bf16 rows of K columns fit the kernel's shared-memory stage."""
+    return 2 * rows * k <= FUSED_NORM_MAX_STAGED_BYTES
 
 
 def _env_enabled() -> bool:
@@ -161,7 +166,7 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
     if norm_weight is not None and (norm_weight.dtype != torch.bfloat16 or not norm_weight.is_contiguous()
                                     or norm_weight.numel() != k or norm_weight.data_ptr() % 16):
         return "norm weight not a contiguous, 16-byte aligned bf16 [K]"
-    if norm_weight is not None and 2 * m * k > FUSED_NORM_MAX_STAGED_BYTES:
+    if norm_weight is not None and not _norm_stage_fits(m, k):
         return f"fused norm over {m} x {k} (stages at most {FUSED_NORM_MAX_STAGED_BYTES} bytes; run rms_norm first)"
     if residual is not None and (residual.dtype != torch.bfloat16 or tuple(residual.shape) != (m, n)
                                  or residual.stride(-1) != 1):
