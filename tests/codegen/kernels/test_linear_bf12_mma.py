@@ -8,6 +8,8 @@ kind, the same bits on every call and in a CUDA graph, and linear_bf12's dispatc
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -200,6 +202,21 @@ def test_config_splits_small_layers_only():
     assert mma.get_config(1, 256, 4096, 132).splits == 8
     with pytest.raises(ValueError):
         mma.Bf12MmaConfig(unroll=3)
+    with pytest.raises(ValueError, match="with prefetch"):
+        mma.Bf12MmaConfig(ctas_per_sm=2)  # persistent CTAs carry the next block's first chunk
+    with pytest.raises(ValueError):
+        mma.Bf12MmaConfig(l2_ahead=-1)
+
+
+def test_persistent_launches_and_l2_prefetch_by_setting(monkeypatch):
+    monkeypatch.setenv(mma.PERSIST_ENV, "2")
+    assert mma.get_config(1, 151936, 4096, 132).ctas_per_sm == 2  # lm_head: 9496 blocks
+    assert mma.get_config(1, 4096, 12288, 132).ctas_per_sm == 0  # down: 256 blocks fit 2 an SM
+    monkeypatch.setenv(mma.L2_AHEAD_ENV, "4")
+    assert mma.get_config(1, 4096, 12288, 132).l2_ahead == 4
+    monkeypatch.setenv(mma.PERSIST_ENV, "two")
+    with pytest.raises(ValueError, match="CTAs per SM"):
+        mma.get_config(1, 151936, 4096, 132)
 
 
 def test_a_bad_l2_prefetch_setting_is_refused(monkeypatch):
@@ -213,7 +230,8 @@ def test_cuda_source_compiles_for_sm90():
         ptx = mma.compile_check()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    assert ".target sm_90" in ptx and ptx.count(".entry") == 16 and "mma.sync.aligned.m16n8k16" in ptx
+    # (rows tiles, unroll, warps) x {plain, prefetch, prefetch + persistent}
+    assert ".target sm_90" in ptx and ptx.count(".entry") == 24 and "mma.sync.aligned.m16n8k16" in ptx
     assert "L2::256B" in ptx and "L2::" not in mma.compile_check(l2_prefetch=0)  # the default hint, and without
 
 
@@ -298,6 +316,44 @@ def test_gpu_more_escapes_than_the_epilogue_stages(m, norm):
     want = (r.float() + prod.float()).to(torch.bfloat16)
     assert bool(((got.float() - want.float()).abs() <= prod.float().abs() / 64 + r.float().abs() / 128 + 2e-2).all())
     assert torch.equal(got, mma.linear_bf12_mma(x, packed, b, norm_weight=norm_w, residual=r))
+
+
+@gpu
+@pytest.mark.parametrize("m,cfg,norm", [
+    (1, mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True, ctas_per_sm=1), True),
+    (1, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, ctas_per_sm=2), False),
+    (16, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, ctas_per_sm=1), True),
+    (9, mma.Bf12MmaConfig(unroll=1, warps=8, splits=2, prefetch=True, ctas_per_sm=1), False),
+    (1, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, l2_ahead=3), True),
+    (16, mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True, ctas_per_sm=1, l2_ahead=64), False)])
+def test_gpu_persistent_ctas_and_l2_prefetch_equal_the_plain_launch(m, cfg, norm):
+    """Persistent CTAs (fewer than the row blocks: each sums every grid-th block, its first chunk
+    loaded while the previous block's sums meet, the epilogue inputs staged again per block) and
+    L2 prefetches ahead give the bits of a CTA per block without them: the same sums in the same
+    order. A late block holds more escapes than the stage, and the norm, bias and residual ride
+    along."""
+    from specc.models import ops
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k = 16 * (2 * max(1, cfg.ctas_per_sm) * sms + 5), 1024  # a persistent CTA sums two or three blocks
+    w = _weights(n, k, seed=50 + m).to("cuda")
+    g = torch.Generator(device="cuda").manual_seed(m)
+    cols = torch.randperm(k, device="cuda", generator=g)[:80]
+    w[n - 7, cols] = 3.0e4  # 80 escapes in the last block: past the 64 staged
+    packed = pack_bf16_12bit(w, version=2)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    r = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16) if norm else None
+    got = mma.linear_bf12_mma(x, packed, b, cfg, norm_weight=norm_w, residual=r)
+    one_per_block = mma.linear_bf12_mma(x, packed, b, dataclasses.replace(cfg, ctas_per_sm=0, l2_ahead=0),
+                                        norm_weight=norm_w, residual=r)
+    assert torch.equal(got, one_per_block)
+    h = ops.rms_norm(x, norm_w, 1e-6) if norm else x
+    prod = (h.float() @ w.float().T + b.float()).to(torch.bfloat16)
+    want = (r.float() + prod.float()).to(torch.bfloat16)
+    assert bool(((got.float() - want.float()).abs() <= prod.float().abs() / 64 + r.float().abs() / 128 + 2e-2).all())
+    assert torch.equal(got, mma.linear_bf12_mma(x, packed, b, cfg, norm_weight=norm_w, residual=r))
 
 
 @gpu
