@@ -117,14 +117,14 @@ def candidates_v2(m: int, quick: bool = False):
     return c[:2] + c[-1:] if quick else c  # (the last one decodes without the inline asm)
 
 
-PERSIST_CTAS = (1, 2, 3, 4)  # CTAs per SM of the persistent launches swept (Bf12MmaConfig.ctas_per_sm)
 L2_AHEAD = (1, 2, 4, 8, 64)  # chunks a warp asks L2 for past the next one (Bf12MmaConfig.l2_ahead)
 
 
 def candidates_mma(m: int, quick: bool = False, n: int | None = None, k: int | None = None):
     """Configs of the tensor-core kernel (layout 2, 1 .. 16 rows; none above): fixed ones, then
-    (given the shape) the launch rule's config for it with a CTA per block and persistent."""
-    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, get_config
+    (given the shape) the launch rule's config for it, through the shared-memory ring, and with L2
+    prefetches ahead."""
+    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, RING_STAGES, get_config
     from specc.codegen.kernels.linear_bf12_mma import Bf12MmaConfig as C
 
     if m > MAX_ROWS:
@@ -133,7 +133,7 @@ def candidates_mma(m: int, quick: bool = False, n: int | None = None, k: int | N
          C(warps=4, prefetch=True), C(splits=2), C(splits=2, prefetch=True)]
     if n is not None and k is not None and torch.cuda.is_available():
         d = get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-        c += [d] + [dataclasses.replace(d, ctas_per_sm=j) for j in PERSIST_CTAS]
+        c += [d, dataclasses.replace(d, ring=RING_STAGES)]
         c += [dataclasses.replace(d, l2_ahead=j) for j in L2_AHEAD]
     return c[:2] if quick else c
 
@@ -233,7 +233,7 @@ def cfg_str(c) -> str:
         return "table"
     if not hasattr(c, "kind"):  # a Bf12MmaConfig
         return (f"mma u{c.unroll} w{c.warps}" + (f" sk{c.splits}" if c.splits > 1 else "") + (" pf" if c.prefetch else "")
-                + (f" persist{c.ctas_per_sm}" if c.ctas_per_sm else "") + (f" l2+{c.l2_ahead}" if c.l2_ahead else ""))
+                + (f" ring{c.ring}" if c.ring else "") + (f" l2+{c.l2_ahead}" if c.l2_ahead else ""))
     s = f"{c.kind} m{c.block_m} n{c.block_n} " + (f"j{c.block_j}" if hasattr(c, "block_j") else f"k{c.block_k}")
     if c.split_k > 1:
         s += f" sk{c.split_k}"
@@ -369,7 +369,7 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
                 "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
-                "packed_v2_triton": v2, **{f"packed_v2_persist{j}": v2 for j in PERSIST_CTAS},
+                "packed_v2_triton": v2, "packed_v2_ring": v2,
                 **{f"packed_v2_ahead{j}": v2 for j in L2_AHEAD}}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
@@ -379,8 +379,8 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
         if unknown:
             raise SystemExit(f"unknown --step-variants {sorted(unknown)} (use {', '.join(v for v in variants if v != 'unpacked')})")
         variants = {k: v for k, v in variants.items() if k == "unpacked" or k in wanted}
-    else:  # the persistent launches only when named
-        variants = {k: v for k, v in variants.items() if not k.startswith(("packed_v2_persist", "packed_v2_ahead"))}
+    else:  # the ring and L2-ahead launches only when named
+        variants = {k: v for k, v in variants.items() if not k.startswith(("packed_v2_ring", "packed_v2_ahead"))}
     model = CostModel(args.deployment)
     base = model.calibration or Calibration(deployment=model.deployment.name, device="cuda")
     measured = CostModel(model.deployment, calibration=dataclasses.replace(
@@ -402,9 +402,9 @@ def _kernel_choice(label: str):
     ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
     ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_u2w4`` also use two
     super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` runs the
-    rms_norm kernel first at one row too, ``packed_v2_persistK`` launches at most K persistent
-    CTAs per SM, ``packed_v2_aheadK`` prefetches K chunks ahead into L2; every other variant gets
-    the defaults."""
+    rms_norm kernel first at one row too, ``packed_v2_ring`` streams the weights through the
+    shared-memory ring, ``packed_v2_aheadK`` prefetches K chunks ahead into L2; every other
+    variant gets the defaults."""
     from specc.codegen.kernels import linear_bf12_mma as mma
 
     saved_env, default_config, fused_norm_rows = os.environ.get(mma.ENV), mma.get_config, mma.FUSED_NORM_MAX_ROWS
@@ -418,9 +418,8 @@ def _kernel_choice(label: str):
     if label.startswith("packed_v2_ahead"):
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k),
                                                              l2_ahead=int(label[len("packed_v2_ahead"):]))
-    if label.startswith("packed_v2_persist"):
-        mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k),
-                                                             ctas_per_sm=int(label[len("packed_v2_persist"):]))
+    if label == "packed_v2_ring":
+        mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), ring=mma.RING_STAGES)
     try:
         yield
     finally:
@@ -499,7 +498,7 @@ def main():
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default all: packed_v1 with layout v1, "
                          "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, "
-                         "packed_v2_persist1 .. 4, packed_v2_ahead1 .. 64)")
+                         "packed_v2_ring, packed_v2_ahead1 .. 64)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")

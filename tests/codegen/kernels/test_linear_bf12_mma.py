@@ -203,19 +203,20 @@ def test_config_splits_small_layers_only():
     with pytest.raises(ValueError):
         mma.Bf12MmaConfig(unroll=3)
     with pytest.raises(ValueError, match="with prefetch"):
-        mma.Bf12MmaConfig(ctas_per_sm=2)  # persistent CTAs carry the next block's first chunk
+        mma.Bf12MmaConfig(ring=mma.RING_STAGES)  # the ring is a prefetch: asked for with it
+    with pytest.raises(ValueError):
+        mma.Bf12MmaConfig(ring=3, prefetch=True)
     with pytest.raises(ValueError):
         mma.Bf12MmaConfig(l2_ahead=-1)
 
 
-def test_persistent_launches_and_l2_prefetch_by_setting(monkeypatch):
-    monkeypatch.setenv(mma.PERSIST_ENV, "2")
-    assert mma.get_config(1, 151936, 4096, 132).ctas_per_sm == 2  # lm_head: 9496 blocks
-    assert mma.get_config(1, 4096, 12288, 132).ctas_per_sm == 0  # down: 256 blocks fit 2 an SM
+def test_ring_and_l2_prefetch_by_setting(monkeypatch):
+    monkeypatch.setenv(mma.RING_ENV, str(mma.RING_STAGES))
     monkeypatch.setenv(mma.L2_AHEAD_ENV, "4")
-    assert mma.get_config(1, 4096, 12288, 132).l2_ahead == 4
-    monkeypatch.setenv(mma.PERSIST_ENV, "two")
-    with pytest.raises(ValueError, match="CTAs per SM"):
+    cfg = mma.get_config(1, 151936, 4096, 132)
+    assert cfg.ring == mma.RING_STAGES and cfg.l2_ahead == 4 and cfg.prefetch
+    monkeypatch.setenv(mma.RING_ENV, "four")
+    with pytest.raises(ValueError, match="ring stages"):
         mma.get_config(1, 151936, 4096, 132)
 
 
@@ -230,7 +231,7 @@ def test_cuda_source_compiles_for_sm90():
         ptx = mma.compile_check()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    # (rows tiles, unroll, warps) x {plain, prefetch, prefetch + persistent}
+    # (rows tiles, unroll, warps) x {plain, prefetch, prefetch through the shared-memory ring}
     assert ".target sm_90" in ptx and ptx.count(".entry") == 24 and "mma.sync.aligned.m16n8k16" in ptx
     assert "L2::256B" in ptx and "L2::" not in mma.compile_check(l2_prefetch=0)  # the default hint, and without
 
@@ -318,24 +319,26 @@ def test_gpu_more_escapes_than_the_epilogue_stages(m, norm):
     assert torch.equal(got, mma.linear_bf12_mma(x, packed, b, norm_weight=norm_w, residual=r))
 
 
+_RING = mma.RING_STAGES
+
+
 @gpu
 @pytest.mark.parametrize("m,cfg,norm", [
-    (1, mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True, ctas_per_sm=1), True),
-    (1, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, ctas_per_sm=2), False),
-    (16, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, ctas_per_sm=1), True),
-    (9, mma.Bf12MmaConfig(unroll=1, warps=8, splits=2, prefetch=True, ctas_per_sm=1), False),
+    (1, mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True, ring=_RING), True),
+    (1, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, ring=_RING), False),
+    (8, mma.Bf12MmaConfig(unroll=2, warps=8, prefetch=True, ring=_RING), True),
+    (16, mma.Bf12MmaConfig(unroll=2, warps=8, prefetch=True, ring=_RING), False),
+    (9, mma.Bf12MmaConfig(unroll=1, warps=4, splits=2, prefetch=True, ring=_RING), False),
     (1, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, l2_ahead=3), True),
-    (16, mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True, ctas_per_sm=1, l2_ahead=64), False)])
-def test_gpu_persistent_ctas_and_l2_prefetch_equal_the_plain_launch(m, cfg, norm):
-    """Persistent CTAs (fewer than the row blocks: each sums every grid-th block, its first chunk
-    loaded while the previous block's sums meet, the epilogue inputs staged again per block) and
-    L2 prefetches ahead give the bits of a CTA per block without them: the same sums in the same
-    order. A late block holds more escapes than the stage, and the norm, bias and residual ride
-    along."""
+    (16, mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True, l2_ahead=64), False)])
+def test_gpu_ring_and_l2_prefetch_equal_the_register_launch(m, cfg, norm):
+    """Streaming the weights through the shared-memory ring, and asking L2 for chunks ahead, give
+    the bits of the register-prefetch launch: the same sums in the same order. K = 2048 makes
+    more chunks than the ring has stages; a late block holds more escapes than the epilogue
+    stages, and the norm (before the ring in shared memory), bias and residual ride along."""
     from specc.models import ops
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    n, k = 16 * (2 * max(1, cfg.ctas_per_sm) * sms + 5), 1024  # a persistent CTA sums two or three blocks
+    n, k = 16 * 40, 2048
     w = _weights(n, k, seed=50 + m).to("cuda")
     g = torch.Generator(device="cuda").manual_seed(m)
     cols = torch.randperm(k, device="cuda", generator=g)[:80]
@@ -346,7 +349,7 @@ def test_gpu_persistent_ctas_and_l2_prefetch_equal_the_plain_launch(m, cfg, norm
     r = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
     norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16) if norm else None
     got = mma.linear_bf12_mma(x, packed, b, cfg, norm_weight=norm_w, residual=r)
-    one_per_block = mma.linear_bf12_mma(x, packed, b, dataclasses.replace(cfg, ctas_per_sm=0, l2_ahead=0),
+    one_per_block = mma.linear_bf12_mma(x, packed, b, dataclasses.replace(cfg, ring=0, l2_ahead=0),
                                         norm_weight=norm_w, residual=r)
     assert torch.equal(got, one_per_block)
     h = ops.rms_norm(x, norm_w, 1e-6) if norm else x

@@ -119,6 +119,29 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// 16-byte asynchronous weight copy global -> shared, past L1, with the weight loads' L2 hint
+#if SKINNY_L2_PREFETCH == 256
+#define BF12_CP_ASYNC16 "cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n"
+#elif SKINNY_L2_PREFETCH == 128
+#define BF12_CP_ASYNC16 "cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n"
+#else
+#define BF12_CP_ASYNC16 "cp.async.cg.shared.global [%0], [%1], 16;\n"
+#endif
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile(BF12_CP_ASYNC16 ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// sm_90's bulk L2 prefetch of `bytes` (a multiple of 16) at a 16-byte aligned address; nothing before
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 // the bf16 at element index i of 4-byte words (w: the word holding elements i & ~1, i | 1)
 __device__ __forceinline__ float half_of(u32 w, int i) { return __int_as_float((i & 1) ? (w & 0xFFFF0000u) : (w << 16)); }
 
@@ -151,29 +174,32 @@ __device__ __forceinline__ void stage_normalized(const bf16_t* __restrict__ x, c
   __syncthreads();
 }
 
-// grid (min(N / 16, ctas), splits), WARPS warps, dynamic shared memory M * k_split bf16 with a
-// fused norm; CTA b sums row blocks b, b + gridDim.x, ... of the nblocks = N / 16 (persistent when
-// the grid is smaller: the fused norm's rows are staged once per CTA instead of once per block,
-// and the next block's first chunk loads while this block's sums meet). The host checks N % 16
-// == 0, Kp % (64 * U * splits) == 0, 16-byte aligned rows (x, norm_w), 4-byte aligned bias and
-// residual rows. PREFETCH: double-buffer the weight registers across chunks and load the first
-// chunk before the PDL wait. ahead > 0: each warp keeps its chunks up to `ahead` past the next
-// one on their way into L2 (from before the PDL wait). PERSIST: the grid may be smaller than nblocks (a separate instance:
-// the block loop's state costs the one-block launch ~30 registers a thread, and with them CTAs).
-template <int MT, int U, int WARPS, bool PREFETCH, bool PERSIST>
+// grid (N / 16, splits), WARPS warps, dynamic shared memory: M * k_split bf16 with a fused norm,
+// then the weight ring (RING > 0); the host checks N % 16 == 0, Kp % (64 * U * splits) == 0,
+// 16-byte aligned rows (x, norm_w), 4-byte aligned bias and residual rows.
+// PREFETCH: double-buffer the weight registers across chunks and load the first chunk before the
+// PDL wait. RING > 0 (with PREFETCH): instead, each lane streams its weight vectors through RING
+// stages of shared memory by cp.async (RING - 1 chunks in flight a warp, no registers held; the
+// lane reads back only what it copied, so no barrier), the first RING - 1 before the PDL wait.
+// ahead > 0 (register path): each warp asks L2 for its chunks up to `ahead` past the next one
+// (bulk prefetches, sm_90), from before the PDL wait.
+template <int MT, int U, int WARPS, bool PREFETCH, int RING>
 __global__ void __launch_bounds__(WARPS * 32)
 bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, const unsigned char* __restrict__ ex,
          const unsigned char* __restrict__ base, int stride_base, const int* __restrict__ rowptr,
          const int* __restrict__ ecol, const float* __restrict__ etrue, const float* __restrict__ efake,
          const bf16_t* __restrict__ bias, const bf16_t* __restrict__ norm_w, float eps,
          const bf16_t* __restrict__ residual, long stride_r, bf16_t* __restrict__ y, float* __restrict__ ws,
-         unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y, int nblocks,
-         int ahead) {
+         unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y, int ahead) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3, high = t & 1;
-  const int split = blockIdx.y;
+  const int n0 = blockIdx.x * 16, split = blockIdx.y;
   const int chunks = k_split / (64 * U);
   const long k_lo = (long)split * k_split;
+  const unsigned char* sa = sm + (long)(n0 + g) * Kp + k_lo + 16 * t;
+  const unsigned char* sb = sa + 8L * Kp;
+  const unsigned char* ea = ex + (long)(n0 + g) * (Kp / 2) + k_lo / 2 + 16 * (t >> 1);
+  const unsigned char* eb = ea + 8L * (Kp / 2);
   const int row_a = g < M ? g : 0, row_b = g + 8 < M ? g + 8 : 0;  // x rows past M: never stored
   const bf16_t* xa = x + (long)row_a * stride_x + k_lo + 16 * t;
   const bf16_t* xb = x + (long)row_b * stride_x + k_lo + 16 * t;
@@ -183,84 +209,128 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   const bf16_t* xsb = xs + row_b * k_split + 16 * t;
   __shared__ float rstd[16];
   __shared__ __align__(16) EpilogueStage<MT> st;
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
   V4 rsa[U], rsb[U], rea[U], reb[U];
-  // the lane's weight rows g (and g + 8, 8 rows further) of row block b in the CTA's K range
-  auto sm_rows = [&](int b) { return sm + (long)(16 * b + g) * Kp + k_lo + 16 * t; };
-  auto ex_rows = [&](int b) { return ex + (long)(16 * b + g) * (Kp / 2) + k_lo / 2 + 16 * (t >> 1); };
-  auto load_first_chunk = [&](int b) {  // the warp's first chunk of block b into rsa .. reb
-    if (warp >= chunks) return;
-    const unsigned char *sa = sm_rows(b), *ea = ex_rows(b);
+  // the ring: [warp][stage][4 U vectors][32 lanes] of 16 bytes, after the normalized rows
+  V4* ring = reinterpret_cast<V4*>(dyn_smem + (norm_w != nullptr ? (long)M * k_split * sizeof(bf16_t) : 0L));
+  auto slot = [&](int stage, int j) { return ring + ((warp * (RING > 0 ? RING : 1) + stage) * 4 * U + j) * 32 + lane; };
+  auto issue = [&](int c, int stage) {  // chunk c's weight vectors of this lane into a ring stage
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k0 = c * 64 * U + 64 * u;
+      cp_async16(slot(stage, 4 * u), sa + k0);
+      cp_async16(slot(stage, 4 * u + 1), sb + k0);
+      cp_async16(slot(stage, 4 * u + 2), ea + k0 / 2);
+      cp_async16(slot(stage, 4 * u + 3), eb + k0 / 2);
+    }
+  };
+  // the warp's chunk c into L2: lanes 0-15 the sm bytes of rows n0 + lane, 16-31 their codes
+  auto prefetch_l2 = [&](int c) {
+    const long row = n0 + (lane & 15);
+    if (lane < 16) prefetch_l2_bulk(sm + row * Kp + k_lo + (long)c * 64 * U, 64 * U);
+    else prefetch_l2_bulk(ex + row * (Kp / 2) + k_lo / 2 + (long)c * 32 * U, 32 * U);
+  };
+  if (RING > 0) {  // the first RING - 1 chunks (weights: no kernel writes them) before the wait
+#pragma unroll
+    for (int i = 0; i < (RING > 0 ? RING - 1 : 0); ++i) {
+      if (warp + i * WARPS < chunks) issue(warp + i * WARPS, i);
+      cp_async_commit();
+    }
+  } else {
+    for (int i = 1; i <= ahead; ++i)
+      if (warp + i * WARPS < chunks) prefetch_l2(warp + i * WARPS);
+  }
+  if (RING == 0 && PREFETCH && warp < chunks) {  // the first chunk's weights (which no kernel writes) before the wait
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = warp * 64 * U + 64 * u;
       rsa[u] = load_weights(sa + k0);
-      rsb[u] = load_weights(sa + 8L * Kp + k0);
+      rsb[u] = load_weights(sb + k0);
       rea[u] = load_weights(ea + k0 / 2);
-      reb[u] = load_weights(ea + 8L * (Kp / 2) + k0 / 2);
+      reb[u] = load_weights(eb + k0 / 2);
     }
-  };
-  // L2 prefetch of the warp's chunk c of block b (the sm and code planes of its 16 rows), ahead
-  // of the register loads: one bulk prefetch a lane (sm_90), no register held while it flies
-  auto prefetch_l2 = [&](int b, int c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const long row = 16L * b + (lane & 15);
-    const unsigned char* p = lane < 16 ? sm + row * Kp + k_lo + (long)c * 64 * U
-                                       : ex + row * (Kp / 2) + k_lo / 2 + (long)c * 32 * U;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(lane < 16 ? 64 * U : 32 * U)
-                 : "memory");
-#endif
-  };
-  // constants of block b (no kernel writes them): bases, the escape table, bias (the first block's
-  // before the PDL wait)
+  }
+  // constants (no kernel writes them) before the PDL wait: the rows' bases, escape table, bias
+  const unsigned char base_a = base[(n0 + g) * stride_base], base_b = base[(n0 + g + 8) * stride_base];
   int e0 = 0, esc_col = 0;
   bool has_esc = false;
-  unsigned char base_a, base_b;  // the lane's two rows' powers of two
-  auto stage_constants = [&](int b) {
-    const int n0 = 16 * b;
-    base_a = base[(n0 + g) * stride_base];
-    base_b = base[(n0 + g + 8) * stride_base];
-    has_esc = false;
-    if (tid < ESC_CAP) {
-      e0 = rowptr[n0];
-      if (tid <= 16) st.rp[tid] = rowptr[n0 + tid] - e0;
-      has_esc = e0 + tid < rowptr[n0 + 16];
-      if (has_esc) {
-        esc_col = ecol[e0 + tid];
-        st.col[tid] = esc_col;
-        cp_async4(&st.wt[tid], etrue + e0 + tid);
-        cp_async4(&st.wf[tid], efake + e0 + tid);
-        if (norm_w != nullptr) cp_async4(&st.g[tid], norm_w + (esc_col & ~1));
-      }
+  if (tid < ESC_CAP) {
+    e0 = rowptr[n0];
+    if (tid <= 16) st.rp[tid] = rowptr[n0 + tid] - e0;
+    has_esc = e0 + tid < rowptr[n0 + 16];
+    if (has_esc) {
+      esc_col = ecol[e0 + tid];
+      st.col[tid] = esc_col;
+      cp_async4(&st.wt[tid], etrue + e0 + tid);
+      cp_async4(&st.wf[tid], efake + e0 + tid);
+      if (norm_w != nullptr) cp_async4(&st.g[tid], norm_w + (esc_col & ~1));
     }
-    if (bias != nullptr && tid < 8) cp_async4(&st.bias[tid], bias + n0 + 2 * tid);
-  };
-  // what earlier kernels write, for block b: x at the escapes' columns, the residual tile
-  auto stage_activations = [&](int b) {
-    if (has_esc)
-      for (int m = 0; m < M; ++m) cp_async4(&st.x[m][tid], x + m * stride_x + (esc_col & ~1));
-    if (residual != nullptr && tid < 8 * M)
-      cp_async4(&st.res[tid >> 3][tid & 7], residual + (tid >> 3) * stride_r + 16 * b + 2 * (tid & 7));
-  };
-  int blk = blockIdx.x;
-  if (PREFETCH) load_first_chunk(blk);  // weights (which no kernel writes) before the wait
-  for (int i = 1; i <= ahead; ++i)  // and the next `ahead` chunks into L2
-    if (warp + i * WARPS < chunks) prefetch_l2(blk, warp + i * WARPS);
-  stage_constants(blk);
+  }
+  if (bias != nullptr && tid < 8) cp_async4(&st.bias[tid], bias + n0 + 2 * tid);
   pdl_wait_then_release();
-  stage_activations(blk);
+  // what earlier kernels write: x at the escapes' columns, the residual tile
+  if (has_esc)
+    for (int m = 0; m < M; ++m) cp_async4(&st.x[m][tid], x + m * stride_x + (esc_col & ~1));
+  if (residual != nullptr && tid < 8 * M) cp_async4(&st.res[tid >> 3][tid & 7], residual + (tid >> 3) * stride_r + n0 + 2 * (tid & 7));
   if (norm_w != nullptr) {
     rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
     stage_normalized<WARPS>(x, norm_w, M, k_lo, k_split, stride_x, rstd, xs);
   }
-  while (true) {
-    const int n0 = 16 * blk;
-    const unsigned char* sa = sm_rows(blk);
-    const unsigned char* sb = sa + 8L * Kp;
-    const unsigned char* ea = ex_rows(blk);
-    const unsigned char* eb = ea + 8L * (Kp / 2);
-    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  // chunk c's MMAs on the decoded weight vectors in rsa .. reb
+  auto consume = [&](int c) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k0 = c * 64 * U + 64 * u;
+      V4 x0a, x1a, x0b, x1b;
+      if (norm_w != nullptr) {  // staged once per CTA, already normalized
+        x0a = *reinterpret_cast<const V4*>(xsa + k0);
+        x1a = *reinterpret_cast<const V4*>(xsa + k0 + 8);
+        if (MT == 2) {
+          x0b = *reinterpret_cast<const V4*>(xsb + k0);
+          x1b = *reinterpret_cast<const V4*>(xsb + k0 + 8);
+        }
+      } else {
+        x0a = load_x(xa + k0);
+        x1a = load_x(xa + k0 + 8);
+        if (MT == 2) {
+          x0b = load_x(xb + k0);
+          x1b = load_x(xb + k0 + 8);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const u32 ca = biased_codes(rea[u].w[i], high), cb = biased_codes(reb[u].w[i], high);
+        const u32 a0 = decode_pair<0>(rsa[u].w[i], ca);
+        const u32 a2 = decode_pair<1>(rsa[u].w[i], ca);
+        const u32 a1 = decode_pair<0>(rsb[u].w[i], cb);
+        const u32 a3 = decode_pair<1>(rsb[u].w[i], cb);
+        const u32 b0 = (i < 2 ? x0a : x1a).w[(2 * i) & 3], b1 = (i < 2 ? x0a : x1a).w[(2 * i + 1) & 3];
+        mma16816(c0, a0, a1, a2, a3, b0, b1);
+        if (MT == 2) {
+          const u32 d0 = (i < 2 ? x0b : x1b).w[(2 * i) & 3], d1 = (i < 2 ? x0b : x1b).w[(2 * i + 1) & 3];
+          mma16816(c1, a0, a1, a2, a3, d0, d1);
+        }
+      }
+    }
+  };
+  if (RING > 0) {
+    for (int c = warp, i = 0; c < chunks; c += WARPS, ++i) {
+      constexpr int R = RING > 0 ? RING : 1;
+      if (c + (R - 1) * WARPS < chunks) issue(c + (R - 1) * WARPS, (i + R - 1) % R);  // the stage read last
+      cp_async_commit();
+      cp_async_wait_group<R - 1>();  // chunk c landed
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        rsa[u] = *slot(i % R, 4 * u);
+        rsb[u] = *slot(i % R, 4 * u + 1);
+        rea[u] = *slot(i % R, 4 * u + 2);
+        reb[u] = *slot(i % R, 4 * u + 3);
+      }
+      consume(c);
+    }
+  } else {
     for (int c = warp; c < chunks; c += WARPS) {
-      if (ahead > 0 && c + (ahead + 1) * WARPS < chunks) prefetch_l2(blk, c + (ahead + 1) * WARPS);
+      if (ahead > 0 && c + (ahead + 1) * WARPS < chunks) prefetch_l2(c + (ahead + 1) * WARPS);
       V4 nsa[U], nsb[U], nea[U], neb[U];
       if (!PREFETCH || c + WARPS < chunks) {  // prefetching: the next chunk's weights, if any
         const int kc = (PREFETCH ? c + WARPS : c) * 64 * U;
@@ -279,40 +349,7 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
           rsa[u] = nsa[u]; rsb[u] = nsb[u]; rea[u] = nea[u]; reb[u] = neb[u];
         }
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int k0 = c * 64 * U + 64 * u;
-        V4 x0a, x1a, x0b, x1b;
-        if (norm_w != nullptr) {  // staged once per CTA, already normalized
-          x0a = *reinterpret_cast<const V4*>(xsa + k0);
-          x1a = *reinterpret_cast<const V4*>(xsa + k0 + 8);
-          if (MT == 2) {
-            x0b = *reinterpret_cast<const V4*>(xsb + k0);
-            x1b = *reinterpret_cast<const V4*>(xsb + k0 + 8);
-          }
-        } else {
-          x0a = load_x(xa + k0);
-          x1a = load_x(xa + k0 + 8);
-          if (MT == 2) {
-            x0b = load_x(xb + k0);
-            x1b = load_x(xb + k0 + 8);
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const u32 ca = biased_codes(rea[u].w[i], high), cb = biased_codes(reb[u].w[i], high);
-          const u32 a0 = decode_pair<0>(rsa[u].w[i], ca);
-          const u32 a2 = decode_pair<1>(rsa[u].w[i], ca);
-          const u32 a1 = decode_pair<0>(rsb[u].w[i], cb);
-          const u32 a3 = decode_pair<1>(rsb[u].w[i], cb);
-          const u32 b0 = (i < 2 ? x0a : x1a).w[(2 * i) & 3], b1 = (i < 2 ? x0a : x1a).w[(2 * i + 1) & 3];
-          mma16816(c0, a0, a1, a2, a3, b0, b1);
-          if (MT == 2) {
-            const u32 d0 = (i < 2 ? x0b : x1b).w[(2 * i) & 3], d1 = (i < 2 ? x0b : x1b).w[(2 * i + 1) & 3];
-            mma16816(c1, a0, a1, a2, a3, d0, d1);
-          }
-        }
-      }
+      consume(c);
       if (PREFETCH) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -320,95 +357,94 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
         }
       }
     }
-    const float scale_a = base_scale(base_a), scale_b = base_scale(base_b);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float sc = (i & 2) ? scale_b : scale_a;
-      c0[i] *= sc;
-      c1[i] *= sc;
-    }
-    cp_async_wait_all();  // the staged epilogue inputs (reduce_cta's barrier makes them visible)
-    float s[8];
-    if (reduce_cta<WARPS>(c0, c1, s, ws, tickets, blk, nblocks)) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // the escapes of the lane's two weight rows: exact products in fp32
-        for (int e = st.rp[g + 8 * h]; e < st.rp[g + 8 * h + 1]; ++e) {
-          const bool staged = e < ESC_CAP;
-          const int col = staged ? st.col[e] : ecol[e0 + e];
-          const float w_true = staged ? st.wt[e] : etrue[e0 + e], w_fake = staged ? st.wf[e] : efake[e0 + e];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int m = acc_row(i, t);
-            if (((i >> 1) & 1) == h && m < M) {
-              float xv = staged ? half_of(st.x[m][e], col) : from_bf16(x[m * stride_x + col]);
-              if (norm_w != nullptr) {  // the value the MMA saw: rms_norm's roundings
-                const float gv = staged ? half_of(st.g[e], col) : from_bf16(norm_w[col]);
-                xv = from_bf16(to_bf16(gv * from_bf16(to_bf16(xv * rstd[m]))));
-              }
-              s[i] += xv * w_true - xv * w_fake;
-            }
-          }
-        }
-      }
-      if (bias != nullptr) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) s[i] += half_of(st.bias[acc_col(i, g) >> 1], acc_col(i, g));
-      }
-      if (residual != nullptr) {  // the rounded product plus r (rounded again by the store)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int m = acc_row(i, t);
-          if (m < M) s[i] = from_bf16(to_bf16(s[i])) + half_of(st.res[m][acc_col(i, g) >> 1], acc_col(i, g));
-        }
-      }
-      store_lane(s, y, stride_y, M, n0, g, t);
-    }
-    const int next = blk + gridDim.x;
-    if (!PERSIST || next >= nblocks) break;
-    if (PREFETCH) load_first_chunk(next);  // in flight while the CTA meets at the barrier (warp 0 later)
-    blk = next;
-    __syncthreads();  // the stage and the reduction's shared memory are free for the next block
-    stage_constants(blk);
-    stage_activations(blk);
   }
+  const float scale_a = base_scale(base_a), scale_b = base_scale(base_b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float sc = (i & 2) ? scale_b : scale_a;
+    c0[i] *= sc;
+    c1[i] *= sc;
+  }
+  cp_async_wait_all();  // the staged epilogue inputs (reduce_cta's barrier makes them visible)
+  float s[8];
+  if (!reduce_cta<WARPS>(c0, c1, s, ws, tickets)) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // the escapes of the lane's two weight rows: exact products in fp32
+    for (int e = st.rp[g + 8 * h]; e < st.rp[g + 8 * h + 1]; ++e) {
+      const bool staged = e < ESC_CAP;
+      const int col = staged ? st.col[e] : ecol[e0 + e];
+      const float w_true = staged ? st.wt[e] : etrue[e0 + e], w_fake = staged ? st.wf[e] : efake[e0 + e];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int m = acc_row(i, t);
+        if (((i >> 1) & 1) == h && m < M) {
+          float xv = staged ? half_of(st.x[m][e], col) : from_bf16(x[m * stride_x + col]);
+          if (norm_w != nullptr) {  // the value the MMA saw: rms_norm's roundings
+            const float gv = staged ? half_of(st.g[e], col) : from_bf16(norm_w[col]);
+            xv = from_bf16(to_bf16(gv * from_bf16(to_bf16(xv * rstd[m]))));
+          }
+          s[i] += xv * w_true - xv * w_fake;
+        }
+      }
+    }
+  }
+  if (bias != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] += half_of(st.bias[acc_col(i, g) >> 1], acc_col(i, g));
+  }
+  if (residual != nullptr) {  // the rounded product plus r (rounded again by the store)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int m = acc_row(i, t);
+      if (m < M) s[i] = from_bf16(to_bf16(s[i])) + half_of(st.res[m][acc_col(i, g) >> 1], acc_col(i, g));
+    }
+  }
+  store_lane(s, y, stride_y, M, n0, g, t);
 }
 
 #ifndef SPECC_NVRTC  // the host launch (nvcc); NVRTC compile checks instantiate the kernels themselves
 #include <stdexcept>
 #include <string>
 
-template <int MT, int U, int WARPS, bool P, bool PERSIST>
+constexpr int BF12_RING_STAGES = 4;  // the ring's stages (Bf12MmaConfig.ring)
+
+template <int MT, int U, int WARPS, bool P, int RING>
 static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const void* x, const void* sm,
                               const void* ex, const void* base, int stride_base, const void* rowptr,
                               const void* ecol, const void* etrue, const void* efake, const void* bias,
                               const void* norm_w, float eps, const void* residual, long stride_r, void* y,
                               void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y,
-                              int nblocks, int ahead) {
-  // a fused norm stages the normalized rows of the CTA's K range in dynamic shared memory
-  const size_t smem = norm_w != nullptr ? (size_t)M * k_split * sizeof(bf16_t) : 0;
-  return launch_maybe_pdl(bf12_mma<MT, U, WARPS, P, PERSIST>, grid, WARPS * 32, smem, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
-                            (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
-                            (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
-                            (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,
-                            (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y, nblocks, ahead);
+                              int ahead) {
+  // a fused norm stages the normalized rows of the CTA's K range in dynamic shared memory, and the
+  // ring its weight vectors: RING stages x WARPS x 4 U vectors x 32 lanes x 16 bytes
+  const size_t smem = (norm_w != nullptr ? (size_t)M * k_split * sizeof(bf16_t) : 0) + (size_t)RING * WARPS * U * 2048;
+  auto kernel = bf12_mma<MT, U, WARPS, P, RING>;
+  if (smem > 48 * 1024) {  // beyond the default a launch gets: opt in (once per instance is enough)
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  return launch_maybe_pdl(kernel, grid, WARPS * 32, smem, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
+                          (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
+                          (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
+                          (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,
+                          (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y, ahead);
 }
 
-void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
-                     const void* x, const void* sm, const void* ex, const void* base, int stride_base,
-                     const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
-                     const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
-                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y, int nblocks,
-                     int ahead) {
+void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, int ring, int ahead, bool pdl, dim3 grid,
+                     cudaStream_t stream, const void* x, const void* sm, const void* ex, const void* base,
+                     int stride_base, const void* rowptr, const void* ecol, const void* etrue, const void* efake,
+                     const void* bias, const void* norm_w, float eps, const void* residual, long stride_r, void* y,
+                     void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
+  if (ring != 0 && (ring != BF12_RING_STAGES || !prefetch))
+    throw std::invalid_argument("bf12_mma: ring is 0 or 4 stages, with prefetch");
 #define SPECC_BF12_ARGS pdl, grid, stream, x, sm, ex, base, stride_base, rowptr, ecol, etrue, efake, bias, norm_w, \
-                        eps, residual, stride_r, y, ws, tickets, M, Kp, k_split, stride_x, stride_y, nblocks, ahead
+                        eps, residual, stride_r, y, ws, tickets, M, Kp, k_split, stride_x, stride_y, ahead
 #define SPECC_BF12_CASE(MT, U, W)                                                                        \
   case MT * 100 + U * 10 + W / 4:                                                                        \
-    err = persist ? launch_one<MT, U, W, true, true>(SPECC_BF12_ARGS)                                     \
-          : prefetch ? launch_one<MT, U, W, true, false>(SPECC_BF12_ARGS)                                 \
-                     : launch_one<MT, U, W, false, false>(SPECC_BF12_ARGS);                               \
+    err = ring ? launch_one<MT, U, W, true, BF12_RING_STAGES>(SPECC_BF12_ARGS)                           \
+               : prefetch ? launch_one<MT, U, W, true, 0>(SPECC_BF12_ARGS)                               \
+                          : launch_one<MT, U, W, false, 0>(SPECC_BF12_ARGS);                             \
     break;
-  const bool persist = (int)grid.x < nblocks;  // persistent CTAs (the host allows them with prefetch only)
-  if (persist && !prefetch) throw std::invalid_argument("bf12_mma: persistent CTAs need prefetch");
   cudaError_t err = cudaErrorInvalidValue;
   switch (mt * 100 + unroll * 10 + warps / 4) {
     SPECC_BF12_CASE(1, 1, 4) SPECC_BF12_CASE(1, 1, 8) SPECC_BF12_CASE(1, 2, 4) SPECC_BF12_CASE(1, 2, 8)

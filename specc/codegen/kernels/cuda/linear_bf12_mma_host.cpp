@@ -1,21 +1,20 @@
 // Host side of linear_bf12_mma.cu: checks, the template instance for (rows, unroll, warps,
-// prefetch), the grid (a CTA per 16-row block, or ctas persistent ones), and a launch on torch's current stream, with programmatic dependent launch on request.
+// prefetch, ring), and a launch on torch's current stream, with programmatic dependent launch on request.
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
-                     const void* x, const void* sm, const void* ex, const void* base, int stride_base,
-                     const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
-                     const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
-                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y, int nblocks,
-                     int ahead);
+void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, int ring, int ahead, bool pdl, dim3 grid,
+                     cudaStream_t stream, const void* x, const void* sm, const void* ex, const void* base,
+                     int stride_base, const void* rowptr, const void* ecol, const void* etrue, const void* efake,
+                     const void* bias, const void* norm_w, float eps, const void* residual, long stride_r, void* y,
+                     void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y);
 
 void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Tensor base, int64_t stride_base,
                   torch::Tensor rowptr, torch::Tensor ecol, torch::Tensor etrue, torch::Tensor efake,
                   torch::Tensor bias, bool has_bias, torch::Tensor norm_w, bool has_norm, double eps,
                   torch::Tensor residual, bool has_residual, torch::Tensor y, torch::Tensor ws, torch::Tensor tickets,
-                  int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl, int64_t ctas,
+                  int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl, int64_t ring,
                   int64_t l2_ahead) {
   const int64_t M = x.size(0), N = sm.size(0), Kp = sm.size(1);
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16, "x: bf16 on the GPU");
@@ -37,18 +36,15 @@ void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Te
   TORCH_CHECK((uintptr_t)x.data_ptr() % 16 == 0 && (M == 1 || x.stride(0) % 8 == 0), "x rows: 16-byte aligned");
   TORCH_CHECK(!has_norm || M * (Kp / splits) * 2 <= 32768, "fused norm: M * K / splits <= 16384");
   const int mt = M > 8 ? 2 : 1;
-  TORCH_CHECK(l2_ahead >= 0, "l2_ahead >= 0 (0: no L2 prefetch ahead)");
-  TORCH_CHECK(ctas >= 0, "ctas >= 0 (0: one CTA per 16-row block)");
-  // ctas < N / 16: persistent CTAs, each summing every ctas-th row block
-  const int64_t nblocks = N / 16, gx = ctas > 0 && ctas < nblocks ? ctas : nblocks;
-  dim3 grid((unsigned)gx, (unsigned)splits);
-  bf12_mma_launch(mt, (int)unroll, (int)warps, prefetch, pdl, grid, at::cuda::getCurrentCUDAStream(),
+  dim3 grid((unsigned)(N / 16), (unsigned)splits);
+  TORCH_CHECK(l2_ahead >= 0, "l2_ahead >= 0");
+  bf12_mma_launch(mt, (int)unroll, (int)warps, prefetch, (int)ring, (int)l2_ahead, pdl, grid, at::cuda::getCurrentCUDAStream(),
                   x.data_ptr(), sm.data_ptr(), ex.data_ptr(), base.data_ptr(), (int)stride_base, rowptr.data_ptr(),
                   ecol.data_ptr(), etrue.data_ptr(), efake.data_ptr(), has_bias ? bias.data_ptr() : nullptr,
                   has_norm ? norm_w.data_ptr() : nullptr, (float)eps, has_residual ? residual.data_ptr() : nullptr,
                   has_residual ? (long)residual.stride(0) : 0L,
                   y.data_ptr(), ws.data_ptr(), tickets.data_ptr(), (int)M, (int)Kp, (int)(Kp / splits),
-                  (long)x.stride(0), (long)y.stride(0), (int)nblocks, (int)l2_ahead);
+                  (long)x.stride(0), (long)y.stride(0));
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

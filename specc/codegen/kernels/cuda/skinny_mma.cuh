@@ -83,12 +83,9 @@ __device__ __forceinline__ void store_lane(const float (&s)[8], bf16_t* y, long 
 // CTA of a row block (a ticket) adds them up in split order, deterministic whoever finishes
 // last, and resets its ticket for the next launch (and graph replay). Returns whether this
 // lane holds the row block's total.
-// blk / nblocks: the row block this CTA sums and how many there are (a persistent CTA loops over
-// several; the overload below is one block per CTA).
 template <int WARPS>
 __device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c1)[4], float (&s)[8],
-                                           float* __restrict__ ws, unsigned* __restrict__ tickets, int blk,
-                                           int nblocks) {
+                                           float* __restrict__ ws, unsigned* __restrict__ tickets) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = blockIdx.y, splits = gridDim.y;
   __shared__ float red[WARPS][32][8];
@@ -106,32 +103,26 @@ __device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c
     for (int v = 1; v < WARPS; ++v) s[i] += red[v][lane][i];
   }
   if (splits == 1) return true;
-  float* mine = ws + (((long)split * nblocks + blk) * 32 + lane) * 8;
+  float* mine = ws + (((long)split * gridDim.x + blockIdx.x) * 32 + lane) * 8;
 #pragma unroll
   for (int i = 0; i < 8; ++i) mine[i] = s[i];
   __threadfence();
   __syncwarp();
   unsigned ticket = 0;
-  if (lane == 0) ticket = atomicAdd(tickets + blk, 1u);
+  if (lane == 0) ticket = atomicAdd(tickets + blockIdx.x, 1u);
   ticket = __shfl_sync(0xffffffffu, ticket, 0);
   if (ticket != (unsigned)(splits - 1)) return false;
   __threadfence();
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i] = 0.f;
   for (int p = 0; p < splits; ++p) {
-    const float* part = ws + (((long)p * nblocks + blk) * 32 + lane) * 8;
+    const float* part = ws + (((long)p * gridDim.x + blockIdx.x) * 32 + lane) * 8;
 #pragma unroll
     for (int i = 0; i < 8; ++i) s[i] += __ldcg(part + i);
   }
   __syncwarp();
-  if (lane == 0) tickets[blk] = 0u;
+  if (lane == 0) tickets[blockIdx.x] = 0u;
   return true;
-}
-
-template <int WARPS>
-__device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c1)[4], float (&s)[8],
-                                           float* __restrict__ ws, unsigned* __restrict__ tickets) {
-  return reduce_cta<WARPS>(c0, c1, s, ws, tickets, (int)blockIdx.x, (int)gridDim.x);
 }
 
 #if !defined(__CUDACC_RTC__)  // host side (nvcc): NVRTC compile checks see the device code only
