@@ -117,34 +117,25 @@ def candidates_v2(m: int, quick: bool = False):
     return c[:2] + c[-1:] if quick else c  # (the last one decodes without the inline asm)
 
 
-L2_AHEAD = (1, 2, 4, 8, 64)  # chunks a warp asks L2 for past the next one (Bf12MmaConfig.l2_ahead)
-
-
-def candidates_mma(m: int, quick: bool = False, n: int | None = None, k: int | None = None):
-    """Configs of the tensor-core kernel (layout 2, 1 .. 16 rows; none above): fixed ones, then
-    (given the shape) the launch rule's config for it, through the shared-memory ring, and with L2
-    prefetches ahead."""
-    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, RING_STAGES, get_config
+def candidates_mma(m: int, quick: bool = False):
+    """Configs of the tensor-core kernel (layout 2, 1 .. 16 rows; none above): its default first."""
+    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS
     from specc.codegen.kernels.linear_bf12_mma import Bf12MmaConfig as C
 
     if m > MAX_ROWS:
         return []
     c = [C(), C(prefetch=True), C(unroll=2, prefetch=True), C(unroll=2), C(warps=4, unroll=2, prefetch=True),
          C(warps=4, prefetch=True), C(splits=2), C(splits=2, prefetch=True)]
-    if n is not None and k is not None and torch.cuda.is_available():
-        d = get_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-        c += [d, dataclasses.replace(d, ring=RING_STAGES)]
-        c += [dataclasses.replace(d, l2_ahead=j) for j in L2_AHEAD]
     return c[:2] if quick else c
 
 
-def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool, n: int | None = None, k: int | None = None):
+def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool):
     """The configs a layout is timed with: v2 (the Triton kernels) and mma (the tensor-core
     kernel on layout-2 weights) always swept; v1 its shipped table (None) unless ``sweep_v1``."""
     if layout == "v2":
         return candidates_v2(m, quick)
     if layout == "mma":
-        return candidates_mma(m, quick, n, k)
+        return candidates_mma(m, quick)
     return candidates(m, quick) if sweep_v1 else [None]
 
 
@@ -232,8 +223,7 @@ def cfg_str(c) -> str:
     if c is None:
         return "table"
     if not hasattr(c, "kind"):  # a Bf12MmaConfig
-        return (f"mma u{c.unroll} w{c.warps}" + (f" sk{c.splits}" if c.splits > 1 else "") + (" pf" if c.prefetch else "")
-                + (f" ring{c.ring}" if c.ring else "") + (f" l2+{c.l2_ahead}" if c.l2_ahead else ""))
+        return f"mma u{c.unroll} w{c.warps}" + (f" sk{c.splits}" if c.splits > 1 else "") + (" pf" if c.prefetch else "")
     s = f"{c.kind} m{c.block_m} n{c.block_n} " + (f"j{c.block_j}" if hasattr(c, "block_j") else f"k{c.block_k}")
     if c.split_k > 1:
         s += f" sk{c.split_k}"
@@ -313,7 +303,7 @@ def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke) ->
                    "bf16_rel_err": e_cub, "bf16_hbm_frac": 2 * n * k / (t_cub * 1e-6) / hbm}
             for lay, (p, ps, _) in packs.items():
                 ys = [torch.empty(m, n, device=dev, dtype=act) for _ in ps]
-                recs = time_configs(L, x, p, ps, ys, ref, e_cub, configs_for(lay, m, args.quick, args.sweep_v1, n, k),
+                recs = time_configs(L, x, p, ps, ys, ref, e_cub, configs_for(lay, m, args.quick, args.sweep_v1),
                                     timer, smoke)
                 good = [c for c in recs if c.get("ok")]
                 row[f"{lay}_bytes"] = p.nbytes
@@ -369,8 +359,7 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
                 "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
-                "packed_v2_triton": v2, "packed_v2_ring": v2,
-                **{f"packed_v2_ahead{j}": v2 for j in L2_AHEAD}}
+                "packed_v2_triton": v2}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     if args.step_variants:  # the unpacked step is always the yardstick
@@ -379,8 +368,6 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
         if unknown:
             raise SystemExit(f"unknown --step-variants {sorted(unknown)} (use {', '.join(v for v in variants if v != 'unpacked')})")
         variants = {k: v for k, v in variants.items() if k == "unpacked" or k in wanted}
-    else:  # the ring and L2-ahead launches only when named
-        variants = {k: v for k, v in variants.items() if not k.startswith(("packed_v2_ring", "packed_v2_ahead"))}
     model = CostModel(args.deployment)
     base = model.calibration or Calibration(deployment=model.deployment.name, device="cuda")
     measured = CostModel(model.deployment, calibration=dataclasses.replace(
@@ -402,9 +389,7 @@ def _kernel_choice(label: str):
     ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
     ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_u2w4`` also use two
     super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` runs the
-    rms_norm kernel first at one row too, ``packed_v2_ring`` streams the weights through the
-    shared-memory ring, ``packed_v2_aheadK`` prefetches K chunks ahead into L2; every other
-    variant gets the defaults."""
+    rms_norm kernel first at one row too; every other variant gets the defaults."""
     from specc.codegen.kernels import linear_bf12_mma as mma
 
     saved_env, default_config, fused_norm_rows = os.environ.get(mma.ENV), mma.get_config, mma.FUSED_NORM_MAX_ROWS
@@ -415,11 +400,6 @@ def _kernel_choice(label: str):
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), unroll=2, warps=4, prefetch=True)
     if label == "packed_v2_norm_unfused":
         mma.FUSED_NORM_MAX_ROWS = 0
-    if label.startswith("packed_v2_ahead"):
-        mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k),
-                                                             l2_ahead=int(label[len("packed_v2_ahead"):]))
-    if label == "packed_v2_ring":
-        mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), ring=mma.RING_STAGES)
     try:
         yield
     finally:
@@ -497,8 +477,7 @@ def main():
                     help="also time the compiled Qwen3-8B AR and Q=16 verify steps, packed (v2) vs unpacked")
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default all: packed_v1 with layout v1, "
-                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, "
-                         "packed_v2_ring, packed_v2_ahead1 .. 64)")
+                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")

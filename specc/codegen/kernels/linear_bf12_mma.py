@@ -57,7 +57,7 @@ from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_ena
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
 
-__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "L2_AHEAD_ENV", "L2_AHEAD_DEFAULT", "RING_ENV", "RING_DEFAULT", "RING_STAGES", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
+__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
            "fuses_norm", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
@@ -78,13 +78,6 @@ FUSED_NORM_MAX_ROWS = 1
 # at most this many bytes, so that with the kernel's static shared memory it fits the 48 KB a
 # launch gets without opting in.
 FUSED_NORM_MAX_STAGED_BYTES = 32768
-# Chunks past the next one that each warp asks L2 for (Bf12MmaConfig.l2_ahead), and the weight
-# ring's stages (Bf12MmaConfig.ring: 0 or RING_STAGES). Read at every get_config.
-L2_AHEAD_ENV = "SPECC_BF12_MMA_L2_AHEAD"
-L2_AHEAD_DEFAULT = "0"
-RING_ENV = "SPECC_BF12_MMA_RING"
-RING_DEFAULT = "0"
-RING_STAGES = 4  # BF12_RING_STAGES in cuda/linear_bf12_mma.cu
 UNROLLS = (1, 2)  # 64-weight super-groups per lane and chunk
 WARPS = (4, 8)
 
@@ -93,24 +86,16 @@ WARPS = (4, 8)
 class Bf12MmaConfig:
     """A launch: ``unroll`` super-groups per chunk, ``warps`` per CTA (they split the CTA's K range
     in interleaved chunks), ``splits`` CTAs per 16-row block along K, ``prefetch`` (load the next
-    chunk's weights during this chunk's MMAs, and the first chunk's before the PDL wait),
-    ``l2_ahead``: each warp asks L2 for its chunks up to this many past the next one (bulk
-    prefetches, sm_90; no registers held); ``ring`` (0 or :data:`RING_STAGES`, with prefetch):
-    stream the weight vectors through that many stages of shared memory by ``cp.async`` instead
-    of registers (stages - 1 chunks in flight a warp)."""
+    chunk's weights during this chunk's MMAs, and the first chunk's before the PDL wait)."""
 
     unroll: int = 1
     warps: int = 8
     splits: int = 1
     prefetch: bool = False
-    l2_ahead: int = 0
-    ring: int = 0
 
     def __post_init__(self):
-        if (self.unroll not in UNROLLS or self.warps not in WARPS or self.splits < 1 or self.l2_ahead < 0
-                or self.ring not in (0, RING_STAGES) or (self.ring and not self.prefetch)):
-            raise ValueError(f"Bf12MmaConfig: unroll in {UNROLLS}, warps in {WARPS}, splits >= 1, l2_ahead >= 0, "
-                             f"ring 0 or {RING_STAGES} (with prefetch); got {self}")
+        if self.unroll not in UNROLLS or self.warps not in WARPS or self.splits < 1:
+            raise ValueError(f"Bf12MmaConfig: unroll in {UNROLLS}, warps in {WARPS}, splits >= 1; got {self}")
 
 
 def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> Bf12MmaConfig:
@@ -126,8 +111,7 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
       than 4 (gate_up, lm_head: CTAs turn over): 2 super-groups, 4 warps;
     - layers with fewer blocks than SMs (small models) split K so that every SM streams.
 
-    ``fused_norm`` does not change the launch (the norm's rows are staged once per CTA).
-    :data:`L2_AHEAD_ENV` and :data:`RING_ENV` set ``l2_ahead`` and ``ring``."""
+    ``fused_norm`` does not change the launch (the norm's rows are staged once per CTA)."""
     blocks = n // 16
     splits = 1
     while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
@@ -136,16 +120,7 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
     unroll, warps = (2, 8) if waves <= 2 else (1, 8) if waves <= 4 and m <= 8 else (2, 4)
     if kp % (64 * unroll * splits) or kp // (64 * unroll * splits) < warps:
         unroll = 1  # a chunk per warp at least
-    return Bf12MmaConfig(unroll=unroll, warps=warps, splits=splits, prefetch=True,
-                         l2_ahead=_env_count(L2_AHEAD_ENV, L2_AHEAD_DEFAULT, "chunks (0: none)"),
-                         ring=_env_count(RING_ENV, RING_DEFAULT, f"ring stages (0 or {RING_STAGES})"))
-
-
-def _env_count(name: str, default: str, what: str) -> int:
-    raw = os.environ.get(name, default).strip() or "0"
-    if not raw.isdigit():
-        raise ValueError(f"{name}={raw!r}: use a number of {what}")
-    return int(raw)
+    return Bf12MmaConfig(unroll=unroll, warps=warps, splits=splits, prefetch=True)
 
 
 def fuses_norm(rows: int, k: int) -> bool:
@@ -302,8 +277,7 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
                      meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
                      unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
                      unused if residual is None else residual, residual is not None, y,
-                     ws, tickets, cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch, bool(pdl_mode(x2, "bf12")),
-                     cfg.ring, cfg.l2_ahead)
+                     ws, tickets, cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch, bool(pdl_mode(x2, "bf12")))
     return y
 
 
@@ -445,11 +419,10 @@ def compile_check(arch: str = "compute_90", l2_prefetch: int = int(L2_PREFETCH_D
     """PTX of every kernel instance of ``cuda/linear_bf12_mma.cu`` from NVRTC (see :func:`nvrtc_ptx`),
     built as :data:`L2_PREFETCH_ENV` = ``l2_prefetch`` builds it."""
     instances = "".join(
-        f"template __global__ void bf12_mma<{mt}, {u}, {w}, {str(p).lower()}, {r}>(const bf16_t*, "
-        f"const unsigned char*, "
+        f"template __global__ void bf12_mma<{mt}, {u}, {w}, {str(p).lower()}>(const bf16_t*, const unsigned char*, "
         f"const unsigned char*, const unsigned char*, int, const int*, const int*, const float*, const float*, "
         f"const bf16_t*, const bf16_t*, float, const bf16_t*, long, bf16_t*, float*, unsigned*, int, int, int, long, "
-        f"long, int);\n"
-        for mt, u, w, (p, r) in itertools.product((1, 2), UNROLLS, WARPS, ((False, 0), (True, 0), (True, RING_STAGES))))
+        f"long);\n"
+        for mt, u, w, p in itertools.product((1, 2), UNROLLS, WARPS, (False, True)))
     source = f"#define SKINNY_L2_PREFETCH {int(l2_prefetch)}\n" + (CUDA_DIR / "linear_bf12_mma.cu").read_text() + instances
     return nvrtc_ptx(source, "linear_bf12_mma.cu", [str(CUDA_DIR)], arch)

@@ -8,8 +8,6 @@ kind, the same bits on every call and in a CUDA graph, and linear_bf12's dispatc
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -202,22 +200,6 @@ def test_config_splits_small_layers_only():
     assert mma.get_config(1, 256, 4096, 132).splits == 8
     with pytest.raises(ValueError):
         mma.Bf12MmaConfig(unroll=3)
-    with pytest.raises(ValueError, match="with prefetch"):
-        mma.Bf12MmaConfig(ring=mma.RING_STAGES)  # the ring is a prefetch: asked for with it
-    with pytest.raises(ValueError):
-        mma.Bf12MmaConfig(ring=3, prefetch=True)
-    with pytest.raises(ValueError):
-        mma.Bf12MmaConfig(l2_ahead=-1)
-
-
-def test_ring_and_l2_prefetch_by_setting(monkeypatch):
-    monkeypatch.setenv(mma.RING_ENV, str(mma.RING_STAGES))
-    monkeypatch.setenv(mma.L2_AHEAD_ENV, "4")
-    cfg = mma.get_config(1, 151936, 4096, 132)
-    assert cfg.ring == mma.RING_STAGES and cfg.l2_ahead == 4 and cfg.prefetch
-    monkeypatch.setenv(mma.RING_ENV, "four")
-    with pytest.raises(ValueError, match="ring stages"):
-        mma.get_config(1, 151936, 4096, 132)
 
 
 def test_a_bad_l2_prefetch_setting_is_refused(monkeypatch):
@@ -231,8 +213,7 @@ def test_cuda_source_compiles_for_sm90():
         ptx = mma.compile_check()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    # (rows tiles, unroll, warps) x {plain, prefetch, prefetch through the shared-memory ring}
-    assert ".target sm_90" in ptx and ptx.count(".entry") == 24 and "mma.sync.aligned.m16n8k16" in ptx
+    assert ".target sm_90" in ptx and ptx.count(".entry") == 16 and "mma.sync.aligned.m16n8k16" in ptx
     assert "L2::256B" in ptx and "L2::" not in mma.compile_check(l2_prefetch=0)  # the default hint, and without
 
 
@@ -317,46 +298,6 @@ def test_gpu_more_escapes_than_the_epilogue_stages(m, norm):
     want = (r.float() + prod.float()).to(torch.bfloat16)
     assert bool(((got.float() - want.float()).abs() <= prod.float().abs() / 64 + r.float().abs() / 128 + 2e-2).all())
     assert torch.equal(got, mma.linear_bf12_mma(x, packed, b, norm_weight=norm_w, residual=r))
-
-
-_RING = mma.RING_STAGES
-
-
-@gpu
-@pytest.mark.parametrize("m,cfg,norm", [
-    (1, mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True, ring=_RING), True),
-    (1, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, ring=_RING), False),
-    (8, mma.Bf12MmaConfig(unroll=2, warps=8, prefetch=True, ring=_RING), True),
-    (16, mma.Bf12MmaConfig(unroll=2, warps=8, prefetch=True, ring=_RING), False),
-    (9, mma.Bf12MmaConfig(unroll=1, warps=4, splits=2, prefetch=True, ring=_RING), False),
-    (1, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True, l2_ahead=3), True),
-    (16, mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True, l2_ahead=64), False)])
-def test_gpu_ring_and_l2_prefetch_equal_the_register_launch(m, cfg, norm):
-    """Streaming the weights through the shared-memory ring, and asking L2 for chunks ahead, give
-    the bits of the register-prefetch launch: the same sums in the same order. K = 2048 makes
-    more chunks than the ring has stages; a late block holds more escapes than the epilogue
-    stages, and the norm (before the ring in shared memory), bias and residual ride along."""
-    from specc.models import ops
-
-    n, k = 16 * 40, 2048
-    w = _weights(n, k, seed=50 + m).to("cuda")
-    g = torch.Generator(device="cuda").manual_seed(m)
-    cols = torch.randperm(k, device="cuda", generator=g)[:80]
-    w[n - 7, cols] = 3.0e4  # 80 escapes in the last block: past the 64 staged
-    packed = pack_bf16_12bit(w, version=2)
-    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-    b = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
-    r = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
-    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16) if norm else None
-    got = mma.linear_bf12_mma(x, packed, b, cfg, norm_weight=norm_w, residual=r)
-    one_per_block = mma.linear_bf12_mma(x, packed, b, dataclasses.replace(cfg, ring=0, l2_ahead=0),
-                                        norm_weight=norm_w, residual=r)
-    assert torch.equal(got, one_per_block)
-    h = ops.rms_norm(x, norm_w, 1e-6) if norm else x
-    prod = (h.float() @ w.float().T + b.float()).to(torch.bfloat16)
-    want = (r.float() + prod.float()).to(torch.bfloat16)
-    assert bool(((got.float() - want.float()).abs() <= prod.float().abs() / 64 + r.float().abs() / 128 + 2e-2).all())
-    assert torch.equal(got, mma.linear_bf12_mma(x, packed, b, cfg, norm_weight=norm_w, residual=r))
 
 
 @gpu

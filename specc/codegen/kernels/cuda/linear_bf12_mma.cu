@@ -119,29 +119,6 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// 16-byte asynchronous weight copy global -> shared, past L1, with the weight loads' L2 hint
-#if SKINNY_L2_PREFETCH == 256
-#define BF12_CP_ASYNC16 "cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n"
-#elif SKINNY_L2_PREFETCH == 128
-#define BF12_CP_ASYNC16 "cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n"
-#else
-#define BF12_CP_ASYNC16 "cp.async.cg.shared.global [%0], [%1], 16;\n"
-#endif
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile(BF12_CP_ASYNC16 ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-// sm_90's bulk L2 prefetch of `bytes` (a multiple of 16) at a 16-byte aligned address; nothing before
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 // the bf16 at element index i of 4-byte words (w: the word holding elements i & ~1, i | 1)
 __device__ __forceinline__ float half_of(u32 w, int i) { return __int_as_float((i & 1) ? (w & 0xFFFF0000u) : (w << 16)); }
 
@@ -174,23 +151,18 @@ __device__ __forceinline__ void stage_normalized(const bf16_t* __restrict__ x, c
   __syncthreads();
 }
 
-// grid (N / 16, splits), WARPS warps, dynamic shared memory: M * k_split bf16 with a fused norm,
-// then the weight ring (RING > 0); the host checks N % 16 == 0, Kp % (64 * U * splits) == 0,
-// 16-byte aligned rows (x, norm_w), 4-byte aligned bias and residual rows.
-// PREFETCH: double-buffer the weight registers across chunks and load the first chunk before the
-// PDL wait. RING > 0 (with PREFETCH): instead, each lane streams its weight vectors through RING
-// stages of shared memory by cp.async (RING - 1 chunks in flight a warp, no registers held; the
-// lane reads back only what it copied, so no barrier), the first RING - 1 before the PDL wait.
-// ahead > 0 (register path): each warp asks L2 for its chunks up to `ahead` past the next one
-// (bulk prefetches, sm_90), from before the PDL wait.
-template <int MT, int U, int WARPS, bool PREFETCH, int RING>
+// grid (N / 16, splits), WARPS warps, dynamic shared memory M * k_split bf16 with a fused norm;
+// the host checks N % 16 == 0, Kp % (64 * U * splits) == 0, 16-byte aligned rows (x, norm_w),
+// 4-byte aligned bias and residual rows; PREFETCH: double-buffer the weight registers across
+// chunks and load the first chunk before the PDL wait
+template <int MT, int U, int WARPS, bool PREFETCH>
 __global__ void __launch_bounds__(WARPS * 32)
 bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, const unsigned char* __restrict__ ex,
          const unsigned char* __restrict__ base, int stride_base, const int* __restrict__ rowptr,
          const int* __restrict__ ecol, const float* __restrict__ etrue, const float* __restrict__ efake,
          const bf16_t* __restrict__ bias, const bf16_t* __restrict__ norm_w, float eps,
          const bf16_t* __restrict__ residual, long stride_r, bf16_t* __restrict__ y, float* __restrict__ ws,
-         unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y, int ahead) {
+         unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3, high = t & 1;
   const int n0 = blockIdx.x * 16, split = blockIdx.y;
@@ -211,36 +183,7 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   __shared__ __align__(16) EpilogueStage<MT> st;
   float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
   V4 rsa[U], rsb[U], rea[U], reb[U];
-  // the ring: [warp][stage][4 U vectors][32 lanes] of 16 bytes, after the normalized rows
-  V4* ring = reinterpret_cast<V4*>(dyn_smem + (norm_w != nullptr ? (long)M * k_split * sizeof(bf16_t) : 0L));
-  auto slot = [&](int stage, int j) { return ring + ((warp * (RING > 0 ? RING : 1) + stage) * 4 * U + j) * 32 + lane; };
-  auto issue = [&](int c, int stage) {  // chunk c's weight vectors of this lane into a ring stage
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k0 = c * 64 * U + 64 * u;
-      cp_async16(slot(stage, 4 * u), sa + k0);
-      cp_async16(slot(stage, 4 * u + 1), sb + k0);
-      cp_async16(slot(stage, 4 * u + 2), ea + k0 / 2);
-      cp_async16(slot(stage, 4 * u + 3), eb + k0 / 2);
-    }
-  };
-  // the warp's chunk c into L2: lanes 0-15 the sm bytes of rows n0 + lane, 16-31 their codes
-  auto prefetch_l2 = [&](int c) {
-    const long row = n0 + (lane & 15);
-    if (lane < 16) prefetch_l2_bulk(sm + row * Kp + k_lo + (long)c * 64 * U, 64 * U);
-    else prefetch_l2_bulk(ex + row * (Kp / 2) + k_lo / 2 + (long)c * 32 * U, 32 * U);
-  };
-  if (RING > 0) {  // the first RING - 1 chunks (weights: no kernel writes them) before the wait
-#pragma unroll
-    for (int i = 0; i < (RING > 0 ? RING - 1 : 0); ++i) {
-      if (warp + i * WARPS < chunks) issue(warp + i * WARPS, i);
-      cp_async_commit();
-    }
-  } else {
-    for (int i = 1; i <= ahead; ++i)
-      if (warp + i * WARPS < chunks) prefetch_l2(warp + i * WARPS);
-  }
-  if (RING == 0 && PREFETCH && warp < chunks) {  // the first chunk's weights (which no kernel writes) before the wait
+  if (PREFETCH && warp < chunks) {  // the first chunk's weights (which no kernel writes) before the wait
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = warp * 64 * U + 64 * u;
@@ -276,8 +219,25 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
     rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
     stage_normalized<WARPS>(x, norm_w, M, k_lo, k_split, stride_x, rstd, xs);
   }
-  // chunk c's MMAs on the decoded weight vectors in rsa .. reb
-  auto consume = [&](int c) {
+  for (int c = warp; c < chunks; c += WARPS) {
+    V4 nsa[U], nsb[U], nea[U], neb[U];
+    if (!PREFETCH || c + WARPS < chunks) {  // prefetching: the next chunk's weights, if any
+      const int kc = (PREFETCH ? c + WARPS : c) * 64 * U;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int k0 = kc + 64 * u;
+        nsa[u] = load_weights(sa + k0);
+        nsb[u] = load_weights(sb + k0);
+        nea[u] = load_weights(ea + k0 / 2);
+        neb[u] = load_weights(eb + k0 / 2);
+      }
+    }
+    if (!PREFETCH) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        rsa[u] = nsa[u]; rsb[u] = nsb[u]; rea[u] = nea[u]; reb[u] = neb[u];
+      }
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = c * 64 * U + 64 * u;
@@ -312,49 +272,10 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
         }
       }
     }
-  };
-  if (RING > 0) {
-    for (int c = warp, i = 0; c < chunks; c += WARPS, ++i) {
-      constexpr int R = RING > 0 ? RING : 1;
-      if (c + (R - 1) * WARPS < chunks) issue(c + (R - 1) * WARPS, (i + R - 1) % R);  // the stage read last
-      cp_async_commit();
-      cp_async_wait_group<R - 1>();  // chunk c landed
+    if (PREFETCH) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        rsa[u] = *slot(i % R, 4 * u);
-        rsb[u] = *slot(i % R, 4 * u + 1);
-        rea[u] = *slot(i % R, 4 * u + 2);
-        reb[u] = *slot(i % R, 4 * u + 3);
-      }
-      consume(c);
-    }
-  } else {
-    for (int c = warp; c < chunks; c += WARPS) {
-      if (ahead > 0 && c + (ahead + 1) * WARPS < chunks) prefetch_l2(c + (ahead + 1) * WARPS);
-      V4 nsa[U], nsb[U], nea[U], neb[U];
-      if (!PREFETCH || c + WARPS < chunks) {  // prefetching: the next chunk's weights, if any
-        const int kc = (PREFETCH ? c + WARPS : c) * 64 * U;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int k0 = kc + 64 * u;
-          nsa[u] = load_weights(sa + k0);
-          nsb[u] = load_weights(sb + k0);
-          nea[u] = load_weights(ea + k0 / 2);
-          neb[u] = load_weights(eb + k0 / 2);
-        }
-      }
-      if (!PREFETCH) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          rsa[u] = nsa[u]; rsb[u] = nsb[u]; rea[u] = nea[u]; reb[u] = neb[u];
-        }
-      }
-      consume(c);
-      if (PREFETCH) {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          rsa[u] = nsa[u]; rsb[u] = nsb[u]; rea[u] = nea[u]; reb[u] = neb[u];
-        }
+        rsa[u] = nsa[u]; rsb[u] = nsb[u]; rea[u] = nea[u]; reb[u] = neb[u];
       }
     }
   }
@@ -406,44 +327,31 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 #include <stdexcept>
 #include <string>
 
-constexpr int BF12_RING_STAGES = 4;  // the ring's stages (Bf12MmaConfig.ring)
-
-template <int MT, int U, int WARPS, bool P, int RING>
+template <int MT, int U, int WARPS, bool P>
 static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const void* x, const void* sm,
                               const void* ex, const void* base, int stride_base, const void* rowptr,
                               const void* ecol, const void* etrue, const void* efake, const void* bias,
                               const void* norm_w, float eps, const void* residual, long stride_r, void* y,
-                              void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y,
-                              int ahead) {
-  // a fused norm stages the normalized rows of the CTA's K range in dynamic shared memory, and the
-  // ring its weight vectors: RING stages x WARPS x 4 U vectors x 32 lanes x 16 bytes
-  const size_t smem = (norm_w != nullptr ? (size_t)M * k_split * sizeof(bf16_t) : 0) + (size_t)RING * WARPS * U * 2048;
-  auto kernel = bf12_mma<MT, U, WARPS, P, RING>;
-  if (smem > 48 * 1024) {  // beyond the default a launch gets: opt in (once per instance is enough)
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-  }
-  return launch_maybe_pdl(kernel, grid, WARPS * 32, smem, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
-                          (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
-                          (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
-                          (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,
-                          (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y, ahead);
+                              void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
+  // a fused norm stages the normalized rows of the CTA's K range in dynamic shared memory
+  const size_t smem = norm_w != nullptr ? (size_t)M * k_split * sizeof(bf16_t) : 0;
+  return launch_maybe_pdl(bf12_mma<MT, U, WARPS, P>, grid, WARPS * 32, smem, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
+                            (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
+                            (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
+                            (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,
+                            (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y);
 }
 
-void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, int ring, int ahead, bool pdl, dim3 grid,
-                     cudaStream_t stream, const void* x, const void* sm, const void* ex, const void* base,
-                     int stride_base, const void* rowptr, const void* ecol, const void* etrue, const void* efake,
-                     const void* bias, const void* norm_w, float eps, const void* residual, long stride_r, void* y,
-                     void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
-  if (ring != 0 && (ring != BF12_RING_STAGES || !prefetch))
-    throw std::invalid_argument("bf12_mma: ring is 0 or 4 stages, with prefetch");
+void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
+                     const void* x, const void* sm, const void* ex, const void* base, int stride_base,
+                     const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
+                     const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
+                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
 #define SPECC_BF12_ARGS pdl, grid, stream, x, sm, ex, base, stride_base, rowptr, ecol, etrue, efake, bias, norm_w, \
-                        eps, residual, stride_r, y, ws, tickets, M, Kp, k_split, stride_x, stride_y, ahead
+                        eps, residual, stride_r, y, ws, tickets, M, Kp, k_split, stride_x, stride_y
 #define SPECC_BF12_CASE(MT, U, W)                                                                        \
   case MT * 100 + U * 10 + W / 4:                                                                        \
-    err = ring ? launch_one<MT, U, W, true, BF12_RING_STAGES>(SPECC_BF12_ARGS)                           \
-               : prefetch ? launch_one<MT, U, W, true, 0>(SPECC_BF12_ARGS)                               \
-                          : launch_one<MT, U, W, false, 0>(SPECC_BF12_ARGS);                             \
+    err = prefetch ? launch_one<MT, U, W, true>(SPECC_BF12_ARGS) : launch_one<MT, U, W, false>(SPECC_BF12_ARGS); \
     break;
   cudaError_t err = cudaErrorInvalidValue;
   switch (mt * 100 + unroll * 10 + warps / 4) {

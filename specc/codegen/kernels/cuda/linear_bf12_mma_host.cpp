@@ -1,21 +1,20 @@
 // Host side of linear_bf12_mma.cu: checks, the template instance for (rows, unroll, warps,
-// prefetch, ring), and a launch on torch's current stream, with programmatic dependent launch on request.
+// prefetch), and a launch on torch's current stream, with programmatic dependent launch on request.
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
-void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, int ring, int ahead, bool pdl, dim3 grid,
-                     cudaStream_t stream, const void* x, const void* sm, const void* ex, const void* base,
-                     int stride_base, const void* rowptr, const void* ecol, const void* etrue, const void* efake,
-                     const void* bias, const void* norm_w, float eps, const void* residual, long stride_r, void* y,
-                     void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y);
+void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
+                     const void* x, const void* sm, const void* ex, const void* base, int stride_base,
+                     const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
+                     const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
+                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y);
 
 void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Tensor base, int64_t stride_base,
                   torch::Tensor rowptr, torch::Tensor ecol, torch::Tensor etrue, torch::Tensor efake,
                   torch::Tensor bias, bool has_bias, torch::Tensor norm_w, bool has_norm, double eps,
                   torch::Tensor residual, bool has_residual, torch::Tensor y, torch::Tensor ws, torch::Tensor tickets,
-                  int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl, int64_t ring,
-                  int64_t l2_ahead) {
+                  int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl) {
   const int64_t M = x.size(0), N = sm.size(0), Kp = sm.size(1);
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16, "x: bf16 on the GPU");
   TORCH_CHECK(M >= 1 && M <= 16, "1 .. 16 rows, got ", M);
@@ -37,8 +36,7 @@ void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Te
   TORCH_CHECK(!has_norm || M * (Kp / splits) * 2 <= 32768, "fused norm: M * K / splits <= 16384");
   const int mt = M > 8 ? 2 : 1;
   dim3 grid((unsigned)(N / 16), (unsigned)splits);
-  TORCH_CHECK(l2_ahead >= 0, "l2_ahead >= 0");
-  bf12_mma_launch(mt, (int)unroll, (int)warps, prefetch, (int)ring, (int)l2_ahead, pdl, grid, at::cuda::getCurrentCUDAStream(),
+  bf12_mma_launch(mt, (int)unroll, (int)warps, prefetch, pdl, grid, at::cuda::getCurrentCUDAStream(),
                   x.data_ptr(), sm.data_ptr(), ex.data_ptr(), base.data_ptr(), (int)stride_base, rowptr.data_ptr(),
                   ecol.data_ptr(), etrue.data_ptr(), efake.data_ptr(), has_bias ? bias.data_ptr() : nullptr,
                   has_norm ? norm_w.data_ptr() : nullptr, (float)eps, has_residual ? residual.data_ptr() : nullptr,
