@@ -23,9 +23,7 @@
 // x row (rsqrt(mean(x^2) + eps), over the whole row), then stages its K range of the normalized
 // rows in shared memory once, rounding where specc.models.ops.rms_norm rounds: n = bf16(x *
 // rstd), h = bf16(g * n); the main loop reads x from there (normalizing as it loaded made every
-// lane of a k position repeat the same work, 8 times per CTA). The norm weights g are copied into
-// the stage before the PDL wait (in the step the prologue cost each CTA ~2-6 us beyond the layer
-// alone: docs/benchmarks/run19.md). The escape fix-up applies the
+// lane of a k position repeat the same work, 8 times per CTA). The escape fix-up applies the
 // same roundings to x at the escape's column. Fused residual (residual given): the rounded
 // product plus r, rounded again: the two roundings of ``r + linear(x)`` as separate ops.
 #include "skinny_mma.cuh"
@@ -120,13 +118,6 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// the committed groups done (copies issued since the last commit are not waited for)
-__device__ __forceinline__ void cp_async_wait_committed() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // the bf16 at element index i of 4-byte words (w: the word holding elements i & ~1, i | 1)
 __device__ __forceinline__ float half_of(u32 w, int i) { return __int_as_float((i & 1) ? (w & 0xFFFF0000u) : (w << 16)); }
@@ -148,27 +139,15 @@ struct EpilogueStage {
   u32 res[8 * MT][8];          // residual[m, n0 .. n0 + 15]
 };
 
-// the norm weights of the CTA's K range into row 0 of the stage by cp.async, committed: issued
-// before the PDL wait (no kernel writes them), so their L2 round trip overlaps the wait and the
-// inverse RMS instead of following it. Each thread copies the k positions it normalizes later.
+// the normalized x rows (rms_norm's roundings) of the CTA's K range into shared memory, once
 template <int WARPS>
-__device__ __forceinline__ void stage_norm_weights(const bf16_t* __restrict__ norm_w, long k_lo, int k_split,
-                                                   bf16_t* xs) {
-  for (int k = 8 * threadIdx.x; k < k_split; k += WARPS * 32 * 8) cp_async16(xs + k, norm_w + k_lo + k);
-  cp_async_commit();
-}
-
-// the normalized x rows (rms_norm's roundings) of the CTA's K range into shared memory, once,
-// with the norm weights stage_norm_weights put in row 0: rows M - 1 .. 0, so that row 0's weights
-// are overwritten last, each by the thread that copied and reads them (no barrier between)
-template <int WARPS>
-__device__ __forceinline__ void stage_normalized(const bf16_t* __restrict__ x, int M, long k_lo, int k_split,
-                                                 long stride_x, const float* rstd, bf16_t* xs) {
-  cp_async_wait_committed();
-  for (int m = M - 1; m >= 0; --m)
+__device__ __forceinline__ void stage_normalized(const bf16_t* __restrict__ x, const bf16_t* __restrict__ norm_w,
+                                                 int M, long k_lo, int k_split, long stride_x, const float* rstd,
+                                                 bf16_t* xs) {
+  for (int m = 0; m < M; ++m)
     for (int k = 8 * threadIdx.x; k < k_split; k += WARPS * 32 * 8)
       *reinterpret_cast<V4*>(xs + (long)m * k_split + k) =
-          norm_vec(load_x(x + m * stride_x + k_lo + k), *reinterpret_cast<const V4*>(xs + k), rstd[m]);
+          norm_vec(load_x(x + m * stride_x + k_lo + k), load_x(norm_w + k_lo + k), rstd[m]);
   __syncthreads();
 }
 
@@ -231,7 +210,6 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
     }
   }
   if (bias != nullptr && tid < 8) cp_async4(&st.bias[tid], bias + n0 + 2 * tid);
-  if (norm_w != nullptr) stage_norm_weights<WARPS>(norm_w, k_lo, k_split, xs);
   pdl_wait_then_release();
   // what earlier kernels write: x at the escapes' columns, the residual tile
   if (has_esc)
@@ -239,7 +217,7 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   if (residual != nullptr && tid < 8 * M) cp_async4(&st.res[tid >> 3][tid & 7], residual + (tid >> 3) * stride_r + n0 + 2 * (tid & 7));
   if (norm_w != nullptr) {
     rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
-    stage_normalized<WARPS>(x, M, k_lo, k_split, stride_x, rstd, xs);
+    stage_normalized<WARPS>(x, norm_w, M, k_lo, k_split, stride_x, rstd, xs);
   }
   for (int c = warp; c < chunks; c += WARPS) {
     V4 nsa[U], nsb[U], nea[U], neb[U];
