@@ -75,7 +75,7 @@ def test_test_imports_are_installed_or_skipped():
 def test_ci_installs_into_a_fresh_venv_as_readme_says():
     ci = (ROOT / ".ci" / "run").read_text()
     readme_cmd = (ROOT / "README.md").read_text().splitlines()[4]
-    assert readme_cmd == 'pip install torch==2.13.0 && pip install -e ".[test]" && python3 -m pytest -q'
+    assert readme_cmd == 'pip install torch==2.13.0 && pip install -e ".[test]" && python3 -m pytest -q -n auto'
     assert "-m venv" in ci and "--system-site-packages" not in ci.replace("no --system-site-packages", "")
     assert "bin/activate" in ci
     assert readme_cmd in ci.splitlines()  # run verbatim, inside the venv
