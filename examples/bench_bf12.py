@@ -353,8 +353,9 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     packed = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")
     # packed_v2: layout 2 as engines run it (the tensor-core kernel at 1 .. 16 rows where it runs);
     # packed_v2_prefetch: the same with every tensor-core launch prefetching (since run 18 the
-    # default launch rule prefetches everywhere, so this equals packed_v2); packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at
-    # one row too; packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
+    # default launch rule prefetches everywhere, so this equals packed_v2);
+    # packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at one row too;
+    # packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
     # packed_v2_u2w4: every tensor-core launch with two super-groups per chunk, 4 warps, prefetching
     v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
