@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from specc.formats.bf12 import FORMAT_VERSIONS, pack_bf16_12bit
+from specc.formats.bf12 import FORMAT_VERSIONS, pack_bf16_12bit, packed_meta
 from specc.ir import IR, SCOPE_KEY, Cost, OpCall, linear_cost, register_op
 from specc.ir.meta import TensorMeta
 from specc.models.fused_ops import packed_linear  # the eager body
@@ -104,13 +104,17 @@ class PackWeights12bit(Pass):
             raise ValueError(f"pack_version must be one of {FORMAT_VERSIONS}, got {version}")
         packed_count, weights, escapes = 0, 0, 0
         bytes_before = bytes_after = 0
+        estimated = False
         cache: dict[str, list[str]] = {}
         for node, w in self._targets(ir, ctx):
             kind = ir.meta(node).kind
             name = _weight_name(w)
             tensor = ir.gm.get_parameter(name) if w.op == "get_attr" else None
             if name not in cache:
-                packed = pack_bf16_12bit(tensor.detach(), base=base_mode, version=version)
+                if tensor.is_meta:  # traced from config.json alone (specc cost): sizes, no values
+                    packed, estimated = packed_meta(tuple(tensor.shape), base=base_mode, version=version), True
+                else:
+                    packed = pack_bf16_12bit(tensor.detach(), base=base_mode, version=version)
                 parts = packed.to_state_dict("")
                 cache[name] = [ir.add_weight(f"{name}_bf12_{p}", parts[p]) for p in ("sm", "ex", "base", "esc_idx", "esc_val")]
                 weights += tensor.numel()
@@ -137,6 +141,7 @@ class PackWeights12bit(Pass):
         return PassResult(packed_count > 0, {"packed": packed_count, "format_version": version,
                                              "weights": weights, "escapes": escapes,
                                              "escape_rate": escapes / weights if weights else 0.0,
+                                             "escapes_estimated": estimated,
                                              "bytes_before": bytes_before, "bytes_after": bytes_after})
 
     def ensures(self, ir: IR) -> bool | str:

@@ -246,3 +246,23 @@ def test_sizes_and_errors():
     with pytest.raises(ValueError):
         pack_bf16_12bit(torch.zeros(0, 4, dtype=torch.bfloat16))
     assert_bit_exact(pack_bf16_12bit(torch.tensor(1.5, dtype=torch.bfloat16)), torch.tensor(1.5, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("base", ["row", "tensor"])
+def test_packed_meta_has_the_planes_of_a_real_pack(version, base):
+    """A weight without values (meta) packs to meta planes of exactly a real pack's sizes, and an
+    escape table of the estimated rate (its count needs values)."""
+    from specc.formats.bf12 import ESTIMATED_ESCAPE_RATE, packed_meta
+
+    w = (torch.randn(48, 100) * 0.02).to(torch.bfloat16)
+    real = pack_bf16_12bit(w, base=base, version=version)
+    meta = packed_meta(tuple(w.shape), base=base, version=version, escape_rate=0.01)
+    for part in ("sm", "ex", "base"):
+        assert getattr(meta, part).is_meta and getattr(meta, part).shape == getattr(real, part).shape
+        assert getattr(meta, part).dtype == getattr(real, part).dtype
+    assert meta.num_escapes == 48 and meta.esc_val.dtype == torch.int16 and meta.esc_idx.dtype == torch.int32
+    assert meta.shape == real.shape and meta.version == version and meta.padded_cols == real.padded_cols
+    assert packed_meta((4096, 4096)).num_escapes == round(ESTIMATED_ESCAPE_RATE * 4096 * 4096)
+    with pytest.raises(ValueError, match="version"):
+        packed_meta((16, 64), version=3)
