@@ -357,11 +357,10 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     # packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at one row too;
     # packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
     # packed_v2_u2w4: every tensor-core launch with two super-groups per chunk, 4 warps, prefetching
-    # packed_v2_rule2[_norm_unfused]: the candidate launch rule of ``rule2_config`` [and the norm unfused]
     v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
                 "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
-                "packed_v2_rule2": v2, "packed_v2_rule2_norm_unfused": v2, "packed_v2_triton": v2}
+                "packed_v2_triton": v2}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     if args.step_variants:  # the unpacked step is always the yardstick
@@ -391,8 +390,7 @@ def _kernel_choice(label: str):
     ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
     ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_u2w4`` also use two
     super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` runs the
-    rms_norm kernel first at one row too, ``packed_v2_rule2`` launches by :func:`rule2_config`
-    (``packed_v2_rule2_norm_unfused``: both); every other variant gets the defaults."""
+    rms_norm kernel first at one row too; every other variant gets the defaults."""
     from specc.codegen.kernels import linear_bf12_mma as mma
 
     saved_env, default_config, fused_norm_rows = os.environ.get(mma.ENV), mma.get_config, mma.FUSED_NORM_MAX_ROWS
@@ -401,9 +399,7 @@ def _kernel_choice(label: str):
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
     if label == "packed_v2_u2w4":
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), unroll=2, warps=4, prefetch=True)
-    if label.startswith("packed_v2_rule2"):
-        mma.get_config = lambda *a, **k: rule2_config(default_config, *a, **k)
-    if label.endswith("norm_unfused"):
+    if label == "packed_v2_norm_unfused":
         mma.FUSED_NORM_MAX_ROWS = 0
     try:
         yield
@@ -413,19 +409,6 @@ def _kernel_choice(label: str):
             os.environ.pop(mma.ENV, None)
         else:
             os.environ[mma.ENV] = saved_env
-
-
-def rule2_config(default_config, m: int, n: int, kp: int, sms: int, fused_norm: bool = False):
-    """A candidate launch rule from the per-linear sweep (H100, run 19: the best alone config
-    per layer): one super-group per chunk wherever a launch makes more than 2 waves (at 16 rows
-    two super-groups were 5-12% slower there), 8 warps up to 4 waves, 4 warps up to 16, and past
-    16 waves (the LM head: CTAs turn over many times) 8 warps without the first-chunk prefetch."""
-    c = default_config(m, n, kp, sms, fused_norm)
-    waves = (n // 16) * c.splits / max(1, sms)
-    if waves <= 2:
-        return c
-    warps, prefetch = (8, True) if waves <= 4 else (4, True) if waves <= 16 else (8, False)
-    return dataclasses.replace(c, unroll=1, warps=warps, prefetch=prefetch)
 
 
 def _step_variant(label, pipeline, options, target, context, ids, model, measured, res, logits_of, dev) -> None:
@@ -495,8 +478,7 @@ def main():
                     help="also time the compiled Qwen3-8B AR and Q=16 verify steps, packed (v2) vs unpacked")
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default all: packed_v1 with layout v1, "
-                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_rule2, "
-                         "packed_v2_rule2_norm_unfused, packed_v2_triton)")
+                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")
