@@ -176,7 +176,7 @@ def test_builtin_h200_prices_packed_linears_by_their_measured_rows(tmp_path):
     measured table (a Q = 16 verify must not look 0.8x cheaper packed when it measures 1.85x),
     GPUs without a table fall back to their one bandwidth figure, and a deployment file may give
     its own table."""
-    h200, h100 = BUILTIN["h200-bs1"], BUILTIN["h100-bs1"]
+    h200, a100 = BUILTIN["h200-bs1"], BUILTIN["a100-bs1"]
     model = CostModel(h200, calibration=None)
     model.calibration = None  # the built-in table, not a record found on this machine
     table = dict(h200.packed_linear_bandwidth_by_m)
@@ -184,9 +184,9 @@ def test_builtin_h200_prices_packed_linears_by_their_measured_rows(tmp_path):
     assert model.bandwidth_efficiency("linear", "packed_linear", 16) == pytest.approx(table[16])
     assert table[16] < h200.bandwidth_efficiency * 0.75 < table[1]  # packing loses at M = 16 only
     assert model.bandwidth_efficiency("linear", "linear", 16) == h200.bandwidth_efficiency  # bf16 unchanged
-    other = CostModel(h100, calibration=None)
+    other = CostModel(a100, calibration=None)
     other.calibration = None
-    assert other.bandwidth_efficiency("linear", "packed_linear", 16) == h100.bandwidth_efficiency
+    assert other.bandwidth_efficiency("linear", "packed_linear", 16) == a100.bandwidth_efficiency
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"base": "h200", "packed_linear_bandwidth_by_m": {"16": 0.5, "1": 0.7}}))
     mine = get_deployment(str(path))
