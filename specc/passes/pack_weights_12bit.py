@@ -9,20 +9,18 @@ decode + GEMV/GEMM kernel (``specc.codegen.kernels.linear_bf12``) reads 25% fewe
 Options (``PassContext.option``): ``pack_include`` / ``pack_exclude``: substrings of weight
 names selecting the linears (default: all), so the cost model can pack a subset (e.g. only the
 MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
-``pack_version``: the bf12 layout, 2 (default: the wide-load layout of
-``specc.codegen.kernels.linear_bf12_v2``, and at 1 .. 16 rows of the tensor-core kernel
-``specc.codegen.kernels.linear_bf12_mma``). Both are exact. With the Triton kernels alone
-layout 2 was the slower one on the H200 (runs 5 and 8, docs/benchmarks/h200-run8.md: packed /
-unpacked Qwen3-8B AR step 1.21x against layout 1's 0.98x; verify Q = 16 2.45x against 1.81x);
-with the tensor-core kernel layout 2's verify Q = 16 step is 1.04x and its AR step 1.04-1.08x
-(H100, docs/benchmarks/h100-run17.md). Neither layout makes a step faster yet; layout 2 is the
-default because it is within 8% of the unpacked step at one and at 16 rows (layout 1's verify
-is 1.8x), it is what ``specc calibrate`` measures (``pack_bf16_12bit``'s default), so the cost
-model prices the layout compiled artifacts get, and it is the one the tensor-core kernel reads.
-``fuse_residual_add`` folds the residual add into packed linears (the tensor-core kernel adds it
-in its epilogue). The layout version is a keyword of each
-``packed_linear`` call (the emitted step's source shows it) and ``format_version`` in the
-pass's stats (the manifest's record of applied passes).
+``pack_version``: the bf12 layout, 2 (default) or 1. Both are exact. Layout 2 is read at 1 .. 16
+rows by the tensor-core kernel ``specc.codegen.kernels.linear_bf12_mma`` and above by the Triton
+kernel ``specc.codegen.kernels.linear_bf12_v2``. On the H100 the packed Qwen3-8B AR step is 0.930x
+the unpacked one and the Q = 16 verify 0.937x. Above 16 rows the Triton kernel is 3.5x slower per
+layer at 64 rows, so the cost model does not pack there (docs/benchmarks/run20.md). Layout 2 is
+also what ``specc calibrate`` measures (``pack_bf16_12bit``'s default), so the cost model prices
+the layout compiled artifacts get. Weights without values (the meta device: ``specc cost``) pack
+to meta planes of the layout's sizes with an estimated escape table
+(``specc.formats.bf12.packed_meta``). ``fuse_residual_add`` folds the residual add into packed
+linears (the tensor-core kernel adds it in its epilogue). The layout version is a keyword of each
+``packed_linear`` call (the emitted step's source shows it) and ``format_version`` in the pass's
+stats (the manifest's record of applied passes).
 """
 
 from __future__ import annotations
