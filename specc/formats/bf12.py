@@ -354,6 +354,14 @@ def _best_base(hist: torch.Tensor) -> torch.Tensor:
     return torch.argmax(win, dim=1) + MIN_BASE
 
 
+def _check_layout(base: str, version: int) -> None:
+    """A pack's base mode and layout version, or a ValueError naming the ones there are."""
+    if base not in _BASE_MODES:
+        raise ValueError(f"base must be one of {_BASE_MODES}, got {base!r}")
+    if version not in FORMAT_VERSIONS:
+        raise ValueError(f"bf12 version must be one of {FORMAT_VERSIONS}, got {version!r}")
+
+
 # Escapes per weight assumed where there are no values to count (meta tensors): the rate measured
 # on N(0, 0.02) weights in Qwen3-8B's shapes (7.5e-5 .. 7.7e-5, examples/bench_bf12.py). At 6 bytes
 # an escape it moves a layer's packed bytes by < 0.05%, so the estimate cannot change a price.
@@ -365,10 +373,7 @@ def packed_meta(shape: tuple[int, ...], base: str = "row", version: int = FORMAT
     """The packed form of a bf16 tensor of ``shape`` that has no values (the meta device: ``specc
     cost`` prices steps traced from config.json alone): meta planes of the layout's exact sizes,
     and an escape table of ``escape_rate`` x numel entries, an estimate (the count needs values)."""
-    if base not in _BASE_MODES:
-        raise ValueError(f"base must be one of {_BASE_MODES}, got {base!r}")
-    if version not in FORMAT_VERSIONS:
-        raise ValueError(f"bf12 version must be one of {FORMAT_VERSIONS}, got {version!r}")
+    _check_layout(base, version)
     shape = tuple(int(s) for s in shape)
     n, k = _rows_view(shape)
     kp = _padded_cols(k, version)
@@ -397,10 +402,7 @@ def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row", version: int = FORM
         raise TypeError(f"pack_bf16_12bit expects a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype != torch.bfloat16:
         raise TypeError(f"pack_bf16_12bit expects a bfloat16 tensor, got {tensor.dtype}")
-    if base not in _BASE_MODES:
-        raise ValueError(f"base must be one of {_BASE_MODES}, got {base!r}")
-    if version not in FORMAT_VERSIONS:
-        raise ValueError(f"bf12 version must be one of {FORMAT_VERSIONS}, got {version!r}")
+    _check_layout(base, version)
     if tensor.numel() == 0:
         raise ValueError(f"cannot pack an empty tensor (shape {tuple(tensor.shape)})")
     shape = tuple(int(s) for s in tensor.shape)

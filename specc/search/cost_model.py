@@ -104,29 +104,24 @@ def efficiency_class(meta) -> str:
     return "elementwise"
 
 
-def packed_weight_passes(meta, rows: float) -> int:
-    """How many times a packed (bf12) linear reads its planes at ``rows`` = M: once up to the
-    tensor-core kernel's 16 rows (layout 2: one tile holds every row), else once per row tile of
-    the Triton kernel's config for that M (64-row tiles above 64 rows), as
-    :func:`specc.codegen.kernels.linear.weight_passes` for bf16 weights. Without that factor a
+def packed_weight_passes(m: int, n: int, k: int, version: int = 2) -> int:
+    """How many times a packed (bf12) linear of ``m`` rows reads its ``[n, k]`` planes: once up to
+    the tensor-core kernel's 16 rows (layout 2: one tile holds every row), else once per row tile
+    of the Triton kernel's config for that M (64-row tiles above 64 rows), counted by
+    :func:`specc.codegen.kernels.linear.weight_passes` as for bf16 weights. Without that factor a
     verify of 512 rows priced its packed weights read once against the bf16 weights' 8 passes,
     and packing looked 1.5x faster where its kernel is slower."""
-    try:
-        n, k = int(meta.out.shape[-1]), int(meta.attrs["k"])
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError):
-        return 1
-    m = max(1, int(math.ceil(rows - 1e-9)))
-    version = int(meta.attrs.get("format_version", 2))
+    from specc.codegen.kernels.linear import weight_passes  # imports triton: linears only
+
     if version == 2:
         from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS
-        from specc.codegen.kernels.linear_bf12_v2 import get_config  # imports triton: packed linears only
+        from specc.codegen.kernels.linear_bf12_v2 import get_config
 
         if m <= MAX_ROWS:
             return 1
     else:
         from specc.codegen.kernels.linear_bf12 import get_config
-    block_m = int(getattr(get_config(m, n, k), "block_m", 0) or 0)
-    return max(1, -(-m // block_m)) if block_m > 0 else 1
+    return max(1, int(weight_passes(m, n, k, config=get_config(m, n, k))))
 
 
 from specc.search.predictions import (  # noqa: E402,F401  (the records this model fills)
@@ -304,24 +299,28 @@ class CostModel:
         """How many times the Triton linear of a linear node reads its weight at ``rows`` = M:
         one pass per row tile of the kernel's config for that M
         (:func:`specc.codegen.kernels.linear.weight_passes`; 65 rows = two 64-row tiles = the
-        weight read twice). A packed (bf12) linear the same way, by its kernel's row tile
+        weight read twice). A packed (bf12) linear the same way, by its kernels' row tiles
         (:func:`packed_weight_passes`). 1 for other nodes, for CPU deployments (the reference runs
         torch's linear) and without a row count."""
-        if rows is not None and meta.kind == "packed_linear" and self.deployment.device == "cuda":
-            return packed_weight_passes(meta, rows)
-        if rows is None or meta.kind not in CHOICE_KINDS or self.deployment.device != "cuda":
+        packed = meta.kind == "packed_linear"
+        if rows is None or not (packed or meta.kind in CHOICE_KINDS) or self.deployment.device != "cuda":
             return 1
         try:
             n, k = int(meta.attrs["out_features"]), int(meta.attrs["in_features"])
         except (KeyError, TypeError, ValueError):
             return 1
         m = max(1, int(math.ceil(rows - 1e-9)))
-        key = ("passes", m, n, k)
+        version = int(meta.attrs.get("format_version", 2)) if packed else None
+        key = ("passes", m, n, k, version)
         hit = self._eval_cache.get(key)
         if hit is None:
-            from specc.codegen.kernels.linear import weight_passes  # imports triton: only for linears
+            if packed:
+                hit = packed_weight_passes(m, n, k, version)
+            else:
+                from specc.codegen.kernels.linear import weight_passes  # imports triton: only for linears
 
-            hit = self._eval_cache[key] = max(1, int(weight_passes(m, n, k)))
+                hit = max(1, int(weight_passes(m, n, k)))
+            self._eval_cache[key] = hit
         return hit
 
     def attention_traffic(self, meta, values: Mapping[str, int]):

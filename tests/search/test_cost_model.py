@@ -285,14 +285,14 @@ def test_packed_weights_are_read_once_per_row_tile_of_their_kernel(meta8b, qwen8
     row tile of the Triton kernel (64 rows), as bf16 weights are priced: so packing wins the
     bs1 verify on the H100 (measured 0.94x, docs/benchmarks/run20.md) and loses at 512 rows,
     where the Triton kernel runs (measured 0.29x cuBLAS's speed at 64 rows)."""
-    from specc.search.cost_model import packed_weight_passes
     from specc.search.defaults import default_pipeline
 
     packed_ir, _ = meta8b.irs(default_pipeline().replace("dce", "pack_weights_12bit,dce"))
     node = next(n for n in packed_ir.graph.nodes if packed_ir.meta(n) is not None
                 and packed_ir.meta(n).kind == "packed_linear")
     meta = packed_ir.meta(node)
-    assert [packed_weight_passes(meta, m) for m in (1, 16, 17, 64, 65, 512)] == [1, 1, 1, 1, 2, 8]
+    h100 = CostModel("h100-bs1")
+    assert [h100.weight_passes(meta, m) for m in (1, 16, 17, 64, 65, 512)] == [1, 1, 1, 1, 2, 8]
     unpacked_ir, _ = qwen8b
     for deployment, batch, packing_wins in (("h100-bs1", 1, True), ("h100-bs32", 32, False)):
         model = CostModel(deployment)
