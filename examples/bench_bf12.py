@@ -125,10 +125,7 @@ def candidates_mma(m: int, quick: bool = False):
     if m > MAX_ROWS:
         return []
     c = [C(), C(prefetch=True), C(unroll=2, prefetch=True), C(unroll=2), C(warps=4, unroll=2, prefetch=True),
-         C(warps=4, prefetch=True), C(splits=2), C(splits=2, prefetch=True),
-         # two 16-row blocks per CTA: x read once per 32 weight rows (every Qwen3-8B N is a multiple of 32)
-         C(prefetch=True, blocks=2), C(unroll=2, prefetch=True, blocks=2), C(warps=4, unroll=2, prefetch=True, blocks=2),
-         C(warps=4, prefetch=True, blocks=2)]
+         C(warps=4, prefetch=True), C(splits=2), C(splits=2, prefetch=True)]
     return c[:2] if quick else c
 
 
@@ -226,8 +223,7 @@ def cfg_str(c) -> str:
     if c is None:
         return "table"
     if not hasattr(c, "kind"):  # a Bf12MmaConfig
-        return (f"mma u{c.unroll} w{c.warps}" + (f" sk{c.splits}" if c.splits > 1 else "") + (" pf" if c.prefetch else "")
-                + (f" b{c.blocks}" if c.blocks > 1 else ""))
+        return f"mma u{c.unroll} w{c.warps}" + (f" sk{c.splits}" if c.splits > 1 else "") + (" pf" if c.prefetch else "")
     s = f"{c.kind} m{c.block_m} n{c.block_n} " + (f"j{c.block_j}" if hasattr(c, "block_j") else f"k{c.block_k}")
     if c.split_k > 1:
         s += f" sk{c.split_k}"
@@ -361,12 +357,10 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     # packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at one row too;
     # packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
     # packed_v2_u2w4: every tensor-core launch with two super-groups per chunk, 4 warps, prefetching
-    # packed_v2_blocks2: two 16-row blocks per CTA above 8 rows (two x tiles), the default launch otherwise;
-    # packed_v2_blocks2_all: the same at every row count without a fused norm
     v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
                 "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
-                "packed_v2_triton": v2, "packed_v2_blocks2": v2, "packed_v2_blocks2_all": v2}
+                "packed_v2_triton": v2}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     if args.step_variants:  # the unpacked step is always the yardstick
@@ -396,9 +390,7 @@ def _kernel_choice(label: str):
     ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
     ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_u2w4`` also use two
     super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` runs the
-    rms_norm kernel first at one row too, ``packed_v2_blocks2`` (``_all``) gives each CTA two
-    16-row blocks above 8 rows (at every row count without a fused norm); every other variant
-    gets the defaults."""
+    rms_norm kernel first at one row too; every other variant gets the defaults."""
     from specc.codegen.kernels import linear_bf12_mma as mma
 
     saved_env, default_config, fused_norm_rows = os.environ.get(mma.ENV), mma.get_config, mma.FUSED_NORM_MAX_ROWS
@@ -409,11 +401,6 @@ def _kernel_choice(label: str):
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), unroll=2, warps=4, prefetch=True)
     if label == "packed_v2_norm_unfused":
         mma.FUSED_NORM_MAX_ROWS = 0
-    if label in ("packed_v2_blocks2", "packed_v2_blocks2_all"):
-        min_rows = 9 if label == "packed_v2_blocks2" else 1
-        mma.get_config = lambda m, n, kp, sms, fused_norm=False: (
-            dataclasses.replace(default_config(m, n, kp, sms, fused_norm), blocks=2)
-            if m >= min_rows and n % 32 == 0 and not fused_norm else default_config(m, n, kp, sms, fused_norm))
     try:
         yield
     finally:
@@ -491,8 +478,7 @@ def main():
                     help="also time the compiled Qwen3-8B AR and Q=16 verify steps, packed (v2) vs unpacked")
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default all: packed_v1 with layout v1, "
-                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, "
-                         "packed_v2_blocks2, packed_v2_blocks2_all)")
+                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")

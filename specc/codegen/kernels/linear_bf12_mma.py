@@ -58,7 +58,7 @@ from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import Packed12
 
 __all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
-           "fuses_norm", "UNROLLS", "WARPS", "BLOCKS", "get_config", "unsupported_reason",
+           "fuses_norm", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
 ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
@@ -80,27 +80,22 @@ FUSED_NORM_MAX_ROWS = 1
 FUSED_NORM_MAX_STAGED_BYTES = 32768
 UNROLLS = (1, 2)  # 64-weight super-groups per lane and chunk
 WARPS = (4, 8)
-BLOCKS = (1, 2)  # 16-row weight blocks per CTA
 
 
 @dataclasses.dataclass(frozen=True)
 class Bf12MmaConfig:
     """A launch: ``unroll`` super-groups per chunk, ``warps`` per CTA (they split the CTA's K range
     in interleaved chunks), ``splits`` CTAs per 16-row block along K, ``prefetch`` (load the next
-    chunk's weights during this chunk's MMAs, and the first chunk's before the PDL wait),
-    ``blocks`` 16-row weight blocks per CTA (2: each x fragment a lane loads feeds both blocks'
-    MMAs, halving the x a CTA reads per weight byte; the sums are bit for bit those of 1)."""
+    chunk's weights during this chunk's MMAs, and the first chunk's before the PDL wait)."""
 
     unroll: int = 1
     warps: int = 8
     splits: int = 1
     prefetch: bool = False
-    blocks: int = 1
 
     def __post_init__(self):
-        if self.unroll not in UNROLLS or self.warps not in WARPS or self.splits < 1 or self.blocks not in BLOCKS:
-            raise ValueError(f"Bf12MmaConfig: unroll in {UNROLLS}, warps in {WARPS}, splits >= 1, blocks in {BLOCKS}; "
-                             f"got {self}")
+        if self.unroll not in UNROLLS or self.warps not in WARPS or self.splits < 1:
+            raise ValueError(f"Bf12MmaConfig: unroll in {UNROLLS}, warps in {WARPS}, splits >= 1; got {self}")
 
 
 def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> Bf12MmaConfig:
@@ -267,10 +262,8 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
     n, kp = packed.rows, packed.padded_cols
     m = x2.shape[0]
     cfg = config or get_config(m, n, kp, _sms(x2.device), fused_norm=norm_weight is not None)
-    if kp % (64 * cfg.unroll * cfg.splits) or n % (16 * cfg.blocks):  # (N % 16 is unsupported_reason's)
+    if kp % (64 * cfg.unroll * cfg.splits):  # (N % 16 is unsupported_reason's)
         raise ValueError(f"{cfg} does not tile a {n} x {kp} weight")
-    if cfg.blocks > 1 and norm_weight is not None:
-        raise ValueError(f"{cfg}: a fused norm runs with one 16-row block per CTA (shared memory)")
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out
     meta = escape_meta(packed)
     unused = meta["rowptr"]  # a device tensor for the arguments a launch does not read
@@ -284,8 +277,7 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
                      meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
                      unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
                      unused if residual is None else residual, residual is not None, y,
-                     ws, tickets, cfg.splits, cfg.blocks, cfg.unroll, cfg.warps, cfg.prefetch,
-                     bool(pdl_mode(x2, "bf12")))
+                     ws, tickets, cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch, bool(pdl_mode(x2, "bf12")))
     return y
 
 
@@ -315,8 +307,7 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
     n_dim, kp = sm.shape
     m_rows = x.shape[0]
     u_, warps, splits = config.unroll, config.warps, config.splits
-    # (config.blocks maps 16-row blocks to CTAs; a block's sums do not depend on it)
-    assert m_rows <= 16 and n_dim % (16 * config.blocks) == 0 and kp % (64 * u_ * splits) == 0 and packed.version == 2
+    assert m_rows <= 16 and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version == 2
     xp = torch.zeros(16, kp)
     xp[:m_rows, :x.shape[1]] = x.float()
     if norm_weight is not None:  # n = bf16(x * rstd), h = bf16(g * n), as specc.models.ops.rms_norm
@@ -428,10 +419,10 @@ def compile_check(arch: str = "compute_90", l2_prefetch: int = int(L2_PREFETCH_D
     """PTX of every kernel instance of ``cuda/linear_bf12_mma.cu`` from NVRTC (see :func:`nvrtc_ptx`),
     built as :data:`L2_PREFETCH_ENV` = ``l2_prefetch`` builds it."""
     instances = "".join(
-        f"template __global__ void bf12_mma<{mt}, {nb}, {u}, {w}, {str(p).lower()}>(const bf16_t*, const unsigned char*, "
+        f"template __global__ void bf12_mma<{mt}, {u}, {w}, {str(p).lower()}>(const bf16_t*, const unsigned char*, "
         f"const unsigned char*, const unsigned char*, int, const int*, const int*, const float*, const float*, "
         f"const bf16_t*, const bf16_t*, float, const bf16_t*, long, bf16_t*, float*, unsigned*, int, int, int, long, "
         f"long);\n"
-        for mt, nb, u, w, p in itertools.product((1, 2), BLOCKS, UNROLLS, WARPS, (False, True)))
+        for mt, u, w, p in itertools.product((1, 2), UNROLLS, WARPS, (False, True)))
     source = f"#define SKINNY_L2_PREFETCH {int(l2_prefetch)}\n" + (CUDA_DIR / "linear_bf12_mma.cu").read_text() + instances
     return nvrtc_ptx(source, "linear_bf12_mma.cu", [str(CUDA_DIR)], arch)

@@ -151,15 +151,11 @@ __device__ __forceinline__ void stage_normalized(const bf16_t* __restrict__ x, c
   __syncthreads();
 }
 
-// grid (N / (16 * NB), splits), WARPS warps, dynamic shared memory M * k_split bf16 with a fused
-// norm; the host checks N % (16 * NB) == 0, Kp % (64 * U * splits) == 0, 16-byte aligned rows
-// (x, norm_w), 4-byte aligned bias and residual rows; PREFETCH: double-buffer the weight registers
-// across chunks and load the first chunk before the PDL wait. NB: 16-row weight blocks per CTA
-// (1 or 2): each lane decodes both blocks' weights against the x fragments it loaded once, so a
-// CTA reads x once per 16 * NB weight rows. At 9 .. 16 rows x is 1.33x the packed weight bytes a
-// block reads (every CTA reads all of x from L2); two blocks halve that. A block's sums are
-// those of the NB = 1 kernel (same lanes, same k order, same reductions): the same bits.
-template <int MT, int NB, int U, int WARPS, bool PREFETCH>
+// grid (N / 16, splits), WARPS warps, dynamic shared memory M * k_split bf16 with a fused norm;
+// the host checks N % 16 == 0, Kp % (64 * U * splits) == 0, 16-byte aligned rows (x, norm_w),
+// 4-byte aligned bias and residual rows; PREFETCH: double-buffer the weight registers across
+// chunks and load the first chunk before the PDL wait
+template <int MT, int U, int WARPS, bool PREFETCH>
 __global__ void __launch_bounds__(WARPS * 32)
 bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, const unsigned char* __restrict__ ex,
          const unsigned char* __restrict__ base, int stride_base, const int* __restrict__ rowptr,
@@ -169,10 +165,9 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
          unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3, high = t & 1;
-  const int n0 = blockIdx.x * 16 * NB, split = blockIdx.y;
+  const int n0 = blockIdx.x * 16, split = blockIdx.y;
   const int chunks = k_split / (64 * U);
   const long k_lo = (long)split * k_split;
-  const long sm_block = 16L * Kp, ex_block = 8L * Kp;  // plane bytes of a 16-row block
   const unsigned char* sa = sm + (long)(n0 + g) * Kp + k_lo + 16 * t;
   const unsigned char* sb = sa + 8L * Kp;
   const unsigned char* ea = ex + (long)(n0 + g) * (Kp / 2) + k_lo / 2 + 16 * (t >> 1);
@@ -185,85 +180,63 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   const bf16_t* xsa = xs + row_a * k_split + 16 * t;
   const bf16_t* xsb = xs + row_b * k_split + 16 * t;
   __shared__ float rstd[16];
-  __shared__ __align__(16) EpilogueStage<MT> st[NB];
-  float c0[NB][4], c1[NB][4];
-#pragma unroll
-  for (int b = 0; b < NB; ++b)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) c0[b][i] = c1[b][i] = 0.f;
-  V4 rsa[NB][U], rsb[NB][U], rea[NB][U], reb[NB][U];
+  __shared__ __align__(16) EpilogueStage<MT> st;
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  V4 rsa[U], rsb[U], rea[U], reb[U];
   if (PREFETCH && warp < chunks) {  // the first chunk's weights (which no kernel writes) before the wait
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int k0 = warp * 64 * U + 64 * u;
-        rsa[b][u] = load_weights(sa + b * sm_block + k0);
-        rsb[b][u] = load_weights(sb + b * sm_block + k0);
-        rea[b][u] = load_weights(ea + b * ex_block + k0 / 2);
-        reb[b][u] = load_weights(eb + b * ex_block + k0 / 2);
-      }
+    for (int u = 0; u < U; ++u) {
+      const int k0 = warp * 64 * U + 64 * u;
+      rsa[u] = load_weights(sa + k0);
+      rsb[u] = load_weights(sb + k0);
+      rea[u] = load_weights(ea + k0 / 2);
+      reb[u] = load_weights(eb + k0 / 2);
+    }
   }
   // constants (no kernel writes them) before the PDL wait: the rows' bases, escape table, bias
-  unsigned char base_a[NB], base_b[NB];
-  int e0[NB], esc_col[NB];
-  bool has_esc[NB];
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    const int nb = n0 + 16 * b;
-    base_a[b] = base[(nb + g) * stride_base];
-    base_b[b] = base[(nb + g + 8) * stride_base];
-    e0[b] = esc_col[b] = 0;
-    has_esc[b] = false;
-    if (tid < ESC_CAP) {
-      e0[b] = rowptr[nb];
-      if (tid <= 16) st[b].rp[tid] = rowptr[nb + tid] - e0[b];
-      has_esc[b] = e0[b] + tid < rowptr[nb + 16];
-      if (has_esc[b]) {
-        esc_col[b] = ecol[e0[b] + tid];
-        st[b].col[tid] = esc_col[b];
-        cp_async4(&st[b].wt[tid], etrue + e0[b] + tid);
-        cp_async4(&st[b].wf[tid], efake + e0[b] + tid);
-        if (norm_w != nullptr) cp_async4(&st[b].g[tid], norm_w + (esc_col[b] & ~1));
-      }
+  const unsigned char base_a = base[(n0 + g) * stride_base], base_b = base[(n0 + g + 8) * stride_base];
+  int e0 = 0, esc_col = 0;
+  bool has_esc = false;
+  if (tid < ESC_CAP) {
+    e0 = rowptr[n0];
+    if (tid <= 16) st.rp[tid] = rowptr[n0 + tid] - e0;
+    has_esc = e0 + tid < rowptr[n0 + 16];
+    if (has_esc) {
+      esc_col = ecol[e0 + tid];
+      st.col[tid] = esc_col;
+      cp_async4(&st.wt[tid], etrue + e0 + tid);
+      cp_async4(&st.wf[tid], efake + e0 + tid);
+      if (norm_w != nullptr) cp_async4(&st.g[tid], norm_w + (esc_col & ~1));
     }
-    if (bias != nullptr && tid < 8) cp_async4(&st[b].bias[tid], bias + nb + 2 * tid);
   }
+  if (bias != nullptr && tid < 8) cp_async4(&st.bias[tid], bias + n0 + 2 * tid);
   pdl_wait_then_release();
   // what earlier kernels write: x at the escapes' columns, the residual tile
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    if (has_esc[b])
-      for (int m = 0; m < M; ++m) cp_async4(&st[b].x[m][tid], x + m * stride_x + (esc_col[b] & ~1));
-    if (residual != nullptr && tid < 8 * M)
-      cp_async4(&st[b].res[tid >> 3][tid & 7], residual + (tid >> 3) * stride_r + n0 + 16 * b + 2 * (tid & 7));
-  }
+  if (has_esc)
+    for (int m = 0; m < M; ++m) cp_async4(&st.x[m][tid], x + m * stride_x + (esc_col & ~1));
+  if (residual != nullptr && tid < 8 * M) cp_async4(&st.res[tid >> 3][tid & 7], residual + (tid >> 3) * stride_r + n0 + 2 * (tid & 7));
   if (norm_w != nullptr) {
     rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
     stage_normalized<WARPS>(x, norm_w, M, k_lo, k_split, stride_x, rstd, xs);
   }
   for (int c = warp; c < chunks; c += WARPS) {
-    V4 nsa[NB][U], nsb[NB][U], nea[NB][U], neb[NB][U];
+    V4 nsa[U], nsb[U], nea[U], neb[U];
     if (!PREFETCH || c + WARPS < chunks) {  // prefetching: the next chunk's weights, if any
       const int kc = (PREFETCH ? c + WARPS : c) * 64 * U;
 #pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int k0 = kc + 64 * u;
-          nsa[b][u] = load_weights(sa + b * sm_block + k0);
-          nsb[b][u] = load_weights(sb + b * sm_block + k0);
-          nea[b][u] = load_weights(ea + b * ex_block + k0 / 2);
-          neb[b][u] = load_weights(eb + b * ex_block + k0 / 2);
-        }
+      for (int u = 0; u < U; ++u) {
+        const int k0 = kc + 64 * u;
+        nsa[u] = load_weights(sa + k0);
+        nsb[u] = load_weights(sb + k0);
+        nea[u] = load_weights(ea + k0 / 2);
+        neb[u] = load_weights(eb + k0 / 2);
+      }
     }
     if (!PREFETCH) {
 #pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          rsa[b][u] = nsa[b][u]; rsb[b][u] = nsb[b][u]; rea[b][u] = nea[b][u]; reb[b][u] = neb[b][u];
-        }
+      for (int u = 0; u < U; ++u) {
+        rsa[u] = nsa[u]; rsb[u] = nsb[u]; rea[u] = nea[u]; reb[u] = neb[u];
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -286,89 +259,75 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
+        const u32 ca = biased_codes(rea[u].w[i], high), cb = biased_codes(reb[u].w[i], high);
+        const u32 a0 = decode_pair<0>(rsa[u].w[i], ca);
+        const u32 a2 = decode_pair<1>(rsa[u].w[i], ca);
+        const u32 a1 = decode_pair<0>(rsb[u].w[i], cb);
+        const u32 a3 = decode_pair<1>(rsb[u].w[i], cb);
         const u32 b0 = (i < 2 ? x0a : x1a).w[(2 * i) & 3], b1 = (i < 2 ? x0a : x1a).w[(2 * i + 1) & 3];
-        u32 d0 = 0, d1 = 0;
+        mma16816(c0, a0, a1, a2, a3, b0, b1);
         if (MT == 2) {
-          d0 = (i < 2 ? x0b : x1b).w[(2 * i) & 3];
-          d1 = (i < 2 ? x0b : x1b).w[(2 * i + 1) & 3];
-        }
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-          const u32 ca = biased_codes(rea[b][u].w[i], high), cb = biased_codes(reb[b][u].w[i], high);
-          const u32 a0 = decode_pair<0>(rsa[b][u].w[i], ca);
-          const u32 a2 = decode_pair<1>(rsa[b][u].w[i], ca);
-          const u32 a1 = decode_pair<0>(rsb[b][u].w[i], cb);
-          const u32 a3 = decode_pair<1>(rsb[b][u].w[i], cb);
-          mma16816(c0[b], a0, a1, a2, a3, b0, b1);
-          if (MT == 2) mma16816(c1[b], a0, a1, a2, a3, d0, d1);
+          const u32 d0 = (i < 2 ? x0b : x1b).w[(2 * i) & 3], d1 = (i < 2 ? x0b : x1b).w[(2 * i + 1) & 3];
+          mma16816(c1, a0, a1, a2, a3, d0, d1);
         }
       }
     }
     if (PREFETCH) {
 #pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          rsa[b][u] = nsa[b][u]; rsb[b][u] = nsb[b][u]; rea[b][u] = nea[b][u]; reb[b][u] = neb[b][u];
-        }
-    }
-  }
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    const float scale_a = base_scale(base_a[b]), scale_b = base_scale(base_b[b]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float sc = (i & 2) ? scale_b : scale_a;
-      c0[b][i] *= sc;
-      c1[b][i] *= sc;
-    }
-  }
-  cp_async_wait_all();  // the staged epilogue inputs (reduce_cta_blocks' barrier makes them visible)
-  float s[NB][8];
-  if (!reduce_cta_blocks<WARPS, NB>(c0, c1, s, ws, tickets)) return;
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    const EpilogueStage<MT>& sb_ = st[b];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // the escapes of the lane's two weight rows: exact products in fp32
-      for (int e = sb_.rp[g + 8 * h]; e < sb_.rp[g + 8 * h + 1]; ++e) {
-        const bool staged = e < ESC_CAP;
-        const int col = staged ? sb_.col[e] : ecol[e0[b] + e];
-        const float w_true = staged ? sb_.wt[e] : etrue[e0[b] + e], w_fake = staged ? sb_.wf[e] : efake[e0[b] + e];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int m = acc_row(i, t);
-          if (((i >> 1) & 1) == h && m < M) {
-            float xv = staged ? half_of(sb_.x[m][e], col) : from_bf16(x[m * stride_x + col]);
-            if (norm_w != nullptr) {  // the value the MMA saw: rms_norm's roundings
-              const float gv = staged ? half_of(sb_.g[e], col) : from_bf16(norm_w[col]);
-              xv = from_bf16(to_bf16(gv * from_bf16(to_bf16(xv * rstd[m]))));
-            }
-            s[b][i] += xv * w_true - xv * w_fake;
-          }
-        }
+      for (int u = 0; u < U; ++u) {
+        rsa[u] = nsa[u]; rsb[u] = nsb[u]; rea[u] = nea[u]; reb[u] = neb[u];
       }
     }
-    if (bias != nullptr) {
+  }
+  const float scale_a = base_scale(base_a), scale_b = base_scale(base_b);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) s[b][i] += half_of(sb_.bias[acc_col(i, g) >> 1], acc_col(i, g));
-    }
-    if (residual != nullptr) {  // the rounded product plus r (rounded again by the store)
+  for (int i = 0; i < 4; ++i) {
+    const float sc = (i & 2) ? scale_b : scale_a;
+    c0[i] *= sc;
+    c1[i] *= sc;
+  }
+  cp_async_wait_all();  // the staged epilogue inputs (reduce_cta's barrier makes them visible)
+  float s[8];
+  if (!reduce_cta<WARPS>(c0, c1, s, ws, tickets)) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // the escapes of the lane's two weight rows: exact products in fp32
+    for (int e = st.rp[g + 8 * h]; e < st.rp[g + 8 * h + 1]; ++e) {
+      const bool staged = e < ESC_CAP;
+      const int col = staged ? st.col[e] : ecol[e0 + e];
+      const float w_true = staged ? st.wt[e] : etrue[e0 + e], w_fake = staged ? st.wf[e] : efake[e0 + e];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int m = acc_row(i, t);
-        if (m < M) s[b][i] = from_bf16(to_bf16(s[b][i])) + half_of(sb_.res[m][acc_col(i, g) >> 1], acc_col(i, g));
+        if (((i >> 1) & 1) == h && m < M) {
+          float xv = staged ? half_of(st.x[m][e], col) : from_bf16(x[m * stride_x + col]);
+          if (norm_w != nullptr) {  // the value the MMA saw: rms_norm's roundings
+            const float gv = staged ? half_of(st.g[e], col) : from_bf16(norm_w[col]);
+            xv = from_bf16(to_bf16(gv * from_bf16(to_bf16(xv * rstd[m]))));
+          }
+          s[i] += xv * w_true - xv * w_fake;
+        }
       }
     }
-    store_lane(s[b], y, stride_y, M, n0 + 16 * b, g, t);
   }
+  if (bias != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i] += half_of(st.bias[acc_col(i, g) >> 1], acc_col(i, g));
+  }
+  if (residual != nullptr) {  // the rounded product plus r (rounded again by the store)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int m = acc_row(i, t);
+      if (m < M) s[i] = from_bf16(to_bf16(s[i])) + half_of(st.res[m][acc_col(i, g) >> 1], acc_col(i, g));
+    }
+  }
+  store_lane(s, y, stride_y, M, n0, g, t);
 }
 
 #ifndef SPECC_NVRTC  // the host launch (nvcc); NVRTC compile checks instantiate the kernels themselves
 #include <stdexcept>
 #include <string>
 
-template <int MT, int NB, int U, int WARPS, bool P>
+template <int MT, int U, int WARPS, bool P>
 static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const void* x, const void* sm,
                               const void* ex, const void* base, int stride_base, const void* rowptr,
                               const void* ecol, const void* etrue, const void* efake, const void* bias,
@@ -376,32 +335,30 @@ static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const vo
                               void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
   // a fused norm stages the normalized rows of the CTA's K range in dynamic shared memory
   const size_t smem = norm_w != nullptr ? (size_t)M * k_split * sizeof(bf16_t) : 0;
-  return launch_maybe_pdl(bf12_mma<MT, NB, U, WARPS, P>, grid, WARPS * 32, smem, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
+  return launch_maybe_pdl(bf12_mma<MT, U, WARPS, P>, grid, WARPS * 32, smem, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
                             (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
                             (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
                             (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,
                             (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y);
 }
 
-void bf12_mma_launch(int mt, int nb, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
+void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
                      const void* x, const void* sm, const void* ex, const void* base, int stride_base,
                      const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
                      const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
                      void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
 #define SPECC_BF12_ARGS pdl, grid, stream, x, sm, ex, base, stride_base, rowptr, ecol, etrue, efake, bias, norm_w, \
                         eps, residual, stride_r, y, ws, tickets, M, Kp, k_split, stride_x, stride_y
-#define SPECC_BF12_CASE(MT, NB, U, W)                                                                    \
-  case MT * 1000 + NB * 100 + U * 10 + W / 4:                                                            \
-    err = prefetch ? launch_one<MT, NB, U, W, true>(SPECC_BF12_ARGS) : launch_one<MT, NB, U, W, false>(SPECC_BF12_ARGS); \
+#define SPECC_BF12_CASE(MT, U, W)                                                                        \
+  case MT * 100 + U * 10 + W / 4:                                                                        \
+    err = prefetch ? launch_one<MT, U, W, true>(SPECC_BF12_ARGS) : launch_one<MT, U, W, false>(SPECC_BF12_ARGS); \
     break;
   cudaError_t err = cudaErrorInvalidValue;
-  switch (mt * 1000 + nb * 100 + unroll * 10 + warps / 4) {
-    SPECC_BF12_CASE(1, 1, 1, 4) SPECC_BF12_CASE(1, 1, 1, 8) SPECC_BF12_CASE(1, 1, 2, 4) SPECC_BF12_CASE(1, 1, 2, 8)
-    SPECC_BF12_CASE(2, 1, 1, 4) SPECC_BF12_CASE(2, 1, 1, 8) SPECC_BF12_CASE(2, 1, 2, 4) SPECC_BF12_CASE(2, 1, 2, 8)
-    SPECC_BF12_CASE(1, 2, 1, 4) SPECC_BF12_CASE(1, 2, 1, 8) SPECC_BF12_CASE(1, 2, 2, 4) SPECC_BF12_CASE(1, 2, 2, 8)
-    SPECC_BF12_CASE(2, 2, 1, 4) SPECC_BF12_CASE(2, 2, 1, 8) SPECC_BF12_CASE(2, 2, 2, 4) SPECC_BF12_CASE(2, 2, 2, 8)
+  switch (mt * 100 + unroll * 10 + warps / 4) {
+    SPECC_BF12_CASE(1, 1, 4) SPECC_BF12_CASE(1, 1, 8) SPECC_BF12_CASE(1, 2, 4) SPECC_BF12_CASE(1, 2, 8)
+    SPECC_BF12_CASE(2, 1, 4) SPECC_BF12_CASE(2, 1, 8) SPECC_BF12_CASE(2, 2, 4) SPECC_BF12_CASE(2, 2, 8)
     default:
-      throw std::invalid_argument("bf12_mma: blocks in {1, 2}, unroll in {1, 2}, warps in {4, 8}");
+      throw std::invalid_argument("bf12_mma: unroll in {1, 2}, warps in {4, 8}");
   }
 #undef SPECC_BF12_CASE
 #undef SPECC_BF12_ARGS

@@ -78,44 +78,34 @@ __device__ __forceinline__ void store_lane(const float (&s)[8], bf16_t* y, long 
   }
 }
 
-// The CTA's sums into s (lanes of warp 0), for each of its NB 16-row weight blocks: its warps'
-// accumulators added in warp order in shared memory; with split-K (gridDim.y > 1) each CTA's sums
-// go to the fp32 workspace (per 16-row block: blockIdx.x * NB + b of gridDim.x * NB) and the last
-// CTA of a column range (a ticket per CTA) adds them up in split order, deterministic whoever
-// finishes last, and resets its ticket for the next launch (and graph replay). Returns whether
-// this lane holds the blocks' totals.
-template <int WARPS, int NB>
-__device__ __forceinline__ bool reduce_cta_blocks(const float (&c0)[NB][4], const float (&c1)[NB][4],
-                                                  float (&s)[NB][8], float* __restrict__ ws,
-                                                  unsigned* __restrict__ tickets) {
+// The CTA's sum into s (lanes of warp 0): its warps' accumulators added in warp order in shared
+// memory; with split-K (gridDim.y > 1) each CTA's sum goes to the fp32 workspace and the last
+// CTA of a row block (a ticket) adds them up in split order, deterministic whoever finishes
+// last, and resets its ticket for the next launch (and graph replay). Returns whether this
+// lane holds the row block's total.
+template <int WARPS>
+__device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c1)[4], float (&s)[8],
+                                           float* __restrict__ ws, unsigned* __restrict__ tickets) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = blockIdx.y, splits = gridDim.y;
-  __shared__ float red[NB][WARPS][32][8];
+  __shared__ float red[WARPS][32][8];
 #pragma unroll
-  for (int b = 0; b < NB; ++b)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      red[b][warp][lane][i] = c0[b][i];
-      red[b][warp][lane][4 + i] = c1[b][i];
-    }
+  for (int i = 0; i < 4; ++i) {
+    red[warp][lane][i] = c0[i];
+    red[warp][lane][4 + i] = c1[i];
+  }
   __syncthreads();
   if (warp != 0) return false;
 #pragma unroll
-  for (int b = 0; b < NB; ++b)
+  for (int i = 0; i < 8; ++i) {
+    s[i] = red[0][lane][i];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      s[b][i] = red[b][0][lane][i];
-#pragma unroll
-      for (int v = 1; v < WARPS; ++v) s[b][i] += red[b][v][lane][i];
-    }
-  if (splits == 1) return true;
-  const long blocks = (long)gridDim.x * NB;
-#pragma unroll
-  for (int b = 0; b < NB; ++b) {
-    float* mine = ws + (((long)split * blocks + (long)blockIdx.x * NB + b) * 32 + lane) * 8;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) mine[i] = s[b][i];
+    for (int v = 1; v < WARPS; ++v) s[i] += red[v][lane][i];
   }
+  if (splits == 1) return true;
+  float* mine = ws + (((long)split * gridDim.x + blockIdx.x) * 32 + lane) * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) mine[i] = s[i];
   __threadfence();
   __syncwarp();
   unsigned ticket = 0;
@@ -124,27 +114,15 @@ __device__ __forceinline__ bool reduce_cta_blocks(const float (&c0)[NB][4], cons
   if (ticket != (unsigned)(splits - 1)) return false;
   __threadfence();
 #pragma unroll
-  for (int b = 0; b < NB; ++b) {
+  for (int i = 0; i < 8; ++i) s[i] = 0.f;
+  for (int p = 0; p < splits; ++p) {
+    const float* part = ws + (((long)p * gridDim.x + blockIdx.x) * 32 + lane) * 8;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[b][i] = 0.f;
-    for (int p = 0; p < splits; ++p) {
-      const float* part = ws + (((long)p * blocks + (long)blockIdx.x * NB + b) * 32 + lane) * 8;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) s[b][i] += __ldcg(part + i);
-    }
+    for (int i = 0; i < 8; ++i) s[i] += __ldcg(part + i);
   }
   __syncwarp();
   if (lane == 0) tickets[blockIdx.x] = 0u;
   return true;
-}
-
-// reduce_cta_blocks for a CTA of one 16-row block
-template <int WARPS>
-__device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c1)[4], float (&s)[8],
-                                           float* __restrict__ ws, unsigned* __restrict__ tickets) {
-  return reduce_cta_blocks<WARPS, 1>(reinterpret_cast<const float(&)[1][4]>(c0),
-                                     reinterpret_cast<const float(&)[1][4]>(c1),
-                                     reinterpret_cast<float(&)[1][8]>(s), ws, tickets);
 }
 
 #if !defined(__CUDACC_RTC__)  // host side (nvcc): NVRTC compile checks see the device code only
