@@ -49,7 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
           ("lm_head", 4096, 151936)]  # (name, K, N)
 LAYER = ("qkv", "o", "gate_up", "down")
-LAYOUT_VERSION = {"v1": 1, "v2": 2, "mma": 2}  # mma: layout-2 weights through the tensor-core kernel
+# mma / mma3: layout-2 / layout-3 (16 x 64 tiles) weights through the tensor-core kernel
+LAYOUT_VERSION = {"v1": 1, "v2": 2, "mma": 2, "mma3": 3}
 MS = (1, 4, 16, 64)
 ROTATE_BYTES = 320 << 20  # weight bytes per rotation, >> 50 MB of L2 (also for the packed copies)
 MIN_CALLS = 48  # kernel calls per graph replay
@@ -134,7 +135,7 @@ def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool):
     kernel on layout-2 weights) always swept; v1 its shipped table (None) unless ``sweep_v1``."""
     if layout == "v2":
         return candidates_v2(m, quick)
-    if layout == "mma":
+    if layout in ("mma", "mma3"):
         return candidates_mma(m, quick)
     return candidates(m, quick) if sweep_v1 else [None]
 
@@ -164,7 +165,7 @@ def _compile_worker(jobs):
 
 def precompile(layouts, ms, ks, quick, sweep_v1, workers):
     jobs = [(lay, m, k, c) for lay in layouts for m in ms for k in sorted(set(ks))
-            for c in configs_for(lay, m, quick, sweep_v1) if lay != "mma"]  # (mma: one extension, built once)
+            for c in configs_for(lay, m, quick, sweep_v1) if not lay.startswith("mma")]  # (one extension, built once)
     # K only matters through divisibility (all Qwen3-8B K are multiples of 256): one K suffices,
     # except that split-K's effective split depends on K; compile for each distinct K anyway.
     workers = max(1, min(workers, len(jobs)))
@@ -357,10 +358,11 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     # packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at one row too;
     # packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
     # packed_v2_u2w4: every tensor-core launch with two super-groups per chunk, 4 warps, prefetching
+    # packed_v3: layout 3 (layout 2's bytes in 16 x 64 tiles), the pass's default since run 21
     v2 = (packed, {"pack_version": 2})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
                 "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
-                "packed_v2_triton": v2}
+                "packed_v2_triton": v2, "packed_v3": (packed, {"pack_version": 3})}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     if args.step_variants:  # the unpacked step is always the yardstick
@@ -444,7 +446,7 @@ def _step_records(res, logits_of, context, model, measured, packed_by_m) -> list
         u = res["unpacked"][q]
         for label in [v for v in res if v != "unpacked"]:  # the packed variants, in step_rows' order
             p = res[label][q]
-            rec = {"kind": "step", "step": what, "variant": label, "layout": 1 if label == "packed_v1" else 2,
+            rec = {"kind": "step", "step": what, "variant": label, "layout": res[label]["options"].get("pack_version"),
                    "Q": q, "context": context,
                    "unpacked_ms": u["ms"], "packed_ms": p["ms"], "packed_over_unpacked": p["ms"] / u["ms"],
                    **logit_agreement(logits_of["unpacked", q], logits_of[label, q]),
@@ -453,7 +455,7 @@ def _step_records(res, logits_of, context, model, measured, packed_by_m) -> list
                    "cost_model_packs": p["predicted_ms"] < u["predicted_ms"], "packing_wins": p["ms"] < u["ms"],
                    "pack_stats": res[label]["pack_stats"]}
             rec["cost_model_right"] = rec["cost_model_packs"] == rec["packing_wins"]
-            if measured is not None and label == "packed_v2":  # the same cost model told this run's layout-2 speeds
+            if measured is not None and label in ("packed_v2", "packed_v3"):  # the cost model told this run's speeds
                 rec.update(packed_bandwidth_by_m=packed_by_m,
                            predicted_packed_ms_measured_eff=p["predicted_measured_eff_ms"],
                            cost_model_packs_measured_eff=p["predicted_measured_eff_ms"] < u["predicted_measured_eff_ms"])
@@ -471,14 +473,14 @@ def main():
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--layouts", default="v1,v2,mma",
                     help="bf12 kernels to time: v1 (layout 1), v2 (layout 2, Triton), mma (layout 2, tensor cores, "
-                         "1 .. 16 rows)")
+                         "1 .. 16 rows), mma3 (layout 3: 16 x 64 tiles, tensor cores)")
     ap.add_argument("--quick", action="store_true", help="3 configs per M")
     ap.add_argument("--sweep-v1", action="store_true", help="sweep the layout-1 configs too (default: its table)")
     ap.add_argument("--steps", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the compiled Qwen3-8B AR and Q=16 verify steps, packed (v2) vs unpacked")
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default all: packed_v1 with layout v1, "
-                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton)")
+                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, packed_v3)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")
@@ -561,7 +563,8 @@ def main():
     steps = []
     if args.steps:
         # what engines get per M: the faster of the Triton layout-2 kernel and the tensor-core one
-        best = [(r["M"], max(r.get("v2_hbm_frac", 0.0), r.get("mma_hbm_frac", 0.0))) for r in rows]
+        best = [(r["M"], max(r.get("v2_hbm_frac", 0.0), r.get("mma_hbm_frac", 0.0), r.get("mma3_hbm_frac", 0.0)))
+                for r in rows]
         packed_by_m = {m: statistics.median(f for mm, f in best if mm == m and f > 0)
                        for m in ms if any(mm == m and f > 0 for mm, f in best)}
         packed_by_m = {m: min(1.0, v) for m, v in packed_by_m.items()}

@@ -149,8 +149,10 @@ def test_bench_bf12_tiny_runs_both_layouts(tmp_path):
         assert 0 < r["v2_hbm_frac"] and r["v2_bytes"] < 0.8 * 2 * r["N"] * r["K"] + 200
         assert "tensor-core kernel cannot run" in r["mma_error"]  # GPU only (and these tiny shapes): said so
     steps = [(r["step"], r["variant"], r["pack_stats"]["format_version"]) for r in res["steps"]]
-    variants = ["packed_v1", "packed_v2", "packed_v2_prefetch", "packed_v2_u2w4", "packed_v2_norm_unfused", "packed_v2_triton"]
-    assert steps == [(step, v, 1 if v == "packed_v1" else 2) for step in ("AR", "verify Q=16") for v in variants]
+    variants = ["packed_v1", "packed_v2", "packed_v2_prefetch", "packed_v2_u2w4", "packed_v2_norm_unfused", "packed_v2_triton",
+                "packed_v3"]
+    layout = {"packed_v1": 1, "packed_v3": 3}
+    assert steps == [(step, v, layout.get(v, 2)) for step in ("AR", "verify Q=16") for v in variants]
     for r in res["steps"]:  # fp32 on the CPU: the same weights give the same logits
         assert r["same_greedy_tokens"] and r["flips_are_ties"] and r["max_abs_logit_diff"] < 1e-4
 
@@ -172,7 +174,7 @@ def test_bench_bf12_builds_only_the_step_variants_asked_for(tmp_path):
     steps = json.loads(out.read_text())["steps"]
     assert [(r["step"], r["variant"]) for r in steps] == [("AR", "packed_v2_norm_unfused"),
                                                           ("verify Q=16", "packed_v2_norm_unfused")]
-    bad = subprocess.run(base + ["--step-variants", "packed_v3"], capture_output=True, text=True, env=env,
+    bad = subprocess.run(base + ["--step-variants", "packed_v4"], capture_output=True, text=True, env=env,
                          timeout=300, cwd=root)
-    assert bad.returncode != 0 and "unknown --step-variants ['packed_v3']" in bad.stdout + bad.stderr
+    assert bad.returncode != 0 and "unknown --step-variants ['packed_v4']" in bad.stdout + bad.stderr
     assert json.loads(out.read_text())["steps"] == []  # the kernel half is kept, no step was built

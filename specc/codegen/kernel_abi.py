@@ -167,7 +167,7 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
                             version=version))
         _PACKED[key] = hit
     rows = x.numel() // k
-    if version == 2 and rows <= MAX_ROWS:
+    if version in (2, 3) and rows <= MAX_ROWS:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, k)
         r2 = None if residual is None else residual.reshape(-1, n)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 def _packed_linear_cuda(m, rows=None) -> int:
-    """kernel_abi.packed_linear: at 1 .. 16 rows of layout 2 the tensor-core kernel, which fuses
+    """kernel_abi.packed_linear: at 1 .. 16 rows of layout 2 or 3 the tensor-core kernel, which fuses
     the residual add, and the norm at one row where the row fits its shared-memory stage (an
     rms_norm kernel first otherwise: ``linear_bf12_mma.fuses_norm``); else the bf12 GEMM plus an
     rms_norm kernel (norm prologue) and an add (residual epilogue)."""
     from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, fuses_norm
 
     norm = bool(m.attrs.get("norm_prologue"))
-    if m.attrs.get("format_version") == 2 and rows is not None and rows <= MAX_ROWS:
+    if m.attrs.get("format_version") in (2, 3) and rows is not None and rows <= MAX_ROWS:
         return 1 + (norm and not fuses_norm(rows, int(m.attrs.get("k", 0))))
     return 1 + norm + bool(m.attrs.get("residual_epilogue"))
 

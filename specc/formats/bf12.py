@@ -23,9 +23,11 @@ they need anyway to get the true values. ``base`` is chosen in [1, 239] so that 
 contains exponent 0 or 255; it is the 16-wide window that holds the most weights of the row
 (tensor), the first such on ties.
 
-Two layouts share all of the above (the per-weight bytes and codes, the bases, the escape
+Three layouts share all of the above (the per-weight bytes and codes, the bases, the escape
 table) and differ only in where the bytes sit: **version 2** (the default of
-:func:`pack_bf16_12bit`) and **version 1** (still read and written on request). The version is
+:func:`pack_bf16_12bit`), **version 3** (version 2's bytes in 16-row x 64-weight tiles: what the
+``pack_weights_12bit`` pass writes where the shape allows) and **version 1** (still read and
+written on request). The version is
 in :meth:`Packed12.metadata`, in the ``meta`` tensor of :meth:`Packed12.to_state_dict` and, for
 compiled steps, in each ``packed_linear`` call and the ``pack_weights_12bit`` pass statistics of
 the manifest.
@@ -63,6 +65,26 @@ i.e. 0.7503 - 0.7504 of the bf16 bytes, so the byte floor of a packed step is ~0
 multiple of 32 in all of them: no padding). Escapes never enter a kernel's inner loop: the planes
 hold ``sm = 0, c = 0`` there (the finite stand-in ``2**(base - 127)``), and the kernels apply the
 sorted table as a sparse exact fix-up after their main loop.
+
+Layout version 3 (version 2 in 16 x 64 tiles)
+=============================================
+The bytes and codes of version 2, in another order, for weights with ``N % 16 == 0`` and
+``Kp % 64 == 0`` (:func:`tileable`; every Qwen3-8B linear): each 16-row block's planes are
+stored tile by tile, a tile being the block's 64-weight super-group ``S`` (weights ``64 S ..
+64 S + 63``, two 32-weight code groups):
+
+* ``sm``: block ``B``'s tile ``S`` is the 1024 bytes at flat offset ``16 B Kp + 1024 S``, row
+  ``r`` of the block at ``+ 64 r``, each row's 64 bytes in natural K order;
+* ``ex``: the same with 512-byte tiles (``8 B Kp + 512 S``, row ``r`` at ``+ 32 r``), each
+  row's 32 code bytes the version-2 bytes of its two groups.
+
+The planes keep their ``[N, Kp]`` / ``[N, Kp / 2]`` shapes (as flat buffers: "row" n of the
+tensor no longer holds row n's bytes). Why: the tensor-core kernel
+(:mod:`specc.codegen.kernels.linear_bf12_mma`) gives each warp one 16-row block and one
+super-group at a time, so a warp's two weight loads cover one contiguous KB instead of 16 rows'
+64-byte pieces K bytes apart. At 16 rows (the verify and draft blocks) the Qwen3-8B layers took
+6% less time alone and the Q = 16 verify step 4.9% less, on the H100; at one row the same
+(docs/benchmarks/run21.md). The Triton kernels read it with the same address arithmetic.
 
 Layout version 1 (16-weight words)
 ==================================
@@ -132,12 +154,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["Packed12", "pack_bf16_12bit", "packed_meta", "ESTIMATED_ESCAPE_RATE", "FORMAT_NAME", "FORMAT_VERSION",
-           "FORMAT_VERSIONS"]
+__all__ = ["Packed12", "pack_bf16_12bit", "packed_meta", "tileable", "plane_strides", "ESTIMATED_ESCAPE_RATE",
+           "FORMAT_NAME", "FORMAT_VERSION", "FORMAT_VERSIONS", "TILE_ROWS", "TILE_K"]
 
 FORMAT_NAME = "bf12"
-FORMAT_VERSION = 2  # what pack_bf16_12bit writes by default
-FORMAT_VERSIONS = (1, 2)  # what this build reads
+FORMAT_VERSION = 2  # what pack_bf16_12bit writes by default (the pack pass: 3 where tileable)
+FORMAT_VERSIONS = (1, 2, 3)  # what this build reads
+TILE_ROWS = 16  # v3: rows of a tile (a tensor-core kernel block)
+TILE_K = 64  # v3: weights of a tile row (a tensor-core kernel super-group)
 
 NUM_PHASES = 16  # v1: weights per 16-weight word
 GROUP = 32  # v2: weights per group (16 code bytes: low nibbles = first half, high = second)
@@ -170,13 +194,45 @@ def _padded_cols(k: int, version: int) -> int:
     return unit * ((k + unit - 1) // unit)
 
 
+def tileable(shape: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` can take layout version 3 (16-row blocks of 64-weight tiles)."""
+    n, k = _rows_view(tuple(int(s) for s in shape))
+    return n % TILE_ROWS == 0 and _padded_cols(k, 2) % TILE_K == 0
+
+
+def plane_strides(version: int, kp: int) -> tuple[int, int, int, int]:
+    """Where a layout-2/3 weight's bytes sit inside its 16-row block, for the kernels' address
+    arithmetic: (sm bytes between two rows of a block, sm bytes between two 64-weight
+    super-groups of a row, the same two for ex). Byte ``j`` of row ``16 B + r``, super-group
+    ``S`` is at ``16 B Kp + r * row + S * group + j`` in sm (``8 B Kp + ...`` in ex)."""
+    if version == 3:
+        return TILE_K, TILE_ROWS * TILE_K, TILE_K // 2, TILE_ROWS * TILE_K // 2
+    if version == 2:
+        return kp, TILE_K, kp // 2, TILE_K // 2
+    raise ValueError(f"plane_strides: layout versions 2 and 3, not {version}")
+
+
+def _tile(plane: torch.Tensor, width: int) -> torch.Tensor:
+    """A version-2 plane ``[R, C]`` (R % 16 == 0; ``width`` bytes per row and super-group) in
+    version 3's tile order (the same shape)."""
+    r, c = plane.shape
+    return plane.reshape(r // TILE_ROWS, TILE_ROWS, c // width, width).permute(0, 2, 1, 3).reshape(r, c)
+
+
+def _untile(plane: torch.Tensor, width: int) -> torch.Tensor:
+    """The inverse of :func:`_tile`."""
+    r, c = plane.shape
+    return plane.reshape(r // TILE_ROWS, c // width, TILE_ROWS, width).permute(0, 2, 1, 3).reshape(r, c)
+
+
 @dataclasses.dataclass(eq=False)
 class Packed12:
     """A bf16 tensor in the lossless 12-bit format (see the module docstring for the layouts).
 
     Tensors (all on one device):
       sm       uint8 [N, Kp]      sign|mantissa bytes: v2 in natural K order (Kp = 32 *
-                                  ceil(K / 32)); v1 as two planes (Kp = 16 * ceil(K / 16))
+                                  ceil(K / 32)); v3 those in 16 x 64 tiles; v1 as two
+                                  planes (Kp = 16 * ceil(K / 16))
       ex       uint8 [N, Kp // 2] 4-bit exponent codes: v2 16 bytes per 32-weight group (low
                                   nibbles the first 16 weights, high the last 16); v1 16 per
                                   8-byte word
@@ -264,9 +320,12 @@ class Packed12:
             codes = codes.reshape(n, NUM_PHASES * k16)[:, :k]
             sm = self.sm.view(n, 2, k16, 8).permute(0, 2, 1, 3).reshape(n, NUM_PHASES * k16)[:, :k]
         else:
-            ex = self.ex.view(n, -1, 1, HALF).to(torch.int32)
+            sm, ex = self.sm, self.ex
+            if self.version == 3:  # the tiles back in version 2's row order
+                sm, ex = _untile(sm, TILE_K), _untile(ex, TILE_K // 2)
+            ex = ex.reshape(n, -1, 1, HALF).to(torch.int32)
             codes = torch.cat([ex & 0xF, ex >> 4], dim=2).reshape(n, -1)[:, :k]
-            sm = self.sm[:, :k]
+            sm = sm[:, :k]
         sm = sm.to(torch.int32)
         base = self.base.to(torch.int32).view(-1, 1)
         bits = ((sm & 0x80) << 8) | ((codes + base) << 7) | (sm & 0x7F)
@@ -319,6 +378,8 @@ class Packed12:
         if self.version not in FORMAT_VERSIONS:
             raise ValueError(f"bf12 version {self.version} not in {FORMAT_VERSIONS}")
         kp = _padded_cols(k, self.version)
+        if self.version == 3 and not tileable(self.shape):
+            raise ValueError(f"bf12 version 3 needs N % {TILE_ROWS} == 0 and Kp % {TILE_K} == 0, got {n} x {kp}")
         want = {"sm": ((n, kp), torch.uint8), "ex": ((n, kp // 2), torch.uint8),
                 "base": ((n if self.base_mode == "row" else 1,), torch.uint8)}
         for name, (shape, dtype) in want.items():
@@ -354,12 +415,15 @@ def _best_base(hist: torch.Tensor) -> torch.Tensor:
     return torch.argmax(win, dim=1) + MIN_BASE
 
 
-def _check_layout(base: str, version: int) -> None:
-    """A pack's base mode and layout version, or a ValueError naming the ones there are."""
+def _check_layout(base: str, version: int, shape: tuple[int, ...]) -> None:
+    """A pack's base mode and layout version (for ``shape``), or a ValueError naming the ones there are."""
     if base not in _BASE_MODES:
         raise ValueError(f"base must be one of {_BASE_MODES}, got {base!r}")
     if version not in FORMAT_VERSIONS:
         raise ValueError(f"bf12 version must be one of {FORMAT_VERSIONS}, got {version!r}")
+    if version == 3 and not tileable(shape):
+        raise ValueError(f"bf12 version 3 needs {TILE_ROWS}-row blocks of {TILE_K}-weight tiles: "
+                         f"shape {tuple(shape)} (use version 2)")
 
 
 # Escapes per weight assumed where there are no values to count (meta tensors): the rate measured
@@ -373,8 +437,8 @@ def packed_meta(shape: tuple[int, ...], base: str = "row", version: int = FORMAT
     """The packed form of a bf16 tensor of ``shape`` that has no values (the meta device: ``specc
     cost`` prices steps traced from config.json alone): meta planes of the layout's exact sizes,
     and an escape table of ``escape_rate`` x numel entries, an estimate (the count needs values)."""
-    _check_layout(base, version)
     shape = tuple(int(s) for s in shape)
+    _check_layout(base, version, shape)
     n, k = _rows_view(shape)
     kp = _padded_cols(k, version)
     numel = n * k
@@ -395,14 +459,15 @@ def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row", version: int = FORM
     ``base="row"`` chooses one base exponent per row of the ``[prod(shape[:-1]), shape[-1]]``
     view (the default; fewer escapes), ``base="tensor"`` one for the whole tensor.
     ``version`` picks the layout (2, the default: natural-order sign|mantissa plane and
-    32-weight code groups; 1: the 16-weight-word layout). Works on any device; the result
+    32-weight code groups; 3: those in 16 x 64 tiles, for :func:`tileable` shapes; 1: the
+    16-weight-word layout). Works on any device; the result
     lives on the input's device. ``unpack()`` returns it bit-exactly.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"pack_bf16_12bit expects a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype != torch.bfloat16:
         raise TypeError(f"pack_bf16_12bit expects a bfloat16 tensor, got {tensor.dtype}")
-    _check_layout(base, version)
+    _check_layout(base, version, tuple(tensor.shape))
     if tensor.numel() == 0:
         raise ValueError(f"cannot pack an empty tensor (shape {tuple(tensor.shape)})")
     shape = tuple(int(s) for s in tensor.shape)
@@ -412,6 +477,8 @@ def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row", version: int = FORM
     dev = tensor.device
     w = tensor.detach().contiguous().view(torch.int16).reshape(n, k)
     chunk = max(1, _CHUNK_ELEMS // max(k, 1))
+    if version == 3:  # chunks of whole 16-row blocks: each is tiled in place
+        chunk = TILE_ROWS * max(1, chunk // TILE_ROWS)
 
     def exps(rows: torch.Tensor) -> torch.Tensor:
         return ((rows.to(torch.int64) >> 7) & 0xFF)
@@ -455,9 +522,12 @@ def pack_bf16_12bit(tensor: torch.Tensor, base: str = "row", version: int = FORM
             exb = c.index_select(3, i_lo) | (c.index_select(3, i_hi) << 4)  # [r, K16, 2, 4]
         else:
             # natural-order sm; group g's code byte i = code(32g + i) | code(32g + 16 + i) << 4
-            sm_out[r0:r0 + r] = sm.to(torch.uint8)
+            sm = sm.to(torch.uint8)
             c = code.view(r, kp // GROUP, 2, HALF)
-            exb = c[:, :, 0] | (c[:, :, 1] << 4)
+            exb = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(r, kp // 2).to(torch.uint8)
+            if version == 3:
+                sm, exb = _tile(sm, TILE_K), _tile(exb, TILE_K // 2)
+            sm_out[r0:r0 + r] = sm
         ex_out[r0:r0 + r] = exb.reshape(r, kp // 2).to(torch.uint8)
     if base == "tensor":
         base_out[0] = tensor_base.to(torch.uint8)[0]

@@ -9,18 +9,20 @@ decode + GEMV/GEMM kernel (``specc.codegen.kernels.linear_bf12``) reads 25% fewe
 Options (``PassContext.option``): ``pack_include`` / ``pack_exclude``: substrings of weight
 names selecting the linears (default: all), so the cost model can pack a subset (e.g. only the
 MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
-``pack_version``: the bf12 layout, 2 (default) or 1. Both are exact. Layout 2 is read at 1 .. 16
-rows by the tensor-core kernel ``specc.codegen.kernels.linear_bf12_mma`` and above by the Triton
-kernel ``specc.codegen.kernels.linear_bf12_v2``. On the H100 the packed Qwen3-8B AR step is 0.930x
-the unpacked one and the Q = 16 verify 0.937x. Above 16 rows the Triton kernel is 3.5x slower per
-layer at 64 rows, so the cost model does not pack there (docs/benchmarks/run20.md). Layout 2 is
-also what ``specc calibrate`` measures (``pack_bf16_12bit``'s default), so the cost model prices
-the layout compiled artifacts get. Weights without values (the meta device: ``specc cost``) pack
+``pack_version``: the bf12 layout, 3 (default: layout 2's bytes in 16-row x 64-weight tiles,
+for the weights whose shape allows it, ``bf12.tileable``; layout 2 for the others), 2 or 1. All
+are exact. Layouts 2 and 3 are read at 1 .. 16 rows by the tensor-core kernel
+``specc.codegen.kernels.linear_bf12_mma`` and above by the Triton kernel
+``specc.codegen.kernels.linear_bf12_v2``. On the H100 the packed Qwen3-8B AR step is 0.93x the
+unpacked one, and the Q = 16 verify 0.94x in layout 2, 0.89x in layout 3 (docs/benchmarks/run21.md). Above 16 rows the Triton kernel is 3.5x slower per
+layer at 64 rows, so the cost model does not pack there (docs/benchmarks/run20.md). ``specc
+calibrate`` measures layout 2 (``pack_bf16_12bit``'s default); layout 3 is no slower. Weights without values (the meta device: ``specc cost``) pack
 to meta planes of the layout's sizes with an estimated escape table
 (``specc.formats.bf12.packed_meta``). ``fuse_residual_add`` folds the residual add into packed
 linears (the tensor-core kernel adds it in its epilogue). The layout version is a keyword of each
-``packed_linear`` call (the emitted step's source shows it) and ``format_version`` in the pass's
-stats (the manifest's record of applied passes).
+``packed_linear`` call (the emitted step's source shows it); the pass's stats (the manifest's
+record of applied passes) give the requested ``format_version`` and the count per layout
+(``format_versions``).
 """
 
 from __future__ import annotations
@@ -28,15 +30,16 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from specc.formats.bf12 import FORMAT_VERSIONS, pack_bf16_12bit, packed_meta
+from specc.formats.bf12 import FORMAT_VERSIONS, pack_bf16_12bit, packed_meta, tileable
 from specc.ir import IR, SCOPE_KEY, Cost, OpCall, linear_cost, register_op
 from specc.ir.meta import TensorMeta
 from specc.models.fused_ops import packed_linear  # the eager body
 from specc.passes.base import Pass, PassContext, PassResult
 from specc.passes.registry import register_pass
 
-# the layout compiled artifacts get (the module docstring says why; docs/kernels.md)
-DEFAULT_PACK_VERSION = 2
+# the layout compiled artifacts get where the weight's shape allows it, else 2 (the module docstring
+# says why; docs/kernels.md)
+DEFAULT_PACK_VERSION = 3
 
 
 @register_op(packed_linear, "packed_linear")
@@ -104,15 +107,17 @@ class PackWeights12bit(Pass):
         bytes_before = bytes_after = 0
         estimated = False
         cache: dict[str, list[str]] = {}
+        layout: dict[str, int] = {}  # weight -> its layout (3 falls back to 2 where the shape does not tile)
         for node, w in self._targets(ir, ctx):
             kind = ir.meta(node).kind
             name = _weight_name(w)
             tensor = ir.gm.get_parameter(name) if w.op == "get_attr" else None
             if name not in cache:
+                layout[name] = 2 if version == 3 and not tileable(tuple(tensor.shape)) else version
                 if tensor.is_meta:  # traced from config.json alone (specc cost): sizes, no values
-                    packed, estimated = packed_meta(tuple(tensor.shape), base=base_mode, version=version), True
+                    packed, estimated = packed_meta(tuple(tensor.shape), base=base_mode, version=layout[name]), True
                 else:
-                    packed = pack_bf16_12bit(tensor.detach(), base=base_mode, version=version)
+                    packed = pack_bf16_12bit(tensor.detach(), base=base_mode, version=layout[name])
                 parts = packed.to_state_dict("")
                 cache[name] = [ir.add_weight(f"{name}_bf12_{p}", parts[p]) for p in ("sm", "ex", "base", "esc_idx", "esc_val")]
                 weights += tensor.numel()
@@ -128,7 +133,7 @@ class PackWeights12bit(Pass):
                 else:
                     x, g, eps, _, bias = (list(node.args) + [None])[:5]
                     args = (x, *attrs, int(n), int(k), base_mode, bias, g, eps)
-                new = graph.create_node("call_function", packed_linear, args, {"version": version},
+                new = graph.create_node("call_function", packed_linear, args, {"version": layout[name]},
                                         name=f"packed_{node.name}")
             new.meta[SCOPE_KEY] = node.meta.get(SCOPE_KEY, "")
             node.replace_all_uses_with(new)
@@ -136,7 +141,9 @@ class PackWeights12bit(Pass):
             packed_count += 1
         ir.remove_dead()
         ir.refresh()
+        versions = {str(v): sum(1 for x in layout.values() if x == v) for v in sorted(set(layout.values()))}
         return PassResult(packed_count > 0, {"packed": packed_count, "format_version": version,
+                                             "format_versions": versions,
                                              "weights": weights, "escapes": escapes,
                                              "escape_rate": escapes / weights if weights else 0.0,
                                              "escapes_estimated": estimated,

@@ -106,14 +106,14 @@ def efficiency_class(meta) -> str:
 
 def packed_weight_passes(m: int, n: int, k: int, version: int = 2) -> int:
     """How many times a packed (bf12) linear of ``m`` rows reads its ``[n, k]`` planes: once up to
-    the tensor-core kernel's 16 rows (layout 2: one tile holds every row), else once per row tile
+    the tensor-core kernel's 16 rows (layouts 2 and 3: one tile holds every row), else once per row tile
     of the Triton kernel's config for that M (64-row tiles above 64 rows), counted by
     :func:`specc.codegen.kernels.linear.weight_passes` as for bf16 weights. Without that factor a
     verify of 512 rows priced its packed weights read once against the bf16 weights' 8 passes,
     and packing looked 1.5x faster where its kernel is slower."""
     from specc.codegen.kernels.linear import weight_passes  # imports triton: linears only
 
-    if version == 2:
+    if version in (2, 3):  # layout 3: layout 2's bytes in tiles, read by the same kernels
         from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS
         from specc.codegen.kernels.linear_bf12_v2 import get_config
 

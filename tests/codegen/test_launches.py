@@ -1,5 +1,5 @@
 """Launch counts the cost model prices: a packed linear is one kernel where the bf12 tensor-core
-kernel fuses its residual epilogue (layout 2, 1 .. 16 rows) and its norm prologue (one row whose
+kernel fuses its residual epilogue (layouts 2 and 3, 1 .. 16 rows) and its norm prologue (one row whose
 normalized values fit the kernel's shared-memory stage; an rms_norm kernel first otherwise), else the bf12 GEMM plus an rms_norm kernel and an add."""
 
 from types import SimpleNamespace
@@ -13,6 +13,7 @@ from specc.codegen.launches import LAUNCHES
     (2, 1, True, False, 1), (2, 1, True, True, 1), (2, 16, True, True, 2), (2, 16, False, True, 1),
     (2, 17, True, True, 3), (2, 64, False, True, 2),
     (1, 1, True, True, 3), (1, 4, False, False, 1), (2, None, True, False, 2),
+    (3, 1, True, True, 1), (3, 16, True, True, 2), (3, 17, True, True, 3),
 ])
 def test_packed_linear_launches_on_cuda(version, rows, norm, res, want):
     meta = SimpleNamespace(attrs={"format_version": version, "norm_prologue": norm, "residual_epilogue": res})

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specc.formats import Packed12, pack_bf16_12bit
-from specc.formats.bf12 import FORMAT_VERSION, MAX_BASE, MIN_BASE
+from specc.formats.bf12 import FORMAT_VERSION, MAX_BASE, MIN_BASE, plane_strides, tileable
 
 
 def all_bf16_patterns() -> torch.Tensor:
@@ -24,13 +24,17 @@ def assert_bit_exact(packed: Packed12, ref: torch.Tensor) -> None:
     assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("base", ["row", "tensor"])
 @pytest.mark.parametrize("shape", [(65536,), (256, 256), (16, 4096), (4096, 16),
                                    (4, 16, 1024), (128, 512), (1024, 64)])
 def test_all_65536_patterns_round_trip(shape, base, version):
     # every bf16 bit pattern: +-0, subnormals, normals, +-inf, every NaN payload
     w = all_bf16_patterns()
+    if version == 3 and not tileable(shape):  # layout 3 needs 16-row blocks of 64-weight tiles
+        with pytest.raises(ValueError, match="version 3"):
+            pack_bf16_12bit(w.reshape(shape), base=base, version=version)
+        return
     perm = torch.randperm(w.numel(), generator=torch.Generator().manual_seed(0))
     for x in (w, w[perm]):  # sorted (rows = exponent ranges) and shuffled
         p = pack_bf16_12bit(x.reshape(shape), base=base, version=version)
@@ -69,7 +73,34 @@ def test_version_2_layout_places_bytes_and_nibbles():
         assert torch.equal(nib, want), kk
 
 
-@pytest.mark.parametrize("version", [1, 2])
+def test_version_3_is_version_2_in_tiles():
+    """v3: the v2 bytes and codes, each 16-row block stored as 64-weight tiles: sm byte j of row
+    16 B + r, super-group S at flat 16 B Kp + 1024 S + 64 r + j; ex at 8 B Kp + 512 S + 32 r + j
+    (plane_strides gives the kernels these numbers); the rest of the pack is v2's."""
+    g = torch.Generator().manual_seed(4)
+    n, k = 48, 150  # Kp = 160: not whole 64-weight tiles
+    assert not tileable((n, k)) and tileable((n, 192)) and tileable((n, 100)) and not tileable((40, 192))
+    w = (torch.randn(n, 192, generator=g) * 0.02).bfloat16()
+    w[5, 7], w[20, 100] = 0.0, 3.0e4
+    p2, p3 = pack_bf16_12bit(w, version=2), pack_bf16_12bit(w, version=3)
+    assert p3.version == 3 and p3.sm.shape == p2.sm.shape and p3.ex.shape == p2.ex.shape
+    for part in ("base", "esc_idx", "esc_val"):
+        assert torch.equal(getattr(p3, part), getattr(p2, part))
+    kp = p2.padded_cols
+    assert plane_strides(3, kp) == (64, 1024, 32, 512) and plane_strides(2, kp) == (kp, 64, kp // 2, 32)
+    sm3, ex3 = p3.sm.reshape(-1), p3.ex.reshape(-1)
+    for row in (0, 7, 16, 31, 47):
+        blk, r = divmod(row, 16)
+        for kk in (0, 1, 63, 64, 130, 191):
+            sg, j = divmod(kk, 64)
+            assert sm3[16 * blk * kp + 1024 * sg + 64 * r + j] == p2.sm[row, kk]
+        for kh in (0, 31, 32, 95):
+            sg, j = divmod(kh, 32)
+            assert ex3[8 * blk * kp + 512 * sg + 32 * r + j] == p2.ex[row, kh]
+    assert_bit_exact(p3, w)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_real_shape_weights_round_trip(version):
     """A real-shape slice (4096 columns, Qwen3-8B's hidden size) of N(0, 0.02) weights with a
     sprinkle of zeros and outliers: bit-exact in both layouts."""
@@ -242,13 +273,16 @@ def test_sizes_and_errors():
     with pytest.raises(ValueError):
         pack_bf16_12bit(w, base="column")
     with pytest.raises(ValueError, match="version"):
-        pack_bf16_12bit(w, version=3)
+        pack_bf16_12bit(w, version=4)
+    with pytest.raises(ValueError, match="version 3 needs"):
+        pack_bf16_12bit(w[:40], version=3)  # 40 rows: not whole 16-row blocks
+    assert pack_bf16_12bit(w, version=3).nbytes == p.nbytes  # the same bytes, in tiles
     with pytest.raises(ValueError):
         pack_bf16_12bit(torch.zeros(0, 4, dtype=torch.bfloat16))
     assert_bit_exact(pack_bf16_12bit(torch.tensor(1.5, dtype=torch.bfloat16)), torch.tensor(1.5, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("base", ["row", "tensor"])
 def test_packed_meta_has_the_planes_of_a_real_pack(version, base):
     """A weight without values (meta) packs to meta planes of exactly a real pack's sizes, and an
@@ -265,4 +299,6 @@ def test_packed_meta_has_the_planes_of_a_real_pack(version, base):
     assert meta.shape == real.shape and meta.version == version and meta.padded_cols == real.padded_cols
     assert packed_meta((4096, 4096)).num_escapes == round(ESTIMATED_ESCAPE_RATE * 4096 * 4096)
     with pytest.raises(ValueError, match="version"):
-        packed_meta((16, 64), version=3)
+        packed_meta((16, 64), version=4)
+    with pytest.raises(ValueError, match="version 3"):
+        packed_meta((8, 64), version=3)

@@ -38,13 +38,15 @@ def test_pack_fires_and_outputs_are_identical(checkpoints):
 
 
 def test_pack_versions_agree_and_are_recorded(checkpoints):
-    """Both bf12 layouts (pack_version 1, and 2: the default) give the unpacked outputs exactly;
-    each packed_linear call carries its layout version and the stats record it."""
+    """Every bf12 layout (pack_version 1, 2, and 3: the default, layout 2 where a weight's shape
+    does not tile) gives the unpacked outputs exactly; each packed_linear call carries its layout
+    version and the stats record the requested one and the count per layout."""
+    from specc.formats.bf12 import tileable
     from specc.passes import PassContext
     from specc.passes.pack_weights_12bit import PackWeights12bit
 
     outs, versions = [], []
-    for version in (None, 1, 2):
+    for version in (None, 1, 2, 3):
         ir = _ir(checkpoints["target"])
         inputs = ir.example_inputs({"B": 1, "Q": 3, "C": 0})
         with torch.no_grad():
@@ -55,9 +57,17 @@ def test_pack_versions_agree_and_are_recorded(checkpoints):
             ir.reset_caches()
             outs.append((want, ir(*inputs)))
         calls = [n for n in ir.graph.nodes if n.op == "call_function" and "packed_linear" in str(n.target)]
-        assert calls and {n.kwargs["version"] for n in calls} == {result.stats["format_version"]}
-        versions.append(result.stats["format_version"])
-    assert versions == [DEFAULT_PACK_VERSION, 1, 2]
+        got = {n.kwargs["version"] for n in calls}
+        requested = result.stats["format_version"]
+        assert calls and got == {int(v) for v in result.stats["format_versions"]}
+        if requested == 3:  # tiles where the weight's shape allows, layout 2 elsewhere
+            for n in calls:
+                shape = (n.args[6], n.args[7])
+                assert n.kwargs["version"] == (3 if tileable(shape) else 2)
+        else:
+            assert got == {requested}
+        versions.append(requested)
+    assert versions == [DEFAULT_PACK_VERSION, 1, 2, 3] and DEFAULT_PACK_VERSION == 3
     for want, got in outs:
         assert torch.equal(want, got)
 
@@ -68,7 +78,7 @@ def test_pack_rejects_unknown_version(checkpoints):
 
     ir = _ir(checkpoints["target"])
     with pytest.raises(ValueError, match="pack_version"):
-        PackWeights12bit().run(ir, PassContext(options={"pack_version": 3}))
+        PackWeights12bit().run(ir, PassContext(options={"pack_version": 4}))
 
 
 def test_pack_subset_by_name(checkpoints):

@@ -29,7 +29,9 @@ fp32 workspace and are added in split order by the last CTA of a row block: the 
 every call.
 
 When it runs (:func:`unsupported_reason` says why not): a CUDA device of compute capability 8.0
-or newer, bf16 activations, a layout-2 weight with N % 16 == 0 and K % 64 == 0, 1 .. 16 rows with
+or newer, bf16 activations, a layout-2 or layout-3 weight (layout 3 stores each 16-row block in
+16 x 64 tiles, so a warp's loads are one contiguous KB: the Q = 16 verify step 4.9% faster on
+the H100, docs/benchmarks/run21.md) with N % 16 == 0 and K % 64 == 0, 1 .. 16 rows with
 16-byte aligned rows, batch-invariant mode off, ``SPECC_BF12_MMA`` not ``0``, and the extension
 built. Everything else goes to the Triton kernels. The extension is compiled once per machine by
 ``torch.utils.cpp_extension.load`` (nvcc and ninja; ~30-60 s) and cached by torch in
@@ -55,7 +57,7 @@ import torch
 
 from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
-from specc.formats.bf12 import Packed12
+from specc.formats.bf12 import Packed12, plane_strides
 
 __all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
            "fuses_norm", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
@@ -149,8 +151,8 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
         return f"{ENV}=0"
     if batch_invariant_enabled():
         return "batch-invariant mode (the Triton dot kernel at every M)"
-    if packed.version != 2:
-        return f"layout version {packed.version} (this kernel reads layout 2)"
+    if packed.version not in (2, 3):
+        return f"layout version {packed.version} (this kernel reads layouts 2 and 3)"
     n, k = packed.shape
     if n % 16 or k % 64 or packed.padded_cols != k:
         return f"shape {n} x {k} (needs N % 16 == 0 and K % 64 == 0)"
@@ -277,7 +279,8 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
                      meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
                      unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
                      unused if residual is None else residual, residual is not None, y,
-                     ws, tickets, cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch, bool(pdl_mode(x2, "bf12")))
+                     ws, tickets, *plane_strides(packed.version, kp), cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch,
+                     bool(pdl_mode(x2, "bf12")))
     return y
 
 
@@ -307,7 +310,9 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
     n_dim, kp = sm.shape
     m_rows = x.shape[0]
     u_, warps, splits = config.unroll, config.warps, config.splits
-    assert m_rows <= 16 and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version == 2
+    assert m_rows <= 16 and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version in (2, 3)
+    strides = plane_strides(packed.version, kp)  # the kernel's address arithmetic on the flat planes
+    sm, ex = sm.reshape(-1), ex.reshape(-1)
     xp = torch.zeros(16, kp)
     xp[:m_rows, :x.shape[1]] = x.float()
     if norm_weight is not None:  # n = bf16(x * rstd), h = bf16(g * n), as specc.models.ops.rms_norm
@@ -326,7 +331,7 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
                 for c in range(warp, k_split // (64 * u_), warps):
                     for u in range(u_):
                         k0 = split * k_split + c * 64 * u_ + 64 * u
-                        _super_group(acc, xp, sm, ex, n0, k0)
+                        _super_group(acc, xp, sm, ex, n0, k0, kp, strides)
                 part += acc
             for lane in range(32):
                 g = lane // 4
@@ -353,16 +358,22 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
     return y if residual is None else y.to(torch.bfloat16)
 
 
-def _super_group(acc: torch.Tensor, xp: torch.Tensor, sm: torch.Tensor, ex: torch.Tensor, n0: int, k0: int) -> None:
-    """One 64-weight super-group of a 16-row block: each lane's 16 decoded weights per row, then
-    the four MMAs (both x tiles), accumulated into ``acc`` [32 lanes, 8]."""
+def _super_group(acc: torch.Tensor, xp: torch.Tensor, sm: torch.Tensor, ex: torch.Tensor, n0: int, k0: int,
+                 kp: int, strides: tuple[int, int, int, int]) -> None:
+    """One 64-weight super-group of a 16-row block: each lane's 16 decoded weights per row (read
+    from the flat planes ``sm``, ``ex`` at the kernel's addresses: ``strides`` as
+    :func:`specc.formats.bf12.plane_strides`), then the four MMAs (both x tiles), accumulated
+    into ``acc`` [32 lanes, 8]."""
+    sm_row, sm_group, ex_row, ex_group = strides
     dec = {}
     for lane in range(32):
         g, t = lane // 4, lane % 4
         for r in (g, g + 8):
-            codes = ex[n0 + r, k0 // 2 + 16 * (t // 2): k0 // 2 + 16 * (t // 2) + 16]
+            e0 = n0 * (kp // 2) + r * ex_row + (k0 // 64) * ex_group + 16 * (t // 2)
+            s0 = n0 * kp + r * sm_row + (k0 // 64) * sm_group + 16 * t
+            codes = ex[e0:e0 + 16]
             codes = (codes >> 4) if t % 2 else (codes & 0xF)
-            dec[lane, r] = decode_constant_exponent(sm[n0 + r, k0 + 16 * t: k0 + 16 * t + 16], codes)
+            dec[lane, r] = decode_constant_exponent(sm[s0:s0 + 16], codes)
     for i in range(4):
         a = torch.zeros(16, 16)
         b = [torch.zeros(16, 8), torch.zeros(16, 8)]
@@ -422,7 +433,7 @@ def compile_check(arch: str = "compute_90", l2_prefetch: int = int(L2_PREFETCH_D
         f"template __global__ void bf12_mma<{mt}, {u}, {w}, {str(p).lower()}>(const bf16_t*, const unsigned char*, "
         f"const unsigned char*, const unsigned char*, int, const int*, const int*, const float*, const float*, "
         f"const bf16_t*, const bf16_t*, float, const bf16_t*, long, bf16_t*, float*, unsigned*, int, int, int, long, "
-        f"long);\n"
+        f"long, int, int, int, int);\n"
         for mt, u, w, p in itertools.product((1, 2), UNROLLS, WARPS, (False, True)))
     source = f"#define SKINNY_L2_PREFETCH {int(l2_prefetch)}\n" + (CUDA_DIR / "linear_bf12_mma.cu").read_text() + instances
     return nvrtc_ptx(source, "linear_bf12_mma.cu", [str(CUDA_DIR)], arch)

@@ -1,7 +1,8 @@
-"""Fused decode + GEMV/GEMM on bf12 layout-2 weights: ``y = x @ W^T (+ bias)``.
+"""Fused decode + GEMV/GEMM on bf12 layout-2 (and layout-3) weights: ``y = x @ W^T (+ bias)``.
 
 W is a :class:`specc.formats.bf12.Packed12` with ``version == 2`` (the format's module docstring
-describes the layout): a natural-order sign|mantissa byte plane ``sm [N, Kp]`` and a code plane
+describes the layout; ``version == 3``, the same bytes in 16-row x 64-weight tiles, is read
+through the same tiles by their tiled addresses): a natural-order sign|mantissa byte plane ``sm [N, Kp]`` and a code plane
 ``ex [N, Kp / 2]`` whose 32-weight groups hold 16 code bytes, the low nibble of byte ``i`` for
 weight ``32 g + i`` and the high nibble for weight ``32 g + 16 + i``. The layout exists for
 this kernel's loads and decode:
@@ -120,7 +121,7 @@ def _bf12v2_linear_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ESC: tl.constexpr,
     ESC_BLOCK: tl.constexpr, DOT_BF16: tl.constexpr, USE_ASM: tl.constexpr,
-    DEC_BF16: tl.constexpr,
+    DEC_BF16: tl.constexpr, TILED: tl.constexpr,
 ):
     KH: tl.constexpr = BLOCK_K // 2
     pid_n = tl.program_id(0)
@@ -134,8 +135,12 @@ def _bf12v2_linear_kernel(
     k_start = 2 * kh_start
     k_stop = tl.minimum(k_start + G_PER_SPLIT * 32, KP)  # a multiple of 32 (a group boundary)
     rows64 = offs_n.to(tl.int64)
-    sm_rows = sm_ptr + rows64[:, None] * KP
-    ex_rows = ex_ptr + rows64[:, None] * KP2  # KP2 = KP // 2, passed so Triton sees it % 16 == 0
+    if TILED:  # layout 3: 16-row blocks stored as 16 x 64-weight tiles (specc.formats.bf12.plane_strides)
+        sm_rows = sm_ptr + ((rows64 // 16) * 16 * KP + (rows64 % 16) * 64)[:, None]
+        ex_rows = ex_ptr + ((rows64 // 16) * 16 * KP2 + (rows64 % 16) * 32)[:, None]
+    else:
+        sm_rows = sm_ptr + rows64[:, None] * KP
+        ex_rows = ex_ptr + rows64[:, None] * KP2  # KP2 = KP // 2, passed so Triton sees it % 16 == 0
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BLOCK_M, 1]
     # tile position i (0 .. KH) -> K offset of the low-half weight: group i // 16, lane i % 16
     i = tl.arange(0, KH)
@@ -157,9 +162,16 @@ def _bf12v2_linear_kernel(
         k_lo = k0 + off_lo  # [KH]
         k_hi = k_lo + 16
         wmask = mask_n[:, None] & (k_lo < k_stop)[None, :]  # constant over each 16-byte run
-        s_lo = tl.load(sm_rows + k_lo[None, :], mask=wmask, other=0)
-        s_hi = tl.load(sm_rows + k_hi[None, :], mask=wmask, other=0)
-        e = tl.load(ex_rows + (kh0 + off_ex)[None, :], mask=wmask, other=0)
+        if TILED:  # a row's 64-weight super-group S sits at S * 1024 (sm) / S * 512 (ex) in its block
+            c_lo = tl.max_contiguous(tl.multiple_of((k_lo // 64) * 1024 + k_lo % 64, 16), 16)
+            c_hi = tl.max_contiguous(tl.multiple_of((k_hi // 64) * 1024 + k_hi % 64, 16), 16)
+            kh = kh0 + off_ex
+            c_ex = tl.max_contiguous(tl.multiple_of((kh // 32) * 512 + kh % 32, 16), 16)
+        else:
+            c_lo, c_hi, c_ex = k_lo, k_hi, kh0 + off_ex
+        s_lo = tl.load(sm_rows + c_lo[None, :], mask=wmask, other=0)
+        s_hi = tl.load(sm_rows + c_hi[None, :], mask=wmask, other=0)
+        e = tl.load(ex_rows + c_ex[None, :], mask=wmask, other=0)
         w_lo = _decode(s_lo, e, False, USE_ASM, DEC_BF16)
         w_hi = _decode(s_hi, e, True, USE_ASM, DEC_BF16)
         if USE_DOT:
@@ -307,8 +319,8 @@ def linear_bf12_v2(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None 
     """``x @ W^T + bias`` with W a layout-2 Packed12 of an ``[N, K]`` bf16 weight (checked
     inputs: :func:`specc.codegen.kernels.linear_bf12.linear_bf12` validates and dispatches
     here). Returns ``[..., N]`` in x's dtype, fp32 accumulation."""
-    if packed.version != 2:
-        raise ValueError(f"linear_bf12_v2 needs a version-2 bf12 weight, got version {packed.version}")
+    if packed.version not in (2, 3):
+        raise ValueError(f"linear_bf12_v2 needs a version-2 or -3 bf12 weight, got version {packed.version}")
     n, k = packed.shape
     if not launchable(x.device):
         raise RuntimeError("linear_bf12 on a CPU tensor needs the Triton interpreter: set "
@@ -350,7 +362,7 @@ def linear_bf12_v2(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None 
         SPLIT_K=split, HAS_BIAS=bias is not None, HAS_ESC=meta["num_esc"] > 0,
         ESC_BLOCK=cfg.esc_block, DOT_BF16=x.dtype == torch.bfloat16,
         USE_ASM=cfg.use_asm and not INTERPRETED,
-        DEC_BF16=cfg.kind == "dot" and x.dtype == torch.bfloat16,
+        DEC_BF16=cfg.kind == "dot" and x.dtype == torch.bfloat16, TILED=packed.version == 3,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y.reshape(*lead, n)

@@ -34,15 +34,18 @@ def _reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return y if bias is None else y + bias.float()
 
 
+@pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("m,cfg,base", [
     (1, mma.Bf12MmaConfig(unroll=1, warps=4), "row"),
     (5, mma.Bf12MmaConfig(unroll=2, warps=4, splits=2), "row"),
     (9, mma.Bf12MmaConfig(unroll=1, warps=8, splits=4, prefetch=True), "tensor"),
     (16, mma.Bf12MmaConfig(unroll=2, warps=4), "row"),
 ])
-def test_emulated_kernel_is_the_matmul_with_escapes_and_bias(m, cfg, base):
+def test_emulated_kernel_is_the_matmul_with_escapes_and_bias(m, cfg, base, version):
+    """The kernel's reads (layout 2's rows, or layout 3's tiles: plane_strides on the flat
+    planes), decode, MMA fragments and sums equal the matmul on the unpacked weights."""
     w = _weights(32, 512, seed=m)
-    packed = pack_bf16_12bit(w, version=2, base=base)
+    packed = pack_bf16_12bit(w, version=version, base=base)
     assert packed.esc_idx.numel() >= 5  # the planted escapes (and the tensor window's own)
     g = torch.Generator().manual_seed(100 + m)
     x = torch.randn(m, 512, generator=g).to(torch.bfloat16).float()
@@ -140,6 +143,7 @@ def test_unsupported_reasons(monkeypatch):
     v2, v1 = pack_bf16_12bit(w, version=2), pack_bf16_12bit(w, version=1)
     x = torch.randn(4, 128).to(torch.bfloat16)
     assert "layout version 1" in mma.unsupported_reason(x, v1)
+    assert mma.unsupported_reason(x, pack_bf16_12bit(w, version=3)) == "device cpu"  # layout 3: the same rules
     assert "rows" in mma.unsupported_reason(torch.zeros(17, 128, dtype=torch.bfloat16), v2)
     assert "float32" in mma.unsupported_reason(x.float(), v2)
     assert "aligned" in mma.unsupported_reason(torch.zeros(4, 129, dtype=torch.bfloat16)[:, 1:], v2)
@@ -301,6 +305,30 @@ def test_gpu_more_escapes_than_the_epilogue_stages(m, norm):
 
 
 @gpu
+@pytest.mark.parametrize("m,cfg,fused", [
+    (1, mma.Bf12MmaConfig(), True), (4, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True), False),
+    (16, mma.Bf12MmaConfig(splits=2, prefetch=True), False), (9, mma.Bf12MmaConfig(unroll=1, warps=8, splits=4), False),
+])
+def test_gpu_layout_3_tiles_give_layout_2s_bits(m, cfg, fused):
+    """Layout 3 (16 x 64 tiles, a warp's loads one contiguous KB) is layout 2 at other addresses:
+    the kernel's lanes, k order and sums are the same, so the outputs are the same bits, with
+    escapes past the staged ones, the bias, the residual, a fused norm and split-K."""
+    n, k = 96, 1024
+    w = _weights(n, k, seed=70 + m).to("cuda")
+    g = torch.Generator(device="cuda").manual_seed(m)
+    w[20, torch.randperm(k, device="cuda", generator=g)[:80]] = 4.0e4  # more escapes than the kernel stages
+    p2, p3 = pack_bf16_12bit(w, version=2), pack_bf16_12bit(w, version=3)
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    r = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16) if fused else None
+    want = mma.linear_bf12_mma(x, p2, b, cfg, norm_weight=norm_w, residual=r)
+    got = mma.linear_bf12_mma(x, p3, b, cfg, norm_weight=norm_w, residual=r)
+    assert got is not None and torch.equal(got, want)
+    assert torch.equal(linear_bf12(x, p3, b), linear_bf12(x, p2, b))  # the dispatch takes layout 3 too
+
+
+@gpu
 def test_gpu_inf_nan_escapes_and_tensor_base():
     w, packed, x, _ = _gpu_case(64, 512, 3, seed=11, base="tensor", bias=False)
     w[5, 9], w[6, 2] = float("inf"), float("nan")
@@ -331,11 +359,13 @@ def test_gpu_dispatch_and_graph_replay():
 
 
 @gpu
-def test_gpu_packed_specc_tiny_agrees_with_unpacked(monkeypatch):
+@pytest.mark.parametrize("version", [2, 3])
+def test_gpu_packed_specc_tiny_agrees_with_unpacked(monkeypatch, version):
     """specc-tiny (real weights; every linear is eligible) compiled with and without
-    pack_weights_12bit: the packed step runs its linears through the tensor-core kernel at 1 and
-    16 rows, and its greedy tokens equal the unpacked step's wherever the unpacked top-2 margin is
-    not a tie (the kernels sum in another order than the bf16 ones)."""
+    pack_weights_12bit (layout 2, and 3: the default): the packed step runs its linears through
+    the tensor-core kernel at 1 and 16 rows, and its greedy tokens equal the unpacked step's
+    wherever the unpacked top-2 margin is not a tie (the kernels sum in another order than the
+    bf16 ones)."""
     from specc.codegen.build import build_steps
     from specc.models import load_model
     from specc.passes.pipelines import DEFAULT_PIPELINE
@@ -352,7 +382,10 @@ def test_gpu_packed_specc_tiny_agrees_with_unpacked(monkeypatch):
     ids = {q: torch.randint(0, 8192, (1, q), device="cuda", generator=g) for q in (1, 16)}
     packed = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce")
     for label, pipeline in (("unpacked", DEFAULT_PIPELINE), ("packed", packed)):
-        built = build_steps(target, None, pipeline, pass_options={"pack_version": 2} if label == "packed" else {})
+        built = build_steps(target, None, pipeline, pass_options={"pack_version": version} if label == "packed" else {})
+        if label == "packed":
+            stats = {r["name"]: r["stats"] for r in built.pass_records["target"]}["pack_weights_12bit"]
+            assert stats["format_versions"] == {str(version): stats["packed"]}  # every specc-tiny linear tiles
         step = instantiate(built.emitted["target"])
         step.setup_caches(1, 256)
         prompt = torch.arange(100, 164, device="cuda")[None]

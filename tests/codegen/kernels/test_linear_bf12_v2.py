@@ -178,6 +178,23 @@ def test_kernel_reproduces_bf16_patterns():
         assert torch.all(err <= torch.maximum(s[e], want[e].double().abs()) * 2.0 ** -23)
 
 
+@pytest.mark.parametrize("cfg,m", [
+    (C("fma", block_m=1, block_n=16, block_k=64), 1),
+    (C("fma", block_m=4, block_n=32, block_k=128, split_k=2), 3),
+    (C("dot", block_m=16, block_n=32, block_k=64, swap_ab=True), 17),
+    (C("dot", block_m=32, block_n=16, block_k=128, split_k=2), 40),
+])
+def test_layout_3_tiles_give_layout_2s_result(cfg, m):
+    """Layout 3 (layout 2's bytes in 16 x 64 tiles) through the Triton kernel: the same tiles by
+    their tiled addresses, so the same sums as layout 2, bit for bit, with escapes and padding."""
+    w = weight_with_escapes(48, 150 + 42, seed=11)  # K = 192: three 64-weight tiles a row
+    p2, p3 = pack_bf16_12bit(w, version=2).to(DEV), pack_bf16_12bit(w, version=3).to(DEV)
+    assert p3.version == 3 and p3.num_escapes > 0 and not torch.equal(p2.sm, p3.sm)
+    x = torch.randn(m, 192, device=DEV, generator=torch.Generator().manual_seed(m))
+    y2, y3 = linear_bf12_v2(x, p2, config=cfg), linear_bf12_v2(x, p3, config=cfg)
+    assert torch.equal(y2, y3) and rel_err(y3, ref64(x, w.to(DEV))) < 2e-6
+
+
 # ---------------------------------------------------------------------------------------------
 # split-K, configs and errors (the GEMV / GEMM checks: test_linear_bf12.py)
 # ---------------------------------------------------------------------------------------------

@@ -3,8 +3,11 @@
 //
 // Per weight row: sm [Kp] sign|mantissa bytes in K order, ex [Kp / 2] codes (32-weight group G:
 // byte i's low nibble is weight 32G + i, its high nibble weight 32G + 16 + i), base per row (or
-// one per tensor: stride_base 0). Lane t of a 64-weight super-group S takes weights 64S + 16t ..
-// + 15: 16 sm bytes (one 16-byte load) and the 16 code bytes of group 2S + t / 2 (lanes t and
+// one per tensor: stride_base 0). Where a row's bytes sit is the layout's (bf12.plane_strides):
+// byte j of super-group S of row 16 B + r is at sm + 16 B Kp + r * sm_row + S * sm_group + j
+// (layout 2: sm_row = Kp, sm_group = 64; layout 3, 16 x 64 tiles: 64 and 1024, so a warp's two
+// loads are one contiguous KB), ex likewise with ex_row, ex_group and 8 B Kp. Lane t of a
+// 64-weight super-group S takes weights 64S + 16t .. + 15: 16 sm bytes (one 16-byte load) and the 16 code bytes of group 2S + t / 2 (lanes t and
 // t ^ 1 load the same ones), nibble t % 2. MMA i of the super-group uses the lane's weights
 // 4i .. 4i + 3 and x's same k. A weight decodes to ((sm & 0x80) << 8 | (0x70 + code) << 7 |
 // (sm & 0x7F)) = W * 2**(112 - base); the row's power of two is multiplied back after the sum
@@ -162,16 +165,18 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
          const int* __restrict__ ecol, const float* __restrict__ etrue, const float* __restrict__ efake,
          const bf16_t* __restrict__ bias, const bf16_t* __restrict__ norm_w, float eps,
          const bf16_t* __restrict__ residual, long stride_r, bf16_t* __restrict__ y, float* __restrict__ ws,
-         unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
+         unsigned* __restrict__ tickets, int M, int Kp, int k_split, long stride_x, long stride_y,
+         int sm_row, int sm_group, int ex_row, int ex_group) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3, high = t & 1;
   const int n0 = blockIdx.x * 16, split = blockIdx.y;
   const int chunks = k_split / (64 * U);
   const long k_lo = (long)split * k_split;
-  const unsigned char* sa = sm + (long)(n0 + g) * Kp + k_lo + 16 * t;
-  const unsigned char* sb = sa + 8L * Kp;
-  const unsigned char* ea = ex + (long)(n0 + g) * (Kp / 2) + k_lo / 2 + 16 * (t >> 1);
-  const unsigned char* eb = ea + 8L * (Kp / 2);
+  const long sg_lo = k_lo / 64;  // the split's first super-group
+  const unsigned char* sa = sm + (long)n0 * Kp + (long)g * sm_row + sg_lo * sm_group + 16 * t;
+  const unsigned char* sb = sa + 8L * sm_row;
+  const unsigned char* ea = ex + (long)n0 * (Kp / 2) + (long)g * ex_row + sg_lo * ex_group + 16 * (t >> 1);
+  const unsigned char* eb = ea + 8L * ex_row;
   const int row_a = g < M ? g : 0, row_b = g + 8 < M ? g + 8 : 0;  // x rows past M: never stored
   const bf16_t* xa = x + (long)row_a * stride_x + k_lo + 16 * t;
   const bf16_t* xb = x + (long)row_b * stride_x + k_lo + 16 * t;
@@ -187,10 +192,10 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = warp * 64 * U + 64 * u;
-      rsa[u] = load_weights(sa + k0);
-      rsb[u] = load_weights(sb + k0);
-      rea[u] = load_weights(ea + k0 / 2);
-      reb[u] = load_weights(eb + k0 / 2);
+      rsa[u] = load_weights(sa + (long)(k0 >> 6) * sm_group);
+      rsb[u] = load_weights(sb + (long)(k0 >> 6) * sm_group);
+      rea[u] = load_weights(ea + (long)(k0 >> 6) * ex_group);
+      reb[u] = load_weights(eb + (long)(k0 >> 6) * ex_group);
     }
   }
   // constants (no kernel writes them) before the PDL wait: the rows' bases, escape table, bias
@@ -226,10 +231,10 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int k0 = kc + 64 * u;
-        nsa[u] = load_weights(sa + k0);
-        nsb[u] = load_weights(sb + k0);
-        nea[u] = load_weights(ea + k0 / 2);
-        neb[u] = load_weights(eb + k0 / 2);
+        nsa[u] = load_weights(sa + (long)(k0 >> 6) * sm_group);
+        nsb[u] = load_weights(sb + (long)(k0 >> 6) * sm_group);
+        nea[u] = load_weights(ea + (long)(k0 >> 6) * ex_group);
+        neb[u] = load_weights(eb + (long)(k0 >> 6) * ex_group);
       }
     }
     if (!PREFETCH) {
@@ -332,23 +337,27 @@ static cudaError_t launch_one(bool pdl, dim3 grid, cudaStream_t stream, const vo
                               const void* ex, const void* base, int stride_base, const void* rowptr,
                               const void* ecol, const void* etrue, const void* efake, const void* bias,
                               const void* norm_w, float eps, const void* residual, long stride_r, void* y,
-                              void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
+                              void* ws, void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y,
+                              int sm_row, int sm_group, int ex_row, int ex_group) {
   // a fused norm stages the normalized rows of the CTA's K range in dynamic shared memory
   const size_t smem = norm_w != nullptr ? (size_t)M * k_split * sizeof(bf16_t) : 0;
   return launch_maybe_pdl(bf12_mma<MT, U, WARPS, P>, grid, WARPS * 32, smem, stream, pdl, (const bf16_t*)x, (const unsigned char*)sm,
                             (const unsigned char*)ex, (const unsigned char*)base, stride_base, (const int*)rowptr,
                             (const int*)ecol, (const float*)etrue, (const float*)efake, (const bf16_t*)bias,
                             (const bf16_t*)norm_w, eps, (const bf16_t*)residual, stride_r, (bf16_t*)y,
-                            (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y);
+                            (float*)ws, (unsigned*)tickets, M, Kp, k_split, stride_x, stride_y, sm_row, sm_group,
+                            ex_row, ex_group);
 }
 
 void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim3 grid, cudaStream_t stream,
                      const void* x, const void* sm, const void* ex, const void* base, int stride_base,
                      const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
                      const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
-                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y) {
+                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y, int sm_row,
+                     int sm_group, int ex_row, int ex_group) {
 #define SPECC_BF12_ARGS pdl, grid, stream, x, sm, ex, base, stride_base, rowptr, ecol, etrue, efake, bias, norm_w, \
-                        eps, residual, stride_r, y, ws, tickets, M, Kp, k_split, stride_x, stride_y
+                        eps, residual, stride_r, y, ws, tickets, M, Kp, k_split, stride_x, stride_y, sm_row, sm_group, \
+                        ex_row, ex_group
 #define SPECC_BF12_CASE(MT, U, W)                                                                        \
   case MT * 100 + U * 10 + W / 4:                                                                        \
     err = prefetch ? launch_one<MT, U, W, true>(SPECC_BF12_ARGS) : launch_one<MT, U, W, false>(SPECC_BF12_ARGS); \

@@ -8,12 +8,14 @@ void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim
                      const void* x, const void* sm, const void* ex, const void* base, int stride_base,
                      const void* rowptr, const void* ecol, const void* etrue, const void* efake, const void* bias,
                      const void* norm_w, float eps, const void* residual, long stride_r, void* y, void* ws,
-                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y);
+                     void* tickets, int M, int Kp, int k_split, long stride_x, long stride_y, int sm_row,
+                     int sm_group, int ex_row, int ex_group);
 
 void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Tensor base, int64_t stride_base,
                   torch::Tensor rowptr, torch::Tensor ecol, torch::Tensor etrue, torch::Tensor efake,
                   torch::Tensor bias, bool has_bias, torch::Tensor norm_w, bool has_norm, double eps,
                   torch::Tensor residual, bool has_residual, torch::Tensor y, torch::Tensor ws, torch::Tensor tickets,
+                  int64_t sm_row, int64_t sm_group, int64_t ex_row, int64_t ex_group,
                   int64_t splits, int64_t unroll, int64_t warps, bool prefetch, bool pdl) {
   const int64_t M = x.size(0), N = sm.size(0), Kp = sm.size(1);
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kBFloat16, "x: bf16 on the GPU");
@@ -34,6 +36,9 @@ void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Te
   TORCH_CHECK(!has_bias || (uintptr_t)bias.data_ptr() % 4 == 0, "bias: 4-byte aligned");
   TORCH_CHECK((uintptr_t)x.data_ptr() % 16 == 0 && (M == 1 || x.stride(0) % 8 == 0), "x rows: 16-byte aligned");
   TORCH_CHECK(!has_norm || M * (Kp / splits) * 2 <= 32768, "fused norm: M * K / splits <= 16384");
+  // the layout's strides (bf12.plane_strides): 2 (rows of Kp bytes) or 3 (16 x 64 tiles)
+  TORCH_CHECK((sm_row == Kp && sm_group == 64 && ex_row == Kp / 2 && ex_group == 32) ||
+              (sm_row == 64 && sm_group == 1024 && ex_row == 32 && ex_group == 512), "plane strides of layout 2 or 3");
   const int mt = M > 8 ? 2 : 1;
   dim3 grid((unsigned)(N / 16), (unsigned)splits);
   bf12_mma_launch(mt, (int)unroll, (int)warps, prefetch, pdl, grid, at::cuda::getCurrentCUDAStream(),
@@ -42,7 +47,7 @@ void bf12_mma_out(torch::Tensor x, torch::Tensor sm, torch::Tensor ex, torch::Te
                   has_norm ? norm_w.data_ptr() : nullptr, (float)eps, has_residual ? residual.data_ptr() : nullptr,
                   has_residual ? (long)residual.stride(0) : 0L,
                   y.data_ptr(), ws.data_ptr(), tickets.data_ptr(), (int)M, (int)Kp, (int)(Kp / splits),
-                  (long)x.stride(0), (long)y.stride(0));
+                  (long)x.stride(0), (long)y.stride(0), (int)sm_row, (int)sm_group, (int)ex_row, (int)ex_group);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
