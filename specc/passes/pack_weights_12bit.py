@@ -13,11 +13,12 @@ MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
 for the weights whose shape allows it, ``bf12.tileable``; layout 2 for the others), 2 or 1. All
 are exact. Layouts 2 and 3 are read at 1 .. 16 rows by the tensor-core kernel
 ``specc.codegen.kernels.linear_bf12_mma`` and above by the Triton kernel
-``specc.codegen.kernels.linear_bf12_v2``. On the H100 the packed Qwen3-8B AR step is 0.93x the
-unpacked one, and the Q = 16 verify 0.94x in layout 2, 0.89x in layout 3 (docs/benchmarks/run21.md). Above 16 rows the Triton kernel is 3.5x slower per
-layer at 64 rows, so the cost model does not pack there (docs/benchmarks/run20.md). ``specc
-calibrate`` measures layout 2 (``pack_bf16_12bit``'s default); layout 3 is no slower. Weights without values (the meta device: ``specc cost``) pack
-to meta planes of the layout's sizes with an estimated escape table
+``specc.codegen.kernels.linear_bf12_v2``. On the H100, in one process, the packed Qwen3-8B AR step
+is 0.889x the unpacked one in layout 3 (0.940x in layout 2) and the Q = 16 verify 0.881x (0.944x;
+docs/benchmarks/run21.md). Above 16 rows the Triton kernel is 3.5x slower per layer at 64 rows,
+so the cost model does not pack there (docs/benchmarks/run20.md). ``specc calibrate`` times the
+layout this pass gives each shape (:func:`layout_for`). Weights without values (the meta device:
+``specc cost``) pack to meta planes of the layout's sizes with an estimated escape table
 (``specc.formats.bf12.packed_meta``). ``fuse_residual_add`` folds the residual add into packed
 linears (the tensor-core kernel adds it in its epilogue). The layout version is a keyword of each
 ``packed_linear`` call (the emitted step's source shows it); the pass's stats (the manifest's
@@ -40,6 +41,13 @@ from specc.passes.registry import register_pass
 # the layout compiled artifacts get where the weight's shape allows it, else 2 (the module docstring
 # says why; docs/kernels.md)
 DEFAULT_PACK_VERSION = 3
+
+
+def layout_for(shape: tuple[int, ...], version: int | None = None) -> int:
+    """The layout a weight of ``shape`` is packed in for the requested ``version`` (default
+    :data:`DEFAULT_PACK_VERSION`): layout 3 falls back to 2 where the shape does not tile."""
+    version = DEFAULT_PACK_VERSION if version is None else version
+    return 2 if version == 3 and not tileable(tuple(shape)) else version
 
 
 @register_op(packed_linear, "packed_linear")
@@ -113,7 +121,7 @@ class PackWeights12bit(Pass):
             name = _weight_name(w)
             tensor = ir.gm.get_parameter(name) if w.op == "get_attr" else None
             if name not in cache:
-                layout[name] = 2 if version == 3 and not tileable(tuple(tensor.shape)) else version
+                layout[name] = layout_for(tuple(tensor.shape), version)
                 if tensor.is_meta:  # traced from config.json alone (specc cost): sizes, no values
                     packed, estimated = packed_meta(tuple(tensor.shape), base=base_mode, version=layout[name]), True
                 else:

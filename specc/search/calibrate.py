@@ -417,9 +417,13 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
     pack = None
     if impl == "specc":
         from specc.codegen.kernels.linear import linear as fn  # noqa: N813
-    elif impl == "bf12":
+    elif impl == "bf12":  # in the layout the pack pass gives each shape (what compiled artifacts run)
         from specc.codegen.kernels.linear_bf12 import linear_bf12 as fn  # noqa: N813
-        from specc.formats.bf12 import pack_bf16_12bit as pack
+        from specc.formats.bf12 import pack_bf16_12bit
+        from specc.passes.pack_weights_12bit import layout_for
+
+        def pack(w):
+            return pack_bf16_12bit(w, version=layout_for(tuple(w.shape)))
     out = []
     itemsize = torch.empty((), dtype=dtype).element_size()
     for k, n in shapes:

@@ -72,6 +72,17 @@ def test_pack_versions_agree_and_are_recorded(checkpoints):
         assert torch.equal(want, got)
 
 
+def test_layout_for_tiles_where_the_shape_allows():
+    """The pass's per-weight layout (also what ``specc calibrate`` packs): 3 by default, 2 where
+    the weight is not whole 16-row blocks of 64-weight tiles, the requested one otherwise."""
+    from specc.passes.pack_weights_12bit import layout_for
+
+    assert DEFAULT_PACK_VERSION == 3
+    assert layout_for((4096, 4096)) == 3 and layout_for((151936, 4096)) == 3 and layout_for((48, 100)) == 3
+    assert layout_for((40, 4096)) == 2 and layout_for((64, 96)) == 2  # 40 rows; Kp = 96
+    assert layout_for((40, 4096), 3) == 2 and layout_for((4096, 4096), 2) == 2 and layout_for((40, 4096), 1) == 1
+
+
 def test_pack_rejects_unknown_version(checkpoints):
     from specc.passes import PassContext
     from specc.passes.pack_weights_12bit import PackWeights12bit

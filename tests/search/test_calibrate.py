@@ -600,3 +600,20 @@ def test_attention_samples_rotate_copies_and_record_them():
     assert cal.attention_copies("cuda", 30 << 20, l2) == 5  # ceil(100 / 30) + 1
     assert cal.attention_copies("cuda", 4096, l2) == cal.ATTENTION_MAX_COPIES
     assert cal.attention_copies("cpu", 4096, l2) == 1
+
+
+def test_bf12_linears_are_timed_in_the_layout_the_pack_pass_gives(monkeypatch):
+    """``specc calibrate`` prices packed linears from its own timings: it packs each shape as
+    ``pack_weights_12bit`` does (layout 3 where it tiles, layout 2 elsewhere), so the calibrated
+    efficiency is the compiled artifacts' layout's."""
+    import specc.codegen.kernels.linear_bf12 as kernels
+    import specc.formats.bf12 as bf12
+    from specc.search.calibrate import measure_linear
+
+    packed = []
+    real = bf12.pack_bf16_12bit
+    monkeypatch.setattr(bf12, "pack_bf16_12bit", lambda w, **kw: packed.append(real(w, **kw)) or packed[-1])
+    monkeypatch.setattr(kernels, "linear_bf12", lambda x, w: None)  # what is timed does not matter here
+    rows = measure_linear("cpu", [(64, 32), (96, 40)], [1], torch.bfloat16, lambda run, inner=1: run() or 1e-3, 1, "bf12")
+    assert {(p.shape, p.version) for p in packed} == {((32, 64), 3), ((40, 96), 2)}
+    assert [r["impl"] for r in rows] == ["bf12", "bf12"] and rows[0]["bytes"] > packed[0].nbytes
