@@ -422,8 +422,10 @@ def measure_linear(device: str, shapes, ms, dtype, timer: Timer, l2_bytes: int, 
         from specc.formats.bf12 import pack_bf16_12bit
         from specc.passes.pack_weights_12bit import layout_for
 
-        def pack(w):
+        def pack_as_compiled(w):
             return pack_bf16_12bit(w, version=layout_for(tuple(w.shape)))
+
+        pack = pack_as_compiled
     out = []
     itemsize = torch.empty((), dtype=dtype).element_size()
     for k, n in shapes:
