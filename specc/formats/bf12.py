@@ -82,8 +82,8 @@ The planes keep their ``[N, Kp]`` / ``[N, Kp / 2]`` shapes (as flat buffers: "ro
 tensor no longer holds row n's bytes). Why: the tensor-core kernel
 (:mod:`specc.codegen.kernels.linear_bf12_mma`) gives each warp one 16-row block and one
 super-group at a time, so a warp's two weight loads cover one contiguous KB instead of 16 rows'
-64-byte pieces K bytes apart. At 16 rows (the verify and draft blocks) the Qwen3-8B layers took
-6% less time alone and the Q = 16 verify step 4.9% less, on the H100; at one row the same
+64-byte pieces K bytes apart. On the H100 the Qwen3-8B layers took 4.5% less time alone at one row
+and 6.1% at 16 than in layout 2, the packed AR step 5.4% less and the Q = 16 verify step 6.7%
 (docs/benchmarks/run21.md). The Triton kernels read it with the same address arithmetic.
 
 Layout version 1 (16-weight words)
