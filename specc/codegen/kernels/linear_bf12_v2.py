@@ -2,10 +2,10 @@
 
 W is a :class:`specc.formats.bf12.Packed12` with ``version == 2`` (the format's module docstring
 describes the layout; ``version == 3``, the same bytes in 16-row x 64-weight tiles, is read
-through the same tiles by their tiled addresses): a natural-order sign|mantissa byte plane ``sm [N, Kp]`` and a code plane
-``ex [N, Kp / 2]`` whose 32-weight groups hold 16 code bytes, the low nibble of byte ``i`` for
-weight ``32 g + i`` and the high nibble for weight ``32 g + 16 + i``. The layout exists for
-this kernel's loads and decode:
+through the same tiles by their tiled addresses): a natural-order sign|mantissa byte plane
+``sm [N, Kp]`` and a code plane ``ex [N, Kp / 2]`` whose 32-weight groups hold 16 code bytes,
+the low nibble of byte ``i`` for weight ``32 g + i`` and the high nibble for weight
+``32 g + 16 + i``. The layout exists for this kernel's loads and decode:
 
 * **Wide loads, one register layout.** An iteration covers ``BLOCK_K`` weights of K per row
   (``BLOCK_K / 32`` groups) as three ``[BLOCK_N, BLOCK_K / 2]`` uint8 tiles: the low halves of
