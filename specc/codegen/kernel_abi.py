@@ -158,7 +158,7 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
                                    version, residual)
     from specc.codegen.kernels.linear_bf12 import linear_bf12
     from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, fuses_norm, linear_bf12_mma
-    from specc.formats.bf12 import Packed12
+    from specc.formats.bf12 import WIDE_LAYOUTS, Packed12
 
     key = (sm.data_ptr(), sm.device, tuple(sm.shape))
     hit = _PACKED.get(key)
@@ -167,7 +167,7 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
                             version=version))
         _PACKED[key] = hit
     rows = x.numel() // k
-    if version in (2, 3) and rows <= MAX_ROWS:
+    if version in WIDE_LAYOUTS and rows <= MAX_ROWS:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, k)
         r2 = None if residual is None else residual.reshape(-1, n)

@@ -15,9 +15,10 @@ def _packed_linear_cuda(m, rows=None) -> int:
     rms_norm kernel first otherwise: ``linear_bf12_mma.fuses_norm``); else the bf12 GEMM plus an
     rms_norm kernel (norm prologue) and an add (residual epilogue)."""
     from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, fuses_norm
+    from specc.formats.bf12 import WIDE_LAYOUTS
 
     norm = bool(m.attrs.get("norm_prologue"))
-    if m.attrs.get("format_version") in (2, 3) and rows is not None and rows <= MAX_ROWS:
+    if m.attrs.get("format_version") in WIDE_LAYOUTS and rows is not None and rows <= MAX_ROWS:
         return 1 + (norm and not fuses_norm(rows, int(m.attrs.get("k", 0))))
     return 1 + norm + bool(m.attrs.get("residual_epilogue"))
 

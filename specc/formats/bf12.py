@@ -155,11 +155,13 @@ from typing import Any
 import torch
 
 __all__ = ["Packed12", "pack_bf16_12bit", "packed_meta", "tileable", "plane_strides", "ESTIMATED_ESCAPE_RATE",
-           "FORMAT_NAME", "FORMAT_VERSION", "FORMAT_VERSIONS", "TILE_ROWS", "TILE_K"]
+           "FORMAT_NAME", "FORMAT_VERSION", "FORMAT_VERSIONS", "WIDE_LAYOUTS", "TILE_ROWS", "TILE_K"]
 
 FORMAT_NAME = "bf12"
 FORMAT_VERSION = 2  # what pack_bf16_12bit writes by default (the pack pass: 3 where tileable)
 FORMAT_VERSIONS = (1, 2, 3)  # what this build reads
+# v2 and its tiled order v3: one family of kernels reads both, through plane_strides
+WIDE_LAYOUTS = (2, 3)
 TILE_ROWS = 16  # v3: rows of a tile (a tensor-core kernel block)
 TILE_K = 64  # v3: weights of a tile row (a tensor-core kernel super-group)
 
@@ -209,7 +211,7 @@ def plane_strides(version: int, kp: int) -> tuple[int, int, int, int]:
         return TILE_K, TILE_ROWS * TILE_K, TILE_K // 2, TILE_ROWS * TILE_K // 2
     if version == 2:
         return kp, TILE_K, kp // 2, TILE_K // 2
-    raise ValueError(f"plane_strides: layout versions 2 and 3, not {version}")
+    raise ValueError(f"plane_strides: layout versions {WIDE_LAYOUTS}, not {version}")
 
 
 def _tile(plane: torch.Tensor, width: int) -> torch.Tensor:

@@ -113,7 +113,9 @@ def packed_weight_passes(m: int, n: int, k: int, version: int = 2) -> int:
     and packing looked 1.5x faster where its kernel is slower."""
     from specc.codegen.kernels.linear import weight_passes  # imports triton: linears only
 
-    if version in (2, 3):  # layout 3: layout 2's bytes in tiles, read by the same kernels
+    from specc.formats.bf12 import WIDE_LAYOUTS
+
+    if version in WIDE_LAYOUTS:  # layout 3: layout 2's bytes in tiles, read by the same kernels
         from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS
         from specc.codegen.kernels.linear_bf12_v2 import get_config
 

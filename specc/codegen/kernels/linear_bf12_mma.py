@@ -58,7 +58,7 @@ import torch
 
 from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
-from specc.formats.bf12 import Packed12, plane_strides
+from specc.formats.bf12 import WIDE_LAYOUTS, Packed12, plane_strides
 
 __all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
            "fuses_norm", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
@@ -152,7 +152,7 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
         return f"{ENV}=0"
     if batch_invariant_enabled():
         return "batch-invariant mode (the Triton dot kernel at every M)"
-    if packed.version not in (2, 3):
+    if packed.version not in WIDE_LAYOUTS:
         return f"layout version {packed.version} (this kernel reads layouts 2 and 3)"
     n, k = packed.shape
     if n % 16 or k % 64 or packed.padded_cols != k:
@@ -311,7 +311,7 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
     n_dim, kp = sm.shape
     m_rows = x.shape[0]
     u_, warps, splits = config.unroll, config.warps, config.splits
-    assert m_rows <= 16 and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version in (2, 3)
+    assert m_rows <= 16 and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version in WIDE_LAYOUTS
     strides = plane_strides(packed.version, kp)  # the kernel's address arithmetic on the flat planes
     sm, ex = sm.reshape(-1), ex.reshape(-1)
     xp = torch.zeros(16, kp)

@@ -59,7 +59,7 @@ import triton.language as tl
 from specc.codegen.kernels._common import ConfigTable, bucket_of
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
-from specc.formats.bf12 import GROUP, HALF, Packed12
+from specc.formats.bf12 import GROUP, HALF, WIDE_LAYOUTS, Packed12
 
 __all__ = ["Bf12v2Config", "linear_bf12_v2", "get_config", "set_config", "clear_configs",
            "DEFAULT_CONFIGS", "M_BUCKETS", "DECODE_ASM", "BATCH_INVARIANT_CONFIG"]
@@ -319,7 +319,7 @@ def linear_bf12_v2(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None 
     """``x @ W^T + bias`` with W a layout-2 Packed12 of an ``[N, K]`` bf16 weight (checked
     inputs: :func:`specc.codegen.kernels.linear_bf12.linear_bf12` validates and dispatches
     here). Returns ``[..., N]`` in x's dtype, fp32 accumulation."""
-    if packed.version not in (2, 3):
+    if packed.version not in WIDE_LAYOUTS:
         raise ValueError(f"linear_bf12_v2 needs a version-2 or -3 bf12 weight, got version {packed.version}")
     n, k = packed.shape
     if not launchable(x.device):

@@ -1,17 +1,17 @@
-// y[M, N] = x[M, K] @ W^T (+ bias) for M = 1 .. 16 on bf12 layout-2 weights, decoded in registers
+// y[M, N] = x[M, K] @ W^T (+ bias) for M = 1 .. 16 on bf12 layout-2 or -3 weights, decoded in registers
 // straight into mma.sync fragments (specc/codegen/kernels/linear_bf12_mma.py says why and when).
 //
 // Per weight row: sm [Kp] sign|mantissa bytes in K order, ex [Kp / 2] codes (32-weight group G:
-// byte i's low nibble is weight 32G + i, its high nibble weight 32G + 16 + i), base per row (or
-// one per tensor: stride_base 0). Where a row's bytes sit is the layout's (bf12.plane_strides):
-// byte j of super-group S of row 16 B + r is at sm + 16 B Kp + r * sm_row + S * sm_group + j
-// (layout 2: sm_row = Kp, sm_group = 64; layout 3, 16 x 64 tiles: 64 and 1024, so a warp's two
-// loads are one contiguous KB), ex likewise with ex_row, ex_group and 8 B Kp. Lane t of a
-// 64-weight super-group S takes weights 64S + 16t .. + 15: 16 sm bytes (one 16-byte load) and the 16 code bytes of group 2S + t / 2 (lanes t and
-// t ^ 1 load the same ones), nibble t % 2. MMA i of the super-group uses the lane's weights
-// 4i .. 4i + 3 and x's same k. A weight decodes to ((sm & 0x80) << 8 | (0x70 + code) << 7 |
-// (sm & 0x7F)) = W * 2**(112 - base); the row's power of two is multiplied back after the sum
-// (exact). Escapes decode to the format's stand-in 2**(base - 127); after the sum the lane that
+// byte i's low nibble is weight 32G + i, its high nibble weight 32G + 16 + i), base per row (or one
+// per tensor: stride_base 0). Where a row's bytes sit is the layout's (bf12.plane_strides): byte j
+// of super-group S of row 16 B + r is at sm + 16 B Kp + r * sm_row + S * sm_group + j (layout 2:
+// sm_row = Kp, sm_group = 64; layout 3, 16 x 64 tiles: 64 and 1024, so a warp's two loads are one
+// contiguous KB), ex likewise with ex_row, ex_group and 8 B Kp. Lane t of a 64-weight super-group S
+// takes weights 64S + 16t .. + 15: 16 sm bytes (one 16-byte load) and the 16 code bytes of group 2S
+// + t / 2 (lanes t and t ^ 1 load the same ones), nibble t % 2. MMA i of the super-group uses the
+// lane's weights 4i .. 4i + 3 and x's same k. A weight decodes to ((sm & 0x80) << 8 | (0x70 + code)
+// << 7 | (sm & 0x7F)) = W * 2**(112 - base); the row's power of two is multiplied back after the
+// sum (exact). Escapes decode to the format's stand-in 2**(base - 127); after the sum the lane that
 // stores an output adds x[m, col] * true - x[m, col] * stand-in for each escape of its rows (the
 // CSR table of bf12_launch.escape_meta), then the bias, then rounds once to bf16.
 //
