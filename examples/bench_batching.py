@@ -62,7 +62,6 @@ so) past that many seconds, so a run fits its slot.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import time
@@ -70,6 +69,7 @@ from pathlib import Path
 
 import torch
 
+from specc.bench.batched import DECODE_RANGE, drive, measured, random_prompts, run_batch
 from specc.passes.pipelines import DEFAULT_PIPELINE
 
 
@@ -144,13 +144,6 @@ def linears_used(opts, dev) -> str:
     if isinstance(choice, RowRule):
         return choice.source
     return f"per-shape choice of {opts.deployment}'s calibration record"
-
-
-def random_prompts(count, mean_len, vocab, seed):
-    g = torch.Generator().manual_seed(seed)
-    lo, hi = int(mean_len * 0.75), int(mean_len * 1.25)
-    return [torch.randint(10, vocab - 10, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(count)]
 
 
 def pricer_for(target_raw, drafter_raw, impl, k, opts, dev):
@@ -248,70 +241,6 @@ def checked(pair, what, prompts, reference, got, opts) -> list[dict]:
     return [d.to_json() for d in report.ties]
 
 
-def _sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(run, loop, dev):
-    """(result of the second call, seconds): one untimed pass first; replay restarts its draws."""
-    run()
-    if hasattr(loop.verifier, "reset"):
-        loop.verifier.reset()
-    _sync(dev)
-    start = time.perf_counter()
-    out = run()
-    _sync(dev)
-    return out, time.perf_counter() - start
-
-
-@dataclasses.dataclass
-class Run:
-    """One pass of continuous batching: results per prompt, the draft lengths a rule chose, and
-    the wall time of the decode steps alone (each ends in the step's host read, so it is the
-    device's step time plus the host's glue; admissions, i.e. prefills, are outside it)."""
-
-    results: list
-    ks: list
-    decode_seconds: float
-    decode_steps: int
-    audit: dict | None = None  # per decode step: host reads, blocking uploads, glue ops, forwards (mean)
-
-
-def drive(loop, prompts, tokens, rule=None, audit: bool = False) -> Run:
-    """``prompts`` through a BatchScheduler of len(prompts) slots (what ``generate_batch`` does),
-    under the draft-length ``rule`` (None: the loop's k), timing the decode steps apart.
-    ``audit``: count each decode step's host reads, blocking uploads, glue ops and forwards
-    (``specc.bench.step_audit``; slows the steps: never on a timed pass)."""
-    from specc.bench.step_audit import StepAudit
-    from specc.runtime.batching import BatchScheduler
-
-    scheduler = BatchScheduler(loop, len(prompts), (), rule)
-    rids = [scheduler.submit(p, tokens, ()) for p in prompts]
-    ks, seconds, steps = [], 0.0, 0
-    totals: dict = {}
-    while not scheduler.idle:
-        scheduler.admit()
-        if not scheduler.num_running:
-            continue
-        start = time.perf_counter()
-        with StepAudit(loop) if audit else contextlib.nullcontext() as counted, \
-                torch.profiler.record_function(DECODE_RANGE):
-            scheduler.decode()
-        seconds += time.perf_counter() - start
-        steps += 1
-        for key, value in (counted.counts() if audit else {}).items():
-            totals[key] = totals.get(key, 0) + value
-        k = scheduler.last_num_draft
-        if rule is not None and k is not None:
-            ks.extend(k if isinstance(k, (list, tuple)) else [k])
-    mean = {f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()} if audit else None
-    return Run([scheduler.take(r) for r in rids], ks, seconds, steps, mean)
-
-
-DECODE_RANGE = "bench_batching.decode_step"  # the host range around each decode step (``--kernels``)
-
-
 def kernel_profile(loop, prompts, tokens, dev, rule=None) -> dict:
     """One more pass under ``torch.profiler``: the kernels launched inside the decode steps, by
     name, per step (``specc.bench.gaps.kernels_in_ranges``), beside the steps' wall time: what a
@@ -326,38 +255,6 @@ def kernel_profile(loop, prompts, tokens, dev, rule=None) -> dict:
     if dev.type == "cuda":  # where the device waited, by the loop's line that launched next (stacks inflate times)
         out["gaps_with_stacks"] = kernel_gaps(traced(True), out["ranges"], top=12)
     return out
-
-
-def measured(run: Run, seconds, batch):
-    """A row's figures. Two decode throughputs: ``decode_tokens_per_s``, tokens committed by
-    decode steps / their seconds, this static batch as it ran (rows that finished early sit idle
-    while the slowest request ends, so speculation's uneven finishing costs it); and
-    ``steady_tokens_per_s``, B x tokens per request-step / step time, what the same step gives when
-    every slot stays full (continuous batching refills finished rows); runs 5b-8 reported this one."""
-    results = run.results
-    new = sum(len(r.tokens) for r in results)
-    steps = sum(r.stats.steps for r in results)
-    decode_tokens = new - len(results)  # each request's first token comes from its prefill
-    tokens_per_step = decode_tokens / steps if steps else 0.0
-    step_s = run.decode_seconds / max(run.decode_steps, 1)
-    return {"batch": batch, "seconds": seconds, "tokens": new, "tokens_per_s": new / seconds,
-            "tokens_per_s_per_request": new / seconds / batch,
-            "tokens_per_step": tokens_per_step,
-            "decode_steps": run.decode_steps, "decode_seconds": run.decode_seconds,
-            "prefill_seconds": seconds - run.decode_seconds,  # admissions: prefills (and first tokens)
-            "step_ms": 1e3 * step_s,
-            "decode_tokens_per_s": decode_tokens / run.decode_seconds if run.decode_seconds > 0 else 0.0,
-            "steady_tokens_per_s": batch * tokens_per_step / step_s if step_s > 0 else 0.0,
-            **({"audit": run.audit} if run.audit is not None else {})}
-
-
-def run_batch(loop, prompts, tokens, dev, rule=None, audit: bool = False):
-    """(Run of the timed pass, its seconds); ``audit``: a third, audited pass after the timed
-    one, whose per-step counts land in the Run's ``audit``."""
-    run, seconds = timed(lambda: drive(loop, prompts, tokens, rule), loop, dev)
-    if audit:
-        run.audit = drive(loop, prompts, tokens, rule, audit=True).audit
-    return run, seconds
 
 
 def acceptance_of(pair, results):
@@ -473,7 +370,7 @@ def main() -> None:
 
             ar_key = (id(pair.ar), b)
             if ar_key not in ar_tokens_at and not over_budget("ar"):
-                ar_run, seconds = run_batch(pair.ar, prompts, opts.tokens, dev, audit=opts.audit)
+                ar_run, seconds, _ = run_batch(pair.ar, prompts, opts.tokens, dev, audit=opts.audit)
                 ar_results = ar_run.results
                 alone = [pair.ar.generate(p, opts.tokens, ()).tokens for p in prompts[:2]]
                 ties = checked(pair, f"batched AR (B={b}) against the prompts run alone", prompts[:2], alone,
@@ -489,7 +386,7 @@ def main() -> None:
             loop = pair.loop
             if hasattr(loop, "two_level_k1"):
                 loop.two_level_k1 = None
-            run, seconds = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
+            run, seconds, _ = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
             results = run.results
             acc = acceptance_of(pair, results)
             exact = pair.acceptance is None
@@ -528,7 +425,7 @@ def main() -> None:
                           "predicted_tokens_per_s": two.tokens_per_s, "two_level_k1": two.two_level_k1})
                 else:
                     loop.two_level_k1 = two.two_level_k1
-                    run, seconds = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
+                    run, seconds, _ = run_batch(loop, prompts, opts.tokens, dev, audit=opts.audit)
                     loop.two_level_k1 = None
                     ties = exact_ties("two-level", run.results)
                     emit({**base, "system": "two-level", **measured(run, seconds, b), **ties,
@@ -559,7 +456,7 @@ def main() -> None:
                     emit({**base, "system": system, "skipped": "the runtime's GoodputDraftLength takes no "
                           "ragged_seconds (no per-row draft length)", "predicted_tokens_per_s": predicted})
                     continue
-                run, seconds = run_batch(loop, prompts, opts.tokens, dev, rule, audit=opts.audit)
+                run, seconds, _ = run_batch(loop, prompts, opts.tokens, dev, rule, audit=opts.audit)
                 ks = run.ks
                 ties = exact_ties(system, run.results)
                 emit({**base, "system": system, **measured(run, seconds, b), "predicted_tokens_per_s": predicted,

@@ -55,35 +55,6 @@ def _reserve_block(target, block: int) -> None:
     target.setup_caches(1, 16)
 
 
-def _add_target_step(built, target, pipeline, role: str, linear_choice=None) -> None:
-    """Build another step of the target (role ``target_tree``: tree verify; ``target_ragged``:
-    the packed verify of rows with their own draft counts) into ``built``. Weights equal to the
-    target step's (the fused q/k/v and gate/up concatenations each build makes again) are the
-    target's tensors, so the artifact stores them once."""
-    from specc.codegen.build import build_step, share_equal_weights
-    from specc.passes.base import PassError
-    from specc.passes.registry import PipelineError
-
-    target.setup_caches(1, 16)
-    try:
-        step = build_step(target, role, pipeline, linear_choice=linear_choice)
-    except (PipelineError, PassError) as exc:
-        raise UserError(str(exc).splitlines()[0]) from exc
-    share_equal_weights(step.emitted, built.emitted["target"])
-    built.irs[role], built.emitted[role] = step.ir, step.emitted
-    built.lowering[role] = step.lowering
-    built.pass_records[role] = [] if step.report is None else [
-        {"name": r.name, "changed": r.changed, "stats": r.stats} for r in step.report.records]
-
-
-def _wants_ragged_step(target, k: int) -> bool:
-    """Whether the artifact gets a ragged verify step (role ``target_ragged``): the method drafts
-    chains (k > 0) and the target is a dense CausalLM (hybrid targets have no ragged forward)."""
-    from specc.models.decoder import CausalLM
-
-    return bool(k) and isinstance(target, CausalLM)
-
-
 def _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
                  irs=None) -> dict | None:
     """The manifest's tree section (None: the method cannot build trees or no drafts).
@@ -120,8 +91,10 @@ def _context(pair, dep) -> int:
 
 def _verifies_ragged(target, k: int) -> bool:
     """Whether the artifact verifies packed rows of their own lengths, which two-level verification
-    and per-request k need: it gets a ``target_ragged`` step (``_wants_ragged_step``)."""
-    return _wants_ragged_step(target, k)
+    and per-request k need: it gets a ``target_ragged`` step (``codegen.build.wants_ragged_step``)."""
+    from specc.codegen.build import wants_ragged_step
+
+    return wants_ragged_step(target, k)
 
 
 def _choose_batching(pair, dep, irs, k: int, acceptance, two_level, target, tree_budget: int) -> dict:
@@ -256,7 +229,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     record the choice and the measured times behind it."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
     from specc.codegen.artifact_trust import manifest_hash
-    from specc.codegen.build import build_steps
+    from specc.codegen.build import add_target_step, build_steps, wants_ragged_step
     from specc.passes.registry import plugin_records
     from specc.models.loading import content_hash, load_tokenizer
     from specc.pairing import check_num_draft, resolve_pair
@@ -329,10 +302,10 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         built = build_steps(target, draft_module, pipeline, spec, linear_choice=choice_table)
     if budget:
         say(f"tracing the tree verify step ({budget} nodes)")
-        _add_target_step(built, target, pipeline, "target_tree", choice_table)
-    if _wants_ragged_step(target, k):
+        add_target_step(built, target, pipeline, "target_tree", choice_table)
+    if wants_ragged_step(target, k):
         say("tracing the ragged verify step")
-        _add_target_step(built, target, pipeline, "target_ragged", choice_table)
+        add_target_step(built, target, pipeline, "target_ragged", choice_table)
     pass_records, lowering, steps = built.pass_records, built.lowering, built.emitted
     # the ragged step at the same work: B rows of k + 1 tokens packed
     values = {"B": dep.batch_size, "Q": k + 1, "C": 1024, "N": 1, "T": dep.batch_size * (k + 1),

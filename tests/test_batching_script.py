@@ -68,9 +68,9 @@ def test_kernels_in_ranges_counts_only_kernels_launched_inside_the_ranges():
 
 def _flip_batched_ar(monkeypatch):
     """Batched AR's request 0 gets a different token at position 1 (a forced divergence)."""
-    from examples import bench_batching
+    from specc.bench import batched
 
-    real = bench_batching.drive
+    real = batched.drive
 
     def flipped(loop, prompts, *args, **kwargs):
         run = real(loop, prompts, *args, **kwargs)
@@ -78,7 +78,7 @@ def _flip_batched_ar(monkeypatch):
             run.results[0].tokens[1] = (run.results[0].tokens[1] + 1) % 500
         return run
 
-    monkeypatch.setattr(bench_batching, "drive", flipped)
+    monkeypatch.setattr(batched, "drive", flipped)
 
 
 def _argv(out, *extra):

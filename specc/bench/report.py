@@ -23,24 +23,35 @@ def print_table(report: dict, console=None) -> None:
              f"{report['tokens']} tokens x {report['prompts']} prompts | deployment {report['deployment']}"
              + (f" | {report['launch']}" if report.get("launch", "plain") != "plain" else ""))
     table = Table(title=title, title_justify="left")
-    for col, just in (("system", "left"), ("tok/s", "right"), ("decode tok/s", "right"), ("first token", "right"),
-                      ("tokens/step", "right"), ("vs best AR", "right"), ("predicted tok/s", "right"),
-                      ("pred/meas", "right"), ("one-time", "right"), ("= HF eager", "center")):
+    batched = any(r.get("batch", 1) > 1 for r in report["rows"])
+    cols = [("system", "left")] + ([("B", "right")] if batched else []) + [
+        ("tok/s", "right"), ("decode tok/s", "right")] + ([("steady tok/s", "right")] if batched else []) + [
+        ("first token", "right"), ("tokens/step", "right"), ("vs best AR", "right"), ("predicted tok/s", "right"),
+        ("pred/meas", "right"), ("one-time", "right"), ("= HF eager", "center")]
+    for col, just in cols:
         table.add_column(col, justify=just)
+    same_word = {True: "yes", "tie": "tie", False: "NO", None: "n/a"}
     for r in report["rows"]:
+        b = r.get("batch", 1)
         if r.get("skipped"):
-            table.add_row(r["system"], "skipped", "", "", "", "", "", "", "", "")
+            table.add_row(r["system"], *([str(b)] if batched else []), "skipped", *[""] * (len(cols) - 2 - batched))
             continue
         pred = (r.get("prediction") or {}).get("tokens_per_s")
-        same = r.get("same_tokens_as_hf_eager")
+        steady = r.get("steady_tokens_per_s")
+        versus = steady if b > 1 else r["tokens_per_s"]  # a batched row is predicted in steady decode
+        if b > 1:
+            same = r.get("same_tokens_as_specc_ar")
+            same_text = "n/a" if same is None else f"= AR: {same_word[same]}"
+        else:
+            same_text = same_word[r.get("same_tokens_as_hf_eager")]
+        first = r.get("time_to_first_token_s")
         table.add_row(
-            r["system"] + (" (replay)" if r.get("replay") else ""), _f(r["tokens_per_s"]),
-            _f(r.get("decode_tokens_per_s")),
-            _f(r.get("time_to_first_token_s"), "{:.1f} ms".format) if r.get("time_to_first_token_s") is None
-            else f"{r['time_to_first_token_s'] * 1e3:.1f} ms",
+            r["system"] + (" (replay)" if r.get("replay") else ""), *([str(b)] if batched else []),
+            _f(r["tokens_per_s"]), _f(r.get("decode_tokens_per_s")), *([_f(steady)] if batched else []),
+            "-" if first is None else f"{first * 1e3:.1f} ms",
             _f(r.get("tau"), "{:.2f}"), _f(r.get("speedup_vs_best_ar"), "{:.2f}x"), _f(pred),
-            _f(pred / r["tokens_per_s"] if pred and r["tokens_per_s"] else None, "{:.2f}"),
-            f"{r.get('one_time_s', 0.0):.1f} s", {True: "yes", "tie": "tie", False: "NO", None: "n/a"}[same])
+            _f(pred / versus if pred and versus else None, "{:.2f}"),
+            f"{r.get('one_time_s', 0.0):.1f} s", same_text)
     console.print(table)
     for r in report["rows"]:
         if r.get("skipped"):
@@ -51,7 +62,14 @@ def print_table(report: dict, console=None) -> None:
                       f"{acc['notice']}.")
         for r in report["rows"]:
             at = r.get("at_stated_acceptance")
-            if at:
+            if at and "steady_tokens_per_s" in at:
+                versus = (f", {at['steady_speedup_vs_ar']:.2f}x specc-ar's steady decode at B = {r['batch']}"
+                          if at.get("steady_speedup_vs_ar") else "")
+                console.print(f"at the stated E = {at['tokens_per_step']:.2f} tokens/step (this run drew "
+                              f"{at['drawn_tokens_per_step']:.2f}): {r['system']} at B = {r['batch']} "
+                              f"{at['steady_tokens_per_s']:,.1f} steady decode tok/s{versus} (its measured step, "
+                              f"{at['decode_step_s'] * 1e3:.3f} ms)")
+            elif at:
                 versus = (f", {at['decode_speedup_vs_best_ar']:.2f}x the best AR's decode"
                           if at.get("decode_speedup_vs_best_ar") else "")
                 console.print(f"at the stated E = {at['tokens_per_step']:.2f} tokens/step (this run drew "
@@ -74,6 +92,15 @@ def print_table(report: dict, console=None) -> None:
         console.print(f"AR bandwidth floor on {report['deployment']} (cost model): "
                       f"{report['ar_floor_tokens_per_s']:,.1f} tok/s; best AR in this run: {report['best_ar']}")
     console.print("predicted: cost model (specc.search.cost_model) for the row's acceptance; HF rows are not modelled")
+    if batched:
+        console.print("B > 1: B requests decoded together (continuous batching, prompts of different lengths); tok/s "
+                      "includes their prefills; decode: this batch's decode tokens / decode seconds; steady: B x "
+                      "tokens per request-step / step time (every slot full), which 'predicted' prices; vs best AR: "
+                      "specc-ar at the same B. HF and stock rows run at batch 1 only.")
+        for r in report["rows"]:
+            if r.get("mechanism") and not r.get("skipped"):
+                rule = f", mean k {r['mean_k']:.1f}" if r.get("mean_k") is not None else ""
+                console.print(f"{r['system']} at B = {r['batch']}: {r['mechanism']}{rule} ({r['mechanism_source']})")
     for r in report["rows"]:
         same = r.get("same_tokens_as_hf_eager")
         if same == "tie" or same is False:
@@ -156,11 +183,17 @@ def write_plots(report: dict, out_dir) -> list[str]:
     return written
 
 
+def steady_decode(row: dict) -> float | None:
+    """A row's decode tokens/s with every slot busy: batched rows' steady figure, a batch-1 row's
+    decode tokens/s (its one slot is always busy)."""
+    return row.get("steady_tokens_per_s") or row.get("decode_tokens_per_s")
+
+
 def plot_batch_sweep(report: dict, out_dir) -> str | None:
-    """Tokens/s vs batch size per system (the hook for batching: drawn when the report's rows
-    carry more than one ``batch``; a row without one counts as ``report['batch']``)."""
+    """Steady decode tokens/s vs batch size per system, the cost model's prediction dashed beside
+    each specc system (drawn when the report's rows hold more than one batch size)."""
     rows = [r for r in report["rows"] if not r.get("skipped")]
-    batches = {r.get("batch", report.get("batch", 1)) for r in rows}
+    batches = {r.get("batch", 1) for r in rows}
     if len(batches) < 2:
         return None
     import matplotlib
@@ -170,11 +203,23 @@ def plot_batch_sweep(report: dict, out_dir) -> str | None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in sorted({r["system"] for r in rows}):
-        pts = sorted((r.get("batch", report.get("batch", 1)), r["tokens_per_s"]) for r in rows if r["system"] == name)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
+        mine = sorted((r for r in rows if r["system"] == name and steady_decode(r)), key=lambda r: r.get("batch", 1))
+        if not mine:
+            continue
+        line = ax.plot([r.get("batch", 1) for r in mine], [steady_decode(r) for r in mine], "o-", label=name)[0]
+        pred = [(r.get("batch", 1), (r.get("prediction") or {}).get("tokens_per_s")) for r in mine]
+        pred = [p for p in pred if p[1]]
+        if pred:
+            ax.plot([p[0] for p in pred], [p[1] for p in pred], "x--", color=line.get_color(), alpha=0.6,
+                    label=f"{name} (predicted)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(batches), [str(b) for b in sorted(batches)])
     ax.set_xlabel("batch size")
-    ax.set_ylabel("tokens/s (all rows)")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("decode tokens/s, all rows (steady)")
+    ax.set_title(f"{report.get('what', '')}\n{report.get('device', '')}"
+                 + (", acceptance REPLAYED" if (report.get("acceptance") or {}).get("mode") == "replay" else ""),
+                 fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     path = str(Path(out_dir) / "tokens_per_s_vs_batch.png")
     fig.savefig(path, dpi=120)

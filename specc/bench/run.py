@@ -50,7 +50,7 @@ class BenchOptions:
     passes: str | None = None
     seed: int = 0
     warmup: int = 1
-    batch: int = 1
+    batches: tuple[int, ...] = (1,)  # batch sizes: 1 times every system; B > 1 specc-ar and specc (specc.bench.batched)
     tree: int | None = None  # tree budget of the speculative system (checkpoints and --shapes; artifacts: the manifest's)
 
 
@@ -82,6 +82,7 @@ class _Setup:
     target_raw: dict = {}
     drafter_raw: dict | None = None
     pipeline: str = ""
+    prompts_for: Any = None  # B -> B prompts for a batched row (different lengths with --shapes)
 
 
 def _pipeline(opts) -> str:
@@ -115,6 +116,13 @@ def _setup_shapes(opts, dtype, dev) -> _Setup:
     s.prompts = [torch.randint(10, tcfg["vocab_size"] - 10, (opts.prompt_len,), generator=g).tolist()
                  for _ in range(opts.prompts)]
     s.label = f"{opts.shapes} shapes" + (f" + {opts.drafter_shapes}" if draft is not None else "") + ", random weights"
+
+    def prompts_for(b: int) -> list[list[int]]:
+        from specc.bench.batched import random_prompts
+
+        return random_prompts(b, opts.prompt_len, tcfg["vocab_size"], opts.seed + 1)
+
+    s.prompts_for = prompts_for
     return s
 
 
@@ -146,8 +154,9 @@ def _setup_checkpoint(opts, dtype, dev) -> _Setup:
         s.hf_target = load_hf_causal_lm(pair.target.path, dtype, dev)
     if "stock" in opts.systems and s.impl.uses_drafter:
         s.stock = StockSystem(pair, s.k, dtype, dev)
-    s.prompts = _prompts_from_tokenizer(load_tokenizer(pair.target.path), int(s.target_raw["vocab_size"]),
-                                        opts.prompts, opts.seed)
+    tokenizer, vocab = load_tokenizer(pair.target.path), int(s.target_raw["vocab_size"])
+    s.prompts = _prompts_from_tokenizer(tokenizer, vocab, opts.prompts, opts.seed)
+    s.prompts_for = lambda b: _prompts_from_tokenizer(tokenizer, vocab, b, opts.seed)
     s.label = pair.target.name + (f" + {pair.drafter.name}" if pair.drafter else "") + " (real weights)"
     s.pair = pair
     return s
@@ -203,11 +212,11 @@ def _time(system, prompts, n, warmup: int) -> tuple[list[list[int]], dict, float
     return outs, _stats(runs), warm
 
 
-def _predict(cost, irs, impl, k, acceptance, context):
+def _predict(cost, irs, impl, k, acceptance, context, batch: int = 1):
     """The cost model's tokens/s for a specc row (+ its step time and E)."""
     t_ir, d_ir = irs
     pred = cost.predict(t_ir, d_ir, method=impl.name if k else "ar", num_draft=k, acceptance=acceptance,
-                        context=context, batch_size=1)
+                        context=context, batch_size=batch)
     return {"tokens_per_s": pred.tokens_per_s, "step_s": pred.step_time, "expected_tokens_per_step": pred.expected_tokens,
             "ar_step_s": pred.ar.time, "ar_floor_s": pred.ar.floor,
             "acceptance": acceptance.source if acceptance is not None and k else "AR (no drafts)"}
@@ -216,6 +225,7 @@ def _predict(cost, irs, impl, k, acceptance, context):
 def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None) -> dict:
     """Run the benchmark; returns the report (JSON-ready dict; ``specc.bench.report`` prints it)."""
     from specc.bench.acceptance import parse_acceptance, parse_tree_acceptance
+    from specc.bench.batched import BatchedRows
     from specc.bench.systems import HFSystem, LoopSystem, StockSpecSystem
     from specc.codegen.build import build_steps
     from specc.runtime.compiled import instantiate
@@ -235,8 +245,12 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         raise UserError("--device cuda: no CUDA GPU is available (use --device cpu)")
     if opts.tokens < 2 or opts.prompts < 1:
         raise UserError("--tokens must be >= 2 and --prompts >= 1")
-    if opts.batch != 1:
-        raise UserError("--batch > 1 comes with batching (the plot hook is ready); use --batch 1")
+    batches = sorted(set(int(b) for b in opts.batches))
+    if not batches or batches[0] < 1:
+        raise UserError(f"--batch: batch sizes must be >= 1 (got {','.join(map(str, opts.batches)) or 'none'})")
+    batched = [b for b in batches if b > 1]
+    if batched and opts.tree:
+        raise UserError("--tree with --batch > 1: tree verification runs at batch 1 (give --batch 1)")
     unknown = set(opts.systems) - set(ALL_SYSTEMS)
     if unknown:
         raise UserError(f"unknown system {sorted(unknown)[0]!r}; systems: {', '.join(ALL_SYSTEMS)}")
@@ -269,11 +283,12 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         raise UserError("random weights accept nothing: state the acceptance to replay, e.g. --acceptance tau:6.5 "
                         "or --acceptance dflash-qwen3-8b:gsm8k")
     replay = stated is not None
-    dep = get_deployment(opts.deployment or default_deployment(dev, opts.batch))
+    dep = get_deployment(opts.deployment or default_deployment(dev, 1))
     cost = CostModel(dep)
     pipeline = _pipeline(opts) if s.engine is None else s.engine.manifest["passes"]["pipeline"]
     n, prompts = opts.tokens, s.prompts
-    max_len = max(map(len, prompts)) + n + 2
+    batch_prompts = {b: s.prompts_for(b) for b in batched}
+    max_len = max(len(p) for p in prompts + [q for ps in batch_prompts.values() for q in ps]) + n + 2
     context = int(statistics.mean(len(p) for p in prompts) + n / 2)
     rows: list[dict] = []
     reference, differing = None, {}  # differing: system -> its outputs, where they are not HF eager's
@@ -282,7 +297,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         nonlocal reference
         say(f"timing {name}")
         outs, st, warm_s = _time(system, prompts, n, opts.warmup if warmup is None else warmup)
-        row = {"system": name, "kind": kind, "one_time_s": one_time + warm_s, **st, **(extra or {})}
+        row = {"system": name, "kind": kind, "batch": 1, "one_time_s": one_time + warm_s, **st, **(extra or {})}
         if name == "hf-eager":
             reference = outs
         if row.get("replay"):
@@ -299,10 +314,11 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         rows.append({"system": name, "kind": kind, "skipped": reason})
         say(f"{name}: skipped ({reason})")
 
-    # ---------------------------------------------------------------- AR baselines
-    if "hf-eager" in opts.systems:
+    # ---------------------------------------------------------------- AR baselines (batch 1)
+    bs1 = 1 in batches
+    if bs1 and "hf-eager" in opts.systems:
         record("hf-eager", HFSystem(s.hf_target, dev), "baseline")
-    if "hf-compiled" in opts.systems:
+    if bs1 and "hf-compiled" in opts.systems:
         if dev.type != "cuda":
             skipped("hf-compiled", "baseline", "CPU: torch.compile reduce-overhead needs CUDA graphs (and compiling "
                                                "takes minutes on CPU)")
@@ -312,7 +328,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             except Exception as exc:  # a transformers / torch combination that cannot compile it
                 skipped("hf-compiled", "baseline", f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
             torch._dynamo.reset() if hasattr(torch, "_dynamo") else None
-    if "stock" in opts.systems and s.impl.uses_drafter:
+    if bs1 and "stock" in opts.systems and s.impl.uses_drafter:
         name = f"stock-{s.impl.name}"
         if s.stock is None:
             skipped(name, "baseline", "random weights: stock would decide acceptance itself (zero); not comparable")
@@ -328,6 +344,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     choice = linear_choice_for(dep) if dev.type == "cuda" else cost.linear_choice
 
     def compiled(with_drafter: bool):
+        from specc.codegen.build import add_target_step, wants_ragged_step
+
         t0 = time.perf_counter()
         target, draft = s.loaded.target, s.loaded.draft if with_drafter else None
         saved = getattr(target, "capture_layers", ())
@@ -342,6 +360,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             spec = s.loaded.draft_spec if draft is not None else None
             built = build_steps(target, draft, pipeline, spec, linear_choice=choice,  # as compile does
                                 tree=bool(tree_budget and draft is not None))
+            if draft is not None and batched and wants_ragged_step(target, s.k):  # packed rows: two-level, per-row k
+                add_target_step(built, target, pipeline, "target_ragged", choice)
         finally:
             target.capture_layers = saved
         steps = {role: instantiate(e, spec if role == "drafter" else None) for role, e in built.emitted.items()}
@@ -356,13 +376,30 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         stats = warm.warm_up(loop, int(s.target_raw["vocab_size"]), prompt_len=len(prompts[0]))
         return stats["kernels"] + stats["graphs"]
 
+    at_batch = BatchedRows(dev, n, opts.warmup > 0, cost, say)
+    ar_tokens_at: dict = {}  # B -> specc-ar's tokens of each request (the reference where the target decides)
+
+    def record_batched(row, tokens, b):
+        if row["system"] == "specc-ar":
+            ar_tokens_at[b] = tokens
+        elif not row.get("replay") and b in ar_tokens_at:  # greedy: every request's tokens are AR's
+            same = tokens == ar_tokens_at[b]
+            row["same_tokens_as_specc_ar"] = True if same else _audit_batch(s, batch_prompts[b], ar_tokens_at[b],
+                                                                               tokens, dtype, row)
+        rows.append(row)
+
     ar_pred = None
     if "specc-ar" in opts.systems:
         say("compiling specc AR")
         loop, irs, build_s = compiled(False)
-        one = build_s + warmed(loop)
+        one = build_s + (warmed(loop) if bs1 else 0.0)
         ar_pred = _predict(cost, irs, s.impl, 0, None, context)
-        record("specc-ar", LoopSystem(loop, dev, "specc-ar"), "specc", {"prediction": ar_pred}, one_time=one)
+        if bs1:
+            record("specc-ar", LoopSystem(loop, dev, "specc-ar"), "specc", {"prediction": ar_pred}, one_time=one)
+            one = 0.0
+        for b in batched:
+            record_batched(*at_batch.ar("specc-ar", loop, b, batch_prompts[b], irs[0], one_time=one), b)
+            one = 0.0
         del loop
     if "specc" in opts.systems and s.impl.uses_drafter:
         name = f"specc-{s.impl.name}"
@@ -375,51 +412,50 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             say(f"compiling {name}")
             loop, irs, build_s = compiled(True)
             one = build_s
-        verifier = ReplayVerifier(stated.alphas, seed=opts.seed, source=stated.source) if replay else ChainVerifier()
-        loop.verifier = verifier
-        loop.tree_budget = 0  # a tree artifact's chain row: its chain verify step, the same drafter
-        if s.engine is None:
-            one += warmed(loop)
-        if replay:
-            verifier.reset()
-        extra = {"num_draft": s.k, "replay": replay,
-                 "acceptance": stated.source if replay else "real (the target decides)"}
-        row = record(name, LoopSystem(loop, dev, name), "specc", extra, one_time=one)
-        acc = stated if replay else AcceptanceModel.from_accepted_lengths(
-            [row.get("accepted_lengths", [])] if row.get("accepted_lengths") else [], s.k,
-            source="measured in this run")
-        row["prediction"] = _predict(cost, irs, s.impl, s.k, acc, context)
-        if replay:
-            row["acceptance_model"] = stated.to_json()
-            row["expected_tokens_per_step"] = stated.expected_tokens(s.k)
-        if ar_pred is None:
-            ar_pred = {"ar_step_s": row["prediction"]["ar_step_s"], "ar_floor_s": row["prediction"]["ar_floor_s"]}
-        loop.verifier = ChainVerifier()
-        loop.tree_budget = tree_budget
-        if tree_budget:
-            from specc.bench.tree_rows import record_tree_row
+        acc = stated
+        if bs1:
+            verifier = ReplayVerifier(stated.alphas, seed=opts.seed, source=stated.source) if replay else ChainVerifier()
+            loop.verifier = verifier
+            loop.tree_budget = 0  # a tree artifact's chain row: its chain verify step, the same drafter
+            if s.engine is None:
+                one += warmed(loop)
+            if replay:
+                verifier.reset()
+            extra = {"num_draft": s.k, "replay": replay,
+                     "acceptance": stated.source if replay else "real (the target decides)"}
+            row = record(name, LoopSystem(loop, dev, name), "specc", extra, one_time=one)
+            one = 0.0
+            acc = stated if replay else AcceptanceModel.from_accepted_lengths(
+                [row.get("accepted_lengths", [])] if row.get("accepted_lengths") else [], s.k,
+                source="measured in this run")
+            row["prediction"] = _predict(cost, irs, s.impl, s.k, acc, context)
+            if replay:
+                row["acceptance_model"] = stated.to_json()
+                row["expected_tokens_per_step"] = stated.expected_tokens(s.k)
+            if ar_pred is None:
+                ar_pred = {"ar_step_s": row["prediction"]["ar_step_s"], "ar_floor_s": row["prediction"]["ar_floor_s"]}
+            loop.verifier = ChainVerifier()
+            loop.tree_budget = tree_budget
+            if tree_budget:
+                from specc.bench.tree_rows import record_tree_row
 
-            record_tree_row(record, loop, dev, name, s, irs, cost, context, stated_tree if replay else None, opts.seed,
-                            row)
+                record_tree_row(record, loop, dev, name, s, irs, cost, context, stated_tree if replay else None,
+                                opts.seed, row)
+        saved_tree, loop.tree_budget = getattr(loop, "tree_budget", 0), 0  # batched rows verify chains
+        for b in batched:
+            section = s.engine.batching if s.engine is not None and s.engine.batching.get("source") else None
+            record_batched(*at_batch.speculative(name, loop, b, batch_prompts[b], irs, s.impl, s.k, stated=stated,
+                                                 seed=opts.seed, acceptance=None if replay else acc, section=section,
+                                                 one_time=one), b)
+            one = 0.0
+        loop.tree_budget = saved_tree
 
     if differing:
         from specc.bench.equality import classify_differences
 
         say("auditing the differences from HF eager's tokens (numerical ties?)")
         classify_differences(rows, differing, reference, prompts, getattr(s.loaded, "target", None), dtype)
-    measured = [r for r in rows if not r.get("skipped")]
-    best_ar = max((r for r in measured if r["system"] in ("hf-eager", "hf-compiled", "specc-ar")),
-                  key=lambda r: r["tokens_per_s"], default=None)
-    for r in measured:
-        if best_ar is not None:
-            r["speedup_vs_best_ar"] = r["tokens_per_s"] / best_ar["tokens_per_s"]
-        at_stated = at_stated_acceptance(r, best_ar)
-        if at_stated is not None:
-            r["at_stated_acceptance"] = at_stated
-        for base in ("hf-eager", "hf-compiled", "specc-ar"):
-            b = next((x for x in measured if x["system"] == base), None)
-            if b is not None:
-                r.setdefault("speedup_vs", {})[base] = r["tokens_per_s"] / b["tokens_per_s"]
+    best_ar = _compare(rows)
     from specc.codegen.kernels.pdl import launch_mode
     from specc.runtime.step_graphs import step_graphs_enabled
 
@@ -430,7 +466,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         "versions": _versions(), "dtype": str(dtype).replace("torch.", ""), "deployment": dep.name,
         "launch": launch_mode(dev), "step_graphs": bool(dev.type == "cuda" and step_graphs_enabled()),
         "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
-        "prompt_lengths": [len(p) for p in prompts], "batch": opts.batch, "context_for_prediction": context,
+        "prompt_lengths": [len(p) for p in prompts], "batches": batches, "context_for_prediction": context,
         "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),
                         "expected_tokens_per_step": stated.expected_tokens(s.k), "notice": REPLAY_NOTICE}
                        if replay else {"mode": "real" if s.k else "none"}),
@@ -445,6 +481,57 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
                                         "expected_tokens_per_step": stated_tree.expected_tokens(tree_budget, s.k),
                                         "replay": TREE_REPLAY_NOTICE}
     return report
+
+
+AR_SYSTEMS = ("hf-eager", "hf-compiled", "specc-ar")
+
+
+def _compare(rows: list[dict]) -> dict | None:
+    """Set each measured row's speedups over the AR rows of its own batch size (tokens/s end to
+    end; batched rows also decode and steady decode over specc-ar's) and its rate at the stated
+    acceptance (replayed rows); returns the best AR row at batch 1 (None without one)."""
+    from specc.bench.batched import stated_rates
+
+    done = [r for r in rows if not r.get("skipped")]
+    best_at: dict = {}
+    for r in done:
+        b = r.get("batch", 1)
+        if r["system"] in AR_SYSTEMS and (b not in best_at or r["tokens_per_s"] > best_at[b]["tokens_per_s"]):
+            best_at[b] = r
+    for r in done:
+        b = r.get("batch", 1)
+        same = [x for x in done if x.get("batch", 1) == b]
+        best = best_at.get(b)
+        if best is not None:
+            r["speedup_vs_best_ar"] = r["tokens_per_s"] / best["tokens_per_s"]
+        for base in AR_SYSTEMS:
+            x = next((x for x in same if x["system"] == base), None)
+            if x is not None:
+                r.setdefault("speedup_vs", {})[base] = r["tokens_per_s"] / x["tokens_per_s"]
+        if b == 1:
+            at_stated = at_stated_acceptance(r, best)
+        else:
+            ar = next((x for x in same if x["system"] == "specc-ar"), None)
+            if ar is not None and r is not ar:
+                for key in ("decode_tokens_per_s", "steady_tokens_per_s"):
+                    if ar.get(key):
+                        r[key.replace("tokens_per_s", "speedup_vs_ar")] = r[key] / ar[key]
+            at_stated = stated_rates(r, r.get("expected_tokens_per_step"), ar) if r.get("replay") else None
+        if at_stated is not None:
+            r["at_stated_acceptance"] = at_stated
+    return best_at.get(1)
+
+
+def _audit_batch(setup, prompts, reference, got, dtype, row: dict):
+    """Where a batched speculative row's tokens are not batched AR's: "tie" when every request
+    first differs at a numerical tie of the reference (``equality.audit``), else False; the
+    positions go into ``row``."""
+    from specc.bench.equality import audit, reference_margins, tie_tolerance
+
+    found = audit(prompts, reference, got, reference_margins(setup.loaded.target, dtype), tie_tolerance(dtype))
+    same = found.pop("same")
+    row.update(found)
+    return same
 
 
 def at_stated_acceptance(row: dict, best_ar: dict | None) -> dict | None:

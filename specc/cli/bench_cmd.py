@@ -13,6 +13,7 @@ examples:
   specc bench model.specc --tokens 128                              # an artifact vs the AR baselines
   specc bench --shapes qwen3-8b --drafter-shapes dflash-b16 --acceptance tau:6.5 --device cuda -o bench/
   specc bench --shapes llama-3.1-8b --drafter-shapes pard --acceptance alpha:0.8 --device cuda --json bench.json
+  specc bench --shapes qwen3-8b --acceptance dflash-qwen3-8b:gsm8k --batch 1,16,32 --systems specc-ar,specc --device cuda
   specc bench tree.specc --systems specc --acceptance dflash-qwen3-8b:gsm8k+ranks:ranks.json   # chain vs tree
   specc bench --shapes qwen3-8b --drafter-shapes dflash-b16 --tree 32 --acceptance ranks:ranks.json --device cuda
 systems: hf-eager (HF generate), hf-compiled (HF static cache + torch.compile; CUDA only), stock (the
@@ -58,13 +59,29 @@ def register(sub) -> None:
     p.add_argument("--deployment", metavar="NAME", help="cost-model deployment (default: from the device)")
     p.add_argument("--passes", metavar="LIST", help="specc pass pipeline (default: the compile default)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed generations per system first (default 1)")
-    p.add_argument("--batch", type=int, default=1, metavar="B", help="batch rows (1 until batching lands)")
+    p.add_argument("--batch", default="1", metavar="B[,B...]",
+                   help="batch sizes, comma separated (default 1). At B > 1, specc-ar and specc decode B requests "
+                        "together (continuous batching); the speculative row verifies as the cost model chooses for "
+                        "B (one level, two-level, goodput k); HF and stock rows run at batch 1 only")
     p.add_argument("--seed", type=int, default=0, help="prompts and acceptance draws (default 0)")
     add_batch_invariant_arg(p)
     p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-': stdout, no table)")
     p.add_argument("-o", "--out", metavar="DIR", help="write DIR/bench.json and the PNG plots into DIR")
     p.add_argument("--no-plots", action="store_true", help="with -o: JSON only")
     p.set_defaults(handler=run)
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """``--batch``: "1", "16" or "1,4,16" -> the sorted distinct sizes (each >= 1)."""
+    from specc.errors import UserError
+
+    try:
+        sizes = sorted({int(part) for part in str(text).split(",") if part.strip()})
+    except ValueError:
+        raise UserError(f"--batch {text!r}: give batch sizes as integers, comma separated (e.g. 1,16,32)") from None
+    if not sizes or sizes[0] < 1:
+        raise UserError(f"--batch {text!r}: batch sizes must be >= 1")
+    return tuple(sizes)
 
 
 def run(args) -> int:
@@ -74,10 +91,10 @@ def run(args) -> int:
     from specc.bench.report import print_table, write_json, write_plots
     from specc.errors import UserError
 
-    for flag, value in (("--tokens", args.tokens), ("--prompts", args.prompts), ("--prompt-len", args.prompt_len),
-                        ("--batch", args.batch)):
+    for flag, value in (("--tokens", args.tokens), ("--prompts", args.prompts), ("--prompt-len", args.prompt_len)):
         if value < 1:
             raise UserError(f"{flag} must be >= 1 (got {value})")
+    batches = parse_batches(args.batch)
     if args.num_draft is not None and args.num_draft < 1:
         raise UserError("--num-draft must be >= 1")
     if args.tree is not None and args.tree < 1:
@@ -87,7 +104,7 @@ def run(args) -> int:
                         shapes=args.shapes, drafter_shapes=args.drafter_shapes, acceptance=args.acceptance,
                         device=args.device, tokens=args.tokens, prompts=args.prompts, prompt_len=args.prompt_len,
                         systems=systems, deployment=args.deployment, passes=args.passes, seed=args.seed,
-                        warmup=max(0, args.warmup), batch=args.batch, tree=args.tree)
+                        warmup=max(0, args.warmup), batches=batches, tree=args.tree)
     to_stdout = args.json == "-"
     progress = None
     if not to_stdout:

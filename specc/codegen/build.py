@@ -144,3 +144,29 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
             {"name": r.name, "changed": r.changed, "stats": r.stats} for r in report.records]
         emitted[role], lowering[role] = emit_ir(ir, role, extra, linear_choice)
     return BuiltSteps(irs, emitted, records, lowering)
+
+
+def wants_ragged_step(target, k: int) -> bool:
+    """Whether a speculative build gets a ragged verify step (role ``target_ragged``): the
+    method drafts chains (k > 0) and the target is a dense CausalLM (hybrid targets have no
+    ragged forward). Two-level verification and per-request draft lengths need it."""
+    from specc.models.decoder import CausalLM
+
+    return bool(k) and isinstance(target, CausalLM)
+
+
+def add_target_step(built: BuiltSteps, target, pipeline, role: str, linear_choice=None) -> None:
+    """Build another step of the target (role ``target_tree``: tree verify; ``target_ragged``:
+    the packed verify of rows with their own draft counts) into ``built``. Weights equal to the
+    target step's (the fused q/k/v and gate/up concatenations each build makes again) are the
+    target's tensors, so an artifact stores them once and a process holds them once."""
+    target.setup_caches(1, 16)
+    try:
+        step = build_step(target, role, pipeline, linear_choice=linear_choice)
+    except (PipelineError, PassError) as exc:
+        raise UserError(str(exc).splitlines()[0]) from exc
+    share_equal_weights(step.emitted, built.emitted["target"])
+    built.irs[role], built.emitted[role] = step.ir, step.emitted
+    built.lowering[role] = step.lowering
+    built.pass_records[role] = [] if step.report is None else [
+        {"name": r.name, "changed": r.changed, "stats": r.stats} for r in step.report.records]

@@ -4,8 +4,11 @@ Drafting k tokens per row makes a step cost T(B, k) (the batch's step-time curve
 model's prediction, ``specc.search.batch_pricing.step_seconds``, or a measured table) and
 commits in expectation E_b(k) = 1 + a_b + a_b^2 + ... + a_b^k tokens for row b, where a_b is
 the request's own acceptance probability per drafted position, estimated from what it accepted
-so far (a geometric fit with a uniform prior: accepted drafts are successes, a rejection that
-ended a step a failure). :class:`GoodputDraftLength` picks, before each step, the k in
+so far (a geometric fit: accepted drafts are successes, a rejection that ended a step a failure;
+the prior is uniform, or, given ``prior_alpha``, the acceptance the batching choice was priced
+with, worth ``prior_weight`` observations. The prior matters: a row whose estimate says "draft
+nothing" offers no drafts, so it learns nothing more; a uniform prior of 0.5 on a pair that
+accepts 0.9 can keep every row at k = 0 for good). :class:`GoodputDraftLength` picks, before each step, the k in
 0..k_max that maximises sum_b E_b(min(k, cap_b)) / T(B, k) over the live rows (cap_b: the
 drafts row b can still use before its budget), as SmartSpec / TurboSpec do. Greedy
 verification keeps every k lossless: the choice changes speed, never tokens.
@@ -44,6 +47,12 @@ class AcceptanceEstimate:
     def __init__(self, prior_accepts: float = 1.0, prior_rejects: float = 1.0):
         self.accepts, self.rejects = prior_accepts, prior_rejects
 
+    @classmethod
+    def from_prior(cls, alpha: float, weight: float) -> "AcceptanceEstimate":
+        """Starting at ``alpha`` (clamped into [0.01, 0.99]) with ``weight`` observations' worth."""
+        a = min(max(float(alpha), 0.01), 0.99)
+        return cls(a * weight, (1.0 - a) * weight)
+
     def observe(self, offered: int, accepted: int) -> None:
         """A step offered ``offered`` drafts and ``accepted`` of them were accepted."""
         self.accepts += accepted
@@ -58,16 +67,30 @@ class GoodputDraftLength:
     """``step_seconds(rows, k)``: seconds of one step (drafting + verification) with ``k`` drafts
     per row over ``rows`` rows; ``k_max``: the most drafts a step may take (the loop's).
     ``ragged_seconds(rows, tokens)``: seconds of one step whose ragged verify checks ``tokens``
-    packed tokens over ``rows`` rows, drafting included (None: no per-request choice)."""
+    packed tokens over ``rows`` rows, drafting included (None: no per-request choice).
+    ``prior_alpha``: where each request's acceptance estimate starts (the acceptance the choice was
+    priced with; None: uniform), worth ``prior_weight`` observations."""
 
     def __init__(self, step_seconds: Callable[[int, int], float], k_max: int,
-                 ragged_seconds: Callable[[int, int], float] | None = None):
+                 ragged_seconds: Callable[[int, int], float] | None = None, prior_alpha: float | None = None,
+                 prior_weight: float = 4.0):
         if k_max < 0:
             raise ValueError(f"k_max must be >= 0, got {k_max}")
+        if prior_alpha is not None and not 0.0 <= prior_alpha <= 1.0:
+            raise ValueError(f"prior_alpha must lie in [0, 1], got {prior_alpha}")
+        if prior_weight <= 0:
+            raise ValueError(f"prior_weight must be positive, got {prior_weight}")
         self.step_seconds, self.k_max = step_seconds, int(k_max)
         self.ragged_seconds = ragged_seconds
+        self.prior_alpha, self.prior_weight = prior_alpha, float(prior_weight)
         self._times: dict[tuple[int, int], float] = {}
         self._ragged_times: dict[tuple[int, int], float] = {}
+
+    def new_estimate(self) -> AcceptanceEstimate:
+        """A new request's acceptance estimate (the prior)."""
+        if self.prior_alpha is None:
+            return AcceptanceEstimate()
+        return AcceptanceEstimate.from_prior(self.prior_alpha, self.prior_weight)
 
     def _time(self, rows: int, k: int) -> float:
         return _cached(self._times, self.step_seconds, "step_seconds", rows, k)

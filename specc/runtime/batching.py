@@ -118,6 +118,8 @@ class BatchScheduler:
         params = self.sampling if sampling is None else _check_sampling(sampling)
         request = _Request(next(self._ids), prompt, max_new_tokens, eos, seed=seed,
                            sampling=None if params is None or params.greedy else params)
+        if hasattr(self.draft_length, "new_estimate"):  # the rule's prior (the acceptance it was priced with)
+            request.acceptance = self.draft_length.new_estimate()
         self._queue.append(request)
         return request.rid
 

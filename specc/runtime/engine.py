@@ -146,19 +146,9 @@ class Engine:
         """The goodput rule the artifact's batching choice asks for, over the step curve the
         compiler recorded (per-request k: one k per row; goodput k: one k per step), else None
         (the artifact's k every step)."""
-        per_row, one_k = self.batching.get("per_request_k"), self.batching.get("goodput_k")
-        if not ((per_row or one_k) and self.batching.get("curve") and self.num_draft):
-            return None
-        from specc.runtime.adaptive import GoodputDraftLength
-        from specc.runtime.step_curve import StepCurve
+        from specc.runtime.step_curve import draft_length_rule
 
-        curve = StepCurve.from_section(self.batching["curve"])
-        if not per_row:  # one k per step over the dense verify
-            return GoodputDraftLength(curve.step_seconds, self.num_draft)
-        try:
-            return GoodputDraftLength(curve.step_seconds, self.num_draft, ragged_seconds=curve.ragged_seconds)
-        except TypeError:  # a runtime without the per-row choice: one k per step from the same curve
-            return GoodputDraftLength(curve.step_seconds, self.num_draft)
+        return draft_length_rule(self.batching, self.num_draft)
 
     def stream(self, input_ids, max_new_tokens: int = 64, eos_token_id=None, sampling: SamplingParams | None = None,
                **sampling_fields) -> Iterator[int]:
@@ -214,6 +204,8 @@ def _batching(path, manifest: dict, num_draft: int) -> dict:
     ok = isinstance(section, dict) and isinstance(section.get("per_request_k", False), bool) and isinstance(
         section.get("goodput_k", False), bool) and (
         k1 is None or (isinstance(k1, int) and not isinstance(k1, bool) and 1 <= k1 < max(num_draft, 1)))
+    prior = section.get("prior_alpha") if isinstance(section, dict) else None
+    ok = ok and (prior is None or (isinstance(prior, (int, float)) and not isinstance(prior, bool) and 0 <= prior <= 1))
     if ok and section.get("curve") is not None:
         from specc.runtime.step_curve import StepCurve
 
@@ -223,7 +215,7 @@ def _batching(path, manifest: dict, num_draft: int) -> dict:
             ok = False
     if not ok:
         raise ArtifactError(f"{path}: manifest 'batching' must be {{'two_level_k1': None or 1..k-1, "
-                            f"'per_request_k': bool, 'goodput_k': bool, ...}}, got {section!r:.80}")
+                            f"'per_request_k': bool, 'goodput_k': bool, 'prior_alpha': 0..1, ...}}, got {section!r:.80}")
     return section
 
 

@@ -58,3 +58,22 @@ class StepCurve:
     def step_seconds(self, rows: int, k: int) -> float:
         """A step with ``k`` drafts for every one of ``rows`` rows."""
         return self.ragged_seconds(rows, rows * (int(k) + 1))
+
+
+def draft_length_rule(section: dict, num_draft: int):
+    """The goodput rule a batching choice (``manifest["batching"]``, or
+    ``specc.search.batching_choice.batching_section``'s dict) asks for, over its step curve:
+    per-request k (one k per row, ragged verify) or goodput k (one k per step, dense verify);
+    None when it asks for neither (the loop's k every step) or has no curve. Each request's
+    acceptance estimate starts at the section's ``prior_alpha`` (the acceptance it was priced with)."""
+    per_row, one_k = section.get("per_request_k"), section.get("goodput_k")
+    if not ((per_row or one_k) and section.get("curve") and num_draft):
+        return None
+    from specc.runtime.adaptive import GoodputDraftLength
+
+    curve = StepCurve.from_section(section["curve"])
+    prior = section.get("prior_alpha")  # absent from artifacts written before it: a uniform prior
+    prior = None if prior is None else float(prior)
+    if not per_row:  # one k per step over the dense verify
+        return GoodputDraftLength(curve.step_seconds, num_draft, prior_alpha=prior)
+    return GoodputDraftLength(curve.step_seconds, num_draft, ragged_seconds=curve.ragged_seconds, prior_alpha=prior)

@@ -5,7 +5,8 @@ neither, by the cost model's predicted tokens/s (``specc.search.batching_cost``)
 engine applies to its loop:
 
     {"two_level_k1": k1 or None, "per_request_k": bool, "goodput_k": bool, "source": why,
-     "batch_size": B, "num_draft": k, "acceptance_source": ..., "candidates": [priced options],
+     "batch_size": B, "num_draft": k, "acceptance_source": ..., "prior_alpha": a (where the goodput rule's
+     per-request estimates start, :func:`prior_alpha`), "candidates": [priced options],
      "curve": {"rows": [...], "tokens_per_row": [1..k + 1], "seconds": [[...]]}}
 
 The best option wins when it beats one level; ties keep one level (the simpler loop). Both
@@ -25,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from specc.errors import UserError, auto_off_or_int
-from specc.search.acceptance import AcceptanceModel
+from specc.search.acceptance import AcceptanceModel, geometric_alpha
 from specc.search.batch_pricing import ragged_step_seconds
 from specc.search.batching_cost import BatchingPricer
 
@@ -59,6 +60,17 @@ def check_given(two_level, batch_size: int, ragged: bool) -> None:
 def off_section(source: str, batch_size: int, num_draft: int) -> dict[str, Any]:
     return {"two_level_k1": None, "per_request_k": False, "goodput_k": False, "source": source,
             "batch_size": int(batch_size), "num_draft": int(num_draft)}
+
+
+def prior_alpha(option, acceptance: AcceptanceModel, k: int) -> float:
+    """Where the runtime's goodput rule starts each request's acceptance estimate: the priced
+    acceptance as the one geometric alpha that gives its expected tokens at the option's mean
+    drafts per row (the runtime's estimate is geometric; the model may not be: a drafter that is
+    right only at the first position has alpha_1 = 0.75, alpha_2.. = 0, and E(1) = 1.75 means
+    alpha 0.75, where a fit at k = 8 would say 0.43, too low for the rule to ever draft)."""
+    ks = option.row_k or [k]
+    drafts = max(1, min(k, round(sum(ks) / len(ks))))
+    return geometric_alpha(acceptance.expected_tokens(drafts), drafts)
 
 
 def curve_table(pricer: BatchingPricer, max_rows: int) -> dict[str, Any]:
@@ -131,6 +143,7 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
     section = {"two_level_k1": chosen.two_level_k1, "per_request_k": chosen.per_request_k,
                "goodput_k": chosen is dense, "source": source, "batch_size": b, "num_draft": k,
                "context": pricer.context, "acceptance_source": acc_src, "chosen": chosen.option,
+               "prior_alpha": prior_alpha(chosen, acceptance, k),
                "candidates": [o.to_json() for o in options]}
     if curve:
         section["curve"] = curve_table(pricer, b)

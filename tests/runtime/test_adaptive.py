@@ -130,3 +130,28 @@ def test_steps_without_drafts_then_drafting_again(checkpoints):
         assert scheduler.take(rid).tokens == reference(target, budget, prompt=prompt)
     first_zero = chosen.index(0)
     assert any(k for k in chosen[first_zero:])  # drafting resumed after steps without drafts
+
+
+def test_a_prior_starts_each_request_where_the_choice_was_priced(checkpoints):
+    """With drafting this costly, the uniform prior (alpha 0.5) offers no drafts to a new request,
+    and a request offered none never learns otherwise; the rule's ``prior_alpha`` (the acceptance
+    the batching choice was priced with) starts every request of the scheduler there instead."""
+    assert AcceptanceEstimate.from_prior(0.9, 4.0).alpha == pytest.approx(0.9)
+    assert AcceptanceEstimate.from_prior(1.0, 4.0).alpha == pytest.approx(0.99)  # never certain
+    costly = lambda rows, k: 1.0 + 0.6 * k  # noqa: E731
+    assert GoodputDraftLength(costly, 4).choose([0.5], [20], 1) == 0
+    rule = GoodputDraftLength(costly, 4, prior_alpha=0.95)
+    assert rule.choose([rule.new_estimate().alpha], [20], 1) > 0
+    with pytest.raises(ValueError):
+        GoodputDraftLength(costly, 4, prior_alpha=1.5)
+    target = checkpoints["target"]
+    eager = build_eager(resolve_pair(target, checkpoints["pard_same"], "pard"), 4, max_len=40)
+    loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len)
+    scheduler = BatchScheduler(loop, 2, draft_length=rule)
+    rids = [scheduler.submit(p, 8) for p in PROMPTS[:2]]
+    scheduler.step()
+    assert scheduler.last_num_draft > 0  # drafted from the first step (one k: no ragged rule here)
+    while not scheduler.idle:
+        scheduler.step()
+    for rid, prompt in zip(rids, PROMPTS[:2]):
+        assert scheduler.take(rid).tokens == reference(target, 8, prompt=prompt)

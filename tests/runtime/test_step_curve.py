@@ -24,3 +24,15 @@ def test_grid_points_interpolation_and_extension():
 def test_malformed_tables_are_refused(bad):
     with pytest.raises(ValueError):
         StepCurve.from_section(bad)
+
+
+def test_the_rule_of_a_batching_section_takes_its_prior():
+    from specc.runtime.step_curve import draft_length_rule
+
+    curve = {"rows": [1, 2], "tokens_per_row": [1, 2, 3], "seconds": [[1.0, 1.2, 1.4], [1.1, 1.3, 1.5]]}
+    section = {"per_request_k": True, "goodput_k": False, "curve": curve, "prior_alpha": 0.8}
+    rule = draft_length_rule(section, 2)
+    assert rule.ragged_seconds is not None and rule.new_estimate().alpha == pytest.approx(0.8)
+    dense = draft_length_rule({**section, "per_request_k": False, "goodput_k": True, "prior_alpha": None}, 2)
+    assert dense.ragged_seconds is None and dense.new_estimate().alpha == 0.5  # older artifacts: uniform
+    assert draft_length_rule({**section, "per_request_k": False}, 2) is None

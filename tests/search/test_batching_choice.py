@@ -103,3 +103,23 @@ def test_the_recorded_curve_is_the_ragged_step_time(pricer):
         for q in (1, 7, 16):
             assert table.ragged_seconds(rows, rows * q) == pytest.approx(seconds(rows, rows * q), rel=1e-12)
     assert table.step_seconds(8, K) == pytest.approx(seconds(8, 8 * (K + 1)), rel=1e-12)
+
+
+def test_prior_alpha_fits_the_acceptance_at_the_options_drafts():
+    """The runtime's estimate is geometric: the prior is the alpha giving the model's expected
+    tokens at the chosen option's mean drafts per row, not at k (a drafter right only at the
+    first position: alpha 0.75 at one draft, ~0.43 fitted at 8)."""
+    from types import SimpleNamespace
+
+    from specc.search.batching_choice import prior_alpha
+
+    first_only = AcceptanceModel([0.75] + [0.0] * 7)
+    assert prior_alpha(SimpleNamespace(row_k=[1, 1, 1, 2]), first_only, 8) == pytest.approx(0.75, abs=1e-6)
+    assert prior_alpha(SimpleNamespace(row_k=None), first_only, 8) < 0.5
+    flat = AcceptanceModel.constant(0.8, K)
+    assert prior_alpha(SimpleNamespace(row_k=[6] * 4), flat, K) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_the_section_records_the_prior(pricer):
+    section = batching_section(pricer, 16, AcceptanceModel.from_tau(6.55, K), curve=False)
+    assert 0.5 < section["prior_alpha"] < 1.0
