@@ -50,7 +50,7 @@ SHAPES = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("do
           ("lm_head", 4096, 151936)]  # (name, K, N)
 LAYER = ("qkv", "o", "gate_up", "down")
 # mma / mma3: layout-2 / layout-3 (16 x 64 tiles) weights through the tensor-core kernel
-LAYOUT_VERSION = {"v1": 1, "v2": 2, "mma": 2, "mma3": 3}
+LAYOUT_VERSION = {"v1": 1, "v2": 2, "v2t": 3, "mma": 2, "mma3": 3}  # v2t: the Triton kernels on layout 3
 MS = (1, 4, 16, 64)
 ROTATE_BYTES = 320 << 20  # weight bytes per rotation, >> 50 MB of L2 (also for the packed copies)
 MIN_CALLS = 48  # kernel calls per graph replay
@@ -133,7 +133,7 @@ def candidates_mma(m: int, quick: bool = False):
 def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool):
     """The configs a layout is timed with: v2 (the Triton kernels) and mma (the tensor-core
     kernel on layout-2 weights) always swept; v1 its shipped table (None) unless ``sweep_v1``."""
-    if layout == "v2":
+    if layout in ("v2", "v2t"):
         return candidates_v2(m, quick)
     if layout in ("mma", "mma3"):
         return candidates_mma(m, quick)

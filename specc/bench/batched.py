@@ -20,7 +20,9 @@ captures for every batch bucket and draft length the pass meets).
 The speculative row at B verifies the way `specc compile` would build it for a deployment of
 batch size B: ``batching_choice.batching_section`` picks one level, two-level verification (its
 k1) or a goodput draft-length rule from the cost model and the acceptance, and the loop runs that
-(``apply_batching``); the row names the choice and why.
+(``apply_batching``); the row names the choice and why. Where the choice is a mechanism, a
+second row (``"reference": true``) runs the same loop in one level, so the mechanism's gain is
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ import time
 
 import torch
 
-__all__ = ["DECODE_RANGE", "Run", "drive", "timed", "run_batch", "measured", "random_prompts", "apply_batching",
-           "stated_rates"]
+__all__ = ["DECODE_RANGE", "ONE_LEVEL_REFERENCE", "Run", "drive", "timed", "run_batch", "measured", "random_prompts",
+           "apply_batching", "stated_rates", "BatchedRows"]
 
 DECODE_RANGE = "specc.bench.decode_step"  # the host range around each decode step (kernel profiles)
+# the batching section of the reference row: every row verifies the loop's k in one level
+ONE_LEVEL_REFERENCE = {"two_level_k1": None, "per_request_k": False, "goodput_k": False, "chosen": "one level",
+                       "source": "reference: no batching mechanism (every row verifies its k drafts in one level)"}
 
 
 @dataclasses.dataclass
@@ -240,7 +245,7 @@ class BatchedRows:
             chose_with = AcceptanceModel.from_accepted_lengths([r.stats.accepted_lengths for r in first.results], k,
                                                                source=f"measured at B={batch} in this run")
         pricer = BatchingPricer(self.cost, irs[0], irs[1], impl, k, context_of(prompts, self.tokens))
-        given = section is not None
+        given = section is not None and section is not ONE_LEVEL_REFERENCE
         if section is None:
             section = batching_section(pricer, batch, chose_with, ragged=bool(getattr(loop, "verifies_ragged", False)),
                                        num_draft=k, curve=True)
@@ -259,6 +264,7 @@ class BatchedRows:
                     "mechanism": section.get("chosen") or "one level",
                     "mechanism_source": ("the artifact's batching choice: " if given else "") + section["source"],
                     "two_level_k1": section.get("two_level_k1"), "draft_rule": rule is not None,
+                    "reference": section is ONE_LEVEL_REFERENCE,
                     "graphs": loop.graph_stats() if hasattr(loop, "graph_stats") else None,
                     "prediction": {**option.to_json(), "acceptance": acc.source, "what": "steady decode"}})
         if rule is not None:

@@ -6,12 +6,21 @@ import json
 from pathlib import Path
 
 
+def row_label(row: dict) -> str:
+    """A row's name in the table: the system, replayed or not, and at B > 1 how it verified."""
+    label = row["system"] + (" (replay)" if row.get("replay") else "")
+    if row.get("mechanism") and row.get("batch", 1) > 1:
+        label += f" [{row['mechanism']}]"
+    return label
+
+
 def _f(x, fmt="{:,.1f}", none="-"):
     return none if x is None else fmt.format(x)
 
 
 def print_table(report: dict, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     if console is None:
@@ -46,7 +55,7 @@ def print_table(report: dict, console=None) -> None:
             same_text = same_word[r.get("same_tokens_as_hf_eager")]
         first = r.get("time_to_first_token_s")
         table.add_row(
-            r["system"] + (" (replay)" if r.get("replay") else ""), *([str(b)] if batched else []),
+            escape(row_label(r)), *([str(b)] if batched else []),
             _f(r["tokens_per_s"]), _f(r.get("decode_tokens_per_s")), *([_f(steady)] if batched else []),
             "-" if first is None else f"{first * 1e3:.1f} ms",
             _f(r.get("tau"), "{:.2f}"), _f(r.get("speedup_vs_best_ar"), "{:.2f}x"), _f(pred),
@@ -98,9 +107,9 @@ def print_table(report: dict, console=None) -> None:
                       "tokens per request-step / step time (every slot full), which 'predicted' prices; vs best AR: "
                       "specc-ar at the same B. HF and stock rows run at batch 1 only.")
         for r in report["rows"]:
-            if r.get("mechanism") and not r.get("skipped"):
+            if r.get("mechanism") and not r.get("skipped") and not r.get("reference"):
                 rule = f", mean k {r['mean_k']:.1f}" if r.get("mean_k") is not None else ""
-                console.print(f"{r['system']} at B = {r['batch']}: {r['mechanism']}{rule} ({r['mechanism_source']})")
+                console.print(escape(f"{r['system']} at B = {r['batch']}: {r['mechanism']}{rule} ({r['mechanism_source']})"))
     for r in report["rows"]:
         same = r.get("same_tokens_as_hf_eager")
         if same == "tie" or same is False:
@@ -201,9 +210,12 @@ def plot_batch_sweep(report: dict, out_dir) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def line_of(r):  # batch 1 and each B's chosen verification on one line; the one-level references on another
+        return r["system"] + (" (one level)" if r.get("reference") else "")
+
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in sorted({r["system"] for r in rows}):
-        mine = sorted((r for r in rows if r["system"] == name and steady_decode(r)), key=lambda r: r.get("batch", 1))
+    for name in sorted({line_of(r) for r in rows}):
+        mine = sorted((r for r in rows if line_of(r) == name and steady_decode(r)), key=lambda r: r.get("batch", 1))
         if not mine:
             continue
         line = ax.plot([r.get("batch", 1) for r in mine], [steady_decode(r) for r in mine], "o-", label=name)[0]

@@ -225,7 +225,8 @@ def _predict(cost, irs, impl, k, acceptance, context, batch: int = 1):
 def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None) -> dict:
     """Run the benchmark; returns the report (JSON-ready dict; ``specc.bench.report`` prints it)."""
     from specc.bench.acceptance import parse_acceptance, parse_tree_acceptance
-    from specc.bench.batched import BatchedRows
+    from specc.bench.batched import ONE_LEVEL_REFERENCE, BatchedRows
+    from specc.search.batching_cost import ONE_LEVEL
     from specc.bench.systems import HFSystem, LoopSystem, StockSpecSystem
     from specc.codegen.build import build_steps
     from specc.runtime.compiled import instantiate
@@ -444,10 +445,15 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         saved_tree, loop.tree_budget = getattr(loop, "tree_budget", 0), 0  # batched rows verify chains
         for b in batched:
             section = s.engine.batching if s.engine is not None and s.engine.batching.get("source") else None
-            record_batched(*at_batch.speculative(name, loop, b, batch_prompts[b], irs, s.impl, s.k, stated=stated,
-                                                 seed=opts.seed, acceptance=None if replay else acc, section=section,
-                                                 one_time=one), b)
+            row, tokens = at_batch.speculative(name, loop, b, batch_prompts[b], irs, s.impl, s.k, stated=stated,
+                                               seed=opts.seed, acceptance=None if replay else acc, section=section,
+                                               one_time=one)
+            record_batched(row, tokens, b)
             one = 0.0
+            if row["mechanism"] != ONE_LEVEL:  # the mechanism off, in the same run: what it gains
+                record_batched(*at_batch.speculative(name, loop, b, batch_prompts[b], irs, s.impl, s.k,
+                                                     stated=stated, seed=opts.seed, acceptance=None if replay else acc,
+                                                     section=ONE_LEVEL_REFERENCE), b)
         loop.tree_budget = saved_tree
 
     if differing:

@@ -24,9 +24,17 @@ def test_replayed_batch_sweep_rows_predictions_and_plot(capsys, tmp_path):
     printed = capsys.readouterr().out
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert report["batches"] == [1, 3]
-    rows = {(r["system"], r["batch"]): r for r in report["rows"]}
+    rows = {(r["system"], r["batch"]): r for r in report["rows"] if not r.get("reference")}
     assert set(rows) == {("hf-eager", 1), ("specc-ar", 1), ("specc-dflash", 1), ("specc-ar", 3), ("specc-dflash", 3)}
     ar, spec = rows["specc-ar", 3], rows["specc-dflash", 3]
+    # a mechanism chosen: the same loop in one level beside it, in the same run; else no second row
+    reference = [r for r in report["rows"] if r.get("reference")]
+    if spec["mechanism"] == "one level":
+        assert not reference
+    else:
+        assert [(r["system"], r["batch"], r["mechanism"]) for r in reference] == [("specc-dflash", 3, "one level")]
+        assert reference[0]["steady_tokens_per_s"] > 0 and reference[0]["prediction"]["option"] == "one level"
+        assert f"specc-dflash (replay) [{spec['mechanism']}]" in printed
     for row in (ar, spec):
         assert row["tokens"] == 30 and len(row["prompt_lengths"]) == 3 and row["decode_steps"] > 0
         assert row["steady_tokens_per_s"] > 0 and row["decode_tokens_per_s"] > 0 and row["step_ms"] > 0
