@@ -158,7 +158,9 @@ def test_kernel_reproduces_bf16_patterns():
     random quarter of all 65536 (every exponent; the decoders themselves are checked on every
     input above) comes out of the kernel as its own value: exactly for in-window weights; an escape's value arrives
     as stand-in + (true - stand-in) in fp32, i.e. within rounding of the stand-in 2**(base - 127)
-    (the sparse fix-up's contract: exact products, fp32 sums)."""
+    (the sparse fix-up's contract: exact products, fp32 sums). Compiled on a GPU, a split-K
+    config's subnormal results may flush to zero (float atomics; see below): engines' bf16
+    outputs are sums over thousands of products, never one subnormal product."""
     w = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     w = w[torch.randperm(65536, generator=torch.Generator().manual_seed(1))[:16384]].reshape(64, 256)
     w = torch.where(torch.isfinite(w.float()), w, torch.zeros((), dtype=torch.bfloat16))
@@ -175,7 +177,11 @@ def test_kernel_reproduces_bf16_patterns():
         want, e, s = w[:, :rows].float(), esc[:, :rows], standin[:, :rows]
         assert torch.equal(y[~e], want[~e])
         err = (y[e].double() - want[e].double()).abs()
-        assert torch.all(err <= torch.maximum(s[e], want[e].double().abs()) * 2.0 ** -23)
+        ok = err <= torch.maximum(s[e], want[e].double().abs()) * 2.0 ** -23
+        if cfg.split_k > 1 and not INTERPRETED:  # split-K partials meet in float atomics, which flush
+            # subnormals to zero on NVIDIA GPUs: an output whose exact value is subnormal may come back 0
+            ok |= (want[e].abs() < 2.0 ** -126) & (y[e] == 0)
+        assert torch.all(ok)
 
 
 @pytest.mark.parametrize("cfg,m", [
@@ -190,7 +196,7 @@ def test_layout_3_tiles_give_layout_2s_result(cfg, m):
     w = weight_with_escapes(48, 150 + 42, seed=11)  # K = 192: three 64-weight tiles a row
     p2, p3 = pack_bf16_12bit(w, version=2).to(DEV), pack_bf16_12bit(w, version=3).to(DEV)
     assert p3.version == 3 and p3.num_escapes > 0 and not torch.equal(p2.sm, p3.sm)
-    x = torch.randn(m, 192, device=DEV, generator=torch.Generator().manual_seed(m))
+    x = torch.randn(m, 192, generator=torch.Generator().manual_seed(m)).to(DEV)
     y2, y3 = linear_bf12_v2(x, p2, config=cfg), linear_bf12_v2(x, p3, config=cfg)
     assert torch.equal(y2, y3) and rel_err(y3, ref64(x, w.to(DEV))) < 2e-6
 
@@ -199,15 +205,21 @@ def test_layout_3_tiles_give_layout_2s_result(cfg, m):
 # split-K, configs and errors (the GEMV / GEMM checks: test_linear_bf12.py)
 # ---------------------------------------------------------------------------------------------
 def test_split_k_workspace_is_left_clean():
-    """Split-K partials go through a shared workspace: repeated calls (and a different shape
-    afterwards) must give the same answer, i.e. the last program of a tile zeroes it."""
+    """Split-K partials go through a shared workspace: repeated calls must give the answer again,
+    i.e. the last program of a tile zeroes it (a dirty workspace would add the previous call's
+    sums). Under the interpreter the programs run in order, so the answers are equal bit for bit;
+    compiled on a GPU the partials meet in float atomics in no fixed order, so each answer is
+    checked against the fp64 reference instead."""
     w = weight_with_escapes(40, 300, seed=9)
     p = pack_bf16_12bit(w).to(DEV)
     x = torch.randn(2, 300, device=DEV)
     cfg = C("fma", block_m=2, block_n=16, block_k=32, split_k=4)
+    ref = ref64(x, w.to(DEV))
     y1 = linear_bf12(x, p, config=cfg)
     y2 = linear_bf12(x, p, config=cfg)
-    assert torch.equal(y1, y2) and rel_err(y1, ref64(x, w.to(DEV))) < 2e-6
+    assert rel_err(y1, ref) < 2e-6 and rel_err(y2, ref) < 2e-6
+    if INTERPRETED:
+        assert torch.equal(y1, y2)
 
 
 def test_config_table_and_errors():
