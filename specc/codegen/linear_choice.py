@@ -318,16 +318,20 @@ class RowRule(LinearChoice):
 
 # Deployments' GPUs with a stated rule, used when no measured table exists (a built-in deployment
 # has no calibration record): GPU -> (cuBLAS from this many rows, where it was measured).
+# Both switch at 65 rows: the Triton linear computes in 64-row tiles and reads the weight once per
+# tile, so from 65 rows it streams the weight twice or more where cuBLAS streams it once.
 # NVIDIA H200, run 8 (docs/benchmarks/h200-run8.md, bench_linears): cuBLAS was faster than the
 # Triton linear at every measured Qwen3-8B shape from M = 128 (by 1.3-1.9x at 128, 1.6-2.9x at
 # 256 and above) and slower or even at M = 1-32; at M = 64 it won two shapes of five. A B = 16,
-# Q = 16 verify step: 13.76 ms Triton-only, 8.11 ms with the choice.
+# Q = 16 verify step: 13.76 ms Triton-only, 8.11 ms with the choice. Rows 65-127 were not measured
+# there; the rule began at 128 until run 22, which left them (a two-level step's first level, a
+# 64-node tree's 65 rows) on two Triton passes.
 # NVIDIA H100 SXM, run 22 (docs/benchmarks/run22.md, `specc calibrate --deployment h100-bs16`):
 # cuBLAS 1.25-1.6x faster at M = 128 on every shape, within 1% at M = 64 (Triton on four shapes
-# of five) and slower at M = 1-16; the batched speculative step at B = 16 (256 verify rows) took
-# 21.8 ms with Triton linears and 11.1 ms with the measured choice.
+# of five) and slower at M = 1-16, and its table switches at 65 rows; the batched speculative step
+# at B = 16 (256 verify rows) took 21.8 ms with Triton linears and 11.1 ms with the measured choice.
 BUILTIN_RULES: dict[str, tuple[int, str]] = {
-    "NVIDIA H200": (128, "docs/benchmarks/h200-run8.md"),
+    "NVIDIA H200": (65, "docs/benchmarks/h200-run8.md, run22.md"),
     "NVIDIA H100 SXM": (65, "docs/benchmarks/run22.md"),
 }
 

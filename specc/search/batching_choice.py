@@ -9,7 +9,12 @@ engine applies to its loop:
      per-request estimates start, :func:`prior_alpha`), "candidates": [priced options],
      "curve": {"rows": [...], "tokens_per_row": [1..k + 1], "seconds": [[...]]}}
 
-The best option wins when it beats one level; ties keep one level (the simpler loop). Both
+The best option wins when it beats one level; ties keep one level (the simpler loop). With a
+ragged step the goodput rule's one k per step (dense verify) is a candidate too, and per-request
+k wins only where it beats it: where the best per-row allocation gives every row the same k, the
+packed verify does the dense one's work plus the packing, which the model does not price (run 22,
+H100, B = 32: per-request k with every row at k = 7 measured 9,955 steady tok/s against one
+level's 12,484, where the model predicted 15,344 against 13,373). Both
 mechanisms need an artifact that verifies packed rows: without one the choice is between one
 level and the goodput rule's one k per step with the dense verify (``goodput_k``: what the
 runtime's ``GoodputDraftLength`` does without ``ragged_seconds``), and the source says what the
@@ -92,7 +97,8 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
     """The choice for ``batch_size`` rows. ``pricer``: None when there are no drafts (AR);
     ``two_level``: "auto", "off" or a given k1 (:func:`parse_two_level`); ``ragged``: the target
     verifies packed rows; ``tree_budget``: the tree section's budget (> 0: trees chosen);
-    ``per_request``: consider per-request k."""
+    ``per_request``: consider the goodput rule's draft lengths (per-request k, and one k per step
+    verified dense)."""
     k = pricer.k if pricer is not None else int(num_draft)
     b = int(batch_size)
     if pricer is None or k < 1:
@@ -118,7 +124,11 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
                 best = opt
         return best
 
-    packed = best_of(options[:-1])  # one level, two-level, per-request k: what a ragged step allows
+    per_row = [o for o in options[:-1] if o.per_request_k]
+    levels = [o for o in options[:-1] if not o.per_request_k]  # one level, two-level at each k1
+    # what a ragged step allows; per-request k only where it beats one k for every row verified
+    # dense (the same allocation packed costs the packing, which the model does not price)
+    packed = best_of(levels + ([dense] + per_row if per_request else []))
     acc_src = acceptance.source or "stated"
     where = f" at B={b}, k={k} ({pricer.cost.deployment.name})"
     if isinstance(two_level, int):
@@ -134,8 +144,11 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
             source += ": no mechanism beats one level"
         if chosen.per_request_k:
             source += f" (one goodput k for every row, dense verify: {dense.tokens_per_s:,.0f} tok/s)"
+        elif chosen is dense and per_row:
+            source += (f" (per-request k: {per_row[0].tokens_per_s:,.0f} tok/s, no better than one k for every row "
+                       "verified dense)")
     else:  # no packed verify: one level, or the goodput rule's one k per step
-        chosen = best_of([one, dense])
+        chosen = best_of([one, dense] if per_request else [one])
         source = ("no ragged verify step (packed rows of their own lengths), which two-level verification and "
                   f"per-request k need; cost model: {chosen.option} predicted {chosen.tokens_per_s:,.0f} tok/s"
                   + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}") + where

@@ -158,7 +158,23 @@ class CostModel:
         self.calibration = calibration if calibration is not None else calibration_for(dep)
         self.overhead = dep.graph_node_overhead_s if self.graphs else dep.launch_overhead_s
         self.linear_choice = self.calibration.choice_table() if self.calibration is not None else None
+        if self.linear_choice is None and dep.device == "cuda":  # what specc compile lowers without a record
+            from specc.codegen.linear_choice import builtin_choice
+
+            self.linear_choice = builtin_choice(dep.gpu)
         self._eval_cache: dict[tuple, float] = {}
+
+    def runs_cublas(self, meta, rows: float | None) -> bool:
+        """Whether the linear choice (a calibration's table or the GPU's stated rule) lowers this
+        linear node to cuBLAS at ``rows`` rows."""
+        table = self.linear_choice
+        if table is None or rows is None or meta.kind not in CHOICE_KINDS:
+            return False
+        try:
+            shape = table.shape(int(meta.attrs["out_features"]), int(meta.attrs["in_features"]))
+        except (KeyError, TypeError):
+            return False
+        return shape is not None and shape.impl_at(int(math.ceil(rows))) == "cublas"
 
     def measured_linear(self, meta, rows: float | None, nbytes: float, flops: float):
         """For a linear node whose shape the linear choice measured: (bandwidth efficiency,
@@ -432,13 +448,16 @@ class CostModel:
         FLOPs, extra seconds added like a latency).
 
         - a linear priced by efficiencies reads its weight once per row tile of the Triton kernel
-          (:meth:`weight_passes`; a measured linear's time already holds its passes, and a
-          record fitted before the tiles were priced has them in its efficiencies);
+          (:meth:`weight_passes`; a measured linear's time already holds its passes, a
+          record fitted before the tiles were priced has them in its efficiencies, and one the
+          linear choice sends to cuBLAS, e.g. a built-in deployment's stated rule at 128+ rows
+          on the H200, streams its weight once);
         - a multi-row norm_linear runs its rms_norm kernel apart (:meth:`norm_kernel_seconds`);
         - attention that runs the split-KV kernel writes and merges fp32 partials, computes on
           padded row tiles and runs the merge kernel (:meth:`attention_traffic`)."""
         more_bytes, flops_scale, more_s = 0.0, 1.0, 0.0
-        if eclass == "linear" and not measured and (self.calibration is None or self.calibration.linear_tiles):
+        if (eclass == "linear" and not measured and (self.calibration is None or self.calibration.linear_tiles)
+                and not self.runs_cublas(meta, rows)):
             passes = self.weight_passes(meta, rows)
             if passes > 1:
                 more_bytes += (passes - 1) * self._num(meta.weight_bytes, values)

@@ -126,7 +126,8 @@ H100_RECORD = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "run
 
 @pytest.mark.parametrize("record", [H200_RECORD, RUN8_RECORD], ids=["bs1-calibration", "run8"])
 def test_the_h200_rule_is_what_both_h200_calibrations_measured_from_128_rows(record):
-    """The built-in H200 rule (cuBLAS from 128 rows at every shape) agrees with the measured
+    """The built-in H200 rule (cuBLAS from 65 rows at every shape: from 65 rows the Triton
+    linear's 64-row tiles read the weight twice) agrees with the measured
     choice of both H200 calibration records at every shape from M = 128 up, and keeps the M = 1
     GEMV on Triton, as both measured."""
     from specc.codegen.linear_choice import builtin_choice
@@ -161,8 +162,8 @@ def test_row_rule_json_and_variants():
     rule = builtin_choice("NVIDIA H200")
     assert builtin_choice("NVIDIA A100 SXM 80GB") is None
     back = LinearChoice.from_json(json.loads(json.dumps(rule.to_json())))
-    assert isinstance(back, RowRule) and back.cublas_from_rows == 128 and back.source == rule.source
-    assert rule.cublas_rows(7, 9) == ((128, None),) and rule.uses_cublas
+    assert isinstance(back, RowRule) and back.cublas_from_rows == 65 and back.source == rule.source
+    assert rule.cublas_rows(7, 9) == ((65, None),) and rule.uses_cublas
     assert not rule.with_impl("triton").uses_cublas
     assert rule.with_impl("cublas").impl_at(1, 7, 9) == "cublas"
-    assert rule.summary() == [f"every shape: cuBLAS at M 128+ ({rule.source})"]
+    assert rule.summary() == [f"every shape: cuBLAS at M 65+ ({rule.source})"]

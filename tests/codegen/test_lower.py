@@ -134,6 +134,6 @@ def test_a_row_rule_covers_every_shape(model):
     step = build_step(model, "target", DEFAULT_PIPELINE, linear_choice=rule)
     records = {(r["N"], r["K"]): r for r in step.lowering["linear_impl"]}
     assert set(records) == {QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD}
-    assert all([(x["rows"], x["impl"]) for x in r["ranges"]] == [([1, 127], "triton"), ([128, None], "cublas")]
+    assert all([(x["rows"], x["impl"]) for x in r["ranges"]] == [([1, 64], "triton"), ([65, None], "cublas")]
                for r in records.values())
-    assert step.emitted.source.count("cublas_rows = ((128, None),)") == 4 * CFG["num_hidden_layers"] + 1
+    assert step.emitted.source.count("cublas_rows = ((65, None),)") == 4 * CFG["num_hidden_layers"] + 1

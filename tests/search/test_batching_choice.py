@@ -61,14 +61,17 @@ def test_one_level_where_no_mechanism_applies(pricer):
 
 def test_the_choice_is_the_best_predicted_option(pricer):
     acc = AcceptanceModel.from_tau(6.55, K)
-    for b in (8, 64):
+    for b in (8, 32, 64):
         section = batching_section(pricer, b, acc, curve=False)
-        rows = [r for r in section["candidates"] if r["option"] != GOODPUT]  # the reference is not a mechanism
+        rows = section["candidates"]
         best = max(rows, key=lambda r: r["tokens_per_s"])
         chosen = next(r for r in rows if r["option"] == section["chosen"])
         assert chosen["tokens_per_s"] == pytest.approx(best["tokens_per_s"], rel=1e-8)
         assert (section["two_level_k1"], section["per_request_k"]) == (chosen["two_level_k1"], chosen["per_request_k"])
-        assert section["goodput_k"] is False
+        assert section["goodput_k"] is (chosen["option"] == GOODPUT)
+        dense = next(r for r in rows if r["option"] == GOODPUT)
+        if section["per_request_k"]:  # only where it beats one k for every row verified dense
+            assert chosen["tokens_per_s"] > dense["tokens_per_s"] * (1 + 1e-9)
         assert section["batch_size"] == b and section["num_draft"] == K and section["acceptance_source"]
     # a given K1 is kept whatever the prediction; "off" leaves two-level out
     given = batching_section(pricer, 8, acc, two_level=1, curve=False)
@@ -78,8 +81,9 @@ def test_the_choice_is_the_best_predicted_option(pricer):
 
 
 def test_two_level_or_one_level_flips_where_the_prices_cross(pricer):
-    """Without per-request k, two-level is chosen exactly when some k1 is predicted faster than one
-    level: a second forward of every row loses at acceptance 1, and pruning wins at lower acceptance."""
+    """Without the goodput rule's draft lengths, two-level is chosen exactly when some k1 is
+    predicted faster than one level: a second forward of every row loses at acceptance 1, and
+    pruning wins at lower acceptance."""
     seen = set()
     for alpha in (0.3, 0.6, 0.8, 0.9, 1.0):
         acc = AcceptanceModel.constant(alpha, K)
@@ -103,6 +107,19 @@ def test_the_recorded_curve_is_the_ragged_step_time(pricer):
         for q in (1, 7, 16):
             assert table.ragged_seconds(rows, rows * q) == pytest.approx(seconds(rows, rows * q), rel=1e-12)
     assert table.step_seconds(8, K) == pytest.approx(seconds(8, 8 * (K + 1)), rel=1e-12)
+
+
+def test_per_request_k_with_one_k_for_every_row_is_the_dense_goodput_rule(pricer):
+    """Where the best per-row allocation gives every row the same k, per-request k predicts what the
+    goodput rule's one k verified dense predicts; the choice is then the dense one (no packing)."""
+    acc = AcceptanceModel.from_tau(6.55, K)
+    for b in (16, 32, 64):
+        per, dense = pricer.per_request(b, acc), pricer.dense_goodput(b, acc)
+        if len(set(per.row_k)) == 1 and per.tokens_per_s <= dense.tokens_per_s * (1 + 1e-9):
+            section = batching_section(pricer, b, acc, curve=False)
+            if dense.tokens_per_s > pricer.one_level(b, acc).tokens_per_s * (1 + 1e-9):
+                assert section["goodput_k"] and not section["per_request_k"]
+                assert "no better than one k for every row" in section["source"]
 
 
 def test_prior_alpha_fits_the_acceptance_at_the_options_drafts():

@@ -24,13 +24,17 @@ RICH = TreeAcceptanceModel([[0.8, 0.1, 0.05, 0.03]] * 4 + [[0.7, 0.15, 0.05, 0.0
 
 
 @pytest.mark.parametrize("deployment", ["h200-bs1", "h100-bs1"])
-def test_choose_budget_takes_63_nodes_over_64(dflash8b, deployment):
+def test_choose_budget_takes_63_nodes_over_64_with_triton_linears(dflash8b, deployment):
     from specc.search.acceptance import AcceptanceModel
     from specc.search.cost_model import CostModel
     from specc.search.tree_cost import choose_budget, predict_tree
 
     t_ir, d_ir, method = dflash8b
+    ruled = CostModel(deployment)  # the GPU's stated rule lowers 65+ rows to cuBLAS: one weight pass
+    r63, r64 = (predict_tree(ruled, t_ir, d_ir, method, RICH, 15, b) for b in (63, 64))
+    assert r64.system.verify.time < 1.2 * r63.system.verify.time
     model = CostModel(deployment)
+    model.linear_choice = None  # Triton linears everywhere: their 64-row tiles read the weight twice at 65
     chain = model.predict(t_ir, d_ir, method="dflash", num_draft=15, acceptance=AcceptanceModel([0.8, 0.7]))
     at63, at64 = (predict_tree(model, t_ir, d_ir, method, RICH, 15, b) for b in (63, 64))
     assert at64.system.expected_tokens > at63.system.expected_tokens  # 64 commits more...
