@@ -34,10 +34,10 @@ GPUS: dict[str, dict[str, Any]] = {
                  memory_bytes=80e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
                  bandwidth_efficiency=0.80, flops_efficiency=0.75, link_bandwidth=450e9, link_latency_s=3e-6,
                  # measured: bf12 linears of a Qwen3-8B layer (qkv, o, gate_up, down) alone, median packed
-                 # bytes / time / HBM per M: layout 3 (the pack pass's default) through the tensor-core
-                 # kernel at 1 and 16 rows (docs/benchmarks/run21.md); layout 2 at 4 rows through it and
-                 # at 64 through the Triton kernel (run20.md; layout 3 not measured there, and no slower)
-                 packed_linear_bandwidth_by_m=((1, 0.759), (4, 0.736), (16, 0.709), (64, 0.147))),
+                 # bytes / time / HBM per M, layout 3 (the pack pass's default): through the tensor-core
+                 # kernel at 1 and 16 rows (docs/benchmarks/run21.md) and 4 rows (run22.md), through the
+                 # Triton kernel at 64 (run22.md)
+                 packed_linear_bandwidth_by_m=((1, 0.759), (4, 0.763), (16, 0.709), (64, 0.158))),
     "a100": dict(gpu="NVIDIA A100 SXM 80GB", hbm_bandwidth=2.04e12, bf16_flops=312e12, sm_count=108,
                  l2_bytes=40 * 2**20, memory_bytes=80e9, launch_overhead_s=5e-6, graph_node_overhead_s=2e-6,
                  bandwidth_efficiency=0.85, flops_efficiency=0.75, link_bandwidth=300e9, link_latency_s=4e-6),
