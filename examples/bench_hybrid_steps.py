@@ -41,71 +41,7 @@ import time
 
 import torch
 
-from specc.bench.shapes import QWEN3_06B, build_causal, init_, tiny
-
-TINY_HYBRID = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                   linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=4096, eos_token_id=511)
-
-
-def hybrid_raw(small: bool, layers: int | None = None) -> dict:
-    """config.json of the target: transformers' Qwen3.5 defaults (real shapes) or a tiny one;
-    ``layers``: keep only the first N layers (the same per-layer shapes)."""
-    from transformers import Qwen3_5TextConfig
-
-    raw = Qwen3_5TextConfig(**(TINY_HYBRID if small else {})).to_dict()
-    raw["model_type"] = "qwen3_5_text"
-    if layers:
-        raw["num_hidden_layers"] = layers
-        raw["layer_types"] = raw["layer_types"][:layers]
-    return raw
-
-
-def build_hybrid(raw: dict, dtype, dev, seed: int):
-    """A HybridLM with random weights: N(0, 0.02) matrices (residual outputs scaled by depth),
-    zero-centred norms at 0, GDN output norms at 1, conv taps N(0, 0.3), A_log = log U(1, 16)
-    and dt_bias = 1 (HF's initialisation of the decay)."""
-    from specc.models.hybrid import HybridLM
-    from specc.models.hybrid_config import hybrid_config_from_hf
-
-    cfg = hybrid_config_from_hf(raw)
-    with torch.device("meta"):
-        model = HybridLM(cfg)
-    model = model.to_empty(device=dev)
-    init_(model, seed)
-    g = torch.Generator(device=dev).manual_seed(seed + 100)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape, device=dev).uniform_(1, 16, generator=g).log())
-            elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
-                p.fill_(1.0)
-            elif p.dim() == 1:
-                p.zero_()
-            elif "conv1d" in name:
-                p.copy_(torch.randn(p.shape, generator=g, device=dev) * 0.3)
-    model = model.to(dtype)
-    model.inv_freq = cfg.rope.inv_freq(cfg.rotary_dim).to(dev)
-    return model.eval()
-
-
-def hf_hybrid_twin(model, raw: dict):
-    """HF's Qwen3_5ForCausalLM sharing ``model``'s tensors (parameter names match, ``model.``
-    prefixed)."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    cfg = Qwen3_5TextConfig(**{k: v for k, v in raw.items() if k != "model_type"})
-    cfg._attn_implementation = "eager"
-    with torch.device("meta"):
-        hf = Qwen3_5ForCausalLM(cfg)
-    state = {(k if k.startswith("lm_head") else "model." + k): v for k, v in model.named_parameters()}
-    hf.load_state_dict(state, strict=False, assign=True)
-    for m in hf.modules():
-        if hasattr(m, "inv_freq"):
-            m.inv_freq = model.inv_freq.clone()
-            m.original_inv_freq = model.inv_freq.clone()
-    return hf.eval()
-
+from specc.bench.shapes import QWEN3_06B, build_causal, build_hybrid, hf_hybrid_twin, hybrid_raw, tiny
 
 def binary_tree(n: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
     """(ancestor mask [n, n], depth [n]) of a binary tree in topological order: parent (i-1)//2."""

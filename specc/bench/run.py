@@ -92,7 +92,7 @@ def _pipeline(opts) -> str:
 
 
 def _setup_shapes(opts, dtype, dev) -> _Setup:
-    from specc.bench.shapes import build_causal, build_dflash, drafter_config, hf_twin, target_config
+    from specc.bench.shapes import build_causal, build_dflash, build_target, drafter_config, hf_twin, target_config
     from specc.methods import get_method
 
     s = _Setup()
@@ -102,7 +102,7 @@ def _setup_shapes(opts, dtype, dev) -> _Setup:
     s.impl = get_method(opts.method or method or "ar")
     if s.impl.uses_drafter and dcfg is None:
         raise UserError(f"--method {s.impl.name} needs --drafter-shapes")
-    target = build_causal(tcfg, dtype, dev, seed=1)
+    target = build_target(tcfg, dtype, dev, seed=1)
     draft = None
     if s.impl.uses_drafter:
         draft = build_dflash(dcfg, dtype, dev, seed=3) if s.impl.name == "dflash" else build_causal(dcfg, dtype, dev, 2)

@@ -5,10 +5,13 @@ the real architectures (config.json contents below) with N(0, 0.02) weights draw
 device (an 8B model takes seconds on a GPU). Their acceptance is meaningless and is replayed
 from a stated acceptance model (``specc.runtime.replay``).
 
-Targets: ``qwen3-8b``, ``llama-3.1-8b`` (and ``tiny-qwen3`` / ``tiny-llama``, the same
-architectures at toy sizes, for CPU tests). Drafters (``--drafter-shapes``): ``dflash-b16`` (the
-z-lab DFlash drafter: 5 Qwen3-style layers reading 5 target layers, block 16), ``pard`` (PARD
-on Qwen3-0.6B / Llama-3.2-1B shapes), ``none`` (AR only).
+Targets: ``qwen3-8b``, ``llama-3.1-8b``, the hybrid ``qwen3.5-9b`` (gated DeltaNet + gated
+attention: transformers' ``Qwen3_5TextConfig`` defaults, hidden 4096, 32 layers of which 24 GDN;
+its weights drawn as ``build_hybrid`` says) and ``tiny-qwen3`` / ``tiny-llama`` / ``tiny-hybrid``
+(the same architectures at toy sizes, for CPU tests). Drafters (``--drafter-shapes``):
+``dflash-b16`` (the z-lab DFlash drafter: 5 Qwen3-style layers reading 5 target layers, block
+16), ``pard`` (PARD on Qwen3-0.6B / Llama-3.2-1B shapes; the hybrid targets' on Qwen3-0.6B shapes
+with the target's vocabulary), ``none`` (AR only).
 """
 
 from __future__ import annotations
@@ -51,7 +54,33 @@ TARGETS: dict[str, tuple[dict, dict]] = {
     "tiny-qwen3": (tiny(QWEN3_8B), tiny(QWEN3_06B, 2)),
     "tiny-llama": (tiny(LLAMA_8B), tiny(LLAMA_1B, 2)),
 }
+# hybrid targets (name -> toy size?): config.json from transformers' Qwen3_5TextConfig, built on demand
+HYBRID_TARGETS: dict[str, bool] = {"qwen3.5-9b": False, "tiny-hybrid": True}
+TINY_HYBRID = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=8, linear_value_head_dim=8, max_position_embeddings=4096, eos_token_id=511)
 DRAFTER_SHAPES = ("dflash-b16", "pard", "none")
+
+
+def target_names() -> list[str]:
+    return list(TARGETS) + list(HYBRID_TARGETS)
+
+
+def hybrid_raw(small: bool, layers: int | None = None) -> dict:
+    """config.json of a hybrid target: transformers' Qwen3.5 defaults (real shapes) or a tiny one;
+    ``layers``: keep only the first N layers (the same per-layer shapes)."""
+    from transformers import Qwen3_5TextConfig
+
+    raw = Qwen3_5TextConfig(**(TINY_HYBRID if small else {})).to_dict()
+    raw["model_type"] = "qwen3_5_text"
+    if layers:
+        raw["num_hidden_layers"] = layers
+        raw["layer_types"] = raw["layer_types"][:layers]
+    return raw
+
+
+def is_hybrid(cfg: dict) -> bool:
+    return cfg.get("model_type") == "qwen3_5_text"
 # DFlash's released Qwen3-8B drafter reads these target layers (z-lab/Qwen3-8B-DFlash-b16 config.json)
 _DFLASH_LAYERS = {"qwen3-8b": [1, 9, 17, 25, 33]}
 
@@ -70,18 +99,27 @@ def dflash_config(target: dict, layer_ids, block_size: int = 16) -> dict:
 
 
 def target_config(name: str) -> dict:
+    if name in HYBRID_TARGETS:
+        return hybrid_raw(HYBRID_TARGETS[name])
     if name not in TARGETS:
-        raise UserError(f"unknown --shapes {name!r}; known: {', '.join(TARGETS)}")
+        raise UserError(f"unknown --shapes {name!r}; known: {', '.join(target_names())}")
     return dict(TARGETS[name][0])
+
+
+def _pard_for(shapes: str, tcfg: dict) -> dict:
+    if shapes in TARGETS:
+        return dict(TARGETS[shapes][1])
+    small = HYBRID_TARGETS[shapes]  # a hybrid target: Qwen3-0.6B-shaped PARD with its vocabulary
+    return dict(tiny(QWEN3_06B, 2) if small else QWEN3_06B, vocab_size=tcfg["vocab_size"])
 
 
 def drafter_config(shapes: str, drafter_shapes: str) -> tuple[str | None, dict | None]:
     """(method, drafter config.json contents) for ``--drafter-shapes`` beside target ``shapes``."""
-    tcfg, pcfg = TARGETS[shapes]
+    tcfg = target_config(shapes)
     if drafter_shapes in (None, "", "none"):
         return None, None
     if drafter_shapes == "pard":
-        return "pard", dict(pcfg)
+        return "pard", _pard_for(shapes, tcfg)
     if drafter_shapes.startswith("dflash-b"):
         try:
             block = int(drafter_shapes[len("dflash-b"):])
@@ -123,6 +161,39 @@ def build_causal(cfg: dict, dtype, device, seed: int):
     return model.eval()
 
 
+def build_hybrid(raw: dict, dtype, dev, seed: int):
+    """A HybridLM with random weights: N(0, 0.02) matrices (residual outputs scaled by depth),
+    zero-centred norms at 0, GDN output norms at 1, conv taps N(0, 0.3), A_log = log U(1, 16)
+    and dt_bias = 1 (HF's initialisation of the decay)."""
+    from specc.models.hybrid import HybridLM
+    from specc.models.hybrid_config import hybrid_config_from_hf
+
+    cfg = hybrid_config_from_hf(raw)
+    with torch.device("meta"):
+        model = HybridLM(cfg)
+    model = model.to_empty(device=dev)
+    init_(model, seed)
+    g = torch.Generator(device=dev).manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape, device=dev).uniform_(1, 16, generator=g).log())
+            elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
+                p.fill_(1.0)
+            elif p.dim() == 1:
+                p.zero_()
+            elif "conv1d" in name:
+                p.copy_(torch.randn(p.shape, generator=g, device=dev) * 0.3)
+    model = model.to(dtype)
+    model.inv_freq = cfg.rope.inv_freq(cfg.rotary_dim).to(dev)
+    return model.eval()
+
+
+def build_target(cfg: dict, dtype, device, seed: int):
+    """The target of a config from :func:`target_config`: a HybridLM or a CausalLM."""
+    return build_hybrid(cfg, dtype, device, seed) if is_hybrid(cfg) else build_causal(cfg, dtype, device, seed)
+
+
 def build_dflash(cfg: dict, dtype, device, seed: int):
     from specc.models import DFlashDraft
 
@@ -134,10 +205,30 @@ def build_dflash(cfg: dict, dtype, device, seed: int):
     return draft.eval()
 
 
+def hf_hybrid_twin(model, raw: dict):
+    """HF's Qwen3_5ForCausalLM sharing a HybridLM's tensors (parameter names match, ``model.``
+    prefixed); eager attention."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    cfg._attn_implementation = "eager"
+    with torch.device("meta"):
+        hf = Qwen3_5ForCausalLM(cfg)
+    state = {(k if k.startswith("lm_head") else "model." + k): v for k, v in model.named_parameters()}
+    hf.load_state_dict(state, strict=False, assign=True)
+    for m in hf.modules():
+        if hasattr(m, "inv_freq"):
+            m.inv_freq = model.inv_freq.clone()
+            m.original_inv_freq = model.inv_freq.clone()
+    return hf.eval()
+
+
 def hf_twin(model, cfg: dict, attn: str = "sdpa"):
     """An HF transformers model sharing ``model``'s tensors (the HF baselines run the same weights)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if is_hybrid(cfg):
+        return hf_hybrid_twin(model, cfg)
     hf_cfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "pard_token"})
     hf_cfg._attn_implementation = attn
     with torch.device("meta"):

@@ -43,8 +43,8 @@ def register(sub) -> None:
 
     p.add_argument("--method", choices=method_names(), help="default: from the drafter")
     p.add_argument("--num-draft", type=int, metavar="K", help="drafts per step (default: the method's)")
-    p.add_argument("--shapes", metavar="NAME", help="real target shapes with random weights: qwen3-8b, llama-3.1-8b "
-                   "(tiny-qwen3, tiny-llama for CPU)")
+    p.add_argument("--shapes", metavar="NAME", help="real target shapes with random weights: qwen3-8b, llama-3.1-8b, "
+                   "qwen3.5-9b (hybrid: gated DeltaNet + attention) (tiny-qwen3, tiny-llama, tiny-hybrid for CPU)")
     p.add_argument("--drafter-shapes", default="dflash-b16", metavar="NAME",
                    help="with --shapes: dflash-b16 (dflash-bN), pard or none (default dflash-b16)")
     p.add_argument("--tree", type=int, metavar="N", help="also time tree verification of N drafted nodes beside the "

@@ -121,9 +121,9 @@ def _target(ref: str) -> dict:
     try:
         return read_user_config(ref)
     except UserError:
-        from specc.bench.shapes import TARGETS
+        from specc.bench.shapes import target_config, target_names
 
-        if ref in TARGETS:
-            return dict(TARGETS[ref][0])
+        if ref in target_names():
+            return target_config(ref)
         raise
 

@@ -104,3 +104,20 @@ def test_stated_rates_scale_the_measured_step_and_skip_goodput_rules():
     assert at["steady_tokens_per_s"] == pytest.approx(2000.0) and at["steady_speedup_vs_ar"] == pytest.approx(5.0)
     assert at["drawn_tokens_per_step"] == 4.5
     assert stated_rates({**row, "draft_rule": True}, 5.0, None) is None
+
+
+def test_hybrid_shapes_at_batch_1_and_2(capsys):
+    """The hybrid target's shapes (gated DeltaNet + attention): HF's Qwen3.5 twin at batch 1, and
+    the batched rows, verifying dense (a hybrid target has no ragged verify step)."""
+    from specc.bench.shapes import target_config, target_names
+
+    assert "qwen3.5-9b" in target_names() and target_config("qwen3.5-9b")["num_hidden_layers"] == 32
+    report = _bench(capsys, "--shapes", "tiny-hybrid", "--drafter-shapes", "pard", "--acceptance", "tau:2",
+                    "--device", "cpu", "--tokens", "6", "--prompts", "1", "--prompt-len", "8", "--batch", "1,2",
+                    "--systems", "hf-eager,specc-ar,specc")
+    rows = {(r["system"], r["batch"]): r for r in report["rows"] if not r.get("reference")}
+    assert set(rows) == {("hf-eager", 1), ("specc-ar", 1), ("specc-pard", 1), ("specc-ar", 2), ("specc-pard", 2)}
+    assert rows["specc-ar", 1]["same_tokens_as_hf_eager"] in (True, "tie")
+    spec = rows["specc-pard", 2]
+    assert spec["mechanism"] in ("one level", "goodput k, dense") and "no ragged verify step" in spec["mechanism_source"]
+    assert spec["steady_tokens_per_s"] > 0 and spec["tokens"] == 12
