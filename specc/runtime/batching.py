@@ -234,14 +234,18 @@ class BatchScheduler:
 
     def _choose_drafts(self, running: list[_Request]) -> tuple[int | None, list[int] | None]:
         """(k, per-slot drafts or None): the draft-length rule's choice for this step. With a
-        loop that verifies ragged, the rule chooses per request (``choose_rows``; free slots
-        0), else one k for the batch (``choose``). (None, None): no rule, the loop's k."""
+        loop that verifies ragged and a rule that prices packed steps (``ragged_seconds``), the
+        rule chooses per request (``choose_rows``; free slots 0), else one k for the batch
+        (``choose``), which the loop verifies dense: a rule without ``ragged_seconds`` is the
+        goodput rule's one k per step, and packing rows of one k would only add the packing.
+        (None, None): no rule, the loop's k."""
         rule = self.draft_length
         if rule is None or self.loop.drafter is None:
             return None, None
         alphas = [r.acceptance.alpha for r in running]
         caps = [r.max_new_tokens - len(r.tokens) - 1 for r in running]
-        if getattr(self.loop, "verifies_ragged", False) and hasattr(rule, "choose_rows"):
+        if (getattr(self.loop, "verifies_ragged", False) and hasattr(rule, "choose_rows")
+                and getattr(rule, "ragged_seconds", True) is not None):
             chosen = rule.choose_rows(alphas, caps, self.capacity)
             ks = [0] * self.capacity
             for request, kb in zip(running, chosen):

@@ -150,7 +150,9 @@ def test_a_prior_starts_each_request_where_the_choice_was_priced(checkpoints):
     scheduler = BatchScheduler(loop, 2, draft_length=rule)
     rids = [scheduler.submit(p, 8) for p in PROMPTS[:2]]
     scheduler.step()
-    assert scheduler.last_num_draft > 0  # drafted from the first step (one k: no ragged rule here)
+    assert scheduler.last_num_draft > 0  # drafted from the first step
+    # a rule without ragged_seconds is one k per step: verified dense, though the loop could pack
+    assert loop.verifies_ragged and scheduler.last_row_drafts is None
     while not scheduler.idle:
         scheduler.step()
     for rid, prompt in zip(rids, PROMPTS[:2]):
