@@ -105,7 +105,8 @@ def print_table(report: dict, console=None) -> None:
         console.print("B > 1: B requests decoded together (continuous batching, prompts of different lengths); tok/s "
                       "includes their prefills; decode: this batch's decode tokens / decode seconds; steady: B x "
                       "tokens per request-step / step time (every slot full), which 'predicted' prices; vs best AR: "
-                      "specc-ar at the same B. HF and stock rows run at batch 1 only.")
+                      "the fastest AR row at the same B (hf-eager batches left-padded prompts: its tokens are not "
+                      "compared). hf-compiled and stock rows run at batch 1 only.")
         for r in report["rows"]:
             if r.get("mechanism") and not r.get("skipped") and not r.get("reference"):
                 rule = f", mean k {r['mean_k']:.1f}" if r.get("mean_k") is not None else ""

@@ -319,6 +319,13 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     bs1 = 1 in batches
     if bs1 and "hf-eager" in opts.systems:
         record("hf-eager", HFSystem(s.hf_target, dev), "baseline")
+    if "hf-eager" in opts.systems:
+        from specc.bench.systems import hf_batch
+
+        for b in batched:
+            say(f"timing hf-eager at B={b}")
+            rows.append({"system": "hf-eager", "kind": "baseline", **hf_batch(HFSystem(s.hf_target, dev),
+                                                                              batch_prompts[b], n, opts.warmup > 0)})
     if bs1 and "hf-compiled" in opts.systems:
         if dev.type != "cuda":
             skipped("hf-compiled", "baseline", "CPU: torch.compile reduce-overhead needs CUDA graphs (and compiling "

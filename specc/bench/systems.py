@@ -90,6 +90,43 @@ class HFSystem:
         return tokens, timing(start, streamer.first_at, end, len(tokens))
 
 
+def hf_batch(hf: "HFSystem", prompts: list[list[int]], n: int, warmup: bool = True) -> dict:
+    """A batched row of HF ``generate`` (eager): the prompts left-padded into one batch (pad id 0,
+    masked), ``n`` new tokens each. Padding changes what each row computes, so the tokens are not
+    compared; tok/s = all new tokens / wall time, decode and steady tok/s = B (n - 1) / time after
+    the first token (every row decodes every step: no EOS)."""
+    import warnings
+
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long, device=hf.device)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, device=hf.device)
+        mask[i, width - len(p):] = 1
+
+    def once():
+        streamer = _FirstTokenStreamer()
+        sync(hf.device)
+        start = time.perf_counter()
+        with warnings.catch_warnings(), torch.inference_mode():
+            warnings.simplefilter("ignore")
+            hf.model.generate(ids, generation_config=hf._config(n), streamer=streamer, attention_mask=mask)
+        sync(hf.device)
+        return start, streamer.first_at, time.perf_counter()
+
+    warm = 0.0
+    if warmup:
+        s0, _, e0 = once()
+        warm = e0 - s0
+    start, first, end = once()
+    b = len(prompts)
+    decode = b * (n - 1) / (end - first) if first is not None and end > first and n > 1 else None
+    return {"batch": b, "seconds": end - start, "tokens": b * n, "tokens_per_s": b * n / (end - start),
+            "time_to_first_token_s": None if first is None else first - start, "decode_tokens_per_s": decode,
+            "steady_tokens_per_s": decode, "prompt_lengths": [len(p) for p in prompts], "one_time_s": warm,
+            "padding": "left, masked"}
+
+
 class StockSpecSystem:
     """A method's stock loop (``specc.stock.runner.StockSystem``)."""
 

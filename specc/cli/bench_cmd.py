@@ -62,7 +62,8 @@ def register(sub) -> None:
     p.add_argument("--batch", default="1", metavar="B[,B...]",
                    help="batch sizes, comma separated (default 1). At B > 1, specc-ar and specc decode B requests "
                         "together (continuous batching); the speculative row verifies as the cost model chooses for "
-                        "B (one level, two-level, goodput k); HF and stock rows run at batch 1 only")
+                        "B (one level, two-level, goodput k); hf-eager runs the B prompts left-padded in one generate; "
+                        "hf-compiled and stock run at batch 1 only")
     p.add_argument("--seed", type=int, default=0, help="prompts and acceptance draws (default 0)")
     add_batch_invariant_arg(p)
     p.add_argument("--json", metavar="FILE", help="write the report as JSON to FILE ('-': stdout, no table)")

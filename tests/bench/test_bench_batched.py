@@ -25,8 +25,12 @@ def test_replayed_batch_sweep_rows_predictions_and_plot(capsys, tmp_path):
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert report["batches"] == [1, 3]
     rows = {(r["system"], r["batch"]): r for r in report["rows"] if not r.get("reference")}
-    assert set(rows) == {("hf-eager", 1), ("specc-ar", 1), ("specc-dflash", 1), ("specc-ar", 3), ("specc-dflash", 3)}
+    assert set(rows) == {("hf-eager", 1), ("specc-ar", 1), ("specc-dflash", 1), ("hf-eager", 3), ("specc-ar", 3),
+                         ("specc-dflash", 3)}
     ar, spec = rows["specc-ar", 3], rows["specc-dflash", 3]
+    hf = rows["hf-eager", 3]  # one left-padded HF generate of the three prompts
+    assert hf["tokens"] == 30 and hf["steady_tokens_per_s"] > 0 and hf["padding"] == "left, masked"
+    assert "same_tokens_as_hf_eager" not in hf
     # a mechanism chosen: the same loop in one level beside it, in the same run; else no second row
     reference = [r for r in report["rows"] if r.get("reference")]
     if spec["mechanism"] == "one level":
@@ -46,7 +50,8 @@ def test_replayed_batch_sweep_rows_predictions_and_plot(capsys, tmp_path):
     assert spec["prediction"]["option"] == spec["mechanism"] and spec["prediction"]["batch_size"] == 3
     assert spec["tau"] > 1 and len(spec["accepted_lengths"]) == sum(1 for _ in spec["accepted_lengths"])
     # speedups against specc-ar at the same batch size, never against batch 1's AR
-    assert spec["speedup_vs_best_ar"] == pytest.approx(spec["tokens_per_s"] / ar["tokens_per_s"])
+    assert spec["speedup_vs_best_ar"] == pytest.approx(spec["tokens_per_s"] / max(ar["tokens_per_s"],
+                                                                                  hf["tokens_per_s"]))
     assert spec["steady_speedup_vs_ar"] == pytest.approx(spec["steady_tokens_per_s"] / ar["steady_tokens_per_s"])
     assert rows["specc-dflash", 1]["speedup_vs_best_ar"] == pytest.approx(
         rows["specc-dflash", 1]["tokens_per_s"] / max(rows["hf-eager", 1]["tokens_per_s"],
@@ -61,7 +66,7 @@ def test_real_acceptance_batched_rows_equal_batched_ar(checkpoints, capsys):
     report = _bench(capsys, checkpoints["target"], "--drafter", checkpoints["pard_same"], "--device", "cpu",
                     "--tokens", "8", "--batch", "2", "--systems", "hf-eager,specc-ar,specc")
     rows = {r["system"]: r for r in report["rows"]}
-    assert set(rows) == {"specc-ar", "specc-pard"}  # HF baselines run at batch 1 only
+    assert set(rows) == {"hf-eager", "specc-ar", "specc-pard"}  # hf-compiled and stock: batch 1 only
     spec = rows["specc-pard"]
     assert spec["batch"] == 2 and not spec["replay"] and spec["same_tokens_as_specc_ar"] is True
     assert spec["tau"] > 1 and spec["prediction"]["acceptance"] == "measured at B=2 in this run"
@@ -116,7 +121,8 @@ def test_hybrid_shapes_at_batch_1_and_2(capsys):
                     "--device", "cpu", "--tokens", "6", "--prompts", "1", "--prompt-len", "8", "--batch", "1,2",
                     "--systems", "hf-eager,specc-ar,specc")
     rows = {(r["system"], r["batch"]): r for r in report["rows"] if not r.get("reference")}
-    assert set(rows) == {("hf-eager", 1), ("specc-ar", 1), ("specc-pard", 1), ("specc-ar", 2), ("specc-pard", 2)}
+    assert set(rows) == {("hf-eager", 1), ("specc-ar", 1), ("specc-pard", 1), ("hf-eager", 2), ("specc-ar", 2),
+                         ("specc-pard", 2)}
     assert rows["specc-ar", 1]["same_tokens_as_hf_eager"] in (True, "tie")
     spec = rows["specc-pard", 2]
     assert spec["mechanism"] in ("one level", "goodput k, dense") and "no ragged verify step" in spec["mechanism_source"]
