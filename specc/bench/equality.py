@@ -41,6 +41,14 @@ def audit(prompts, reference, got, margins, tolerance: float) -> dict:
     return out
 
 
+def audit_into(row: dict, key: str, prompts, reference, got, margins, tolerance: float) -> None:
+    """:func:`audit` into a report row: ``row[key]`` its verdict ("tie" or False), and its lists
+    of positions beside it."""
+    found = audit(prompts, reference, got, margins, tolerance)
+    row[key] = found.pop("same")
+    row.update(found)
+
+
 def classify_differences(rows: list[dict], outputs: dict, reference, prompts, model, dtype: torch.dtype) -> None:
     """Set ``same_tokens_as_hf_eager`` of each row in ``outputs`` (name -> its token lists, rows
     whose tokens differ from ``reference``) by :func:`audit`, with its lists beside it (JSON)."""
@@ -50,6 +58,4 @@ def classify_differences(rows: list[dict], outputs: dict, reference, prompts, mo
     for row in rows:
         got = outputs.get(row["system"])
         if got is not None:
-            found = audit(prompts, reference, got, margins, tolerance)
-            row["same_tokens_as_hf_eager"] = found.pop("same")
-            row.update(found)
+            audit_into(row, "same_tokens_as_hf_eager", prompts, reference, got, margins, tolerance)

@@ -226,6 +226,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     """Run the benchmark; returns the report (JSON-ready dict; ``specc.bench.report`` prints it)."""
     from specc.bench.acceptance import parse_acceptance, parse_tree_acceptance
     from specc.bench.batched import ONE_LEVEL_REFERENCE, BatchedRows
+    from specc.bench.equality import audit_into, reference_margins, tie_tolerance
     from specc.search.batching_cost import ONE_LEVEL
     from specc.bench.systems import HFSystem, LoopSystem, StockSpecSystem
     from specc.codegen.build import build_steps
@@ -391,9 +392,11 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         if row["system"] == "specc-ar":
             ar_tokens_at[b] = tokens
         elif not row.get("replay") and b in ar_tokens_at:  # greedy: every request's tokens are AR's
-            same = tokens == ar_tokens_at[b]
-            row["same_tokens_as_specc_ar"] = True if same else _audit_batch(s, batch_prompts[b], ar_tokens_at[b],
-                                                                               tokens, dtype, row)
+            if tokens == ar_tokens_at[b]:
+                row["same_tokens_as_specc_ar"] = True
+            else:
+                audit_into(row, "same_tokens_as_specc_ar", batch_prompts[b], ar_tokens_at[b], tokens,
+                           reference_margins(s.loaded.target, dtype), tie_tolerance(dtype))
         rows.append(row)
 
     ar_pred = None
@@ -450,17 +453,19 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
                 record_tree_row(record, loop, dev, name, s, irs, cost, context, stated_tree if replay else None,
                                 opts.seed, row)
         saved_tree, loop.tree_budget = getattr(loop, "tree_budget", 0), 0  # batched rows verify chains
+        artifact_choice = s.engine.batching if s.engine is not None and s.engine.batching.get("source") else None
+
+        def speculative_at(b, section, one_time=0.0):
+            return at_batch.speculative(name, loop, b, batch_prompts[b], irs, s.impl, s.k, stated=stated,
+                                        seed=opts.seed, acceptance=None if replay else acc, section=section,
+                                        one_time=one_time)
+
         for b in batched:
-            section = s.engine.batching if s.engine is not None and s.engine.batching.get("source") else None
-            row, tokens = at_batch.speculative(name, loop, b, batch_prompts[b], irs, s.impl, s.k, stated=stated,
-                                               seed=opts.seed, acceptance=None if replay else acc, section=section,
-                                               one_time=one)
+            row, tokens = speculative_at(b, artifact_choice, one)
             record_batched(row, tokens, b)
             one = 0.0
             if row["mechanism"] != ONE_LEVEL:  # the mechanism off, in the same run: what it gains
-                record_batched(*at_batch.speculative(name, loop, b, batch_prompts[b], irs, s.impl, s.k,
-                                                     stated=stated, seed=opts.seed, acceptance=None if replay else acc,
-                                                     section=ONE_LEVEL_REFERENCE), b)
+                record_batched(*speculative_at(b, ONE_LEVEL_REFERENCE), b)
         loop.tree_budget = saved_tree
 
     if differing:
@@ -533,18 +538,6 @@ def _compare(rows: list[dict]) -> dict | None:
         if at_stated is not None:
             r["at_stated_acceptance"] = at_stated
     return best_at.get(1)
-
-
-def _audit_batch(setup, prompts, reference, got, dtype, row: dict):
-    """Where a batched speculative row's tokens are not batched AR's: "tie" when every request
-    first differs at a numerical tie of the reference (``equality.audit``), else False; the
-    positions go into ``row``."""
-    from specc.bench.equality import audit, reference_margins, tie_tolerance
-
-    found = audit(prompts, reference, got, reference_margins(setup.loaded.target, dtype), tie_tolerance(dtype))
-    same = found.pop("same")
-    row.update(found)
-    return same
 
 
 def at_stated_acceptance(row: dict, best_ar: dict | None) -> dict | None:

@@ -73,52 +73,42 @@ class HFSystem:
         return gc
 
     @torch.inference_mode()
-    def generate(self, prompt: list[int], n: int):
+    def _timed_generate(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
+        """One ``generate`` of ``n`` new tokens: (output ids, start, first token at, end)."""
         import warnings
 
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         streamer = _FirstTokenStreamer()
         sync(self.device)
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = self.model.generate(ids, generation_config=self._config(n), streamer=streamer,
-                                      attention_mask=torch.ones_like(ids))
+            out = self.model.generate(ids, generation_config=self._config(n), streamer=streamer, attention_mask=mask)
         sync(self.device)
-        end = time.perf_counter()
+        return out, start, streamer.first_at, time.perf_counter()
+
+    def generate(self, prompt: list[int], n: int):
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        out, start, first_at, end = self._timed_generate(ids, torch.ones_like(ids), n)
         tokens = out[0, len(prompt):].tolist()
-        return tokens, timing(start, streamer.first_at, end, len(tokens))
+        return tokens, timing(start, first_at, end, len(tokens))
 
 
-def hf_batch(hf: "HFSystem", prompts: list[list[int]], n: int, warmup: bool = True) -> dict:
+def hf_batch(hf: HFSystem, prompts: list[list[int]], n: int, warmup: bool = True) -> dict:
     """A batched row of HF ``generate`` (eager): the prompts left-padded into one batch (pad id 0,
     masked), ``n`` new tokens each. Padding changes what each row computes, so the tokens are not
     compared; tok/s = all new tokens / wall time, decode and steady tok/s = B (n - 1) / time after
     the first token (every row decodes every step: no EOS)."""
-    import warnings
-
     width = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), width, dtype=torch.long, device=hf.device)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p, device=hf.device)
         mask[i, width - len(p):] = 1
-
-    def once():
-        streamer = _FirstTokenStreamer()
-        sync(hf.device)
-        start = time.perf_counter()
-        with warnings.catch_warnings(), torch.inference_mode():
-            warnings.simplefilter("ignore")
-            hf.model.generate(ids, generation_config=hf._config(n), streamer=streamer, attention_mask=mask)
-        sync(hf.device)
-        return start, streamer.first_at, time.perf_counter()
-
     warm = 0.0
     if warmup:
-        s0, _, e0 = once()
+        _, s0, _, e0 = hf._timed_generate(ids, mask, n)
         warm = e0 - s0
-    start, first, end = once()
+    _, start, first, end = hf._timed_generate(ids, mask, n)
     b = len(prompts)
     decode = b * (n - 1) / (end - first) if first is not None and end > first and n > 1 else None
     return {"batch": b, "seconds": end - start, "tokens": b * n, "tokens_per_s": b * n / (end - start),

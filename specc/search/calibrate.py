@@ -252,9 +252,15 @@ def linear_choice_for(deployment):
     """The linear choice steps are built with for ``deployment`` (what ``specc compile`` lowers):
     its calibration record's measured table, else on CUDA the stated rule for its GPU
     (``codegen.linear_choice.BUILTIN_RULES``), else None (the Triton linear everywhere)."""
+    return choice_of(calibration_for(deployment), deployment)
+
+
+def choice_of(record, deployment):
+    """The linear choice of ``deployment`` with calibration ``record`` (None: none): the record's
+    measured table, else on CUDA the GPU's stated rule, else None (the Triton linear everywhere).
+    What ``specc compile`` lowers and the cost model prices."""
     from specc.codegen.linear_choice import builtin_choice
 
-    record = calibration_for(deployment)
     table = None if record is None else record.choice_table()
     if table is not None:
         return table

@@ -149,7 +149,7 @@ class CostModel:
     """
 
     def __init__(self, deployment, *, graphs: bool | None = None, calibration=None):
-        from specc.search.calibrate import calibration_for
+        from specc.search.calibrate import calibration_for, choice_of
         from specc.search.deployments import Deployment, get_deployment
 
         self.deployment: Deployment = get_deployment(deployment) if isinstance(deployment, str) else deployment
@@ -157,30 +157,12 @@ class CostModel:
         self.graphs = dep.device == "cuda" if graphs is None else bool(graphs)
         self.calibration = calibration if calibration is not None else calibration_for(dep)
         self.overhead = dep.graph_node_overhead_s if self.graphs else dep.launch_overhead_s
-        self.linear_choice = self.calibration.choice_table() if self.calibration is not None else None
-        if self.linear_choice is None and dep.device == "cuda":  # what specc compile lowers without a record
-            from specc.codegen.linear_choice import builtin_choice
-
-            self.linear_choice = builtin_choice(dep.gpu)
+        self.linear_choice = choice_of(self.calibration, dep)  # what specc compile lowers
         self._eval_cache: dict[tuple, float] = {}
 
-    def runs_cublas(self, meta, rows: float | None) -> bool:
-        """Whether the linear choice (a calibration's table or the GPU's stated rule) lowers this
-        linear node to cuBLAS at ``rows`` rows."""
-        table = self.linear_choice
-        if table is None or rows is None or meta.kind not in CHOICE_KINDS:
-            return False
-        try:
-            shape = table.shape(int(meta.attrs["out_features"]), int(meta.attrs["in_features"]))
-        except (KeyError, TypeError):
-            return False
-        return shape is not None and shape.impl_at(int(math.ceil(rows))) == "cublas"
-
-    def measured_linear(self, meta, rows: float | None, nbytes: float, flops: float):
-        """For a linear node whose shape the linear choice measured: (bandwidth efficiency,
-        flops efficiency, launches, extra seconds) such that the node's ``nbytes`` and ``flops``
-        take exactly the chosen implementation's measured time at ``rows`` (less the launch the
-        timing included); None otherwise (the per-M / per-kind efficiencies apply)."""
+    def choice_shape(self, meta, rows: float | None):
+        """The linear choice's entry (``ShapeChoice``) for a linear node at ``rows`` rows, or None
+        (no choice, no row count, not a linear, or a shape the choice does not cover)."""
         table = self.linear_choice
         if table is None or rows is None or meta.kind not in CHOICE_KINDS:
             return None
@@ -188,9 +170,23 @@ class CostModel:
             n, k = int(meta.attrs["out_features"]), int(meta.attrs["in_features"])
         except (KeyError, TypeError):
             return None
-        shape = table.shape(n, k)
+        return table.shape(n, k)
+
+    def runs_cublas(self, meta, rows: float | None) -> bool:
+        """Whether the linear choice (a calibration's table or the GPU's stated rule) lowers this
+        linear node to cuBLAS at ``rows`` rows."""
+        shape = self.choice_shape(meta, rows)
+        return shape is not None and shape.impl_at(int(math.ceil(rows))) == "cublas"
+
+    def measured_linear(self, meta, rows: float | None, nbytes: float, flops: float):
+        """For a linear node whose shape the linear choice measured: (bandwidth efficiency,
+        flops efficiency, launches, extra seconds) such that the node's ``nbytes`` and ``flops``
+        take exactly the chosen implementation's measured time at ``rows`` (less the launch the
+        timing included); None otherwise (the per-M / per-kind efficiencies apply)."""
+        shape = self.choice_shape(meta, rows)
         if shape is None:
             return None
+        table = self.linear_choice
         triton = shape.impl_at(int(math.ceil(rows))) != "cublas"
         if triton:  # interpolate the time of one pass over the weight, then pay this M's passes
             passes = self.weight_passes(meta, rows)
@@ -214,7 +210,7 @@ class CostModel:
             return bw_eff, fl_eff, self.launches(meta, rows), 0.0
         extra = 0.0
         if meta.kind == "linear_add":  # residual + product as a second op: read 2, write 1, a short kernel
-            extra = 3 * rows * n * table.itemsize / (dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise")) \
+            extra = 3 * rows * shape.n * table.itemsize / (dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise")) \
                 + self.kernel_latency()
         launches = CUBLAS_LAUNCHES.get(dep.device, {}).get(meta.kind, 1)
         return bw_eff, fl_eff, int(launches), extra
@@ -450,8 +446,8 @@ class CostModel:
         - a linear priced by efficiencies reads its weight once per row tile of the Triton kernel
           (:meth:`weight_passes`; a measured linear's time already holds its passes, a
           record fitted before the tiles were priced has them in its efficiencies, and one the
-          linear choice sends to cuBLAS, e.g. a built-in deployment's stated rule at 128+ rows
-          on the H200, streams its weight once);
+          linear choice sends to cuBLAS, e.g. a built-in GPU deployment's stated rule from 65
+          rows, streams its weight once);
         - a multi-row norm_linear runs its rms_norm kernel apart (:meth:`norm_kernel_seconds`);
         - attention that runs the split-KV kernel writes and merges fp32 partials, computes on
           padded row tiles and runs the merge kernel (:meth:`attention_traffic`)."""
