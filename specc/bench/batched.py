@@ -79,9 +79,8 @@ def drive(loop, prompts, tokens, rule=None, audit: bool = False) -> Run:
         steps += 1
         for key, value in (counted.counts() if audit else {}).items():
             totals[key] = totals.get(key, 0) + value
-        k = scheduler.last_num_draft
-        if rule is not None and k is not None:
-            ks.extend(k if isinstance(k, (list, tuple)) else [k])
+        if rule is not None:  # what each running request was offered (per-row rules: its own k)
+            ks.extend(scheduler.last_request_drafts)
     mean = {f"{key}_per_step": value / max(steps, 1) for key, value in totals.items()} if audit else None
     return Run([scheduler.take(r) for r in rids], ks, seconds, steps, mean)
 

@@ -81,6 +81,7 @@ class BatchScheduler:
         self.draft_length = draft_length
         self.last_num_draft: int | None = None  # the rule's drafts last step (per-row: the largest)
         self.last_row_drafts: list[int] | None = None  # per slot, when the rule chose per request
+        self.last_request_drafts: list[int] = []  # the drafts each running request was offered last step
         with torch.inference_mode():  # the loop's state lives in inference mode
             loop.open_slots(capacity, sampling)  # the default params; a request may bring its own
         self.sampling = _check_sampling(sampling)
@@ -211,6 +212,7 @@ class BatchScheduler:
         budgets = [0 if r is None else r.max_new_tokens - len(r.tokens) for r in self._slots]
         k, ks = self._choose_drafts(running)
         self.last_num_draft, self.last_row_drafts = k, ks
+        self.last_request_drafts = [] if k is None else [k] * len(running) if ks is None else [ks[r.slot] for r in running]
         if self.draft_length is None and getattr(self.loop, "runs_ahead", False):  # the next call is known
             host, nodes = self.loop.speculate(budgets, None, ahead=True)
         else:
