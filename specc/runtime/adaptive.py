@@ -108,7 +108,19 @@ class GoodputDraftLength:
         if not alphas:
             return 0
         top = min(self.k_max, max(caps))
-        return max(range(top + 1), key=lambda k: (self.goodput(alphas, caps, rows, k), -k))
+        # E_b(k) = E_b(k - 1) + a_b^k while k <= cap_b: the sum over rows grows one power per row
+        # and k (this runs on the host before every step: no closed form per (row, k) pair)
+        total, powers = float(len(alphas)), list(alphas)
+        best_k, best = 0, total / self._time(rows, 0)
+        for k in range(1, top + 1):
+            for b, cap in enumerate(caps):
+                if cap >= k:
+                    total += powers[b]
+                    powers[b] *= alphas[b]
+            goodput = total / self._time(rows, k)
+            if goodput > best:  # ties: the smaller k
+                best_k, best = k, goodput
+        return best_k
 
     def choose_rows(self, alphas: list[float], caps: list[int], rows: int) -> list[int]:
         """Drafts per live row (row b: acceptance ``alphas[b]``, at most ``caps[b]`` and ``k_max``)
