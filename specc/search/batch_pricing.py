@@ -15,7 +15,8 @@ below the search layer), so this module builds those functions here:
   reads each row's own cache, so each row (grouped by equal (tokens, cache length)) is priced at
   its sizes and the bytes, FLOPs and memory / compute times are summed, with the launches and
   the calibrated latency of one kernel call. Rows of equal sizes cost what the dense step of
-  the same B and Q costs: the packing saves exactly the tokens a dense block would pad.
+  the same B and Q costs: the packing saves exactly the tokens a dense block would pad. A
+  CUDA-graphed packed step pads its token count to a bucket (``bucket=True``): priced with them.
 - :func:`ragged_step_seconds`: ``seconds(rows, tokens)``, the ``ragged_seconds`` of
   ``GoodputDraftLength``: the drafter's batched forward over the rows (dense: drafters have no
   ragged step and draft the longest row's k for every row) + the ragged verify, with the tokens
@@ -58,16 +59,26 @@ def _sum_parts(parts, dep):
 
 
 def ragged_verify(cost: CostModel, target_ir, row_tokens: Sequence[int], row_context: Sequence[int] | int,
-                  *, sync: bool = True) -> StepPrediction:
+                  *, sync: bool = True, bucket: bool = False) -> StepPrediction:
     """The cost model's prediction of one packed verify forward: row r verifies ``row_tokens[r]``
     tokens (0: the row takes no part) over a cache of ``row_context[r]`` tokens (one int: every
-    row's). Raises ValueError when no row has a token."""
+    row's). Raises ValueError when no row has a token.
+
+    ``bucket``: the forward runs as a CUDA-graphed ragged step does, its token count padded up to
+    ``specc.runtime.ragged.token_bucket`` with tokens that extend the last row with a token
+    (``PackedRows.of(..., bucket=True)``): those tokens are real work in every node, so a packed
+    verify of 320 tokens costs one of 384."""
     tokens = [int(q) for q in row_tokens]
     contexts = [int(row_context)] * len(tokens) if isinstance(row_context, int) else [int(c) for c in row_context]
     if len(contexts) != len(tokens):
         raise ValueError(f"{len(tokens)} rows of tokens but {len(contexts)} cache lengths")
     if any(q < 0 for q in tokens) or any(c < 0 for c in contexts):
         raise ValueError("token counts and cache lengths must be >= 0")
+    if bucket and sum(tokens):
+        from specc.runtime.ragged import token_bucket
+
+        last = max(i for i, q in enumerate(tokens) if q > 0)
+        tokens[last] += token_bucket(sum(tokens)) - sum(tokens)
     groups = Counter((q, c) for q, c in zip(tokens, contexts) if q > 0)
     total = sum(q * n for (q, _), n in groups.items())
     if not total:
@@ -119,14 +130,17 @@ def ragged_step_seconds(cost: CostModel, target_ir, draft_ir, method, context: i
     """``seconds(rows, tokens)``: a step whose packed verify takes ``tokens`` tokens over ``rows``
     rows (each row its last committed token + its drafts, spread evenly), drafting included (the
     drafter's batched forward at the longest row's drafts, at most ``k_max``; none when every row
-    verifies one token). ``seconds(rows, rows * (k + 1))`` is the dense step with k drafts."""
+    verifies one token). Where the cost model prices CUDA graphs (``cost.graphs``) the packed
+    verify runs graphed, padded to its token bucket (:func:`ragged_verify`'s ``bucket``);
+    ``seconds(rows, rows * (k + 1))`` is then the dense step with k drafts where that count is
+    a bucket's, and more where the padding adds tokens."""
     cache: dict[tuple[int, int], float] = {}
 
     def seconds(rows: int, tokens: int) -> float:
         key = (int(rows), int(tokens))
         if key not in cache:
             split = even_split(*key)
-            verify = ragged_verify(cost, target_ir, split, context).time
+            verify = ragged_verify(cost, target_ir, split, context, bucket=cost.graphs).time
             k = min(int(k_max), max(split) - 1)
             cache[key] = verify + (draft_seconds(cost, draft_ir, method, key[0], k, context) if k > 0 else 0.0)
         return cache[key]

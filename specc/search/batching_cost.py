@@ -137,13 +137,16 @@ class BatchingPricer:
 
     # ------------------------------------------------------------ forwards
 
-    def verify_seconds(self, row_tokens: Sequence[int], context: int | None = None) -> float:
-        """A packed verify of ``row_tokens`` (tokens per row) over caches of ``context`` tokens."""
+    def verify_seconds(self, row_tokens: Sequence[int], context: int | None = None, packed: bool = False) -> float:
+        """A verify of ``row_tokens`` (tokens per row) over caches of ``context`` tokens: dense
+        (equal rows: the dense step) or, ``packed``, the runtime's ragged step, which pads its
+        tokens to a bucket where it runs CUDA-graphed (``ragged_verify``'s ``bucket``)."""
         counts = tuple(sorted((int(q) for q in row_tokens if q > 0), reverse=True))
-        key = (counts, int(self.context if context is None else context))
+        bucket = bool(packed and self.cost.graphs)
+        key = (counts, int(self.context if context is None else context), bucket)
         hit = self._verify.get(key)
         if hit is None:
-            hit = self._verify[key] = ragged_verify(self.cost, self.target_ir, counts, key[1]).time
+            hit = self._verify[key] = ragged_verify(self.cost, self.target_ir, counts, key[1], bucket=bucket).time
         return hit
 
     def draft_seconds(self, rows: int, committed: int, k: int | None = None) -> float:
@@ -166,7 +169,7 @@ class BatchingPricer:
         p = math.prod(acceptance.alphas_for(k1))
         q, context = self.k - k1, self.context + k1 + 1
         grid = row_grid(batch)
-        priced = {n: self.verify_seconds([q] * n, context) for n in grid}
+        priced = {n: self.verify_seconds([q] * n, context, packed=True) for n in grid}
 
         def t2(n: int) -> float:
             if n in priced:
@@ -223,7 +226,7 @@ class BatchingPricer:
             longest = max(row_k)
             draft = self.draft_seconds(batch, max(1, round(expected / batch)), longest) if longest else 0.0
             pred = OptionPrediction(PER_REQUEST, batch, self.k, expected, draft,
-                                    self.verify_seconds([k + 1 for k in row_k]), self.ar_seconds(batch),
+                                    self.verify_seconds([k + 1 for k in row_k], packed=True), self.ar_seconds(batch),
                                     per_request_k=True, row_k=list(row_k))
             if best is None or pred.tokens_per_s > best.tokens_per_s * (1 + 1e-12):
                 best = pred

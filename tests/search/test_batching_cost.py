@@ -8,6 +8,7 @@ import pytest
 from specc.search.acceptance import AcceptanceModel
 from specc.search.batch_pricing import ragged_step_seconds, ragged_verify, step_seconds
 from specc.search.batching_cost import GOODPUT, ONE_LEVEL, PER_REQUEST, BatchingPricer, binomial, row_grid
+from specc.runtime.ragged import token_bucket
 from specc.search.cost_model import CostModel
 
 K = 15
@@ -41,6 +42,7 @@ def test_ragged_verify_of_equal_rows_is_the_dense_step_and_packing_saves_the_pad
 
 def test_ragged_seconds_agrees_with_the_dense_step_curve(irs):
     cost = CostModel("h200-bs1")
+    assert cost.graphs  # a CUDA deployment: the ragged step runs graphed, padded to token buckets
     dense = step_seconds(cost, *irs, "dflash", context=1024)
     ragged = ragged_step_seconds(cost, *irs, "dflash", context=1024, k_max=K)
     for rows in (1, 8, 32):
@@ -48,6 +50,23 @@ def test_ragged_seconds_agrees_with_the_dense_step_curve(irs):
             assert ragged(rows, rows * (k + 1)) == pytest.approx(dense(rows, k), rel=1e-12)
         assert ragged(rows, rows) == pytest.approx(dense(rows, 0), rel=1e-12)  # every row k = 0: an AR step
     assert ragged(32, 32 * 5) < ragged(32, 32 * 9) < ragged(32, 32 * 16)
+    # 320 packed tokens run in the bucket of 384: more than the dense step of k = 9, as 384's
+    assert token_bucket(320) == 384
+    assert ragged(32, 320) > dense(32, 9)
+    unbucketed = ragged_step_seconds(CostModel("h200-bs1", graphs=False), *irs, "dflash", context=1024, k_max=K)
+    assert unbucketed(32, 320) < unbucketed(32, 384)
+
+
+def test_a_bucketed_ragged_verify_prices_the_padding_tokens(irs):
+    t_ir, _ = irs
+    cost = CostModel("h200-bs1")
+    plain = ragged_verify(cost, t_ir, [10] * 32, 1024)
+    padded = ragged_verify(cost, t_ir, [10] * 32, 1024, bucket=True)
+    assert plain.values["Q"] == 320 and padded.values["Q"] == 384
+    assert padded.time > plain.time
+    # a count that fills its bucket pads nothing
+    assert ragged_verify(cost, t_ir, [12] * 32, 1024, bucket=True).time == pytest.approx(
+        ragged_verify(cost, t_ir, [12] * 32, 1024).time, rel=1e-12)
 
 
 def test_one_level_is_the_cost_models_system_prediction(pricer, irs):
@@ -80,11 +99,14 @@ def test_two_level_limits(pricer):
             assert two.expected_tokens == pytest.approx(one.expected_tokens)
             assert two.draft_s == one.draft_s
             assert two.level2_rows == pytest.approx(b * math.prod(acc.alphas_for(k1)))
-    # acceptance 1: level 2 takes every row, at the dense size, over caches k1 + 1 longer
+    # acceptance 1: level 2 takes every row, packed (the ragged step, graphed: 176 tokens padded
+    # to the 192 of its bucket), over caches k1 + 1 longer
     full = AcceptanceModel.constant(1.0, K)
     two = pricer.two_level(16, full, 4)
     assert two.level2_rows == 16
-    assert two.level2_s == pytest.approx(pricer.verify_seconds([K - 4] * 16, pricer.context + 5), rel=1e-12)
+    level2 = pricer.verify_seconds([K - 4] * 16, pricer.context + 5, packed=True)
+    assert two.level2_s == pytest.approx(level2, rel=1e-12)
+    assert level2 > pricer.verify_seconds([K - 4] * 16, pricer.context + 5)  # the bucket's padding
     assert two.step_s > pricer.one_level(16, full).step_s  # a second forward of every row only costs
     # acceptance 0: no row reaches level 2, and a shorter level 1 is cheaper than one level
     none = AcceptanceModel.constant(0.0, K)
