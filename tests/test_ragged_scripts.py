@@ -1,4 +1,4 @@
-"""examples/bench_ragged_verify.py runs in a small CPU smoke setting and writes its JSON (its real
+"""examples/bench_ragged_verify.py and bench_packed_step.py run in a small CPU smoke setting and write their JSON (its real
 run is on a GPU: the command in its docstring)."""
 
 import importlib.util
@@ -22,3 +22,19 @@ def test_bench_ragged_verify_smoke(tmp_path):
         assert len(row["packed_ks"]) == row["batch"] and all(0 <= k <= 3 for k in row["packed_ks"])
         assert row["packed_tokens"] == sum(k + 1 for k in row["packed_ks"]) <= row["dense_tokens"]
         assert 0 <= row["level2_rows"] <= row["batch"]
+
+
+def test_bench_packed_step_smoke(tmp_path):
+    """Every row at one k, dense and packed: the same tokens per step (the packing changes the
+    verify's layout, not what is accepted), and a profiled pass that counted the steps' work."""
+    spec = importlib.util.spec_from_file_location("bench_packed_step", ROOT / "examples" / "bench_packed_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "packed.json"
+    bench.main(["--shapes", "tiny-qwen3", "--batch", "3", "--ks", "2", "--tokens", "8", "--profile", "2",
+                "--deployment", "cpu", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["k"], r["packed"]) for r in rows] == [(2, False), (2, True)]
+    assert all(r["step_ms"] > 0 and r["steps"] > 0 for r in rows)
+    assert rows[0]["tokens_per_step"] == rows[1]["tokens_per_step"] > 1
+    assert all(r["kernels"]["ranges"] == r["steps"] and r["kernels"]["launches"] > 0 for r in rows)
