@@ -13,6 +13,7 @@ from specc.compiler import compile_artifact
 from specc.models.decoder import CausalLM
 from specc.runtime.engine import Engine, _batching, load
 from specc.runtime.step_curve import StepCurve
+from specc.search.batching_choice import MECHANISM_MARGIN
 
 QWEN3 = pytest.mark.parametrize("family", ["qwen3"], indirect=True)  # one family is enough here
 
@@ -35,9 +36,14 @@ def test_the_manifest_records_the_choice_and_the_engine_reads_it(checkpoints, tm
     assert section["acceptance_source"].startswith("measured by stock")
     options = [row["option"] for row in section["candidates"]]
     assert options == ["one level", "two-level k1=1", "two-level k1=2", "per-request k", "goodput k, dense"]
-    best = max(row["tokens_per_s"] for row in section["candidates"][:-1])  # the last is a reference
+    best = max(row["tokens_per_s"] for row in section["candidates"])
+    one = section["candidates"][0]["tokens_per_s"]
     chosen = next(row for row in section["candidates"] if row["option"] == section["chosen"])
-    assert chosen["tokens_per_s"] >= best * (1 - 1e-9)
+    # the best option, or one level where no mechanism beats it by the margin
+    if section["chosen"] == "one level":
+        assert best <= one * MECHANISM_MARGIN * (1 + 1e-9)
+    else:
+        assert chosen["tokens_per_s"] >= best * (1 - 1e-9) and chosen["tokens_per_s"] > one * MECHANISM_MARGIN
     assert StepCurve.from_section(section["curve"]).step_seconds(4, 3) > 0
     assert any(line.startswith("batching: ") for line in result.summary_lines)
     engine = load(out)

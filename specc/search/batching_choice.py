@@ -9,7 +9,13 @@ engine applies to its loop:
      per-request estimates start, :func:`prior_alpha`), "candidates": [priced options],
      "curve": {"rows": [...], "tokens_per_row": [1..k + 1], "seconds": [[...]]}}
 
-The best option wins when it beats one level; ties keep one level (the simpler loop). With a
+The best option wins when it beats one level by :data:`MECHANISM_MARGIN` (10%); otherwise one
+level (the simpler loop, and the step shape the model prices best). Why a margin: a mechanism's
+steps change shape from step to step (k per step or per row, a second level), which the model
+prices less surely than one level's, and every measured mechanism predicted to win by less lost:
+H100, run 23, the goodput rule's one k predicted +1% / +8% over one level for specc-tiny at
+B = 16 / 32 measured -27% / -25%, +2.7% for the hybrid at Qwen3.5-9B shapes, B = 16, -12%;
+predicted +66% at Qwen3-8B shapes, B = 64, it measured +39%. With a
 ragged step the goodput rule's one k per step (dense verify) is a candidate too, and per-request
 k wins only where it beats it: where the best per-row allocation gives every row the same k, the
 packed verify does the dense one's work plus the packing, which the model does not price (run 22,
@@ -36,6 +42,7 @@ from specc.search.batch_pricing import ragged_step_seconds
 from specc.search.batching_cost import BatchingPricer
 
 _BETTER = 1 + 1e-9
+MECHANISM_MARGIN = 1.10  # a mechanism must beat one level's predicted tokens/s by this factor (module doc)
 
 
 def parse_two_level(value, k: int):
@@ -117,12 +124,26 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
                              reference=True)
     one, dense = options[0], options[-1]
 
+    runner_up = []  # the best mechanism that did not beat one level by the margin
+
     def best_of(candidates):
-        best = candidates[0]
-        for opt in candidates[1:]:
+        """The best mechanism of ``candidates`` (one level first) where it beats one level by
+        the margin, else one level."""
+        if len(candidates) < 2:
+            return one
+        best = candidates[1]
+        for opt in candidates[2:]:
             if opt.tokens_per_s > best.tokens_per_s * _BETTER:
                 best = opt
-        return best
+        if best.tokens_per_s > one.tokens_per_s * MECHANISM_MARGIN:
+            return best
+        runner_up[:] = [best] if best.tokens_per_s > one.tokens_per_s else []
+        return one
+
+    def short_of_margin() -> str:
+        if not runner_up:
+            return ""
+        return f" ({runner_up[0].option}: {runner_up[0].tokens_per_s:,.0f} predicted)"
 
     per_row = [o for o in options[:-1] if o.per_request_k]
     levels = [o for o in options[:-1] if not o.per_request_k]  # one level, two-level at each k1
@@ -141,7 +162,7 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
         source = (f"cost model{off}: {chosen.option} predicted {chosen.tokens_per_s:,.0f} tok/s"
                   + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}") + where)
         if chosen is one:
-            source += ": no mechanism beats one level"
+            source += f": no mechanism beats one level by {MECHANISM_MARGIN - 1:.0%}" + short_of_margin()
         if chosen.per_request_k:
             source += f" (one goodput k for every row, dense verify: {dense.tokens_per_s:,.0f} tok/s)"
         elif chosen is dense and per_row:

@@ -7,7 +7,7 @@ from specc.errors import UserError
 from specc.runtime.step_curve import StepCurve
 from specc.search.acceptance import AcceptanceModel
 from specc.search.batch_pricing import ragged_step_seconds
-from specc.search.batching_choice import batching_section, check_given, parse_two_level
+from specc.search.batching_choice import MECHANISM_MARGIN, batching_section, check_given, parse_two_level
 from specc.search.batching_cost import GOODPUT, BatchingPricer
 from specc.search.cost_model import CostModel
 
@@ -82,15 +82,15 @@ def test_the_choice_is_the_best_predicted_option(pricer):
 
 def test_two_level_or_one_level_flips_where_the_prices_cross(pricer):
     """Without the goodput rule's draft lengths, two-level is chosen exactly when some k1 is
-    predicted faster than one level: a second forward of every row loses at acceptance 1, and
-    pruning wins at lower acceptance."""
+    predicted faster than one level by the margin: a second forward of every row loses at
+    acceptance 1, and pruning wins at lower acceptance."""
     seen = set()
     for alpha in (0.3, 0.6, 0.8, 0.9, 1.0):
         acc = AcceptanceModel.constant(alpha, K)
         section = batching_section(pricer, 64, acc, per_request=False, curve=False)
         one = pricer.one_level(64, acc).tokens_per_s
         best_two = max(pricer.two_level(64, acc, k1).tokens_per_s for k1 in range(1, K))
-        assert (section["two_level_k1"] is not None) == (best_two > one * (1 + 1e-9))
+        assert (section["two_level_k1"] is not None) == (best_two > one * MECHANISM_MARGIN)
         seen.add(section["two_level_k1"] is not None)
     assert seen == {True, False}
     assert batching_section(pricer, 64, AcceptanceModel.constant(1.0, K), per_request=False,
@@ -117,7 +117,7 @@ def test_per_request_k_with_one_k_for_every_row_is_the_dense_goodput_rule(pricer
         per, dense = pricer.per_request(b, acc), pricer.dense_goodput(b, acc)
         if len(set(per.row_k)) == 1 and per.tokens_per_s <= dense.tokens_per_s * (1 + 1e-9):
             section = batching_section(pricer, b, acc, curve=False)
-            if dense.tokens_per_s > pricer.one_level(b, acc).tokens_per_s * (1 + 1e-9):
+            if dense.tokens_per_s > pricer.one_level(b, acc).tokens_per_s * MECHANISM_MARGIN:
                 assert section["goodput_k"] and not section["per_request_k"]
                 assert "no better than one k for every row" in section["source"]
 
@@ -140,3 +140,24 @@ def test_prior_alpha_fits_the_acceptance_at_the_options_drafts():
 def test_the_section_records_the_prior(pricer):
     section = batching_section(pricer, 16, AcceptanceModel.from_tau(6.55, K), curve=False)
     assert 0.5 < section["prior_alpha"] < 1.0
+
+
+def test_a_mechanism_short_of_the_margin_keeps_one_level(pricer):
+    """A mechanism predicted faster than one level by less than the margin is not chosen (the
+    model prices one level's fixed step shape best); the source names it and its prediction."""
+    from specc.search import batching_choice
+
+    acc = AcceptanceModel.from_tau(6.55, K)
+    section = batching_section(pricer, 64, acc, curve=False)
+    assert section["chosen"] != "one level"
+    best = max(c["tokens_per_s"] for c in section["candidates"])
+    one = pricer.one_level(64, acc).tokens_per_s
+    assert best > one * MECHANISM_MARGIN
+    saved = batching_choice.MECHANISM_MARGIN
+    try:
+        batching_choice.MECHANISM_MARGIN = best / one * 1.01  # now the best is short of the margin
+        kept = batching_section(pricer, 64, acc, curve=False)
+    finally:
+        batching_choice.MECHANISM_MARGIN = saved
+    assert kept["chosen"] == "one level" and kept["two_level_k1"] is None and not kept["goodput_k"]
+    assert "no mechanism beats one level by" in kept["source"] and f"{best:,.0f} predicted" in kept["source"]
