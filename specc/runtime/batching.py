@@ -212,7 +212,10 @@ class BatchScheduler:
         budgets = [0 if r is None else r.max_new_tokens - len(r.tokens) for r in self._slots]
         k, ks = self._choose_drafts(running)
         self.last_num_draft, self.last_row_drafts = k, ks
-        self.last_request_drafts = [] if k is None else [k] * len(running) if ks is None else [ks[r.slot] for r in running]
+        if k is None:
+            self.last_request_drafts = []
+        else:
+            self.last_request_drafts = [k] * len(running) if ks is None else [ks[r.slot] for r in running]
         if self.draft_length is None and getattr(self.loop, "runs_ahead", False):  # the next call is known
             host, nodes = self.loop.speculate(budgets, None, ahead=True)
         else:

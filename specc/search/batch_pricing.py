@@ -74,11 +74,12 @@ def ragged_verify(cost: CostModel, target_ir, row_tokens: Sequence[int], row_con
         raise ValueError(f"{len(tokens)} rows of tokens but {len(contexts)} cache lengths")
     if any(q < 0 for q in tokens) or any(c < 0 for c in contexts):
         raise ValueError("token counts and cache lengths must be >= 0")
-    if bucket and sum(tokens):
+    real = sum(tokens)
+    if bucket and real:
         from specc.runtime.ragged import token_bucket
 
         last = max(i for i, q in enumerate(tokens) if q > 0)
-        tokens[last] += token_bucket(sum(tokens)) - sum(tokens)
+        tokens[last] += token_bucket(real) - real
     groups = Counter((q, c) for q, c in zip(tokens, contexts) if q > 0)
     total = sum(q * n for (q, _), n in groups.items())
     if not total:

@@ -18,7 +18,8 @@ B = 16 / 32 measured -27% / -25%, +2.7% for the hybrid at Qwen3.5-9B shapes, B =
 predicted +66% at Qwen3-8B shapes, B = 64, it measured +39%. With a
 ragged step the goodput rule's one k per step (dense verify) is a candidate too, and per-request
 k wins only where it beats it: where the best per-row allocation gives every row the same k, the
-packed verify does the dense one's work plus the packing, which the model does not price (run 22,
+packed verify does the dense one's work plus the packing, which the model prices only as the
+padding of the graphed step's token bucket (run 22,
 H100, B = 32: per-request k with every row at k = 7 measured 9,955 steady tok/s against one
 level's 12,484, where the model predicted 15,344 against 13,373). Both
 mechanisms need an artifact that verifies packed rows: without one the choice is between one
@@ -124,32 +125,27 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
                              reference=True)
     one, dense = options[0], options[-1]
 
-    runner_up = []  # the best mechanism that did not beat one level by the margin
-
-    def best_of(candidates):
-        """The best mechanism of ``candidates`` (one level first) where it beats one level by
-        the margin, else one level."""
-        if len(candidates) < 2:
-            return one
-        best = candidates[1]
-        for opt in candidates[2:]:
-            if opt.tokens_per_s > best.tokens_per_s * _BETTER:
+    def best_mechanism(candidates):
+        """The best of ``candidates`` (mechanisms; ties: the earlier), or None."""
+        best = None
+        for opt in candidates:
+            if best is None or opt.tokens_per_s > best.tokens_per_s * _BETTER:
                 best = opt
-        if best.tokens_per_s > one.tokens_per_s * MECHANISM_MARGIN:
-            return best
-        runner_up[:] = [best] if best.tokens_per_s > one.tokens_per_s else []
+        return best
+
+    def chosen_of(mechanism):
+        """``mechanism`` where it beats one level by the margin, else one level."""
+        if mechanism is not None and mechanism.tokens_per_s > one.tokens_per_s * MECHANISM_MARGIN:
+            return mechanism
         return one
 
-    def short_of_margin() -> str:
-        if not runner_up:
-            return ""
-        return f" ({runner_up[0].option}: {runner_up[0].tokens_per_s:,.0f} predicted)"
-
     per_row = [o for o in options[:-1] if o.per_request_k]
-    levels = [o for o in options[:-1] if not o.per_request_k]  # one level, two-level at each k1
+    two_levels = [o for o in options[1:-1] if not o.per_request_k]  # two-level at each k1
     # what a ragged step allows; per-request k only where it beats one k for every row verified
-    # dense (the same allocation packed costs the packing, which the model does not price)
-    packed = best_of(levels + ([dense] + per_row if per_request else []))
+    # dense (the same allocation packed costs the packing, which the model prices only as the
+    # bucket's padding)
+    best_packed = best_mechanism(two_levels + ([dense] + per_row if per_request else []))
+    packed = chosen_of(best_packed)
     acc_src = acceptance.source or "stated"
     where = f" at B={b}, k={k} ({pricer.cost.deployment.name})"
     if isinstance(two_level, int):
@@ -162,14 +158,16 @@ def batching_section(pricer: BatchingPricer | None, batch_size: int, acceptance:
         source = (f"cost model{off}: {chosen.option} predicted {chosen.tokens_per_s:,.0f} tok/s"
                   + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}") + where)
         if chosen is one:
-            source += f": no mechanism beats one level by {MECHANISM_MARGIN - 1:.0%}" + short_of_margin()
+            source += f": no mechanism beats one level by {MECHANISM_MARGIN - 1:.0%}"
+            if best_packed is not None and best_packed.tokens_per_s > one.tokens_per_s:
+                source += f" ({best_packed.option}: {best_packed.tokens_per_s:,.0f} predicted)"
         if chosen.per_request_k:
             source += f" (one goodput k for every row, dense verify: {dense.tokens_per_s:,.0f} tok/s)"
         elif chosen is dense and per_row:
             source += (f" (per-request k: {per_row[0].tokens_per_s:,.0f} tok/s, no better than one k for every row "
                        "verified dense)")
     else:  # no packed verify: one level, or the goodput rule's one k per step
-        chosen = best_of([one, dense] if per_request else [one])
+        chosen = chosen_of(dense if per_request else None)
         source = ("no ragged verify step (packed rows of their own lengths), which two-level verification and "
                   f"per-request k need; cost model: {chosen.option} predicted {chosen.tokens_per_s:,.0f} tok/s"
                   + ("" if chosen is one else f" vs one level {one.tokens_per_s:,.0f}") + where
