@@ -55,16 +55,21 @@ class Run:
     audit: dict | None = None  # per decode step: host reads, blocking uploads, glue ops, forwards (mean)
 
 
-def drive(loop, prompts, tokens, rule=None, audit: bool = False) -> Run:
-    """``prompts`` through a BatchScheduler of len(prompts) slots (what ``generate_batch`` does),
-    under the draft-length ``rule`` (None: the loop's k), timing the decode steps apart.
-    ``audit``: count each decode step's host reads, blocking uploads, glue ops and forwards
-    (``specc.bench.step_audit``; slows the steps: never on a timed pass)."""
+def drive(loop, prompts, tokens, rule=None, audit: bool = False, capacity: int | None = None,
+          buckets: bool = False) -> Run:
+    """``prompts`` through a BatchScheduler of ``capacity`` slots (None: len(prompts), what
+    ``generate_batch`` does), under the draft-length ``rule`` (None: the loop's k), timing the
+    decode steps apart. ``tokens``: new tokens per request, one for all or one per prompt.
+    ``buckets``: the scheduler's batch buckets (off by default here: a row's steady figure
+    assumes every step ran over all the slots). ``audit``: count each decode step's host reads,
+    blocking uploads, glue ops and forwards (``specc.bench.step_audit``; slows the steps: never
+    on a timed pass)."""
     from specc.bench.step_audit import StepAudit
     from specc.runtime.batching import BatchScheduler
 
-    scheduler = BatchScheduler(loop, len(prompts), (), rule)
-    rids = [scheduler.submit(p, tokens, ()) for p in prompts]
+    scheduler = BatchScheduler(loop, capacity or len(prompts), (), rule, buckets=buckets)
+    budgets = list(tokens) if isinstance(tokens, (list, tuple)) else [tokens] * len(prompts)
+    rids = [scheduler.submit(p, m, ()) for p, m in zip(prompts, budgets)]
     ks, seconds, steps = [], 0.0, 0
     totals: dict = {}
     while not scheduler.idle:

@@ -12,6 +12,13 @@ tokens are those it gets alone (greedy verification; sampling: each row's own pa
 counter-based random numbers of its seed, ``specc.runtime.policy``): the batch changes what is
 computed together, never what a row computes.
 
+Batch buckets (``buckets=True``, the default): a step runs over the first ``width`` slots, the
+smallest power of two (at least 2) that holds the running requests; before a step with nobody
+waiting the requests past a narrower bucket move into its free slots (``loop.move_slot``) and the
+width drops (``loop.set_width``: views of the allocated state, no copy), and before admissions it
+grows back to hold the queue, so a step's cost follows the requests running rather than the
+slots allocated (docs/batching.md, "Batch buckets").
+
 This is the object a server drives (docs/batching.md)::
 
     rid = scheduler.submit(prompt_ids, max_new_tokens=64, eos_token_ids=(2,))
@@ -69,12 +76,17 @@ class BatchScheduler:
     requests decoded together; more wait in a FIFO queue. ``eos_token_ids``: the EOS ids of a
     request submitted without its own (the engine passes the model's). ``draft_length``: a
     goodput rule (``specc.runtime.adaptive``) choosing each step's drafts, or None. ``sampling``:
-    the ``SamplingParams`` of a request submitted without its own (None: greedy)."""
+    the ``SamplingParams`` of a request submitted without its own (None: greedy). ``buckets``:
+    step over the smallest bucket of slots that holds the running requests (module doc; False:
+    every step over all ``capacity`` slots)."""
 
-    def __init__(self, loop, capacity: int, eos_token_ids=(), draft_length=None, sampling=None):
+    def __init__(self, loop, capacity: int, eos_token_ids=(), draft_length=None, sampling=None,
+                 buckets: bool = True):
         if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         self.loop, self.capacity = loop, capacity
+        # batch buckets: step over the first width(running) slots, the running requests moved there
+        self.buckets = bool(buckets) and hasattr(loop, "set_width")
         self.default_eos = tuple(int(e) for e in eos_token_ids)
         # ``draft_length``: a rule choosing drafts per step from the requests' measured acceptance
         # (``specc.runtime.adaptive.GoodputDraftLength``); None: the loop's fixed k
@@ -188,7 +200,8 @@ class BatchScheduler:
         """Prefill queued requests into free slots (a slot freed by a request that finishes at
         its first token is reused at once). Each admitted request's first token is an event."""
         events = []
-        while self._queue and None in self._slots:
+        self._widen()
+        while self._queue and None in self._slots[:self.width]:
             request = self._queue.popleft()
             if request.max_new_tokens == 0:
                 self._finish(request, "length")
@@ -209,7 +222,8 @@ class BatchScheduler:
         running = [r for r in self._slots if r is not None]
         if not running:
             return []
-        budgets = [0 if r is None else r.max_new_tokens - len(r.tokens) for r in self._slots]
+        self._narrow(running)
+        budgets = [0 if r is None else r.max_new_tokens - len(r.tokens) for r in self._slots[:self.width]]
         k, ks = self._choose_drafts(running)
         self.last_num_draft, self.last_row_drafts = k, ks
         if k is None:
@@ -251,12 +265,57 @@ class BatchScheduler:
         caps = [r.max_new_tokens - len(r.tokens) - 1 for r in running]
         if (getattr(self.loop, "verifies_ragged", False) and hasattr(rule, "choose_rows")
                 and getattr(rule, "ragged_seconds", True) is not None):
-            chosen = rule.choose_rows(alphas, caps, self.capacity)
-            ks = [0] * self.capacity
+            chosen = rule.choose_rows(alphas, caps, self.width)
+            ks = [0] * self.width
             for request, kb in zip(running, chosen):
                 ks[request.slot] = int(kb)
             return max(chosen), ks
-        return rule.choose(alphas, caps, self.capacity), None
+        return rule.choose(alphas, caps, self.width), None
+
+    # --- batch buckets -------------------------------------------------------------------------
+
+    @property
+    def width(self) -> int:
+        """The slots a step runs over now (the loop's width; without buckets, the capacity)."""
+        return getattr(self.loop, "batch", self.capacity)
+
+    def bucket(self, requests: int) -> int:
+        """The width for ``requests`` running requests: the smallest power of two that holds
+        them (at least 2: batch 1 drafts and steps differently), at most the capacity."""
+        width = 2
+        while width < requests:
+            width *= 2
+        return min(width, self.capacity)
+
+    def _widen(self) -> None:
+        """Before admissions: a width that holds the running and queued requests. A sampled
+        request joins at the capacity (its per-row sampling state is made for the width it
+        joins at, which then stays)."""
+        if not self.buckets or not self._queue or not self.loop.width_can_change:
+            return
+        wanted = self.bucket(self.num_running + len(self._queue))
+        if any(request.sampling is not None for request in self._queue):
+            wanted = self.capacity
+        if wanted > self.width:
+            self.loop.set_width(wanted)
+
+    def _narrow(self, running: list[_Request]) -> None:
+        """Before a step with nobody waiting: move the running requests into the first slots
+        and step over the smallest bucket that holds them, so a step's cost follows the requests
+        running, not the slots allocated."""
+        if not self.buckets or self._queue or not self.loop.width_can_change:
+            return
+        wanted = self.bucket(len(running))
+        if wanted >= self.width:
+            return
+        free = [slot for slot in range(wanted) if self._slots[slot] is None]
+        for request in running:
+            if request.slot >= wanted:
+                dst = free.pop(0)
+                self.loop.move_slot(request.slot, dst)
+                self._slots[dst], self._slots[request.slot] = request, None
+                request.slot = dst
+        self.loop.set_width(wanted)
 
     def run(self, requests) -> list[GenerationResult]:
         """Submit ``(prompt, max_new_tokens, eos_token_ids[, seed[, sampling]])`` requests, step

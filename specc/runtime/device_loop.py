@@ -6,7 +6,9 @@ cache (= committed - 1: the last committed token is fed by the next step), per-r
 counts and live flags (host mirrors, updated from the step's one device -> host copy). Batch 1
 is one case of it. A request enters a slot by ``prefill_slot`` (its prompt alone, a batch-1
 forward on views of the slot's state rows, so prompts of any lengths share a batch) and leaves
-by ``release_slot``; ``speculate`` runs one step over every slot. ``specc.runtime.batching``
+by ``release_slot``; ``speculate`` runs one step over every slot of the current width: the first
+``batch`` of the ``capacity`` slots allocated (``set_width`` binds views of those rows, a batch
+bucket; ``move_slot`` moves a request into a lower slot first). ``specc.runtime.batching``
 schedules requests over the slots (continuous batching); ``generate`` / ``generate_batch`` go
 through it. Drafters read ``seq`` and return drafts [B, k] as device tensors
 (``Drafter.propose_rows``), the verify input is assembled on the device, the verifier
@@ -85,7 +87,7 @@ from specc.result import GenerationResult, as_prompt_list
 from specc.runtime.loop import SpeculativeLoop
 from specc.runtime.policy import GreedyPolicy, SamplingPolicy
 from specc.runtime.ragged import PackedRows, ragged_capable
-from specc.runtime.state import DecodingState, reserve_block, slot_view
+from specc.runtime.state import DecodingState, bind_rows, reserve_block, slot_view, state_buffers
 from specc.runtime.trees import DraftTree
 from specc.runtime.uploads import upload
 from specc.runtime.verifiers import ChainVerifier, TreeVerifier, Verifier
@@ -172,7 +174,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     profile: bool | str = False  # True / "events": time the loop's parts (``part_seconds`` after a run)
     _timer = _NoTimer()
     capture_shapes = False
-    _shapes_captured = False
+    _shapes_captured: set = frozenset()  # widths whose drafting shapes ran (``capture_shapes``)
     _packing = False  # this step packs rows that verify fewer tokens (per-request k or two levels)
     _caps: tuple | None = None  # (per-row caps, their device copy) of the last step
     draft_ahead = False  # batch 1: launch the next step's draft before returning (module doc)
@@ -233,7 +235,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self._tree_graphs = None  # the tree step's graphs (commit holds the state's buffers)
         self._chain_graph = None  # the chain step's accept + commit graph (likewise)
         self._step_graphs, self._ahead_step = None, None  # whole-step graphs (likewise)
-        self.max_len, self.batch = max_len, batch or getattr(self, "batch", 1)
+        self.max_len, self.batch = max_len, batch or getattr(self, "capacity", None) or getattr(self, "batch", 1)
         length = max_len + max(self.num_draft, self.tree_budget) + 1
         if getattr(self.ragged_target, "token_buckets", False):  # room for a bucketed verify's padding
             length += self.ragged_target.pad_room(self.batch * (self.num_draft + 1))
@@ -241,7 +243,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         state = self.target.setup_caches(self.batch, length)
         if not isinstance(state, DecodingState):  # a model definition allocated its own buffers
             state = DecodingState.adopt(self.target, self.batch, length)
-        self.state = state
+        self.state = self._slots_state = state
         for step in dict.fromkeys((self.tree_target, self.ragged_target)):
             if step is not None and step is not self.target:  # a separate step shares the target's state
                 from specc.runtime.graphs import GraphedStep
@@ -250,9 +252,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 state.bind(step.step if graphed else step)
                 if graphed:
                     step.graphs.clear()  # captured graphs point at the old buffers
+        # every slot's buffers as each step holds them: what ``set_width`` binds the first rows of
+        self._step_buffers = [(step, state_buffers(step)) for step in
+                              dict.fromkeys((self.target, self.tree_target, self.ragged_target)) if step is not None]
+        self.capacity = self.batch  # slots allocated; ``batch``: the slots a step runs over (``set_width``)
         if self.drafter is not None:  # room for the shape capture's writes past a full-length prompt
             self.drafter.setup(max_len + 2 * (self.num_draft + 1), self.batch)
-        self._shapes_captured = False  # graphed steps drop their graphs with the old caches
+        self._shapes_captured = set()  # widths whose drafting shapes ran; graphs went with the old caches
         self._ahead = None
 
     def _arange(self, n: int) -> torch.Tensor:
@@ -387,26 +393,89 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         # a SamplingPolicy is made at the first sampled request's prefill (it needs the vocabulary);
         # until then every request is greedy and the greedy path runs unchanged
         self.policy = GreedyPolicy()
-        if rows != self.batch:
+        if rows != self.capacity:
             self.resize(self.max_len, rows)
         k_max = self.num_draft if self.drafter is not None else 0
         shape = (rows, self.max_len + k_max + 2)
-        seq = getattr(self, "seq", None)
+        seq = getattr(self, "_seq_slots", None)
         if (seq is not None and tuple(seq.shape) == shape and seq.device == self.target.device
                 and (torch.is_inference_mode_enabled() or not seq.is_inference())):
             seq.zero_()  # the same buffer: the chain step's graph writes into it
         else:
-            self.seq = torch.zeros(shape, dtype=torch.long, device=self.target.device)
-        self.n = [0] * rows  # committed tokens per slot (host mirror of state.lengths + 1)
-        self._ahead = self._ahead_step = None
-        self.live = [False] * rows
-        self._live_mask = None
-        self.state.lengths.zero_()
+            self._seq_slots = torch.zeros(shape, dtype=torch.long, device=self.target.device)
+        self._slots_state.lengths.zero_()
         if self.drafter is not None:
             self.drafter.forwards = 0
             self.drafter.open_rows(rows)
+        self.n, self.live = [], []  # committed tokens per slot (host mirror of state.lengths + 1), live flags
+        self._bind_width(rows)
         timer = {True: PartTimer, "events": EventTimer}.get(self.profile)
         self._timer = timer(self.target.device) if timer else _NoTimer()
+
+    # --- batch buckets: steps over the first rows of the allocated slots -------------------------
+
+    @property
+    def width_can_change(self) -> bool:
+        """Whether ``set_width`` / ``move_slot`` may run now: more than one slot allocated and
+        every request greedy (a sampled request's per-row parameters and random streams are
+        made for the width it joined at, which then stays until ``open_slots``), and a drafter
+        that can narrow its rows (``Drafter.set_width``)."""
+        return (self.capacity > 1 and isinstance(self.policy, GreedyPolicy)
+                and (self.drafter is None or hasattr(self.drafter, "set_width")))
+
+    def set_width(self, rows: int) -> None:
+        """Run the following steps over the first ``rows`` of the ``capacity`` slots (a batch
+        bucket), so that a step's cost follows the requests running rather than the slots
+        allocated: the state, ``seq`` and the drafter's caches are bound as views of the
+        allocation's first rows (no copy; what a step commits is the allocation's), and the
+        slots from ``rows`` on must be free (``move_slot`` compacts). ``rows`` >= 2 unless it
+        is the capacity: batch 1 keeps its own drafting and whole-step paths, chosen when a
+        loop is opened. CUDA graphs are per shape and the buffers do not move, so graphs
+        captured at a width are replayed whenever the loop is back at it."""
+        if rows == self.batch:
+            return
+        if not isinstance(rows, int) or isinstance(rows, bool) or not 1 <= rows <= self.capacity:
+            raise ValueError(f"width must be an integer in [1, {self.capacity}], got {rows!r}")
+        if rows == 1 and self.capacity > 1:
+            raise ValueError("a width of 1 is the capacity's alone (batch 1 drafts and steps differently)")
+        if not self.width_can_change:
+            raise RuntimeError("the width changes only while every request is greedy")
+        busy = [b for b in range(rows, self.batch) if self.live[b]]
+        if busy:
+            raise RuntimeError(f"slots {busy} are in use past width {rows} (move them first: move_slot)")
+        self._bind_width(rows)
+
+    def _bind_width(self, rows: int) -> None:
+        """Bind the first ``rows`` slots of the allocation (``set_width``; ``open_slots``: all)."""
+        self.state = self._slots_state if rows == self.capacity else self._slots_state.narrowed(rows)
+        for step, buffers in self._step_buffers:
+            bind_rows(step, buffers, rows)
+        self.seq = self._seq_slots if rows == self.capacity else self._seq_slots[:rows]
+        self.n = (self.n + [0] * rows)[:rows]
+        self.live = (self.live + [False] * rows)[:rows]
+        self.batch = rows
+        self._live_mask, self._caps, self._ahead, self._ahead_step = None, None, None, None
+        if self.drafter is not None and hasattr(self.drafter, "set_width"):
+            self.drafter.set_width(rows)
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Move the request in slot ``src`` to the free slot ``dst`` (below the width; ``src`` is
+        then free): the target's state rows (``DecodingState.fork``), its committed tokens and
+        the drafter's rows. How a scheduler compacts the running requests into the first slots
+        before a narrower width. Greedy only (``width_can_change``)."""
+        if not self.width_can_change:
+            raise RuntimeError("slots move only while every request is greedy")
+        if not (0 <= src < self.batch and 0 <= dst < self.batch) or not self.live[src] or self.live[dst]:
+            raise ValueError(f"move_slot({src}, {dst}): needs a live source and a free destination below "
+                             f"width {self.batch}")
+        self.state.fork(src, dst)
+        self.seq[dst] = self.seq[src]
+        self.n[dst], self.live[dst] = self.n[src], True
+        if self.drafter is not None:
+            self.drafter.move_slot(src, dst)
+        self.state.release(src)
+        self.n[src], self.live[src] = 0, False
+        self._live_mask, self._ahead, self._ahead_step = None, None, None
 
     def prefill_slot(self, slot: int, prompt: list[int], seed: int | None = None, sampling=None) -> int:
         """Run ``prompt`` through the target into ``slot`` alone (a batch-1 forward on views of
@@ -496,9 +565,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 self._live_mask = upload([int(x) for x in self.live], dev)
             active = self._live_mask
         if self.drafter is not None:
-            if self.capture_shapes and not self._shapes_captured and self.num_draft > 0:
+            if self.capture_shapes and rows not in self._shapes_captured and self.num_draft > 0:
                 self.drafter.capture_shapes(seq, self.num_draft)
-                self._shapes_captured = True
+                self._shapes_captured.add(rows)
             per_row = isinstance(num_draft, (list, tuple))  # then: verified per row when the loop can
             if per_row and len(num_draft) != rows:
                 raise ValueError(f"num_draft: {len(num_draft)} drafts given for {rows} slots")
@@ -793,13 +862,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         commit). The graph holds the verifier, the state's buffers and ``seq``: dropped with
         them (``resize``, a new chain verifier, a new ``seq``)."""
         fn = getattr(self, "_chain_graph", None)
-        if fn is None or self._chain_graph_seq is not self.seq:
+        if fn is None or self._chain_graph_seq is not self._seq_slots:
             fn = self._accept_chain
             if self.capture_shapes:
                 from specc.runtime.graphs import GraphedStep
 
                 fn = GraphedStep(fn, max_tokens=1 << 30, warmup=0, eager_first=True)
-            self._chain_graph, self._chain_graph_seq = fn, self.seq
+            self._chain_graph, self._chain_graph_seq = fn, self._seq_slots
         return fn
 
     def _accept_chain(self, drafts, logits, caps, active):

@@ -35,7 +35,7 @@ import torch
 
 from specc.models.dflash import DFlashDrafter
 from specc.runtime.graphs import unwrapped
-from specc.runtime.state import slot_view
+from specc.runtime.state import bind_rows, slot_view, state_buffers
 from specc.runtime.uploads import upload
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only: the runtime runs generated steps
@@ -102,6 +102,15 @@ def _solo(step, slot: int, *args):
     """One row's forward in its own slot (batch-1 views of its cache rows), never graphed."""
     with slot_view(step, slot):
         return _run(step, True, *args)
+
+
+def _rows_of(tensor: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """``tensor`` [B, ...] cut to its first ``rows`` rows or padded with zero rows (free slots)."""
+    if tensor is None or tensor.shape[0] == rows:
+        return tensor
+    if tensor.shape[0] > rows:
+        return tensor[:rows]
+    return torch.cat([tensor, tensor.new_zeros((rows - tensor.shape[0],) + tuple(tensor.shape[1:]))])
 
 
 def _merge_rows(out: torch.Tensor, rows: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -204,6 +213,35 @@ class Drafter:
         """``slot``'s sequence is over (its request finished or was cancelled)."""
         self.lengths[slot] = 0
 
+    # --- batch buckets (``DeviceSpeculativeDecoder.set_width`` / ``move_slot``) -------------------
+
+    def _state_step(self):
+        """The step whose state buffers hold this drafter's per-row caches (None: no caches)."""
+        return None
+
+    def _keep_slots(self) -> None:
+        """Note the caches ``setup`` just allocated (every slot): ``set_width`` binds their first rows."""
+        step = self._state_step()
+        self._slot_buffers = state_buffers(step) if step is not None else {}
+
+    def set_width(self, rows: int) -> None:
+        """Draft for the first ``rows`` of the slots ``setup`` allocated (a batch bucket; the
+        slots from ``rows`` on are free): per-row host state is cut or padded with free rows and
+        the caches are bound as views of the allocation's first rows."""
+        self.lengths = (self.lengths + [0] * rows)[:rows]
+        step = self._state_step()
+        if step is not None:
+            bind_rows(step, self.__dict__.get("_slot_buffers") or state_buffers(step), rows)
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """Move slot ``src``'s sequence to the free slot ``dst`` (``src`` is then free): its
+        cache rows and per-row host state."""
+        step = self._state_step()
+        if step is not None:
+            for buffer in state_buffers(step).values():
+                buffer[dst] = buffer[src]
+        self.lengths[dst], self.lengths[src] = self.lengths[src], 0
+
     def propose_rows(self, seq: torch.Tensor, n: list[int], k: int, active: list[bool] | None = None) -> torch.Tensor:
         """Draft k tokens per row, [B, k] on the device, without a host sync. ``seq`` [B, L]
         holds the committed tokens; row b has ``n[b]`` (the last, ``seq[b, n[b] - 1]``, not
@@ -302,6 +340,10 @@ class CausalDrafter(Drafter):
 
     def setup(self, max_len: int, batch: int = 1) -> None:
         self.model.setup_caches(batch, max_len)
+        self._keep_slots()
+
+    def _state_step(self):
+        return self.model
 
     @property
     def device(self):
@@ -534,6 +576,30 @@ class DFlashDraft(Drafter):
 
     def setup(self, max_len: int, batch: int = 1) -> None:
         self.drafter.setup_caches(batch, max_len)
+        self._keep_slots()
+
+    def _state_step(self):
+        return self.drafter
+
+    def set_width(self, rows: int) -> None:
+        super().set_width(rows)
+        self.context_lens = (self.context_lens + [0] * rows)[:rows]
+        self.context, self.window = _rows_of(self.context, rows), _rows_of(self.window, rows)
+        stray = [b for b in self.fresh if b >= rows]
+        if stray:
+            raise RuntimeError(f"DFlash rows {stray} hold unfed context past width {rows}")
+
+    def move_slot(self, src: int, dst: int) -> None:
+        super().move_slot(src, dst)
+        self.context_lens[dst], self.context_lens[src] = self.context_lens[src], 0
+        if src in self.fresh:
+            self.fresh[dst] = self.fresh.pop(src)
+        for name in ("context", "window"):  # out of place: either may be a graph's output buffer
+            rows = getattr(self, name)
+            if rows is not None:
+                rows = rows.clone()
+                rows[dst] = rows[src]
+                setattr(self, name, rows)
 
     def open_rows(self, rows: int) -> None:
         self.lengths, self.context_lens = [0] * rows, [0] * rows

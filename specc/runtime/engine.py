@@ -121,7 +121,7 @@ class Engine:
         elapsed = time.perf_counter() - start
         tokens = sum(len(r.tokens) for r in results)
         self.last_stats = {"seconds": elapsed, "tokens": tokens, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
-                           "prompts": len(prompts), "batch_size": self.loop.batch}
+                           "prompts": len(prompts), "batch_size": self.loop.capacity}
         return results
 
     def scheduler(self, capacity: int, max_len: int | None = None, draft_length=None,

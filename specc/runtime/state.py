@@ -36,6 +36,7 @@ A kind that fits the same interface later (not implemented here):
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Iterable
 
 import torch
@@ -43,7 +44,7 @@ import torch
 from specc.models.state import StateSpec, get_attr, idempotent_step, layout, set_attr, state_specs_of
 
 __all__ = ["StateSpec", "StateKind", "KVState", "SnapshotState", "STATE_KINDS", "DecodingState", "reserve_block",
-           "state_specs_of", "slot_view", "idempotent_step"]
+           "state_specs_of", "slot_view", "state_buffers", "bind_rows", "idempotent_step"]
 
 
 class StateKind:
@@ -216,6 +217,18 @@ class DecodingState:
             _kind(kind).commit(buffers, self.lengths, accepted, path)
         self.lengths += accepted.to(self.lengths.dtype)
 
+    def narrowed(self, rows: int) -> "DecodingState":
+        """The first ``rows`` slots as a state of their own: views sharing this state's storage
+        (buffers and lengths), so a step bound to it (``bind``) runs over a batch bucket of the
+        allocated slots and what it commits is this state's (``DeviceSpeculativeDecoder.set_width``)."""
+        if not 1 <= rows <= self.batch:
+            raise ValueError(f"a state of {self.batch} slots has no first {rows}")
+        view = copy.copy(self)
+        view.buffers = {name: buffer[:rows] for name, buffer in self.buffers.items()}
+        view.lengths = self.lengths[:rows]
+        view.batch = rows
+        return view
+
     def fork(self, src_slot: int, dst_slot: int) -> None:
         """Copy slot ``src_slot``'s state and length into ``dst_slot`` (a shared prefix)."""
         length = int(self.lengths[src_slot])
@@ -238,6 +251,22 @@ def _unwrapped(module):
     return module.step if isinstance(module, GraphedStep) else module
 
 
+def state_buffers(module) -> dict[str, torch.Tensor]:
+    """The state buffers ``module`` holds now, by spec name (a wrapper's: the wrapped step's)."""
+    inner = _unwrapped(module)
+    return {spec.name: get_attr(inner, spec.name) for spec in state_specs_of(inner)}
+
+
+def bind_rows(module, buffers: dict[str, torch.Tensor], rows: int) -> None:
+    """Bind the first ``rows`` slots of ``buffers`` (``state_buffers`` of the full allocation) as
+    ``module``'s state: views sharing their storage, so calls of the step run over a batch bucket
+    of the allocated slots. Unlike ``slot_view`` the binding stays; graphs captured over another
+    binding must be dropped by the caller."""
+    inner = _unwrapped(module)
+    for name, buffer in buffers.items():
+        set_attr(inner, name, buffer[:rows])
+
+
 @contextlib.contextmanager
 def slot_view(module, slot: int):
     """Bind row ``slot`` of each state buffer ``module`` declares (a ``[1, ...]`` view sharing the
@@ -246,7 +275,7 @@ def slot_view(module, slot: int):
     batch while the other rows' state stays untouched. Call the step eagerly inside (never
     through a CUDA graph, which would keep pointing at the view)."""
     inner = _unwrapped(module)
-    full = {spec.name: get_attr(inner, spec.name) for spec in state_specs_of(inner)}
+    full = state_buffers(module)
     try:
         for name, buffer in full.items():
             set_attr(inner, name, buffer[slot:slot + 1])

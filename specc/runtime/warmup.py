@@ -150,7 +150,7 @@ def warm_up(loop, vocab_size: int, prompt_len: int = 16, progress: Progress | No
             torch.cuda.synchronize()
 
     def generate(tokens: list[int], new_tokens: int):
-        loop._shapes_captured = False
+        loop._shapes_captured = set()
         loop.generate(tokens, new_tokens, ())
         stats["generations"] += 1
 

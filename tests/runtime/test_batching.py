@@ -67,7 +67,7 @@ def test_batch_of_ragged_prompts_equals_each_alone(checkpoints, method, target_k
     if loop.drafter is not None:
         loop.drafter = probe = _RaggedProbe(loop.drafter)
     results = loop.generate_batch(PROMPTS, BUDGETS, batch_size=capacity)
-    assert loop.batch == capacity
+    assert loop.capacity == capacity and loop.batch <= capacity  # batch buckets: the width at the end
     for prompt, budget, result in zip(PROMPTS, BUDGETS, results):
         assert result.tokens == reference(target, budget, prompt=prompt)
         assert result.finished_by == "length" and sum(result.stats.accepted_lengths) == budget - 1

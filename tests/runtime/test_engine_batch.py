@@ -27,7 +27,7 @@ def test_compiled_generate_batch_equals_each_prompt_alone(checkpoints, engines, 
     engine = engines[key]
     budgets = [10, 6, 12, 9, 4]
     results = engine.generate_batch(PROMPTS, budgets, eos_token_id=(), batch_size=3)
-    assert engine.loop.batch == 3 and engine.last_stats["prompts"] == 5
+    assert engine.loop.capacity == 3 and engine.last_stats["prompts"] == 5
     for prompt, budget, result in zip(PROMPTS, budgets, results):
         assert result.tokens == reference(checkpoints["target"], budget, prompt=prompt)
         assert bool(result.stats.tree_nodes) == (key == "pard-tree")

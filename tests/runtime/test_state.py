@@ -56,6 +56,40 @@ def test_fork_and_release():
     assert state.lengths.tolist() == [0, 0, 4]
 
 
+def test_narrowed_state_is_a_view_of_the_first_slots():
+    """A batch bucket's state: its buffers and lengths share the allocation's storage, so what a
+    step commits through it is the allocation's; slots past it are untouched."""
+    state = DecodingState(_specs(), "cpu").allocate(4, 6)
+    state.lengths[:] = torch.tensor([1, 2, 0, 5])
+    view = state.narrowed(2)
+    assert view.batch == 2 and view.buffers["a.cache_k"].shape == (2, 2, 6, 4) and state.batch == 4
+    assert view.buffers["a.cache_k"].data_ptr() == state.buffers["a.cache_k"].data_ptr()
+    view.commit(torch.tensor([2, 1]))
+    view.buffers["a.cache_v"][1].fill_(3)
+    assert state.lengths.tolist() == [3, 3, 0, 5]
+    assert torch.all(state.buffers["a.cache_v"][1] == 3) and not state.buffers["a.cache_v"][2:].any()
+    with pytest.raises(ValueError, match="no first 5"):
+        state.narrowed(5)
+
+
+def test_bind_rows_binds_views_that_stay(checkpoints):
+    """``bind_rows`` binds the first rows of a module's allocated state until changed again;
+    ``state_buffers`` reads what the module holds now."""
+    import json
+    from pathlib import Path
+
+    from specc.runtime.state import bind_rows, state_buffers
+
+    model = CausalLM(model_config_from_hf(json.loads((Path(checkpoints["target"]) / "config.json").read_text())))
+    model.setup_caches(4, 8)
+    full = state_buffers(model)
+    bind_rows(model, full, 2)
+    now = state_buffers(model)
+    assert set(now) == set(full) and all(now[n].shape[0] == 2 and now[n].data_ptr() == full[n].data_ptr() for n in full)
+    bind_rows(model, full, 4)
+    assert all(state_buffers(model)[n].shape == full[n].shape for n in full)
+
+
 def test_bind_sets_buffers_on_a_module_and_models_declare_their_state(checkpoints):
     import json
 

@@ -1,0 +1,48 @@
+"""Batch buckets on the GPU (GPU only): a compiled artifact's CUDA-graphed steps, captured per
+width, replayed as the width moves between buckets and back. The scheduler with buckets gives
+the tokens of the same scheduler without them, and graphs replay at more than one width."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+QWEN3 = pytest.mark.parametrize("family", ["qwen3"], indirect=True)
+PROMPTS = [[5, 17, 33, 2, 8, 9, 41], [7, 3], [11, 4, 60, 2, 8, 31, 17, 5, 70, 44, 12, 3], [9], [40, 41, 6, 1, 23],
+           [8, 8, 1], [30, 2, 71, 5], [12]]
+BUDGETS = [4, 30, 6, 26, 5, 18, 3, 22]  # finishing at different steps: moves, widths 8 -> 4 -> 2
+
+
+@QWEN3
+@pytest.mark.parametrize("key,tree", [("dflash", "off"), ("pard_same", "off"), ("pard_same", "8")])
+def test_bucketed_graphs_give_the_unbucketed_tokens(checkpoints, tmp_path, key, tree):
+    import specc
+    from specc.compiler import compile_artifact
+    from specc.runtime.batching import BatchScheduler
+
+    path = tmp_path / "a.specc"
+    compile_artifact(checkpoints["target"], checkpoints[key], out=path, max_new_tokens=4, tree=tree)
+    engine = specc.load(path, device="cuda", max_len=48)
+    runs = {}
+    for buckets in (False, True, True):  # the second bucketed pass replays the graphs of every width
+        scheduler = BatchScheduler(engine.loop, 8, buckets=buckets)
+        widths = []
+        speculate = engine.loop.speculate
+
+        def traced(budgets, *args, **kwargs):
+            widths.append(engine.loop.batch)
+            return speculate(budgets, *args, **kwargs)
+
+        engine.loop.speculate = traced
+        try:
+            results = scheduler.run([(p, m, ()) for p, m in zip(PROMPTS, BUDGETS)])
+        finally:
+            del engine.loop.speculate
+        runs.setdefault(buckets, []).append(([r.tokens for r in results], widths))
+    (off, off_widths), = runs[False]
+    assert set(off_widths) == {8}
+    for tokens, widths in runs[True]:
+        assert tokens == off and {2, 4, 8} <= set(widths)
+    stats = engine.loop.graph_stats().values()
+    assert sum(s["captures"] for s in stats) >= 3 and sum(s["replays"] for s in stats) > 0
