@@ -223,6 +223,15 @@ def real_pairs(opts, dev) -> list[Pair]:
     return pairs
 
 
+def pair_options(shapes: str, batch: int, tokens: int, deployment: str, real=()) -> argparse.Namespace:
+    """The options ``shaped_pairs`` / ``real_pairs`` read, for scripts that build one Qwen3-8B +
+    DFlash-b16 pair the way this benchmark does (``bench_packed_step.py``, ``bench_buckets.py``):
+    DFlash's GSM8K acceptance replayed, 128-token prompts, the deployment's linear choice."""
+    return argparse.Namespace(shapes=shapes, drafter_shapes="dflash-b16", acceptance="dflash-qwen3-8b:gsm8k",
+                              num_draft=None, batches=[batch], tokens=tokens, prompt_len=128, seed=0,
+                              deployment=deployment, linears="auto", fp32_audit=False, real=list(real))
+
+
 def margins_of(model, opts):
     from specc.verify import PrefixLogits
 

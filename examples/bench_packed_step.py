@@ -24,7 +24,6 @@ steps' kernels by name (``specc.bench.gaps.kernels_in_ranges``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -37,13 +36,11 @@ from specc.runtime.adaptive import GoodputDraftLength
 
 
 def batching_example():
-    """examples/bench_batching.py as a module (its pair builder and kernel profile)."""
-    path = Path(__file__).with_name("bench_batching.py")
-    spec = importlib.util.spec_from_file_location("bench_batching", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_batching"] = module
-    spec.loader.exec_module(module)
-    return module
+    """examples/bench_batching.py as a module (its pair builders)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import bench_batching
+
+    return bench_batching
 
 
 class SameK(GoodputDraftLength):
@@ -73,9 +70,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     bb = batching_example()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    opts = argparse.Namespace(shapes=a.shapes, drafter_shapes="dflash-b16", acceptance="dflash-qwen3-8b:gsm8k",
-                              num_draft=None, batches=[a.batch], tokens=a.tokens, prompt_len=128, seed=0,
-                              deployment=a.deployment, linears="auto", fp32_audit=False)
+    opts = bb.pair_options(a.shapes, a.batch, a.tokens, a.deployment)
     t0 = time.perf_counter()
     pair = bb.shaped_pairs(opts, dev)[0]
     print(f"built in {time.perf_counter() - t0:.1f} s; linears: {bb.linears_used(opts, dev)}", flush=True)

@@ -38,3 +38,20 @@ def test_bench_packed_step_smoke(tmp_path):
     assert all(r["step_ms"] > 0 and r["steps"] > 0 for r in rows)
     assert rows[0]["tokens_per_step"] == rows[1]["tokens_per_step"] > 1
     assert all(r["kernels"]["ranges"] == r["steps"] and r["kernels"]["launches"] > 0 for r in rows)
+
+
+def test_bench_buckets_smoke(tmp_path):
+    """Occupancy rows off and on (on: steps at the bucket's width, fewer rows than the slots), a
+    drain of spread budgets, and a trained pair whose tokens the buckets leave unchanged."""
+    spec = importlib.util.spec_from_file_location("bench_buckets", ROOT / "examples" / "bench_buckets.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.spread(4, 16) == [2, 6, 11, 16]
+    out = tmp_path / "buckets.json"
+    bench.main(["--shapes", "tiny-qwen3", "--capacity", "8", "--running", "2", "--tokens", "8",
+                "--deployment", "cpu", "--real", "specc-tiny:specc-tiny-dflash", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert [(r["running"], r["buckets"]) for r in report["occupancy"]] == [(2, False), (2, True)]
+    assert [r["buckets"] for r in report["drain"]] == [False, True]
+    assert all(r["steps"] > 0 and r["step_ms"] > 0 for r in report["occupancy"] + report["drain"])
+    assert report["real"]["budgets"] == bench.spread(8, 8) and report["real"]["differences"] == []

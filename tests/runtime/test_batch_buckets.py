@@ -5,6 +5,7 @@ equals HF greedy alone, for every target family x drafter, the hybrid target inc
 
 import pytest
 from lossless import reference
+from test_batching import SCENARIOS
 
 from specc.pairing import resolve_pair
 from specc.runtime.batching import BatchScheduler
@@ -12,14 +13,6 @@ from specc.runtime.device_loop import DeviceSpeculativeDecoder
 from specc.runtime.eager import build_eager
 from specc.sampling.params import SamplingParams
 
-SCENARIOS = [  # (method, target key, drafter key, drafts per step)
-    ("ar", "target", None, 0),
-    ("ar-draft", "target", "ar_perturbed", 3),
-    ("pard", "target", "pard_same", 4),
-    ("pard", "const_target", "const_pard", 4),
-    ("dflash", "target", "dflash", 3),
-    ("dflash", "const_target", "const_dflash", 3),
-]
 # slots 0 and 2 finish first, so slot 3's request moves to slot 0 before the width drops to 2
 PROMPTS = [[7, 3], [9], [11, 4, 60, 2, 8, 31, 17, 5, 70, 44, 12, 3], [40, 41, 6, 1, 23]]
 BUDGETS = [3, 16, 2, 14]
