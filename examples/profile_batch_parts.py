@@ -1,34 +1,75 @@
-"""Device time per part of the batched speculative step (CUDA events), to find the host gap."""
-import json, os, sys, time
-sys.path.insert(0, "examples")
-import torch
-import bench_batching as bb
-from specc.bench.batched import drive
+"""Device time per part of the batched speculative step and of the batched AR step (CUDA events).
 
-dep = sys.argv[1] if len(sys.argv) > 1 else "h100-bs1"
-dev = torch.device("cuda")
-opts = bb.pair_options(os.environ.get("SHAPES", "qwen3-8b"), 32, int(os.environ.get("TOK", 128)), dep)
-pair = bb.shaped_pairs(opts, dev)[0]
-out = {}
-for system, loop in (("spec", pair.loop), ("ar", pair.ar)):
-    for B in [int(b) for b in os.environ.get("BS", "16,32").split(",")]:
-        prompts = pair.prompts[:B]
-        loop.profile = False
-        drive(loop, prompts, opts.tokens)  # warm: captures
+Why: a batched step's wall time is draft + verify + acceptance + the host's bookkeeping between
+steps (the GPU idles there); the loop's ``profile = "events"`` splits it without synchronising
+(``EventTimer``: "between" is from one step's host read to the next step's first launch). Builds
+the Qwen3-8B + DFlash-b16 pair of ``examples/bench_batching.py`` (random weights, DFlash's GSM8K
+acceptance replayed, the deployment's linear choice) and drives B requests per batch size with
+continuous batching (buckets off: every step over the B slots), once untimed, once timed, once
+profiled.
+
+    PYTHONPATH=. python3 examples/profile_batch_parts.py --deployment h100-bs1 --out $OUT/parts.json
+    PYTHONPATH=. python3 examples/profile_batch_parts.py --shapes tiny-qwen3 --batches 2 --tokens 8 --deployment cpu
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_batching as bb  # noqa: E402
+
+from specc.bench.batched import drive  # noqa: E402
+
+
+def _sync(dev) -> None:
+    if dev.type == "cuda":
         torch.cuda.synchronize()
-        if hasattr(loop.verifier, "reset"):
-            loop.verifier.reset()
-        t0 = time.perf_counter()
-        run = drive(loop, prompts, opts.tokens)
-        torch.cuda.synchronize()
-        wall = run.decode_seconds / run.decode_steps
-        loop.profile = "events"
-        if hasattr(loop.verifier, "reset"):
-            loop.verifier.reset()
-        run2 = drive(loop, prompts, opts.tokens)
-        parts = {k: 1e3 * v / run2.decode_steps for k, v in loop.part_seconds.items()}
-        loop.profile = False
-        out[f"{system}-B{B}"] = {"step_ms_unprofiled": 1e3 * wall, "steps": run.decode_steps,
-                                 "parts_ms_per_step": parts, "step_ms_profiled": 1e3 * run2.decode_seconds / run2.decode_steps}
-        print(system, B, json.dumps(out[f"{system}-B{B}"]), flush=True)
-json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "parts.json"), "w"), indent=1)
+
+
+def _restart(loop) -> None:
+    if hasattr(loop.verifier, "reset"):  # a replayed acceptance draws the same counts every pass
+        loop.verifier.reset()
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="qwen3-8b", help="target shapes (specc.bench.shapes)")
+    ap.add_argument("--batches", default="16,32", help="batch sizes, comma separated")
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens per request")
+    ap.add_argument("--deployment", default="h200-bs1", help="whose linear choice the steps are built with")
+    ap.add_argument("--out", help="write the rows as JSON here")
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batches = [int(b) for b in a.batches.split(",") if b.strip()]
+    opts = bb.pair_options(a.shapes, max(batches), a.tokens, a.deployment)
+    pair = bb.shaped_pairs(opts, dev)[0]
+    out = {}
+    for system, loop in (("spec", pair.loop), ("ar", pair.ar)):
+        for b in batches:
+            prompts = pair.prompts[:b]
+            loop.profile = False
+            drive(loop, prompts, a.tokens)  # untimed: compiles and captures
+            _sync(dev)
+            _restart(loop)
+            run = drive(loop, prompts, a.tokens)
+            _sync(dev)
+            loop.profile = "events"
+            _restart(loop)
+            profiled = drive(loop, prompts, a.tokens)
+            parts = {k: 1e3 * v / profiled.decode_steps for k, v in loop.part_seconds.items()}
+            loop.profile = False
+            out[f"{system}-B{b}"] = {"step_ms_unprofiled": 1e3 * run.decode_seconds / run.decode_steps,
+                                     "steps": run.decode_steps, "parts_ms_per_step": parts,
+                                     "step_ms_profiled": 1e3 * profiled.decode_seconds / profiled.decode_steps}
+            print(system, b, json.dumps(out[f"{system}-B{b}"]), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()

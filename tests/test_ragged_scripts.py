@@ -55,3 +55,19 @@ def test_bench_buckets_smoke(tmp_path):
     assert [r["buckets"] for r in report["drain"]] == [False, True]
     assert all(r["steps"] > 0 and r["step_ms"] > 0 for r in report["occupancy"] + report["drain"])
     assert report["real"]["budgets"] == bench.spread(8, 8) and report["real"]["differences"] == []
+
+
+def test_profile_batch_parts_smoke(tmp_path):
+    """The per-part device times of the batched speculative and AR steps add up to the profiled
+    step (the parts cover the device's timeline)."""
+    spec = importlib.util.spec_from_file_location("profile_batch_parts", ROOT / "examples" / "profile_batch_parts.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "parts.json"
+    rows = bench.main(["--shapes", "tiny-qwen3", "--batches", "2", "--tokens", "6", "--deployment", "cpu",
+                       "--out", str(out)])
+    assert set(rows) == {"spec-B2", "ar-B2"} and json.loads(out.read_text()) == rows
+    for row in rows.values():
+        parts = row["parts_ms_per_step"]
+        assert {"draft", "verify", "accept", "between"} <= set(parts) and row["steps"] > 0
+        assert parts["verify"] > 0 and row["step_ms_profiled"] > 0
