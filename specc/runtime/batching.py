@@ -17,7 +17,8 @@ smallest power of two (at least 2) that holds the running requests; before a ste
 waiting the requests past a narrower bucket move into its free slots (``loop.move_slot``) and the
 width drops (``loop.set_width``: views of the allocated state, no copy), and before admissions it
 grows back to hold the queue, so a step's cost follows the requests running rather than the
-slots allocated (docs/batching.md, "Batch buckets").
+slots allocated (docs/batching.md, "Batch buckets"). It narrows only where the narrower width's
+steps were measured faster (``BUCKET_GAIN``): a small model's steps cost the same at any width.
 
 This is the object a server drives (docs/batching.md)::
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import time
 
 import torch
 
@@ -42,7 +44,10 @@ from specc.result import GenerationResult, GenerationStats, clip_committed
 from specc.runtime.adaptive import AcceptanceEstimate
 from specc.sampling.params import SamplingParams
 
-__all__ = ["StepEvent", "BatchScheduler"]
+__all__ = ["StepEvent", "BatchScheduler", "BUCKET_GAIN"]
+
+# a narrower width is taken only where its steps were measured at least this much faster
+BUCKET_GAIN = 0.10
 
 
 @dataclasses.dataclass
@@ -87,6 +92,7 @@ class BatchScheduler:
         self.loop, self.capacity = loop, capacity
         # batch buckets: step over the first width(running) slots, the running requests moved there
         self.buckets = bool(buckets) and hasattr(loop, "set_width")
+        self.fastest_step: dict[int, float] = {}  # width -> the fastest step seen there (seconds)
         self.default_eos = tuple(int(e) for e in eos_token_ids)
         # ``draft_length``: a rule choosing drafts per step from the requests' measured acceptance
         # (``specc.runtime.adaptive.GoodputDraftLength``); None: the loop's fixed k
@@ -230,10 +236,13 @@ class BatchScheduler:
             self.last_request_drafts = []
         else:
             self.last_request_drafts = [k] * len(running) if ks is None else [ks[r.slot] for r in running]
+        width, start = self.width, time.perf_counter()
         if self.draft_length is None and getattr(self.loop, "runs_ahead", False):  # the next call is known
             host, nodes = self.loop.speculate(budgets, None, ahead=True)
         else:
             host, nodes = self.loop.speculate(budgets, k if ks is None else ks)
+        seconds = time.perf_counter() - start  # the step ends in its host read
+        self.fastest_step[width] = min(seconds, self.fastest_step.get(width, seconds))
         level2 = set(getattr(self.loop, "last_level2_rows", ()))
         events = []
         for request in running:
@@ -306,7 +315,7 @@ class BatchScheduler:
         if not self.buckets or self._queue or not self.loop.width_can_change:
             return
         wanted = self.bucket(len(running))
-        if wanted >= self.width:
+        if wanted >= self.width or not self._narrowing_pays(wanted):
             return
         free = [slot for slot in range(wanted) if self._slots[slot] is None]
         for request in running:
@@ -316,6 +325,19 @@ class BatchScheduler:
                 self._slots[dst], self._slots[request.slot] = request, None
                 request.slot = dst
         self.loop.set_width(wanted)
+
+    def _narrowing_pays(self, wanted: int) -> bool:
+        """Whether a step at width ``wanted`` is at least ``BUCKET_GAIN`` faster than one at the
+        current width: the fastest steps seen at each, an unseen narrower one predicted by a line
+        through the widths seen (a step's cost grows about linearly with its rows; with one width
+        seen, or none: yes, to find out). Where steps cost the same at every width (small
+        launch-bound models) moving requests and rebinding the state only adds time: -13% over
+        a drain of specc-tiny on the H100 before this check (docs/benchmarks/run24.md)."""
+        now = self.fastest_step.get(self.width)
+        narrow = self.fastest_step.get(wanted)
+        if narrow is None and len(self.fastest_step) >= 2:
+            narrow = _line_at(self.fastest_step, wanted)
+        return now is None or narrow is None or narrow <= (1.0 - BUCKET_GAIN) * now
 
     def run(self, requests) -> list[GenerationResult]:
         """Submit ``(prompt, max_new_tokens, eos_token_ids[, seed[, sampling]])`` requests, step
@@ -350,6 +372,15 @@ class BatchScheduler:
     def _draft_forwards(self) -> int:
         drafter = self.loop.drafter
         return drafter.forwards if drafter is not None else 0
+
+
+def _line_at(points: dict[int, float], x: int) -> float:
+    """The least-squares line through ``points`` (x -> y, at least two x), evaluated at ``x``."""
+    n = len(points)
+    mean_x, mean_y = sum(points) / n, sum(points.values()) / n
+    spread = sum((px - mean_x) ** 2 for px in points)
+    slope = sum((px - mean_x) * (py - mean_y) for px, py in points.items()) / spread
+    return mean_y + slope * (x - mean_x)
 
 
 def _check_sampling(sampling) -> SamplingParams | None:

@@ -24,6 +24,14 @@ def _loop(checkpoints, method, target_key, drafter_key, num_draft, tree=0):
     return DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len, tree_budget=tree)
 
 
+@pytest.fixture(autouse=True)
+def always_narrow(monkeypatch):
+    """The width trajectories below assume every narrowing is taken: the measured-gain check
+    (``BatchScheduler._narrowing_pays``) would follow the CPU's step times, which at these toy
+    sizes hardly depend on the width. ``test_narrowing_follows_measured_steps`` tests the check."""
+    monkeypatch.setattr(BatchScheduler, "_narrowing_pays", lambda self, wanted: True)
+
+
 class _Widths:
     """Records the loop's width before every step and every slot move."""
 
@@ -163,3 +171,32 @@ def test_hybrid_target_moves_its_recurrent_state(tmp_path_factory, tree):
     results = loop.generate_batch(prompts, budgets, batch_size=4)
     assert [r.tokens for r in results] == plain
     assert seen.moves == [(3, 0)] and seen.widths[-1] == 2
+
+
+def test_narrowing_follows_measured_steps(checkpoints, monkeypatch):
+    """A narrower width is taken while unmeasured, or where its fastest step was BUCKET_GAIN
+    faster than the current width's; not where the steps cost the same."""
+    monkeypatch.undo()  # the real check
+    from specc.runtime import batching
+
+    loop = _loop(checkpoints, *SCENARIOS[4])
+    scheduler = BatchScheduler(loop, 8)
+    assert scheduler._narrowing_pays(2)  # nothing measured
+    scheduler.fastest_step = {8: 0.010}
+    assert scheduler._narrowing_pays(4)  # one width seen: find out
+    scheduler.fastest_step = {8: 0.010, 4: 0.0085, 2: 0.0095}
+    assert scheduler.width == 8 and scheduler._narrowing_pays(4) and not scheduler._narrowing_pays(2)
+    scheduler.fastest_step[2] = (1 - batching.BUCKET_GAIN) * 0.010
+    assert scheduler._narrowing_pays(2)
+    # an unseen width is predicted by a line through the widths seen
+    scheduler.fastest_step = {8: 0.010, 6: 0.0098}  # about flat (launch-bound): 4 rows predicted 0.0096
+    assert not scheduler._narrowing_pays(4)
+    scheduler.fastest_step = {8: 0.010, 6: 0.008}  # 1 ms a row: 4 rows predicted 0.006
+    assert scheduler._narrowing_pays(4) and batching._line_at(scheduler.fastest_step, 4) == pytest.approx(0.006)
+    # a run records the fastest step per width it stepped at
+    for prompt, budget in zip(PROMPTS, BUDGETS):
+        scheduler.submit(prompt, budget)
+    scheduler.fastest_step = {}
+    while not scheduler.idle:
+        scheduler.step()
+    assert 4 in scheduler.fastest_step and all(t > 0 for t in scheduler.fastest_step.values())
