@@ -14,7 +14,7 @@ computed together, never what a row computes.
 
 Batch buckets (``buckets=True``, the default): a step runs over the first ``width`` slots, the
 smallest power of two (at least 2) that holds the running requests; before a step with nobody
-waiting the requests past a narrower bucket move into its free slots (``loop.move_slot``) and the
+waiting the requests past a narrower bucket move into its free slots (``loop.move_slots``) and the
 width drops (``loop.set_width``: views of the allocated state, no copy), and before admissions it
 grows back to hold the queue, so a step's cost follows the requests running rather than the
 slots allocated (docs/batching.md, "Batch buckets"). It narrows only where the narrower width's
@@ -318,12 +318,14 @@ class BatchScheduler:
         if wanted >= self.width or not self._narrowing_pays(wanted):
             return
         free = [slot for slot in range(wanted) if self._slots[slot] is None]
+        moves = []
         for request in running:
             if request.slot >= wanted:
                 dst = free.pop(0)
-                self.loop.move_slot(request.slot, dst)
+                moves.append((request.slot, dst))
                 self._slots[dst], self._slots[request.slot] = request, None
                 request.slot = dst
+        self.loop.move_slots(moves)
         self.loop.set_width(wanted)
 
     def _narrowing_pays(self, wanted: int) -> bool:

@@ -8,7 +8,7 @@ is one case of it. A request enters a slot by ``prefill_slot`` (its prompt alone
 forward on views of the slot's state rows, so prompts of any lengths share a batch) and leaves
 by ``release_slot``; ``speculate`` runs one step over every slot of the current width: the first
 ``batch`` of the ``capacity`` slots allocated (``set_width`` binds views of those rows, a batch
-bucket; ``move_slot`` moves a request into a lower slot first). ``specc.runtime.batching``
+bucket; ``move_slots`` moves requests into a lower slot first). ``specc.runtime.batching``
 schedules requests over the slots (continuous batching); ``generate`` / ``generate_batch`` go
 through it. Drafters read ``seq`` and return drafts [B, k] as device tensors
 (``Drafter.propose_rows``), the verify input is assembled on the device, the verifier
@@ -416,7 +416,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     @property
     def width_can_change(self) -> bool:
-        """Whether ``set_width`` / ``move_slot`` may run now: more than one slot allocated and
+        """Whether ``set_width`` / ``move_slots`` may run now: more than one slot allocated and
         every request greedy (a sampled request's per-row parameters and random streams are
         made for the width it joined at, which then stays until ``open_slots``), and a drafter
         that can narrow its rows (``Drafter.set_width``)."""
@@ -428,7 +428,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         bucket), so that a step's cost follows the requests running rather than the slots
         allocated: the state, ``seq`` and the drafter's caches are bound as views of the
         allocation's first rows (no copy; what a step commits is the allocation's), and the
-        slots from ``rows`` on must be free (``move_slot`` compacts). ``rows`` >= 2 unless it
+        slots from ``rows`` on must be free (``move_slots`` compacts). ``rows`` >= 2 unless it
         is the capacity: batch 1 keeps its own drafting and whole-step paths, chosen when a
         loop is opened. CUDA graphs are per shape and the buffers do not move, so graphs
         captured at a width are replayed whenever the loop is back at it."""
@@ -442,7 +442,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             raise RuntimeError("the width changes only while every request is greedy")
         busy = [b for b in range(rows, self.batch) if self.live[b]]
         if busy:
-            raise RuntimeError(f"slots {busy} are in use past width {rows} (move them first: move_slot)")
+            raise RuntimeError(f"slots {busy} are in use past width {rows} (move them first: move_slots)")
         self._bind_width(rows)
 
     def _bind_width(self, rows: int) -> None:
@@ -458,24 +458,36 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if self.drafter is not None and hasattr(self.drafter, "set_width"):
             self.drafter.set_width(rows)
 
-    def move_slot(self, src: int, dst: int) -> None:
-        """Move the request in slot ``src`` to the free slot ``dst`` (below the width; ``src`` is
-        then free): the target's state rows (``DecodingState.fork``), its committed tokens and
-        the drafter's rows. How a scheduler compacts the running requests into the first slots
-        before a narrower width. Greedy only (``width_can_change``)."""
+    def move_slots(self, moves: list[tuple[int, int]]) -> None:
+        """Move the request in slot ``src`` to the free slot ``dst`` for each ``(src, dst)`` (below
+        the width; the sources are then free): the target's state rows (``DecodingState.move``),
+        the committed tokens and the drafter's rows, one copy per buffer for all the moves and no
+        device read. How a scheduler compacts the running requests into the first slots before
+        a narrower width. Greedy only (``width_can_change``)."""
         if not self.width_can_change:
             raise RuntimeError("slots move only while every request is greedy")
-        if not (0 <= src < self.batch and 0 <= dst < self.batch) or not self.live[src] or self.live[dst]:
-            raise ValueError(f"move_slot({src}, {dst}): needs a live source and a free destination below "
-                             f"width {self.batch}")
-        self.state.fork(src, dst)
-        self.seq[dst] = self.seq[src]
-        self.n[dst], self.live[dst] = self.n[src], True
+        src, dst = [m[0] for m in moves], [m[1] for m in moves]
+        for a, b in moves:
+            if not (0 <= a < self.batch and 0 <= b < self.batch) or not self.live[a] or self.live[b]:
+                raise ValueError(f"move_slot({a}, {b}): needs a live source and a free destination below "
+                                 f"width {self.batch}")
+        if len(set(src) | set(dst)) != 2 * len(moves):
+            raise ValueError(f"moves {moves}: every slot may appear once")
+        if not moves:
+            return
+        self.state.move(src, dst, max(self.n[a] for a in src))  # n[b] - 1 tokens are in the cache
+        s, d = upload(src, self.seq.device), upload(dst, self.seq.device)
+        self.seq[d] = self.seq[s]
         if self.drafter is not None:
-            self.drafter.move_slot(src, dst)
-        self.state.release(src)
-        self.n[src], self.live[src] = 0, False
+            self.drafter.move_slots(src, dst)
+        for a, b in moves:
+            self.n[b], self.live[b] = self.n[a], True
+            self.n[a], self.live[a] = 0, False
         self._live_mask, self._ahead, self._ahead_step = None, None, None
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """``move_slots([(src, dst)])``."""
+        self.move_slots([(src, dst)])
 
     def prefill_slot(self, slot: int, prompt: list[int], seed: int | None = None, sampling=None) -> int:
         """Run ``prompt`` through the target into ``slot`` alone (a batch-1 forward on views of

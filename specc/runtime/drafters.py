@@ -104,6 +104,15 @@ def _solo(step, slot: int, *args):
         return _run(step, True, *args)
 
 
+def _move_entries(values: list, src: list[int], dst: list[int], free) -> None:
+    """``values[dst[i]] = values[src[i]]``, then ``values[src[i]] = free`` (slot moves)."""
+    moved = [values[a] for a in src]
+    for a in src:
+        values[a] = free
+    for b, value in zip(dst, moved):
+        values[b] = value
+
+
 def _rows_of(tensor: torch.Tensor | None, rows: int) -> torch.Tensor | None:
     """``tensor`` [B, ...] cut to its first ``rows`` rows or padded with zero rows (free slots)."""
     if tensor is None or tensor.shape[0] == rows:
@@ -213,7 +222,7 @@ class Drafter:
         """``slot``'s sequence is over (its request finished or was cancelled)."""
         self.lengths[slot] = 0
 
-    # --- batch buckets (``DeviceSpeculativeDecoder.set_width`` / ``move_slot``) -------------------
+    # --- batch buckets (``DeviceSpeculativeDecoder.set_width`` / ``move_slots``) ------------------
 
     def _state_step(self):
         """The step whose state buffers hold this drafter's per-row caches (None: no caches)."""
@@ -233,14 +242,15 @@ class Drafter:
         if step is not None:
             bind_rows(step, self.__dict__.get("_slot_buffers") or state_buffers(step), rows)
 
-    def move_slot(self, src: int, dst: int) -> None:
-        """Move slot ``src``'s sequence to the free slot ``dst`` (``src`` is then free): its
-        cache rows and per-row host state."""
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """Move the sequences of slots ``src`` to the free slots ``dst`` (pairwise; ``src`` are
+        then free): their cache rows (one copy per buffer) and per-row host state."""
         step = self._state_step()
         if step is not None:
+            s, d = upload(src, self.device), upload(dst, self.device)
             for buffer in state_buffers(step).values():
-                buffer[dst] = buffer[src]
-        self.lengths[dst], self.lengths[src] = self.lengths[src], 0
+                buffer[d] = buffer[s]
+        _move_entries(self.lengths, src, dst, 0)
 
     def propose_rows(self, seq: torch.Tensor, n: list[int], k: int, active: list[bool] | None = None) -> torch.Tensor:
         """Draft k tokens per row, [B, k] on the device, without a host sync. ``seq`` [B, L]
@@ -589,17 +599,17 @@ class DFlashDraft(Drafter):
         if stray:
             raise RuntimeError(f"DFlash rows {stray} hold unfed context past width {rows}")
 
-    def move_slot(self, src: int, dst: int) -> None:
-        super().move_slot(src, dst)
-        self.context_lens[dst], self.context_lens[src] = self.context_lens[src], 0
-        if src in self.fresh:
-            self.fresh[dst] = self.fresh.pop(src)
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        super().move_slots(src, dst)
+        _move_entries(self.context_lens, src, dst, 0)
+        for a, b in zip(src, dst):
+            if a in self.fresh:
+                self.fresh[b] = self.fresh.pop(a)
+        s, d = upload(src, self.device), upload(dst, self.device)
         for name in ("context", "window"):  # out of place: either may be a graph's output buffer
             rows = getattr(self, name)
             if rows is not None:
-                rows = rows.clone()
-                rows[dst] = rows[src]
-                setattr(self, name, rows)
+                setattr(self, name, rows.index_copy(0, d, rows[s]))
 
     def open_rows(self, rows: int) -> None:
         self.lengths, self.context_lens = [0] * rows, [0] * rows

@@ -236,6 +236,26 @@ class DecodingState:
             _kind(spec.kind).fork(self.buffers[spec.name], src_slot, dst_slot, length)
         self.lengths[dst_slot] = self.lengths[src_slot]
 
+    def move(self, src: list[int], dst: list[int], length: int) -> None:
+        """Move the sequences of slots ``src`` into the free slots ``dst`` (pairwise; ``src`` are
+        then free), one copy per buffer for all of them (each kind's ``fork`` over index
+        tensors) and no device read: ``length`` is the longest of their lengths, from the
+        caller's host mirror. How a scheduler compacts its requests into a batch bucket."""
+        if set(src) & set(dst) or len(src) != len(dst) or len(set(dst)) != len(dst):
+            raise ValueError(f"move: sources {src} and destinations {dst} must be distinct slots, pairwise")
+        if not src:
+            return
+        from specc.runtime.uploads import upload
+
+        s, d = upload(src, self.device), upload(dst, self.device)
+        for spec in self.specs:
+            _kind(spec.kind).fork(self.buffers[spec.name], s, d, length)
+        self.lengths[d] = self.lengths[s]
+        for slot in src:
+            for spec in self.specs:
+                _kind(spec.kind).release(self.buffers[spec.name], slot)
+        self.lengths[s] = 0
+
     def release(self, slot: int) -> None:
         """Free ``slot`` for another sequence (its length becomes 0)."""
         for spec in self.specs:

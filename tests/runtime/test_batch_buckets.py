@@ -1,5 +1,5 @@
 """Batch buckets (``BatchScheduler(buckets=True)``, the default): a step runs over the first
-width(running) slots of the allocation, the running requests moved there (``move_slot``), so a
+width(running) slots of the allocation, the running requests moved there (``move_slots``), so a
 step's cost follows the requests running rather than the slots allocated. Every request still
 equals HF greedy alone, for every target family x drafter, the hybrid target included."""
 
@@ -37,18 +37,18 @@ class _Widths:
 
     def __init__(self, loop):
         self.widths, self.moves = [], []
-        speculate, move = loop.speculate, loop.move_slot
+        speculate, move = loop.speculate, loop.move_slots
 
         def on_speculate(budgets, *args, **kwargs):
             assert len(budgets) == loop.batch == loop.state.lengths.shape[0] == loop.seq.shape[0]
             self.widths.append(loop.batch)
             return speculate(budgets, *args, **kwargs)
 
-        def on_move(src, dst):
-            self.moves.append((src, dst))
-            return move(src, dst)
+        def on_move(moves):
+            self.moves += moves
+            return move(moves)
 
-        loop.speculate, loop.move_slot = on_speculate, on_move
+        loop.speculate, loop.move_slots = on_speculate, on_move
 
 
 @pytest.mark.parametrize("method,target_key,drafter_key,num_draft", SCENARIOS)
@@ -130,6 +130,10 @@ def test_set_width_and_move_slot_refuse_what_would_lose_a_request(checkpoints):
     loop.prefill_slot(0, [9, 2])
     with pytest.raises(ValueError, match="needs a live source and a free destination"):
         loop.move_slot(3, 0)
+    loop.prefill_slot(2, [7, 3])
+    with pytest.raises(ValueError, match="every slot may appear once"):
+        loop.move_slots([(2, 1), (3, 1)])
+    loop.release_slot(2)
     loop.move_slot(3, 1)
     loop.set_width(2)
     assert loop.live == [True, True] and loop.n == [3, 4] and loop.seq.shape[0] == 2
@@ -163,7 +167,7 @@ def test_hybrid_target_moves_its_recurrent_state(tmp_path_factory, tree):
 
     class _Movable(_RowScripted):  # finds each row's continuation by its prompt: nothing of its own moves
         def set_width(self, rows): ...
-        def move_slot(self, src, dst): ...
+        def move_slots(self, src, dst): ...
 
     drafter = _Movable([(p, p + t) for p, t in zip(prompts, plain)], [(4, 9), (4, 1), (4, 0), (2, 1)])
     loop = DeviceSpeculativeDecoder(target, drafter, 4, 48, tree_budget=tree)

@@ -72,6 +72,19 @@ def test_narrowed_state_is_a_view_of_the_first_slots():
         state.narrowed(5)
 
 
+def test_move_copies_rows_up_to_the_longest_and_frees_the_sources():
+    state = DecodingState(_specs(), "cpu").allocate(4, 6)
+    k = state.buffers["a.cache_k"]
+    k[2].fill_(2)
+    k[3].fill_(3)
+    state.lengths[:] = torch.tensor([1, 0, 4, 2])
+    state.move([2, 3], [1, 0], length=4)
+    assert state.lengths.tolist() == [2, 4, 0, 0]
+    assert torch.all(k[1, :, :4] == 2) and torch.all(k[0, :, :4] == 3) and not k[1, :, 4:].any()
+    with pytest.raises(ValueError, match="distinct slots"):
+        state.move([0], [0], length=1)
+
+
 def test_bind_rows_binds_views_that_stay(checkpoints):
     """``bind_rows`` binds the first rows of a module's allocated state until changed again;
     ``state_buffers`` reads what the module holds now."""
