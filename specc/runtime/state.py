@@ -284,7 +284,7 @@ def bind_rows(module, buffers: dict[str, torch.Tensor], rows: int) -> None:
     binding must be dropped by the caller."""
     inner = _unwrapped(module)
     for name, buffer in buffers.items():
-        set_attr(inner, name, buffer[:rows])
+        set_attr(inner, name, buffer if rows == buffer.shape[0] else buffer[:rows])  # all rows: the buffer itself
 
 
 @contextlib.contextmanager
