@@ -348,12 +348,13 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         return out
 
     def generate_batch(self, prompts, max_new_tokens, eos_token_ids=(), sampling=None, seeds=None,
-                       batch_size: int | None = None) -> list[GenerationResult]:
+                       batch_size: int | None = None, buckets: bool = True) -> list[GenerationResult]:
         """Generation for several prompts (any lengths), ``batch_size`` rows at a time (default:
         all at once) with continuous batching (``specc.runtime.batching``): per prompt the same
         tokens as that prompt alone. ``max_new_tokens``: one budget or one per prompt.
         ``sampling``: one ``SamplingParams`` for every prompt or one per prompt (None: greedy);
-        ``seeds``: one per prompt (default: each prompt's params' seed)."""
+        ``seeds``: one per prompt (default: each prompt's params' seed); ``buckets``: the
+        scheduler's batch buckets (``BatchScheduler``)."""
         from specc.runtime.batching import BatchScheduler
 
         prompts = [as_prompt_list(p) for p in prompts]
@@ -367,7 +368,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if len(seeds) != len(prompts):
             raise ValueError(f"seeds: {len(seeds)} given for {len(prompts)} prompts")
         with torch.inference_mode():
-            scheduler = BatchScheduler(self, max(1, min(batch_size or len(prompts), len(prompts))))
+            scheduler = BatchScheduler(self, max(1, min(batch_size or len(prompts), len(prompts))), buckets=buckets)
             requests = zip(prompts, budgets, [eos_token_ids] * len(prompts), seeds, per_prompt)
             return scheduler.run(list(requests))
 

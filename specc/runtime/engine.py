@@ -89,7 +89,8 @@ class Engine:
         return result
 
     def generate_batch(self, prompts, max_new_tokens=64, eos_token_id=None, batch_size: int | None = None,
-                       sampling: SamplingParams | None = None, seeds=None, **sampling_fields) -> list[GenerationResult]:
+                       sampling: SamplingParams | None = None, seeds=None, buckets: bool = True,
+                       **sampling_fields) -> list[GenerationResult]:
         """Generation for several prompts of any lengths, decoded ``batch_size`` at a time
         (default: all together) with continuous batching; one result per prompt, in order, each
         equal to that prompt run alone (greedy; sampling: the same params and seed give the same
@@ -98,6 +99,8 @@ class Engine:
         sampling as in ``generate`` (one ``SamplingParams`` for every prompt), or a list of one
         ``SamplingParams`` (or None: greedy) per prompt, greedy and sampled mixed in one batch
         (keywords override each); one seed per prompt in ``seeds`` (default: the params' seed).
+        ``buckets``: steps over the smallest bucket of slots that holds the running requests
+        (docs/batching.md, "Batch buckets"; False: every step over all ``batch_size`` slots).
         ``last_stats``: seconds and tokens/s of the batch."""
         prompts = [list(p) for p in prompts]
         if isinstance(sampling, (list, tuple)):
@@ -115,7 +118,8 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        results = self.loop.generate_batch(prompts, budgets, self._eos(eos_token_id), params, seeds, batch_size=batch_size)
+        results = self.loop.generate_batch(prompts, budgets, self._eos(eos_token_id), params, seeds,
+                                           batch_size=batch_size, buckets=buckets)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
@@ -125,22 +129,22 @@ class Engine:
         return results
 
     def scheduler(self, capacity: int, max_len: int | None = None, draft_length=None,
-                  sampling: SamplingParams | None = None):
+                  sampling: SamplingParams | None = None, buckets: bool = True):
         """A continuous-batching scheduler over this engine's loop (``specc.runtime.batching``:
         ``submit`` / ``step`` / ``cancel`` / ``take``) with ``capacity`` slots of up to
         ``max_len`` tokens each (prompt + new tokens; default: the engine's). Requests without
         their own EOS ids stop at the model's. ``draft_length``: a rule choosing each step's
         drafts (``specc.runtime.adaptive.GoodputDraftLength``; None: the artifact's k, or, when
         the artifact's batching choice is per-request k, the goodput rule over its recorded step
-        curve). One scheduler drives the engine at a time: making one (or calling ``generate``)
-        starts the loop over."""
+        curve). ``buckets``: as in ``generate_batch``. One scheduler drives the engine at a time:
+        making one (or calling ``generate``) starts the loop over."""
         from specc.runtime.batching import BatchScheduler
 
         if max_len is not None:
             self.set_max_len(max_len)
         if draft_length is None:
             draft_length = self.default_draft_length()
-        return BatchScheduler(self.loop, capacity, self.eos_token_ids, draft_length, sampling=sampling)
+        return BatchScheduler(self.loop, capacity, self.eos_token_ids, draft_length, sampling=sampling, buckets=buckets)
 
     def default_draft_length(self):
         """The goodput rule the artifact's batching choice asks for, over the step curve the

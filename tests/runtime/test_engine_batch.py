@@ -33,6 +33,9 @@ def test_compiled_generate_batch_equals_each_prompt_alone(checkpoints, engines, 
         assert bool(result.stats.tree_nodes) == (key == "pard-tree")
     alone = engine.generate(PROMPTS[2], 12, eos_token_id=())
     assert engine.loop.batch == 1 and alone.tokens == results[2].tokens
+    fixed = engine.generate_batch(PROMPTS, budgets, eos_token_id=(), batch_size=3, buckets=False)
+    assert [r.tokens for r in fixed] == [r.tokens for r in results] and engine.loop.batch == 3
+    assert not engine.scheduler(3, buckets=False).buckets and engine.scheduler(3).buckets
 
 
 def test_compiled_scheduler_default_eos_and_growing_max_len(checkpoints, engines):
