@@ -297,14 +297,10 @@ class BatchScheduler:
         return min(width, self.capacity)
 
     def _widen(self) -> None:
-        """Before admissions: a width that holds the running and queued requests. A sampled
-        request joins at the capacity (its per-row sampling state is made for the width it
-        joins at, which then stays)."""
+        """Before admissions: a width that holds the running and queued requests."""
         if not self.buckets or not self._queue or not self.loop.width_can_change:
             return
         wanted = self.bucket(self.num_running + len(self._queue))
-        if any(request.sampling is not None for request in self._queue):
-            wanted = self.capacity
         if wanted > self.width:
             self.loop.set_width(wanted)
 

@@ -417,12 +417,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
 
     @property
     def width_can_change(self) -> bool:
-        """Whether ``set_width`` / ``move_slots`` may run now: more than one slot allocated and
-        every request greedy (a sampled request's per-row parameters and random streams are
-        made for the width it joined at, which then stays until ``open_slots``), and a drafter
-        that can narrow its rows (``Drafter.set_width``)."""
-        return (self.capacity > 1 and isinstance(self.policy, GreedyPolicy)
-                and (self.drafter is None or hasattr(self.drafter, "set_width")))
+        """Whether ``set_width`` / ``move_slots`` may run: more than one slot allocated and a
+        drafter that can narrow its rows (``Drafter.set_width``)."""
+        return self.capacity > 1 and (self.drafter is None or hasattr(self.drafter, "set_width"))
 
     def set_width(self, rows: int) -> None:
         """Run the following steps over the first ``rows`` of the ``capacity`` slots (a batch
@@ -440,7 +437,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         if rows == 1 and self.capacity > 1:
             raise ValueError("a width of 1 is the capacity's alone (batch 1 drafts and steps differently)")
         if not self.width_can_change:
-            raise RuntimeError("the width changes only while every request is greedy")
+            raise RuntimeError("this loop's width cannot change (one slot, or a drafter without set_width)")
         busy = [b for b in range(rows, self.batch) if self.live[b]]
         if busy:
             raise RuntimeError(f"slots {busy} are in use past width {rows} (move them first: move_slots)")
@@ -458,15 +455,17 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self._live_mask, self._caps, self._ahead, self._ahead_step = None, None, None, None
         if self.drafter is not None and hasattr(self.drafter, "set_width"):
             self.drafter.set_width(rows)
+        if isinstance(self.policy, SamplingPolicy):
+            self.policy.set_width(rows)
 
     def move_slots(self, moves: list[tuple[int, int]]) -> None:
         """Move the request in slot ``src`` to the free slot ``dst`` for each ``(src, dst)`` (below
         the width; the sources are then free): the target's state rows (``DecodingState.move``),
         the committed tokens and the drafter's rows, one copy per buffer for all the moves and no
         device read. How a scheduler compacts the running requests into the first slots before
-        a narrower width. Greedy only (``width_can_change``)."""
+        a narrower width (``width_can_change``)."""
         if not self.width_can_change:
-            raise RuntimeError("slots move only while every request is greedy")
+            raise RuntimeError("this loop's slots cannot move (one slot, or a drafter without move_slots)")
         src, dst = [m[0] for m in moves], [m[1] for m in moves]
         for a, b in moves:
             if not (0 <= a < self.batch and 0 <= b < self.batch) or not self.live[a] or self.live[b]:
@@ -481,6 +480,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.seq[d] = self.seq[s]
         if self.drafter is not None:
             self.drafter.move_slots(src, dst)
+        if isinstance(self.policy, SamplingPolicy):
+            self.policy.move_rows(src, dst)
         for a, b in moves:
             self.n[b], self.live[b] = self.n[a], True
             self.n[a], self.live[a] = 0, False
@@ -533,13 +534,14 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         whole-step graphs captured over its tensors stay valid, else a new one."""
         kept = getattr(self, "_kept_sampling", None)
         dev = self.target.device
-        if (kept is not None and kept.rows.rows == self.batch and kept.vocab == vocab
+        if (kept is not None and kept.capacity == self.capacity and kept.vocab == vocab
                 and kept.seeds.device == dev and kept.seeds.is_inference() == torch.is_inference_mode_enabled()):
             kept.restart()
-            return kept
-        kept = SamplingPolicy([None] * self.batch, torch.zeros(self.batch, dtype=torch.long, device=dev),
-                              self.seq[:, :1], vocab)
-        self._kept_sampling = kept
+        else:  # made for every slot, bound to the width (``set_width``)
+            kept = SamplingPolicy([None] * self.capacity, torch.zeros(self.capacity, dtype=torch.long, device=dev),
+                                  self._seq_slots[:, :1], vocab)
+            self._kept_sampling = kept
+        kept.set_width(self.batch)
         return kept
 
     def release_slot(self, slot: int) -> None:

@@ -91,6 +91,32 @@ class SamplingPolicy:
         if any(p is not None and not p.greedy and p.uses_history for p in per_row):
             self.seen = torch.zeros(rows, vocab + 1, dtype=torch.bool, device=prompts.device)
             self.seen.scatter_(1, prompts.clamp(max=vocab), True)
+        # every row's tensors; ``set_width`` binds views of the first ones (a batch bucket)
+        self._all = (self.seeds, self.rows, self.seen)
+
+    @property
+    def capacity(self) -> int:
+        """Rows the policy was made for (its width may be fewer: ``set_width``)."""
+        return self._all[1].rows
+
+    def set_width(self, rows: int) -> None:
+        """Sample for the first ``rows`` rows (``DeviceSpeculativeDecoder.set_width``): views of
+        every row's seeds, parameters and seen sets (all rows: the tensors themselves)."""
+        seeds, params, seen = self._all
+        if rows == params.rows:
+            self.seeds, self.rows, self.seen = seeds, params, seen
+            return
+        self.seeds = seeds[:rows]
+        self.rows = RowParams(*(t[:rows] for t in params._tensors()), used=params.used)
+        self.seen = None if seen is None else seen[:rows]
+
+    def move_rows(self, src: list[int], dst: list[int]) -> None:
+        """Rows ``src`` take rows ``dst`` (pairwise; slot moves): seeds, parameters, seen sets.
+        The random numbers are functions of (seed, position), not of the row."""
+        seeds, params, seen = self._all
+        s, d = torch.tensor(src, device=seeds.device), torch.tensor(dst, device=seeds.device)
+        for tensor in (seeds, *params._tensors(), *(() if seen is None else (seen,))):
+            tensor[d] = tensor[s]
 
     def _base(self, shape_mid: int | None = None):
         if self.seen is None:
@@ -193,10 +219,12 @@ class SamplingPolicy:
         keeps one per batch size, so CUDA graphs captured over its tensors stay valid): params and
         seeds rewritten in place, the seen set dropped. ``RowParams.used`` stays: a processor no row
         has on changes no row's distribution (each is masked per row)."""
-        for row in range(self.rows.rows):
-            self.rows.set_row(row, None)
-        self.seeds.zero_()
-        self.seen = None
+        seeds, params, _ = self._all
+        for row in range(params.rows):
+            params.set_row(row, None)
+        seeds.zero_()
+        self.seen, self._all = None, (seeds, params, None)
+        self.set_width(params.rows)
 
     def start_row(self, slot: int, seed: int, prompt: torch.Tensor, params=None) -> None:
         """A request enters ``slot`` (continuous batching): its seed, its params (None: a greedy
@@ -205,7 +233,10 @@ class SamplingPolicy:
         self.rows.set_row(slot, params)
         if self.seen is None and params is not None and not params.greedy and params.uses_history:
             # the first request with a penalty: the other rows' sets are never read (penalty off)
-            self.seen = torch.zeros(self.rows.rows, self.vocab + 1, dtype=torch.bool, device=prompt.device)
+            seeds, rows, _ = self._all
+            seen = torch.zeros(rows.rows, self.vocab + 1, dtype=torch.bool, device=prompt.device)
+            self._all = (seeds, rows, seen)
+            self.seen = seen[: self.rows.rows]
         if self.seen is not None:
             self.seen[slot] = False
             self.seen[slot].scatter_(0, prompt.clamp(max=self.vocab), True)

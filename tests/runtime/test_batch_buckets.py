@@ -98,20 +98,19 @@ def test_without_buckets_every_step_runs_at_capacity(checkpoints):
         assert result.tokens == reference(checkpoints["target"], budget, prompt=prompt)
 
 
-def test_a_sampled_request_joins_at_capacity_and_the_width_stays(checkpoints):
-    """A sampled request's per-row sampling state is made for the width it joins at: the
-    scheduler widens to the capacity first, and the width no longer changes (the greedy request
-    beside it still equals greedy alone)."""
-    loop = _loop(checkpoints, *SCENARIOS[2])
+@pytest.mark.parametrize("method,target_key,drafter_key,num_draft", [SCENARIOS[2], SCENARIOS[4]])
+def test_sampled_requests_move_and_equal_their_runs_alone(checkpoints, method, target_key, drafter_key, num_draft):
+    """Sampled and greedy requests in one batch: a sampled request's seed, parameters and seen
+    set move with it (``SamplingPolicy.move_rows``) and narrow with the width; each request's
+    tokens equal its run alone with the same parameters and seed."""
+    loop = _loop(checkpoints, method, target_key, drafter_key, num_draft)
     seen = _Widths(loop)
-    scheduler = BatchScheduler(loop, 4)
-    greedy = scheduler.submit([9, 2], 14)
-    scheduler.step()
-    scheduler.submit([7, 3], 5, sampling=SamplingParams(temperature=0.8, seed=3))
-    while not scheduler.idle:
-        scheduler.step()
-    assert seen.widths[0] == 2 and set(seen.widths[1:]) == {4} and not loop.width_can_change
-    assert scheduler.take(greedy).tokens == reference(checkpoints["target"], 14, prompt=[9, 2])
+    params = [None, SamplingParams(temperature=0.8, seed=3), None,
+              SamplingParams(temperature=1.0, top_k=5, repetition_penalty=1.3, seed=9)]
+    results = loop.generate_batch(PROMPTS, BUDGETS, (), sampling=params, batch_size=4)
+    assert seen.moves == [(3, 0)] and seen.widths[-1] == 2
+    for prompt, budget, p, result in zip(PROMPTS, BUDGETS, params, results):
+        assert result.tokens == loop.generate(prompt, budget, (), p).tokens
 
 
 def test_set_width_and_move_slot_refuse_what_would_lose_a_request(checkpoints):

@@ -51,7 +51,7 @@ def test_mixed_batch_equals_each_request_alone(qwen3, method, drafter_key, num_d
     loop = _loop(qwen3, method, drafter_key, num_draft, tree)
     # capacity 3 < 5 requests: requests join between steps into slots freed by finished ones
     batched = loop.generate_batch(PROMPTS, BUDGETS, (), sampling=MIXED, batch_size=3)
-    assert loop.batch == 3 and isinstance(loop.policy, SamplingPolicy)
+    assert loop.capacity == 3 and isinstance(loop.policy, SamplingPolicy)
     alone = [loop.generate(p, n, (), s) for p, n, s in zip(PROMPTS, BUDGETS, MIXED)]
     for prompt, budget, params, got, want in zip(PROMPTS, BUDGETS, MIXED, batched, alone):
         assert got.tokens == want.tokens, (prompt, params)
