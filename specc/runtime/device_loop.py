@@ -258,6 +258,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         self.capacity = self.batch  # slots allocated; ``batch``: the slots a step runs over (``set_width``)
         if self.drafter is not None:  # room for the shape capture's writes past a full-length prompt
             self.drafter.setup(max_len + 2 * (self.num_draft + 1), self.batch)
+            if hasattr(self.drafter, "keep_slots"):  # every slot's caches, as ``_step_buffers`` for the steps
+                self.drafter.keep_slots()
         self._shapes_captured = set()  # widths whose drafting shapes ran; graphs went with the old caches
         self._ahead = None
 

@@ -228,8 +228,9 @@ class Drafter:
         """The step whose state buffers hold this drafter's per-row caches (None: no caches)."""
         return None
 
-    def _keep_slots(self) -> None:
-        """Note the caches ``setup`` just allocated (every slot): ``set_width`` binds their first rows."""
+    def keep_slots(self) -> None:
+        """Note the caches ``setup`` just allocated (every slot): ``set_width`` binds their first
+        rows. The device loop calls it after each ``setup``."""
         step = self._state_step()
         self._slot_buffers = state_buffers(step) if step is not None else {}
 
@@ -240,7 +241,7 @@ class Drafter:
         self.lengths = (self.lengths + [0] * rows)[:rows]
         step = self._state_step()
         if step is not None:
-            bind_rows(step, self.__dict__.get("_slot_buffers") or state_buffers(step), rows)
+            bind_rows(step, self._slot_buffers, rows)
 
     def move_slots(self, src: list[int], dst: list[int]) -> None:
         """Move the sequences of slots ``src`` to the free slots ``dst`` (pairwise; ``src`` are
@@ -350,7 +351,6 @@ class CausalDrafter(Drafter):
 
     def setup(self, max_len: int, batch: int = 1) -> None:
         self.model.setup_caches(batch, max_len)
-        self._keep_slots()
 
     def _state_step(self):
         return self.model
@@ -586,7 +586,6 @@ class DFlashDraft(Drafter):
 
     def setup(self, max_len: int, batch: int = 1) -> None:
         self.drafter.setup_caches(batch, max_len)
-        self._keep_slots()
 
     def _state_step(self):
         return self.drafter

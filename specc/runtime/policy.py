@@ -32,6 +32,7 @@ from specc.sampling import rng
 from specc.sampling.params import SamplingParams
 from specc.sampling.rows import RowParams, process_rows, rows_probs
 from specc.runtime.sampling_verify import SamplingChainVerifier, SamplingTreeVerifier
+from specc.runtime.uploads import upload
 
 __all__ = ["GreedyPolicy", "SamplingPolicy", "decoding_policy"]
 
@@ -114,7 +115,7 @@ class SamplingPolicy:
         """Rows ``src`` take rows ``dst`` (pairwise; slot moves): seeds, parameters, seen sets.
         The random numbers are functions of (seed, position), not of the row."""
         seeds, params, seen = self._all
-        s, d = torch.tensor(src, device=seeds.device), torch.tensor(dst, device=seeds.device)
+        s, d = upload(src, seeds.device), upload(dst, seeds.device)  # queued: no host sync
         for tensor in (seeds, *params._tensors(), *(() if seen is None else (seen,))):
             tensor[d] = tensor[s]
 
@@ -234,9 +235,8 @@ class SamplingPolicy:
         if self.seen is None and params is not None and not params.greedy and params.uses_history:
             # the first request with a penalty: the other rows' sets are never read (penalty off)
             seeds, rows, _ = self._all
-            seen = torch.zeros(rows.rows, self.vocab + 1, dtype=torch.bool, device=prompt.device)
-            self._all = (seeds, rows, seen)
-            self.seen = seen[: self.rows.rows]
+            self._all = (seeds, rows, torch.zeros(rows.rows, self.vocab + 1, dtype=torch.bool, device=prompt.device))
+            self.set_width(self.rows.rows)
         if self.seen is not None:
             self.seen[slot] = False
             self.seen[slot].scatter_(0, prompt.clamp(max=self.vocab), True)
