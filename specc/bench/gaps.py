@@ -133,7 +133,7 @@ def host_windows(trace: dict, steps: int, top: int = 15) -> dict:
 
 
 def _short(name: str) -> str:
-    return name.split("(")[0][:60]
+    return name.split("(")[0][:160]
 
 
 def _frames_at(py: list, starts: list, ts: float, depth: int = 2) -> str:

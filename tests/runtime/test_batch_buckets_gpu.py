@@ -48,3 +48,37 @@ def test_bucketed_graphs_give_the_unbucketed_tokens(checkpoints, tmp_path, monke
         assert tokens == off and {2, 4, 8} <= set(widths)
     stats = engine.loop.graph_stats().values()
     assert sum(s["captures"] for s in stats) >= 3 and sum(s["replays"] for s in stats) > 0
+
+
+@QWEN3
+def test_sampled_requests_narrow_under_graphs_as_without_buckets(checkpoints, tmp_path, monkeypatch):
+    """Sampled and greedy requests in one graphed batch: their seeds, parameters and seen sets move
+    with them as the width narrows (``SamplingPolicy.move_rows``); the tokens equal the same batch
+    without buckets (the random numbers depend on seed and position, not on the slot)."""
+    import specc
+    from specc.compiler import compile_artifact
+    from specc.runtime.batching import BatchScheduler
+    from specc.sampling.params import SamplingParams
+
+    monkeypatch.setattr(BatchScheduler, "_narrowing_pays", lambda self, wanted: True)
+    path = tmp_path / "a.specc"
+    compile_artifact(checkpoints["target"], checkpoints["dflash"], out=path, max_new_tokens=4)
+    engine = specc.load(path, device="cuda", max_len=48)
+    params = [SamplingParams(temperature=0.8, seed=3), None, SamplingParams(temperature=1.0, top_k=5, seed=9), None,
+              SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.2, seed=11), None, None,
+              SamplingParams(temperature=1.0, seed=5)]
+    off = engine.loop.generate_batch(PROMPTS, BUDGETS, (), sampling=params, buckets=False)
+    widths = []
+    speculate = engine.loop.speculate
+
+    def traced(budgets, *args, **kwargs):
+        widths.append(engine.loop.batch)
+        return speculate(budgets, *args, **kwargs)
+
+    engine.loop.speculate = traced
+    try:
+        on = engine.loop.generate_batch(PROMPTS, BUDGETS, (), sampling=params, buckets=True)
+    finally:
+        del engine.loop.speculate
+    assert {2, 4, 8} <= set(widths)
+    assert [r.tokens for r in on] == [r.tokens for r in off]
