@@ -20,6 +20,10 @@ ref| / max |ref|, beside cuBLAS's own).
 
     PYTHONPATH=. python3 examples/bench_gemm_variants.py --out $OUT/gemm_variants.json   # ~1-2 min (GPU)
     PYTHONPATH=. python3 examples/bench_gemm_variants.py --device cpu --ms 8 --small      # CPU smoke
+
+``--record FILE`` merges the cuBLAS times into a linear-choice table of measured cuBLAS times (the
+format of ``specc/data/cublas-times-*.json``, which the GPUs' built-in rules carry: the cost model
+prices cuBLAS rows of those shapes from them), replacing the rows measured again.
 """
 
 from __future__ import annotations
@@ -82,9 +86,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--ms", default="128,192,256,384,512", help="row counts, comma separated")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="weight shapes by name: " + ",".join(SHAPES))
+    ap.add_argument("--variants", default="", help="only these variants, comma separated (default: all)")
     ap.add_argument("--small", action="store_true", help="tiny shapes (a CPU smoke run)")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default="gemm_variants.json")
+    ap.add_argument("--record", help="merge the cuBLAS times into this linear-choice table of cuBLAS times")
     opts = ap.parse_args(argv)
     dev = opts.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -104,7 +110,10 @@ def main(argv: list[str] | None = None) -> dict:
             ref = x.float() @ weights[0].float().T
             scale = ref.abs().max().item()
             row = {"shape": name, "M": m, "N": n, "K": k, "copies": copies}
+            wanted = {v for v in opts.variants.split(",") if v}
             for vname, (fn, ctx) in variants(dev).items():
+                if wanted and vname not in wanted and vname != "cublas":  # cuBLAS: every row's yardstick
+                    continue
                 if vname.startswith("split") and k % int(vname[5]) != 0:
                     continue
                 try:
@@ -132,7 +141,31 @@ def main(argv: list[str] | None = None) -> dict:
               "torch": torch.__version__, "seconds": time.perf_counter() - t0, "rows": rows}
     with open(opts.out, "w") as f:
         json.dump(record, f, indent=1)
+    if opts.record:
+        merge_cublas_times(opts.record, rows, f"{record['device']}, torch {record['torch']}, {record['date']}")
     return record
+
+
+def merge_cublas_times(path: str, rows: list[dict], measured_on: str) -> dict:
+    """Merge each row's cuBLAS time into the table at ``path`` (made if missing): points keyed by
+    (N, K, M), the new time replacing an old one; the source says where the new ones came from."""
+    from pathlib import Path
+
+    from specc.codegen.linear_choice import FORMAT, LinearChoice
+
+    file = Path(path)
+    table = json.loads(file.read_text()) if file.exists() else {
+        "format": FORMAT, "margin": 0.0, "overhead_s": 1.5e-06, "dtype": "bfloat16", "source": "", "shapes": []}
+    points = {(s["N"], s["K"]): {p["M"]: p for p in s["points"]} for s in table["shapes"]}
+    for r in rows:
+        points.setdefault((r["N"], r["K"]), {})[r["M"]] = {"M": r["M"], "impl": "cublas", "triton_s": None,
+                                                            "cublas_s": round(r["cublas"]["us"] * 1e-6, 9)}
+    table["shapes"] = [{"N": n, "K": k, "points": [by_m[m] for m in sorted(by_m)]} for (n, k), by_m in sorted(points.items())]
+    note = f"M = {','.join(str(m) for m in sorted({r['M'] for r in rows}))} on {measured_on} (examples/bench_gemm_variants.py)"
+    table["source"] = f"{table['source']}; {note}" if table["source"] else f"F.linear (cuBLAS): {note}"
+    LinearChoice.from_json(table)  # a table the rules can load
+    file.write_text(json.dumps(table, indent=1) + "\n")
+    return table
 
 
 if __name__ == "__main__":

@@ -108,8 +108,27 @@ def shape_candidates(cands, m: int, n: int, k: int, device) -> list[L.LinearConf
     return out
 
 
+def large_dot_candidates(m: int) -> list[L.LinearConfig]:
+    """GEMM tiles for batched verification's 128-512 rows, where cuBLAS reaches only 0.43-0.64
+    of the H100's peak at N = 4096-6144 (docs/benchmarks/run25.md): row tiles of 64-256 (one
+    weight pass when a tile holds every row), 64-256 weight rows, split-K 1-4 to fill the SMs,
+    4 or 8 warps; kept where a stage's tiles fit ~200 KB of shared memory and the fp32
+    accumulator ~128 registers a thread."""
+    out = []
+    for bm, bn, bk, split, warps, stages, tma in itertools.product(
+            (64, 128, 256), (64, 128, 256), (64, 128), (1, 2, 4), (4, 8), (3, 4), (False, True)):
+        if bm > max(64, 1 << (m - 1).bit_length()):
+            continue
+        if (bm + bn) * bk * 2 * stages > 200 * 1024 or bm * bn > 128 * warps * 32:
+            continue
+        out.append(L.LinearConfig("dot", block_m=bm, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
+                                  num_stages=stages, tma=tma, swap_ab=False))
+    return out
+
+
 def dot_candidates(m: int, which: str) -> list[L.LinearConfig]:
-    return {"full": candidates, "small": small_dot_candidates, "none": lambda m: []}[which](m)
+    return {"full": candidates, "small": small_dot_candidates, "large": large_dot_candidates,
+            "none": lambda m: []}[which](m)
 
 
 def all_candidates(m: int, args) -> list[L.LinearConfig]:
@@ -134,8 +153,9 @@ def main() -> None:
                     help="also time the multi-row GEMV (kind=gemv, block_m 2/4/8) at M <= 8")
     ap.add_argument("--gemv-stages", default="1,2",
                     help="num_stages of the multi-row GEMV candidates (2: prefetch the next weight tile)")
-    ap.add_argument("--dot", default="full", choices=("full", "small", "none"),
-                    help="dot candidates: the full 180, a 48-config subset, or none")
+    ap.add_argument("--dot", default="full", choices=("full", "small", "large", "none"),
+                    help="dot candidates: the full 180, a 48-config subset, GEMM tiles for 128-512 rows "
+                         "(large: each output checked, cuBLAS timed beside), or none")
     ap.add_argument("--list", action="store_true", help="print the candidate counts per M and exit (no GPU)")
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # "i/n": compile-only worker
     args = ap.parse_args()
@@ -192,7 +212,7 @@ def _describe(r) -> str:
     extra = (f"st={c['num_stages']} tma={c['tma']}" if c["kind"] == "dot" else
              f"bm={c['block_m']} w={c['num_warps']} st={c['num_stages']}")
     return (f"{r['us']:6.1f} us ({r['TBps']:.2f} TB/s) {c['kind']} bn={c['block_n']} bk={c['block_k']} "
-            f"split={c['split_k']} {extra}")
+            f"split={c['split_k']} {extra}" + (f" bm={c['block_m']} w={c['num_warps']}" if c["kind"] == "dot" else ""))
 
 
 def sweep_m(m: int, cands, shapes, res, save=lambda: None) -> None:
@@ -210,11 +230,12 @@ def sweep_m(m: int, cands, shapes, res, save=lambda: None) -> None:
         shipped = L.get_config(m, n, k)
         t_shipped = t(shipped)
         y_shipped = L.linear(xs, ws[0], config=shipped).float()
+        t_cublas = time_calls([lambda w=w: torch.nn.functional.linear(xs, w) for w in ws])
         rows = []
         t1 = time.time()
         for c in shape_candidates(cands, m, n, k, xs.device):
             try:
-                if c.kind == "gemv":  # the multi-row GEMV is new on the GPU: check its output first
+                if c.kind == "gemv" or c.block_m > 64:  # configs new on the GPU: check the output first
                     y = L.linear(xs, ws[0], config=c).float()
                     err = ((y - y_shipped).norm() / y_shipped.norm()).item()
                     if not err < 1e-2:
@@ -227,17 +248,19 @@ def sweep_m(m: int, cands, shapes, res, save=lambda: None) -> None:
             rows.append({"m": m, "shape": name, "config": dataclasses.asdict(c), "us": us, "TBps": nbytes / us / 1e6})
         ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
         res["rows"] += rows + [{"m": m, "shape": name, "config": dataclasses.asdict(shipped), "us": t_shipped,
-                                "shipped": True}]
+                                "shipped": True}, {"m": m, "shape": name, "cublas": True, "us": t_cublas}]
         key = f"{m}:{name}"
         res["best"][key] = ok[:5]
         res["best_dot"][key] = [r for r in ok if r["config"]["kind"] == "dot"][:5]
         res["best_gemv_rows"][key] = [r for r in ok if r["config"]["kind"] == "gemv"][:5]
         errors = sum("error" in r for r in rows)
         print(f"[linear] M={m} {name:8s}: shipped {t_shipped:6.1f} us ({nbytes / t_shipped / 1e6:.2f} TB/s); "
+              f"cuBLAS {t_cublas:6.1f} us ({2 * m * n * k / t_cublas / 1e6:.0f} TFLOP/s); "
               f"{len(rows)} configs in {time.time() - t1:.0f} s" + (f", {errors} errors" if errors else ""), flush=True)
         for label, top in (("best", ok), ("dot", res["best_dot"][key]), ("gemv-rows", res["best_gemv_rows"][key])):
             if top:
-                print(f"[linear]   {label:9s} {_describe(top[0])}", flush=True)
+                print(f"[linear]   {label:9s} {_describe(top[0])} ({2 * m * n * k / top[0]['us'] / 1e6:.0f} TFLOP/s, "
+                      f"{t_cublas / top[0]['us']:.3f}x cuBLAS)", flush=True)
         save()
         ws.clear()  # (the weights of this shape: freed before the next)
         torch.cuda.empty_cache()

@@ -29,7 +29,9 @@ the GPU); the cost model subtracts it, as calibration's fits do.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from importlib import resources
 from typing import Any, Iterable, Mapping
 
 FORMAT = "specc-linear-choice/1"
@@ -289,15 +291,22 @@ class LinearChoice:
 @dataclasses.dataclass(frozen=True)
 class RowRule(LinearChoice):
     """cuBLAS from ``cublas_from_rows`` rows up at every weight shape, Triton below: a choice
-    stated for a GPU, for deployments without a measured table (``BUILTIN_RULES``). No times:
-    the cost model prices these linears as it prices unmeasured ones."""
+    stated for a GPU, for deployments without a measured table (``BUILTIN_RULES``). The shapes
+    it carries hold cuBLAS times measured on that GPU (Qwen3-8B's linears at 128+ rows); the cost
+    model prices those rows from them and every other linear as it prices unmeasured ones."""
 
     cublas_from_rows: int = 128
 
     def shape(self, n: int, k: int) -> ShapeChoice | None:
+        """Triton below ``cublas_from_rows``, cuBLAS from there; where the rule carries cuBLAS
+        times for this shape (``shapes``: the GPU's measured record, ``BUILTIN_RULES``), its
+        points at or above the switch keep them, so the cost model prices those rows from the
+        measurement instead of the roofline."""
         lo = self.cublas_from_rows
-        points = ((ChoicePoint(lo - 1, "triton"),) if lo > 1 else ()) + (ChoicePoint(lo, "cublas"),)
-        return ShapeChoice(int(n), int(k), points)
+        below = (ChoicePoint(lo - 1, "triton"),) if lo > 1 else ()
+        timed = self.shapes.get((int(n), int(k)))
+        above = tuple(dataclasses.replace(p, impl="cublas") for p in timed.points if p.m >= lo) if timed else ()
+        return ShapeChoice(int(n), int(k), below + (above or (ChoicePoint(lo, "cublas"),)))
 
     @property
     def uses_cublas(self) -> bool:
@@ -330,19 +339,34 @@ class RowRule(LinearChoice):
 # cuBLAS 1.25-1.6x faster at M = 128 on every shape, within 1% at M = 64 (Triton on four shapes
 # of five) and slower at M = 1-16, and its table switches at 65 rows; the batched speculative step
 # at B = 16 (256 verify rows) took 21.8 ms with Triton linears and 11.1 ms with the measured choice.
-BUILTIN_RULES: dict[str, tuple[int, str]] = {
-    "NVIDIA H200": (65, "docs/benchmarks/h200-run8.md, run22.md"),
-    "NVIDIA H100 SXM": (65, "docs/benchmarks/run22.md"),
+# Each rule also names a packaged record of cuBLAS times at Qwen3-8B's five linear shapes for
+# 128-512 (H100, run 25) or 128-2048 rows (H200, run 8): at 256 rows cuBLAS reaches only 0.43-0.64
+# of the H100's bf16 peak on the N = 4096-6144 shapes, which the roofline with one efficiency
+# priced 20-30% fast (the B = 16 speculative step was predicted at 8.98 ms and measured 10.94).
+BUILTIN_RULES: dict[str, tuple[int, str, str]] = {
+    "NVIDIA H200": (65, "docs/benchmarks/h200-run8.md, run22.md", "cublas-times-h200.json"),
+    "NVIDIA H100 SXM": (65, "docs/benchmarks/run22.md", "cublas-times-h100.json"),
 }
 
 
-def builtin_choice(gpu: str) -> LinearChoice | None:
-    """The stated rule for a deployment's GPU (``BUILTIN_RULES``), or None (Triton everywhere)."""
+def builtin_times(record: str) -> LinearChoice:
+    """A packaged record of measured cuBLAS times (``specc/data``; a linear-choice table)."""
+    return LinearChoice.from_json(json.loads(resources.files("specc").joinpath("data", record).read_text()))
+
+
+def builtin_choice(gpu: str, times: bool = True) -> LinearChoice | None:
+    """The stated rule for a deployment's GPU (``BUILTIN_RULES``), with its measured cuBLAS times
+    unless ``times`` is False, or None (Triton everywhere)."""
     rule = BUILTIN_RULES.get(gpu)
     if rule is None:
         return None
-    rows, where = rule
-    return RowRule({}, source=f"built-in rule for {gpu}: cuBLAS from {rows} rows ({where})", cublas_from_rows=rows)
+    rows, where, record = rule
+    source = f"built-in rule for {gpu}: cuBLAS from {rows} rows ({where})"
+    if not times:
+        return RowRule({}, source=source, cublas_from_rows=rows)
+    measured = builtin_times(record)
+    return RowRule(measured.shapes, overhead_s=measured.overhead_s, source=f"{source}; cuBLAS times: {record}",
+                   cublas_from_rows=rows)
 
 
 def in_rows(rows: int, ranges: Iterable[tuple[int, int | None]]) -> bool:

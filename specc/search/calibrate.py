@@ -258,13 +258,15 @@ def linear_choice_for(deployment):
 def choice_of(record, deployment):
     """The linear choice of ``deployment`` with calibration ``record`` (None: none): the record's
     measured table, else on CUDA the GPU's stated rule, else None (the Triton linear everywhere).
-    What ``specc compile`` lowers and the cost model prices."""
+    What ``specc compile`` lowers and the cost model prices. The stated rule carries the GPU's
+    packaged cuBLAS times only without a record: a record's own linear efficiencies (measured on
+    this machine) price its linears, not another machine's times."""
     from specc.codegen.linear_choice import builtin_choice
 
     table = None if record is None else record.choice_table()
     if table is not None:
         return table
-    return builtin_choice(deployment.gpu) if deployment.device == "cuda" else None
+    return builtin_choice(deployment.gpu, times=record is None) if deployment.device == "cuda" else None
 
 
 # --------------------------------------------------------------------------- timing

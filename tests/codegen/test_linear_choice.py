@@ -154,3 +154,55 @@ def test_row_rule_json_and_variants():
     assert not rule.with_impl("triton").uses_cublas
     assert rule.with_impl("cublas").impl_at(1, 7, 9) == "cublas"
     assert rule.summary() == [f"every shape: cuBLAS at M 65+ ({rule.source})"]
+
+
+@pytest.mark.parametrize("gpu,top", [("NVIDIA H100 SXM", 512), ("NVIDIA H200", 2048)])
+def test_builtin_rules_carry_their_gpus_cublas_times(gpu, top):
+    """A built-in rule keeps the cuBLAS times its GPU measured at Qwen3-8B's five shapes (the
+    packaged record), at and above the switch only; shapes it never timed get the bare rule; the
+    times survive the artifact's JSON."""
+    from specc.codegen.linear_choice import RowRule, builtin_choice
+
+    rule = builtin_choice(gpu)
+    assert len(rule.shapes) == 5 and "cuBLAS times: cublas-times-" in rule.source and rule.overhead_s > 0
+    o = rule.shape(4096, 4096)
+    assert [p.impl for p in o.points][:2] == ["triton", "cublas"] and o.points[0].m == 64
+    assert o.points[1].m == 128 and o.points[-1].m == top
+    assert all(p.cublas_s and p.cublas_s > 0 for p in o.points[1:])
+    t128, t256 = o.seconds_at(128), o.seconds_at(256)
+    assert 0 < t128 < t256 and o.seconds_at(100) == t128  # 65..128 rows: the 128-row time
+    assert o.seconds_at(2 * top) > o.seconds_at(top)  # past the last point: along the last two
+    assert rule.shape(7, 9).points[1].cublas_s is None and rule.shape(7, 9).seconds_at(128) is None
+    back = LinearChoice.from_json(json.loads(json.dumps(rule.to_json())))
+    assert isinstance(back, RowRule) and back.shape(4096, 4096) == o
+
+
+def test_cost_model_prices_a_builtin_cublas_row_from_its_measured_time():
+    """At 256 rows the H100's cuBLAS o_proj takes what the record says (less the graph node the
+    timing included), not the roofline's time at the deployment's efficiencies (~40% less)."""
+    from types import SimpleNamespace
+
+    from specc.search.cost_model import CostModel
+
+    model = CostModel("h100-bs16")
+    meta = SimpleNamespace(kind="linear", attrs={"out_features": 4096, "in_features": 4096})
+    shape = model.linear_choice.shape(4096, 4096)
+    nbytes, flops = 4096 * 4096 * 2 + 2 * 256 * 4096 * 2, 2.0 * 256 * 4096 * 4096
+    bw_eff, fl_eff, launches, extra = model.measured_linear(meta, 256, nbytes, flops)
+    dep = model.deployment
+    seconds = flops / (dep.bf16_flops * fl_eff)
+    assert seconds == pytest.approx(shape.seconds_at(256) - model.linear_choice.overhead_s, rel=1e-9)
+    roofline = max(nbytes / (dep.hbm_bandwidth * dep.bandwidth_efficiency), flops / (dep.bf16_flops * dep.flops_efficiency))
+    assert seconds > 1.3 * roofline
+
+
+def test_a_calibration_record_without_a_table_prices_with_its_own_efficiencies():
+    """A deployment with a calibration record but no measured table gets the GPU's bare rule: the
+    record's efficiencies (this machine's) price its linears, not the packaged times."""
+    from specc.search.calibrate import Calibration, choice_of
+    from specc.search.deployments import get_deployment
+
+    dep = get_deployment("h100-bs16")
+    bare = choice_of(Calibration("h100-bs16", "cuda"), dep)
+    assert bare.cublas_from_rows == 65 and not bare.shapes and "cuBLAS times" not in bare.source
+    assert len(choice_of(None, dep).shapes) == 5
