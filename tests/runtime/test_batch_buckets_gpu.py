@@ -4,6 +4,8 @@ the tokens of the same scheduler without them, and graphs replay at more than on
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -12,6 +14,23 @@ QWEN3 = pytest.mark.parametrize("family", ["qwen3"], indirect=True)
 PROMPTS = [[5, 17, 33, 2, 8, 9, 41], [7, 3], [11, 4, 60, 2, 8, 31, 17, 5, 70, 44, 12, 3], [9], [40, 41, 6, 1, 23],
            [8, 8, 1], [30, 2, 71, 5], [12]]
 BUDGETS = [4, 30, 6, 26, 5, 18, 3, 22]  # finishing at different steps: moves, widths 8 -> 4 -> 2
+
+
+@contextlib.contextmanager
+def widths_seen(loop):
+    """The loop's width at each speculative step inside the block (a list filled as it runs)."""
+    widths = []
+    speculate = loop.speculate
+
+    def traced(budgets, *args, **kwargs):
+        widths.append(loop.batch)
+        return speculate(budgets, *args, **kwargs)
+
+    loop.speculate = traced
+    try:
+        yield widths
+    finally:
+        del loop.speculate
 
 
 @QWEN3
@@ -29,18 +48,8 @@ def test_bucketed_graphs_give_the_unbucketed_tokens(checkpoints, tmp_path, monke
     runs = {}
     for buckets in (False, True, True):  # the second bucketed pass replays the graphs of every width
         scheduler = BatchScheduler(engine.loop, 8, buckets=buckets)
-        widths = []
-        speculate = engine.loop.speculate
-
-        def traced(budgets, *args, **kwargs):
-            widths.append(engine.loop.batch)
-            return speculate(budgets, *args, **kwargs)
-
-        engine.loop.speculate = traced
-        try:
+        with widths_seen(engine.loop) as widths:
             results = scheduler.run([(p, m, ()) for p, m in zip(PROMPTS, BUDGETS)])
-        finally:
-            del engine.loop.speculate
         runs.setdefault(buckets, []).append(([r.tokens for r in results], widths))
     (off, off_widths), = runs[False]
     assert set(off_widths) == {8}
@@ -68,17 +77,7 @@ def test_sampled_requests_narrow_under_graphs_as_without_buckets(checkpoints, tm
               SamplingParams(temperature=0.7, top_p=0.9, repetition_penalty=1.2, seed=11), None, None,
               SamplingParams(temperature=1.0, seed=5)]
     off = engine.loop.generate_batch(PROMPTS, BUDGETS, (), sampling=params, buckets=False)
-    widths = []
-    speculate = engine.loop.speculate
-
-    def traced(budgets, *args, **kwargs):
-        widths.append(engine.loop.batch)
-        return speculate(budgets, *args, **kwargs)
-
-    engine.loop.speculate = traced
-    try:
+    with widths_seen(engine.loop) as widths:
         on = engine.loop.generate_batch(PROMPTS, BUDGETS, (), sampling=params, buckets=True)
-    finally:
-        del engine.loop.speculate
     assert {2, 4, 8} <= set(widths)
     assert [r.tokens for r in on] == [r.tokens for r in off]
