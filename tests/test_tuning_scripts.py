@@ -178,3 +178,40 @@ def test_bench_bf12_builds_only_the_step_variants_asked_for(tmp_path):
                          timeout=300, cwd=root)
     assert bad.returncode != 0 and "unknown --step-variants ['packed_v4']" in bad.stdout + bad.stderr
     assert json.loads(out.read_text())["steps"] == []  # the kernel half is kept, no step was built
+
+
+def test_large_gemm_tiles_fit_shared_memory_and_registers():
+    """``sweep_linear --dot large``: tiles for 128-512 rows, none with a row tile past the rows'
+    power of two, every one within ~200 KB of shared memory and ~128 accumulator registers a
+    thread, and each computes the product (interpreted, fp32)."""
+    from examples import sweep_linear
+
+    for m in (128, 256, 512):
+        cands = sweep_linear.large_dot_candidates(m)
+        assert len(cands) == len(set(cands)) > 100
+        for c in cands:
+            assert c.kind == "dot" and 64 <= c.block_m <= max(64, m) and not c.swap_ab
+            assert (c.block_m + c.block_n) * c.block_k * 2 * c.num_stages <= 200 * 1024
+            assert c.block_m * c.block_n <= 128 * 32 * c.num_warps
+    x, w = torch.randn(130, 256), torch.randn(192, 256)
+    c = L.LinearConfig("dot", block_m=256, block_n=64, block_k=64, split_k=2, num_warps=8, num_stages=3,
+                       swap_ab=False)
+    assert L.use_triton(x)  # the interpreter (tests/conftest.py): the kernel itself runs
+    assert torch.allclose(L.linear(x, w, config=c), x @ w.T, atol=1e-3, rtol=1e-4)
+
+
+def test_gemm_variants_cpu_smoke_and_record_merge(tmp_path):
+    """``bench_gemm_variants.py``: the CPU smoke run times its variants, and ``--record`` merges
+    the cuBLAS times into a linear-choice table the built-in rules can load (a point measured
+    again replaces the old one)."""
+    from examples import bench_gemm_variants
+    from specc.codegen.linear_choice import LinearChoice
+
+    out, record = tmp_path / "v.json", tmp_path / "times.json"
+    argv = ["--device", "cpu", "--small", "--ms", "8,16", "--reps", "2", "--out", str(out), "--record", str(record)]
+    first = bench_gemm_variants.main(argv)
+    assert {r["M"] for r in first["rows"]} == {8, 16} and all(r["cublas"]["us"] > 0 for r in first["rows"])
+    bench_gemm_variants.main(argv[:4] + ["16,32"] + argv[5:])
+    table = LinearChoice.from_json(json.loads(record.read_text()))
+    assert [p.m for p in table.shape(64, 64).points] == [8, 16, 32]
+    assert all(p.impl == "cublas" and p.cublas_s > 0 for p in table.shape(64, 192).points)
