@@ -10,6 +10,11 @@ profiled.
 
     PYTHONPATH=. python3 examples/profile_batch_parts.py --deployment h100-bs1 --out $OUT/parts.json
     PYTHONPATH=. python3 examples/profile_batch_parts.py --shapes tiny-qwen3 --batches 2 --tokens 8 --deployment cpu
+
+``--kernels``: one more speculative pass per batch size under ``torch.profiler``, each loop part
+inside a host range ``part:NAME`` (:class:`RangeTimer`), and the kernels launched in each part by
+name (``specc.bench.gaps.kernels_in_ranges``; graph-replayed kernels may be matched only in part,
+so the sums are lower bounds): what the acceptance's and the draft's device time is made of.
 """
 import argparse
 import json
@@ -29,6 +34,47 @@ def _sync(dev) -> None:
         torch.cuda.synchronize()
 
 
+class RangeTimer:
+    """The loop's event timer (``profile = "events"``) that also opens a profiler range
+    ``part:NAME`` at each part's start and closes it at the next boundary."""
+
+    events = None  # the loop's EventTimer class (set before the loop is patched to build this one)
+
+    def __init__(self, device):
+        self._events, self._range = self.events(device), None
+
+    def mark(self, part) -> None:
+        self._events.mark(part)
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+        if part:
+            self._range = torch.profiler.record_function(f"part:{part}")
+            self._range.__enter__()
+
+    @property
+    def parts(self) -> dict:
+        return self._events.parts
+
+
+def part_kernels(loop, prompts, tokens, dev) -> dict:
+    """Kernels per loop part over one profiled pass (see the module docstring)."""
+    from specc.bench.gaps import kernels_in_ranges, profiled
+    from specc.runtime import device_loop
+
+    saved = RangeTimer.events = device_loop.EventTimer
+    device_loop.EventTimer = RangeTimer  # the loop builds its "events" timer from this name
+    loop.profile = "events"
+    try:
+        _restart(loop)
+        trace = profiled(lambda: drive(loop, prompts, tokens), dev.type == "cuda", False)[1]
+    finally:
+        device_loop.EventTimer = saved
+        loop.profile = False
+    parts = sorted({e["name"] for e in trace.get("traceEvents", []) if str(e.get("name", "")).startswith("part:")})
+    return {name[5:]: kernels_in_ranges(trace, name, top=12) for name in parts}
+
+
 def _restart(loop) -> None:
     if hasattr(loop.verifier, "reset"):  # a replayed acceptance draws the same counts every pass
         loop.verifier.reset()
@@ -40,6 +86,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--batches", default="16,32", help="batch sizes, comma separated")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per request")
     ap.add_argument("--deployment", default="h200-bs1", help="whose linear choice the steps are built with")
+    ap.add_argument("--kernels", action="store_true", help="also the kernels of each part (torch.profiler)")
     ap.add_argument("--out", help="write the rows as JSON here")
     a = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -65,6 +112,12 @@ def main(argv=None) -> dict:
                                      "steps": run.decode_steps, "parts_ms_per_step": parts,
                                      "step_ms_profiled": 1e3 * profiled.decode_seconds / profiled.decode_steps}
             print(system, b, json.dumps(out[f"{system}-B{b}"]), flush=True)
+            if a.kernels and system == "spec":
+                out[f"{system}-B{b}"]["kernels"] = kp = part_kernels(loop, prompts, a.tokens, dev)
+                for part, k in kp.items():
+                    print(f"  {part}: {k['kernel_us']:.0f} us of kernels in {k['range_ms']:.3f} ms per range; "
+                          + ", ".join(f"{r['kernel']} {r['calls_per_range']:.1f}x {r['us_per_range']:.0f} us"
+                                      for r in k["top"][:8]), flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
