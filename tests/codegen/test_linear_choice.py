@@ -156,7 +156,7 @@ def test_row_rule_json_and_variants():
     assert rule.summary() == [f"every shape: cuBLAS at M 65+ ({rule.source})"]
 
 
-@pytest.mark.parametrize("gpu,top", [("NVIDIA H100 SXM", 512), ("NVIDIA H200", 2048)])
+@pytest.mark.parametrize("gpu,top", [("NVIDIA H100 SXM", 2048), ("NVIDIA H200", 2048)])
 def test_builtin_rules_carry_their_gpus_cublas_times(gpu, top):
     """A built-in rule keeps the cuBLAS times its GPU measured at Qwen3-8B's five shapes (the
     packaged record), at and above the switch only; shapes it never timed get the bare rule; the
