@@ -87,6 +87,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per request")
     ap.add_argument("--deployment", default="h200-bs1", help="whose linear choice the steps are built with")
     ap.add_argument("--kernels", action="store_true", help="also the kernels of each part (torch.profiler)")
+    ap.add_argument("--greedy-verifier", action="store_true",
+                    help="also the speculative loop with the greedy chain verifier instead of the replayed acceptance "
+                         "(random weights: about one token a step; the same draft and verify shapes, so the "
+                         "acceptance part shows what the replay's draws cost)")
     ap.add_argument("--out", help="write the rows as JSON here")
     a = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -94,7 +98,14 @@ def main(argv=None) -> dict:
     opts = bb.pair_options(a.shapes, max(batches), a.tokens, a.deployment)
     pair = bb.shaped_pairs(opts, dev)[0]
     out = {}
-    for system, loop in (("spec", pair.loop), ("ar", pair.ar)):
+    systems = [("spec", pair.loop), ("ar", pair.ar)]
+    if a.greedy_verifier:
+        systems.append(("spec-greedy", pair.loop))
+    for system, loop in systems:
+        if system == "spec-greedy":
+            from specc.runtime.verifiers import ChainVerifier
+
+            loop.verifier = ChainVerifier()
         for b in batches:
             prompts = pair.prompts[:b]
             loop.profile = False
