@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_batching as bb  # noqa: E402
 
 from specc.bench.batched import drive  # noqa: E402
+from specc.runtime.device_loop import EventTimer  # noqa: E402
 
 
 def _sync(dev) -> None:
@@ -34,17 +35,17 @@ def _sync(dev) -> None:
         torch.cuda.synchronize()
 
 
-class RangeTimer:
+class RangeTimer(EventTimer):
     """The loop's event timer (``profile = "events"``) that also opens a profiler range
-    ``part:NAME`` at each part's start and closes it at the next boundary."""
-
-    events = None  # the loop's EventTimer class (set before the loop is patched to build this one)
+    ``part:NAME`` at each part's start and closes it at the next boundary (the loop takes it as
+    its ``profile``)."""
 
     def __init__(self, device):
-        self._events, self._range = self.events(device), None
+        super().__init__(device)
+        self._range = None
 
     def mark(self, part) -> None:
-        self._events.mark(part)
+        super().mark(part)
         if self._range is not None:
             self._range.__exit__(None, None, None)
             self._range = None
@@ -52,24 +53,16 @@ class RangeTimer:
             self._range = torch.profiler.record_function(f"part:{part}")
             self._range.__enter__()
 
-    @property
-    def parts(self) -> dict:
-        return self._events.parts
-
 
 def part_kernels(loop, prompts, tokens, dev) -> dict:
     """Kernels per loop part over one profiled pass (see the module docstring)."""
     from specc.bench.gaps import kernels_in_ranges, profiled
-    from specc.runtime import device_loop
 
-    saved = RangeTimer.events = device_loop.EventTimer
-    device_loop.EventTimer = RangeTimer  # the loop builds its "events" timer from this name
-    loop.profile = "events"
+    loop.profile = RangeTimer
     try:
         _restart(loop)
         trace = profiled(lambda: drive(loop, prompts, tokens), dev.type == "cuda", False)[1]
     finally:
-        device_loop.EventTimer = saved
         loop.profile = False
     parts = sorted({e["name"] for e in trace.get("traceEvents", []) if str(e.get("name", "")).startswith("part:")})
     return {name[5:]: kernels_in_ranges(trace, name, top=12) for name in parts}

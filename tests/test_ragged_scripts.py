@@ -71,3 +71,19 @@ def test_profile_batch_parts_smoke(tmp_path):
         parts = row["parts_ms_per_step"]
         assert {"draft", "verify", "accept", "between"} <= set(parts) and row["steps"] > 0
         assert parts["verify"] > 0 and row["step_ms_profiled"] > 0
+
+
+def test_profile_batch_parts_kernels_and_greedy_verifier(tmp_path):
+    """``--kernels``: each speculative part's ops inside its own ``part:NAME`` range (on the CPU
+    the host ops); ``--greedy-verifier``: the same loop with the greedy chain verifier, its parts
+    timed too."""
+    spec = importlib.util.spec_from_file_location("profile_batch_parts", ROOT / "examples" / "profile_batch_parts.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--shapes", "tiny-qwen3", "--batches", "2", "--tokens", "6", "--deployment", "cpu",
+                       "--kernels", "--greedy-verifier"])
+    assert set(rows) == {"spec-B2", "ar-B2", "spec-greedy-B2"}
+    kernels = rows["spec-B2"]["kernels"]
+    assert {"draft", "verify", "accept"} <= set(kernels)
+    assert all(k["top"] and k["kernel_us"] > 0 for k in kernels.values())
+    assert {"draft", "verify", "accept"} <= set(rows["spec-greedy-B2"]["parts_ms_per_step"])

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Callable
 
 import torch
 
@@ -171,7 +172,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     state; None: the target itself when it has ``ragged_rows``, else none (every verify is dense). ``two_level_k1``: drafts verified at the
     first level of two-level verification (None: one level; may be set after construction)."""
 
-    profile: bool | str = False  # True / "events": time the loop's parts (``part_seconds`` after a run)
+    # True / "events": time the loop's parts (``part_seconds`` after a run); or a timer class
+    # (``device -> timer`` with ``mark(part)`` and ``parts``, e.g. an ``EventTimer`` subclass)
+    profile: bool | str | Callable = False
     _timer = _NoTimer()
     capture_shapes = False
     _shapes_captured: set = frozenset()  # widths whose drafting shapes ran (``capture_shapes``)
@@ -412,7 +415,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             self.drafter.open_rows(rows)
         self.n, self.live = [], []  # committed tokens per slot (host mirror of state.lengths + 1), live flags
         self._bind_width(rows)
-        timer = {True: PartTimer, "events": EventTimer}.get(self.profile)
+        timer = self.profile if callable(self.profile) else {True: PartTimer, "events": EventTimer}.get(self.profile)
         self._timer = timer(self.target.device) if timer else _NoTimer()
 
     # --- batch buckets: steps over the first rows of the allocated slots -------------------------
@@ -557,8 +560,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     @property
     def part_seconds(self) -> dict:
         """Seconds per loop part of the run so far (``profile``: True, synchronising at every
-        boundary, ``PartTimer``; "events", device time from CUDA events, ``EventTimer``); empty
-        when not profiling."""
+        boundary, ``PartTimer``; "events", device time from CUDA events, ``EventTimer``; a timer
+        class, its ``parts``); empty when not profiling."""
         return dict(self._timer.parts)
 
     def speculate(self, budgets: list[int], num_draft: int | list[int] | None = None,

@@ -42,3 +42,26 @@ def test_event_timer_sums_per_part():
         timer.mark(part)
     assert set(timer.parts) == {"prefill", "draft", "verify", "between"}
     assert timer.parts is timer.parts  # computed once until the next mark
+
+
+@pytest.mark.parametrize("family", ["qwen3"], indirect=True)
+def test_a_timer_class_as_profile_times_the_same_parts(checkpoints):
+    """``profile`` may be a timer class (``device -> timer``): the loop builds it per run, marks
+    the same parts on it, and ``part_seconds`` reports its parts."""
+    eager = build_eager(resolve_pair(checkpoints["target"], checkpoints["dflash"], "dflash"), 3,
+                        max_len=len(PROMPT) + 32)
+    loop = DeviceSpeculativeDecoder(eager.target, eager.drafter, eager.num_draft, eager.max_len)
+    marked = []
+
+    class Recording(EventTimer):
+        def mark(self, part):
+            marked.append(part)
+            super().mark(part)
+
+    loop.profile = "events"
+    evented = loop.generate(PROMPT, 17, ())
+    event_parts = set(loop.part_seconds)
+    loop.profile = Recording
+    recorded = loop.generate(PROMPT, 17, ())
+    assert recorded.tokens == evented.tokens
+    assert set(loop.part_seconds) == event_parts and {p for p in marked if p} | {"between"} == event_parts
