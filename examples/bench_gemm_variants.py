@@ -39,6 +39,7 @@ import torch.nn.functional as F
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
           "lm_head": (151936, 4096)}
 SMALL_SHAPES = {"o": (64, 64), "down": (64, 192)}
+GRAPH_NODE_S = 1.5e-6  # the launch each timed call includes (a CUDA-graph node): a new table's overhead_s
 
 
 @contextlib.contextmanager
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None) -> dict:
     timer = Timer(dev, reps=opts.reps)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size if dev == "cuda" else 32 << 20
     gen = torch.Generator(device=dev).manual_seed(0)
+    wanted = {v for v in opts.variants.split(",") if v}
+    timed = {name: v for name, v in variants(dev).items()
+             if not wanted or name in wanted or name == "cublas"}  # cuBLAS: every row's yardstick
     rows, t0 = [], time.perf_counter()
     for name, (n, k) in table.items():
         wbytes = n * k * 2
@@ -110,10 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
             ref = x.float() @ weights[0].float().T
             scale = ref.abs().max().item()
             row = {"shape": name, "M": m, "N": n, "K": k, "copies": copies}
-            wanted = {v for v in opts.variants.split(",") if v}
-            for vname, (fn, ctx) in variants(dev).items():
-                if wanted and vname not in wanted and vname != "cublas":  # cuBLAS: every row's yardstick
-                    continue
+            for vname, (fn, ctx) in timed.items():
                 if vname.startswith("split") and k % int(vname[5]) != 0:
                     continue
                 try:
@@ -146,25 +147,27 @@ def main(argv: list[str] | None = None) -> dict:
     return record
 
 
-def merge_cublas_times(path: str, rows: list[dict], measured_on: str) -> dict:
-    """Merge each row's cuBLAS time into the table at ``path`` (made if missing): points keyed by
-    (N, K, M), the new time replacing an old one; the source says where the new ones came from."""
+def merge_cublas_times(path: str, rows: list[dict], measured_on: str):
+    """Merge each row's cuBLAS time into the linear-choice table at ``path`` (made if missing):
+    points keyed by (N, K, M), a new time replacing an old one; the source says where the new
+    ones came from. Returns the table written."""
+    import dataclasses
     from pathlib import Path
 
-    from specc.codegen.linear_choice import FORMAT, LinearChoice
+    from specc.codegen.linear_choice import ChoicePoint, LinearChoice, ShapeChoice
 
     file = Path(path)
-    table = json.loads(file.read_text()) if file.exists() else {
-        "format": FORMAT, "margin": 0.0, "overhead_s": 1.5e-06, "dtype": "bfloat16", "source": "", "shapes": []}
-    points = {(s["N"], s["K"]): {p["M"]: p for p in s["points"]} for s in table["shapes"]}
+    old = LinearChoice.from_json(json.loads(file.read_text())) if file.exists() else \
+        LinearChoice({}, overhead_s=GRAPH_NODE_S, source="F.linear (cuBLAS)")
+    points = {key: {p.m: p for p in shape.points} for key, shape in old.shapes.items()}
     for r in rows:
-        points.setdefault((r["N"], r["K"]), {})[r["M"]] = {"M": r["M"], "impl": "cublas", "triton_s": None,
-                                                            "cublas_s": round(r["cublas"]["us"] * 1e-6, 9)}
-    table["shapes"] = [{"N": n, "K": k, "points": [by_m[m] for m in sorted(by_m)]} for (n, k), by_m in sorted(points.items())]
-    note = f"M = {','.join(str(m) for m in sorted({r['M'] for r in rows}))} on {measured_on} (examples/bench_gemm_variants.py)"
-    table["source"] = f"{table['source']}; {note}" if table["source"] else f"F.linear (cuBLAS): {note}"
-    LinearChoice.from_json(table)  # a table the rules can load
-    file.write_text(json.dumps(table, indent=1) + "\n")
+        points.setdefault((r["N"], r["K"]), {})[r["M"]] = ChoicePoint(r["M"], "cublas",
+                                                                     cublas_s=round(r["cublas"]["us"] * 1e-6, 9))
+    shapes = {key: ShapeChoice(*key, tuple(by_m[m] for m in sorted(by_m))) for key, by_m in sorted(points.items())}
+    measured = ",".join(str(m) for m in sorted({r["M"] for r in rows}))
+    table = dataclasses.replace(old, shapes=shapes,
+                                source=f"{old.source}; M = {measured} on {measured_on} (examples/bench_gemm_variants.py)")
+    file.write_text(json.dumps(table.to_json(), indent=1) + "\n")
     return table
 
 

@@ -209,10 +209,10 @@ def main() -> None:
 
 def _describe(r) -> str:
     c = r["config"]
-    extra = (f"st={c['num_stages']} tma={c['tma']}" if c["kind"] == "dot" else
+    extra = (f"st={c['num_stages']} tma={c['tma']} bm={c['block_m']} w={c['num_warps']}" if c["kind"] == "dot" else
              f"bm={c['block_m']} w={c['num_warps']} st={c['num_stages']}")
     return (f"{r['us']:6.1f} us ({r['TBps']:.2f} TB/s) {c['kind']} bn={c['block_n']} bk={c['block_k']} "
-            f"split={c['split_k']} {extra}" + (f" bm={c['block_m']} w={c['num_warps']}" if c["kind"] == "dot" else ""))
+            f"split={c['split_k']} {extra}")
 
 
 def sweep_m(m: int, cands, shapes, res, save=lambda: None) -> None:

@@ -29,6 +29,7 @@ the GPU); the cost model subtracts it, as calibration's fits do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from importlib import resources
@@ -349,8 +350,10 @@ BUILTIN_RULES: dict[str, tuple[int, str, str]] = {
 }
 
 
+@functools.cache
 def builtin_times(record: str) -> LinearChoice:
-    """A packaged record of measured cuBLAS times (``specc/data``; a linear-choice table)."""
+    """A packaged record of measured cuBLAS times (``specc/data``; a linear-choice table), read
+    once per process (every cost model of a built-in deployment asks for it)."""
     return LinearChoice.from_json(json.loads(resources.files("specc").joinpath("data", record).read_text()))
 
 
