@@ -105,7 +105,7 @@ def ragged_verify(cost: CostModel, target_ir, row_tokens: Sequence[int], row_con
     rows = sum(groups.values())
     return StepPrediction("ragged_verify", "target", {"B": rows, "Q": total, "C": c_max}, nodes,
                           cost.deployment.name, cost.graphs, target_ir.title,
-                          cost.sync_cost(target_ir, packed) if sync else None)
+                          cost.sync_cost(target_ir, packed, rows=rows) if sync else None)
 
 
 def even_split(rows: int, tokens: int) -> list[int]:

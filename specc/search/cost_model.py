@@ -466,16 +466,24 @@ class CostModel:
             more_s += traffic.merge_work * slot_s
         return more_bytes, flops_scale, more_s
 
-    def sync_cost(self, ir, values: Mapping[str, int]) -> NodeCost:
-        """Greedy acceptance of one forward: argmax over the logits, then one host sync."""
+    def sync_cost(self, ir, values: Mapping[str, int], rows: int | None = None, host: bool = True) -> NodeCost:
+        """Greedy acceptance of one forward: argmax over the logits, then one host sync. A
+        batched verify (more than one row, some row verifying drafts) also waits for the host's
+        per-step work beyond an AR step's (``Deployment.spec_host_s``; ``host``: False for a
+        drafter's forward, whose drafts stay on the device). ``rows``: the forward's rows when
+        ``values`` are a packed step's (B = 1, Q = all tokens)."""
         out = ir.meta(next(n for n in ir.graph.nodes if n.op == "output")).out
         logits = tensors_in(out)[0]
         expr = logits.nbytes
         nbytes = self._num(expr, values)
-        bw = self.deployment.hbm_bandwidth * self.bandwidth_efficiency("elementwise")
+        dep = self.deployment
+        bw = dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise")
+        batch = int(rows if rows is not None else values.get("B", 1))
+        tokens = int(values.get("B", 1)) * int(values.get("Q", 1))
+        host = dep.spec_host_s if host and batch > 1 and tokens > batch else 0.0
         return NodeCost("acceptance", "argmax+sync", "acceptance + host sync", nbytes, 0.0, 0.0, 0.0, 1,
-                        nbytes / bw, 0.0, self.deployment.launch_overhead_s, nbytes / self.deployment.hbm_bandwidth,
-                        bw, self.deployment.bf16_flops, bytes_expr=expr, flops_expr=0)
+                        nbytes / bw + host, 0.0, dep.launch_overhead_s, nbytes / dep.hbm_bandwidth,
+                        bw, dep.bf16_flops, bytes_expr=expr, flops_expr=0)
 
     def step(self, ir, values: Mapping[str, int], *, step: str | None = None, role: str = "target",
              sync: bool = True, formula: bool = False) -> StepPrediction:
@@ -483,7 +491,7 @@ class CostModel:
         vals = {k: int(v) for k, v in values.items() if k in {str(s) for s in ir.symbols}}
         nodes = [c for c in (self.node_cost(ir, n, vals) for n in ir.graph.nodes) if c is not None]
         pred = StepPrediction(step or ir.step, role, vals, nodes, self.deployment.name, self.graphs, ir.title,
-                              self.sync_cost(ir, vals) if sync else None)
+                              self.sync_cost(ir, vals, host=role == "target") if sync else None)
         if formula:
             pred._formula = self.step_formula(ir, vals)
         return pred

@@ -29,7 +29,10 @@ GPUS: dict[str, dict[str, Any]] = {
                  bandwidth_efficiency=0.72, flops_efficiency=0.78, link_bandwidth=450e9, link_latency_s=3e-6,
                  # measured: bf12 layout-1 linears of a Qwen3-8B layer (qkv, o, gate_up, down), packed
                  # bytes / time / HBM per M (docs/benchmarks/h200-run5.md, examples/bench_bf12.py)
-                 packed_linear_bandwidth_by_m=((1, 0.634), (4, 0.295), (16, 0.286), (64, 0.172))),
+                 packed_linear_bandwidth_by_m=((1, 0.634), (4, 0.295), (16, 0.286), (64, 0.172)),
+                 # measured: B = 16 speculative step's acceptance + between-step device idle (0.615 ms)
+                 # less the AR step's (0.228 ms), examples/profile_batch_parts.py (docs/benchmarks/run26.md)
+                 spec_host_s=0.39e-3),
     "h100": dict(gpu="NVIDIA H100 SXM", hbm_bandwidth=3.35e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
                  memory_bytes=80e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
                  bandwidth_efficiency=0.80, flops_efficiency=0.75, link_bandwidth=450e9, link_latency_s=3e-6,
@@ -37,7 +40,9 @@ GPUS: dict[str, dict[str, Any]] = {
                  # bytes / time / HBM per M, layout 3 (the pack pass's default): through the tensor-core
                  # kernel at 1 and 16 rows (docs/benchmarks/run21.md) and 4 rows (run22.md), through the
                  # Triton kernel at 64 (run22.md)
-                 packed_linear_bandwidth_by_m=((1, 0.759), (4, 0.763), (16, 0.709), (64, 0.158))),
+                 packed_linear_bandwidth_by_m=((1, 0.759), (4, 0.763), (16, 0.709), (64, 0.158)),
+                 # measured as h200's: 0.859 - 0.285 ms at B = 16, 0.927 - 0.266 at B = 32 (run24.md)
+                 spec_host_s=0.6e-3),
     "a100": dict(gpu="NVIDIA A100 SXM 80GB", hbm_bandwidth=2.04e12, bf16_flops=312e12, sm_count=108,
                  l2_bytes=40 * 2**20, memory_bytes=80e9, launch_overhead_s=5e-6, graph_node_overhead_s=2e-6,
                  bandwidth_efficiency=0.85, flops_efficiency=0.75, link_bandwidth=300e9, link_latency_s=4e-6),
@@ -70,6 +75,13 @@ class Deployment:
     # have the cost model pack where packing loses. A calibration record's table replaces it.
     # ((M, efficiency), ...), sorted by M; a file may give {"1": 0.63, "16": 0.29}.
     packed_linear_bandwidth_by_m: tuple = ()
+    # Host time a batched speculative step (B > 1, drafts verified) spends beyond an AR step's
+    # while the GPU waits: reading the decision, the drafter's and the loop's per-row bookkeeping
+    # between steps. Measured on the GPU machines' hosts (``examples/profile_batch_parts.py``:
+    # acceptance + between-step parts of the speculative step less the AR step's); the cost
+    # model adds it to every batched verify forward's acceptance read. At batch 1 the loop's
+    # whole-step graphs and drafting ahead hide it (priced 0 there).
+    spec_host_s: float = 0.0
     context_min: int = 0
     context_max: int = 4096
     calibrated: bool = False
@@ -135,7 +147,7 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 
 _POSITIVE = ("hbm_bandwidth", "bf16_flops", "memory_bytes", "bandwidth_efficiency", "flops_efficiency")
-_NON_NEGATIVE = ("launch_overhead_s", "graph_node_overhead_s", "link_bandwidth", "link_latency_s")
+_NON_NEGATIVE = ("launch_overhead_s", "graph_node_overhead_s", "link_bandwidth", "link_latency_s", "spec_host_s")
 
 
 def _check_fields(fields: dict[str, Any], source: str) -> None:

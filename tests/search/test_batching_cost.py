@@ -156,3 +156,37 @@ def test_options_table(pricer):
         assert r.tokens_per_s == pytest.approx(r.expected_tokens / r.step_s)
         assert r.speedup == pytest.approx(r.tokens_per_s / (8 / r.ar_step_s))
         assert set(r.to_json()) >= {"option", "step_s", "tokens_per_s", "speedup", "level2_rows"}
+
+
+def test_a_batched_verify_waits_for_the_hosts_speculative_work(irs):
+    """``Deployment.spec_host_s`` is added to the acceptance read of a verify over more than one
+    row (dense or packed), not to an AR step, a batch-1 verify or a drafter's forward."""
+    import dataclasses
+
+    from specc.search.deployments import get_deployment
+
+    t_ir, d_ir = irs
+    base = get_deployment("h200-bs16")
+    assert base.spec_host_s > 0  # measured (docs/benchmarks/run26.md)
+    with_host, without = CostModel(base), CostModel(dataclasses.replace(base, spec_host_s=0.0))
+
+    def extra(step):
+        return step(with_host) - step(without)
+
+    host = base.spec_host_s
+    assert extra(lambda m: m.step(t_ir, {"B": 16, "Q": 16, "C": 1024}).time) == pytest.approx(host)
+    assert extra(lambda m: ragged_verify(m, t_ir, [16] * 8 + [1] * 8, 1024).time) == pytest.approx(host)
+    assert extra(lambda m: m.step(t_ir, {"B": 16, "Q": 1, "C": 1024}).time) == pytest.approx(0.0, abs=1e-15)
+    assert extra(lambda m: ragged_verify(m, t_ir, [1] * 16, 1024).time) == pytest.approx(0.0, abs=1e-15)
+    assert extra(lambda m: m.step(t_ir, {"B": 1, "Q": 16, "C": 1024}).time) == pytest.approx(0.0, abs=1e-15)
+    assert extra(lambda m: m.step(d_ir, {"B": 16, "C": 1024, "Q": 16, "N": 1}, step="draft",
+                                  role="drafter").time) == pytest.approx(0.0, abs=1e-15)
+    # a one-level option pays it once, a two-level option once per level that runs
+    one = extra(lambda m: BatchingPricer(m, t_ir, d_ir, "dflash", K).one_level(16, AcceptanceModel.constant(0.8, K)).step_s)
+    assert one == pytest.approx(host)
+    acc = AcceptanceModel.constant(0.8, K)
+    two = extra(lambda m: BatchingPricer(m, t_ir, d_ir, "dflash", K).two_level(16, acc, 4).step_s)
+    # a row goes on to level 2 when it accepted all 4 drafts of level 1; a level 2 of one row
+    # is priced as a batch-1 verify (no batched host work)
+    w = binomial(16, 0.8 ** 4)
+    assert two == pytest.approx(host * (1 + sum(w[2:])))
