@@ -11,6 +11,10 @@ profiled.
     PYTHONPATH=. python3 examples/profile_batch_parts.py --deployment h100-bs1 --out $OUT/parts.json
     PYTHONPATH=. python3 examples/profile_batch_parts.py --shapes tiny-qwen3 --batches 2 --tokens 8 --deployment cpu
 
+``--host-profile N``: one more speculative pass per batch size under cProfile, the N functions
+with the most own time per decode step: what the host does while the GPU waits in the
+acceptance and between steps.
+
 ``--kernels``: one more speculative pass per batch size under ``torch.profiler``, each loop part
 inside a host range ``part:NAME`` (:class:`RangeTimer`), and the kernels launched in each part by
 name (``specc.bench.gaps.kernels_in_ranges``; graph-replayed kernels may be matched only in part,
@@ -68,6 +72,29 @@ def part_kernels(loop, prompts, tokens, dev) -> dict:
     return {name[5:]: kernels_in_ranges(trace, name, top=12) for name in parts}
 
 
+def host_profile(loop, prompts, tokens, dev, top: int) -> dict:
+    """One pass under cProfile: per decode step, the ``top`` functions by own time (us, calls,
+    cumulative us). cProfile's hooks slow the host, so the figures rank the host's work rather
+    than time it; a blocking device read's wait is the own time of the call that reads."""
+    import cProfile
+    import pstats
+
+    _restart(loop)
+    _sync(dev)
+    prof = cProfile.Profile()
+    prof.enable()
+    run = drive(loop, prompts, tokens)
+    _sync(dev)
+    prof.disable()
+    steps = max(run.decode_steps, 1)
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, callers)}
+    rows = sorted(((own, calls, cum, f"{os.path.basename(f)}:{line}({name})")
+                   for (f, line, name), (calls, _, own, cum, _) in stats.items()), reverse=True)[:top]
+    return {"decode_steps": run.decode_steps, "what": "cProfile, one pass (admissions and prefills included)",
+            "top": [{"function": name, "us_per_step": 1e6 * own / steps, "calls_per_step": calls / steps,
+                     "cum_us_per_step": 1e6 * cum / steps} for own, calls, cum, name in rows]}
+
+
 def _restart(loop) -> None:
     if hasattr(loop.verifier, "reset"):  # a replayed acceptance draws the same counts every pass
         loop.verifier.reset()
@@ -84,6 +111,10 @@ def main(argv=None) -> dict:
                     help="also the speculative loop with the greedy chain verifier instead of the replayed acceptance "
                          "(random weights: about one token a step; the same draft and verify shapes, so the "
                          "acceptance part shows what the replay's draws cost)")
+    ap.add_argument("--host-profile", type=int, default=0, metavar="N",
+                    help="also one speculative pass per batch size under cProfile: the N functions with the most "
+                         "own time per decode step (where the host's share of a step goes; the device read's wait "
+                         "shows as the .tolist() call)")
     ap.add_argument("--out", help="write the rows as JSON here")
     a = ap.parse_args(argv)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -116,6 +147,11 @@ def main(argv=None) -> dict:
                                      "steps": run.decode_steps, "parts_ms_per_step": parts,
                                      "step_ms_profiled": 1e3 * profiled.decode_seconds / profiled.decode_steps}
             print(system, b, json.dumps(out[f"{system}-B{b}"]), flush=True)
+            if a.host_profile and system == "spec":
+                out[f"{system}-B{b}"]["host"] = hp = host_profile(loop, prompts, a.tokens, dev, a.host_profile)
+                for r in hp["top"]:
+                    print(f"  host {r['us_per_step']:8.1f} us/step own ({r['calls_per_step']:.1f} calls, "
+                          f"{r['cum_us_per_step']:.1f} cumulative) {r['function']}", flush=True)
             if a.kernels and system == "spec":
                 out[f"{system}-B{b}"]["kernels"] = kp = part_kernels(loop, prompts, a.tokens, dev)
                 for part, k in kp.items():
