@@ -37,7 +37,11 @@ import torch
 import torch.nn.functional as F
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
-          "lm_head": (151936, 4096)}
+          "lm_head": (151936, 4096),
+          # the DFlash-b16 drafter's own: its K/V projection (over context + block rows) and the
+          # projection of the target's hidden states (its q_proj is o's shape)
+          "draft_kv": (2048, 4096), "draft_fc": (4096, 20480)}
+DEFAULT_SHAPES = ("qkv", "o", "gate_up", "down", "lm_head")
 SMALL_SHAPES = {"o": (64, 64), "down": (64, 192)}
 GRAPH_NODE_S = 1.5e-6  # the launch each timed call includes (a CUDA-graph node): a new table's overhead_s
 
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--ms", default="128,192,256,384,512", help="row counts, comma separated")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="weight shapes by name: " + ",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES),
+                    help="weight shapes by name (default: the target's): " + ",".join(SHAPES))
     ap.add_argument("--variants", default="", help="only these variants, comma separated (default: all)")
     ap.add_argument("--small", action="store_true", help="tiny shapes (a CPU smoke run)")
     ap.add_argument("--reps", type=int, default=15)
@@ -95,7 +100,10 @@ def main(argv: list[str] | None = None) -> dict:
     opts = ap.parse_args(argv)
     dev = opts.device
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    table = SMALL_SHAPES if opts.small else {n: SHAPES[n] for n in opts.shapes.split(",") if n}
+    names = [n for n in opts.shapes.split(",") if n]
+    if not opts.small and not set(names) <= set(SHAPES):
+        ap.error(f"--shapes: unknown {sorted(set(names) - set(SHAPES))}; known: {','.join(SHAPES)}")
+    table = SMALL_SHAPES if opts.small else {n: SHAPES[n] for n in names}
     ms = [int(m) for m in opts.ms.split(",") if m.strip()]
     timer = Timer(dev, reps=opts.reps)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size if dev == "cuda" else 32 << 20
