@@ -87,3 +87,19 @@ def test_profile_batch_parts_kernels_and_greedy_verifier(tmp_path):
     assert {"draft", "verify", "accept"} <= set(kernels)
     assert all(k["top"] and k["kernel_us"] > 0 for k in kernels.values())
     assert {"draft", "verify", "accept"} <= set(rows["spec-greedy-B2"]["parts_ms_per_step"])
+
+
+def test_profile_batch_parts_host_profile(tmp_path):
+    """``--host-profile N``: the speculative rows carry cProfile's N functions with the most own
+    time per decode step, largest first, the loop's own step among the functions called."""
+    spec = importlib.util.spec_from_file_location("profile_batch_parts", ROOT / "examples" / "profile_batch_parts.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--shapes", "tiny-qwen3", "--batches", "2", "--tokens", "6", "--deployment", "cpu",
+                       "--host-profile", "400"])
+    host = rows["spec-B2"]["host"]
+    assert "host" not in rows["ar-B2"] and host["decode_steps"] > 0
+    own = [r["us_per_step"] for r in host["top"]]
+    assert len(own) > 20 and own == sorted(own, reverse=True) and own[0] > 0
+    assert all(r["cum_us_per_step"] >= r["us_per_step"] - 1e-6 and r["calls_per_step"] > 0 for r in host["top"])
+    assert any("speculate" in r["function"] for r in host["top"])
