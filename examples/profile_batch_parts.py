@@ -11,9 +11,9 @@ profiled.
     PYTHONPATH=. python3 examples/profile_batch_parts.py --deployment h100-bs1 --out $OUT/parts.json
     PYTHONPATH=. python3 examples/profile_batch_parts.py --shapes tiny-qwen3 --batches 2 --tokens 8 --deployment cpu
 
-``--host-profile N``: one more speculative pass per batch size under cProfile, the N functions
-with the most own time per decode step: what the host does while the GPU waits in the
-acceptance and between steps.
+``--host-profile N``: one more speculative pass per batch size with cProfile on inside its decode
+steps, the N functions with the most own time per step: what the host does while the GPU waits
+in the acceptance and between steps.
 
 ``--kernels``: one more speculative pass per batch size under ``torch.profiler``, each loop part
 inside a host range ``part:NAME`` (:class:`RangeTimer`), and the kernels launched in each part by
@@ -73,24 +73,38 @@ def part_kernels(loop, prompts, tokens, dev) -> dict:
 
 
 def host_profile(loop, prompts, tokens, dev, top: int) -> dict:
-    """One pass under cProfile: per decode step, the ``top`` functions by own time (us, calls,
-    cumulative us). cProfile's hooks slow the host, so the figures rank the host's work rather
-    than time it; a blocking device read's wait is the own time of the call that reads."""
+    """One pass with cProfile on inside the scheduler's decode steps only (admissions and their
+    prefills left out): per decode step, the ``top`` functions by own time (us, calls, cumulative
+    us). cProfile's hooks slow the host, so the figures rank the host's work rather than time it;
+    a blocking device read's wait is the own time of the call that reads."""
     import cProfile
     import pstats
 
+    from specc.runtime.batching import BatchScheduler
+
+    prof = cProfile.Profile()
+    decode = BatchScheduler.decode
+
+    def profiled_decode(self):
+        prof.enable()
+        try:
+            return decode(self)
+        finally:
+            prof.disable()
+
     _restart(loop)
     _sync(dev)
-    prof = cProfile.Profile()
-    prof.enable()
-    run = drive(loop, prompts, tokens)
-    _sync(dev)
-    prof.disable()
+    BatchScheduler.decode = profiled_decode
+    try:
+        run = drive(loop, prompts, tokens)
+        _sync(dev)
+    finally:
+        BatchScheduler.decode = decode
     steps = max(run.decode_steps, 1)
     stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, primitive calls, own s, cumulative s, callers)}
     rows = sorted(((own, calls, cum, f"{os.path.basename(f)}:{line}({name})")
                    for (f, line, name), (calls, _, own, cum, _) in stats.items()), reverse=True)[:top]
-    return {"decode_steps": run.decode_steps, "what": "cProfile, one pass (admissions and prefills included)",
+    return {"decode_steps": run.decode_steps, "what": "cProfile inside the decode steps of one pass",
             "top": [{"function": name, "us_per_step": 1e6 * own / steps, "calls_per_step": calls / steps,
                      "cum_us_per_step": 1e6 * cum / steps} for own, calls, cum, name in rows]}
 

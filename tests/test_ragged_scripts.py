@@ -91,7 +91,8 @@ def test_profile_batch_parts_kernels_and_greedy_verifier(tmp_path):
 
 def test_profile_batch_parts_host_profile(tmp_path):
     """``--host-profile N``: the speculative rows carry cProfile's N functions with the most own
-    time per decode step, largest first, the loop's own step among the functions called."""
+    time per decode step, largest first, the loop's own step among the functions called and the
+    admissions' prefills left out."""
     spec = importlib.util.spec_from_file_location("profile_batch_parts", ROOT / "examples" / "profile_batch_parts.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -103,3 +104,4 @@ def test_profile_batch_parts_host_profile(tmp_path):
     assert len(own) > 20 and own == sorted(own, reverse=True) and own[0] > 0
     assert all(r["cum_us_per_step"] >= r["us_per_step"] - 1e-6 and r["calls_per_step"] > 0 for r in host["top"])
     assert any("speculate" in r["function"] for r in host["top"])
+    assert not any("prefill_slot" in r["function"] for r in host["top"])  # admissions are not profiled

@@ -156,15 +156,18 @@ def test_row_rule_json_and_variants():
     assert rule.summary() == [f"every shape: cuBLAS at M 65+ ({rule.source})"]
 
 
-@pytest.mark.parametrize("gpu,top", [("NVIDIA H100 SXM", 2048), ("NVIDIA H200", 2048)])
-def test_builtin_rules_carry_their_gpus_cublas_times(gpu, top):
+@pytest.mark.parametrize("gpu,top,shapes", [("NVIDIA H100 SXM", 2048, 7), ("NVIDIA H200", 2048, 5)])
+def test_builtin_rules_carry_their_gpus_cublas_times(gpu, top, shapes):
     """A built-in rule keeps the cuBLAS times its GPU measured at Qwen3-8B's five shapes (the
-    packaged record), at and above the switch only; shapes it never timed get the bare rule; the
-    times survive the artifact's JSON."""
+    H100's also at the DFlash-b16 drafter's two own shapes; the packaged record), at and above
+    the switch only; shapes it never timed get the bare rule; the times survive the artifact's
+    JSON."""
     from specc.codegen.linear_choice import RowRule, builtin_choice
 
     rule = builtin_choice(gpu)
-    assert len(rule.shapes) == 5 and "cuBLAS times: cublas-times-" in rule.source and rule.overhead_s > 0
+    assert len(rule.shapes) == shapes and "cuBLAS times: cublas-times-" in rule.source and rule.overhead_s > 0
+    if shapes == 7:
+        assert {(2048, 4096), (4096, 20480)} <= set(rule.shapes)
     o = rule.shape(4096, 4096)
     assert [p.impl for p in o.points][:2] == ["triton", "cublas"] and o.points[0].m == 64
     assert o.points[1].m == 128 and o.points[-1].m == top
@@ -205,4 +208,4 @@ def test_a_calibration_record_without_a_table_prices_with_its_own_efficiencies()
     dep = get_deployment("h100-bs16")
     bare = choice_of(Calibration("h100-bs16", "cuda"), dep)
     assert bare.cublas_from_rows == 65 and not bare.shapes and "cuBLAS times" not in bare.source
-    assert len(choice_of(None, dep).shapes) == 5
+    assert len(choice_of(None, dep).shapes) == 7  # the packaged times: five target shapes, two of the drafter
