@@ -45,6 +45,28 @@ def expected_tokens(alphas: Sequence[float], k: int) -> float:
     return total
 
 
+def expected_longest(rows) -> float:
+    """E[the most tokens any row commits in one step], rows independent: ``rows`` = [(acceptance
+    model, drafts), ...]. P(max > m) = 1 - prod_r (1 - P(row r commits more than m)), where a row
+    with k drafts commits more than m (m <= k) with probability prod(alpha_1..alpha_m); summed over
+    m = 0 .. the most drafts. A batched drafter feeds every row as many new context entries as the
+    row that committed most last step (``specc.runtime.drafters``), so that is what a batch's
+    draft forward is priced at."""
+    rows = [(model, int(k)) for model, k in rows]
+    if not rows:
+        return 0.0
+    survive = [1.0] * len(rows)  # P(row r commits more than m)
+    total = 0.0
+    for m in range(max(k for _, k in rows) + 1):
+        none_longer = 1.0
+        for r, (model, k) in enumerate(rows):
+            if m:
+                survive[r] = survive[r] * model.alpha(m) if m <= k else 0.0
+            none_longer *= 1.0 - survive[r]
+        total += 1.0 - none_longer
+    return total
+
+
 def geometric_alpha(tau: float, k: int) -> float:
     """The constant alpha whose k-draft expected committed length is tau (bisection)."""
     if k <= 0 or tau <= 1.0:
@@ -93,6 +115,11 @@ class AcceptanceModel:
     def expected_tokens(self, k: int) -> float:
         """Expected tokens committed per step with k drafts, formula (1)."""
         return expected_tokens(self.alphas_for(k), k)
+
+    def expected_max_tokens(self, k: int, rows: int) -> float:
+        """E[max over ``rows`` independent rows of the tokens a step commits] with k drafts each
+        (:func:`expected_longest`). One row: ``expected_tokens(k)``."""
+        return expected_longest([(self, int(k))] * max(1, int(rows)))
 
     def distribution(self, k: int) -> list[float]:
         """P(step commits n tokens) for n = 1..k+1."""

@@ -39,7 +39,7 @@ import heapq
 import math
 from typing import Any, Sequence
 
-from specc.search.acceptance import AcceptanceModel
+from specc.search.acceptance import AcceptanceModel, expected_longest
 from specc.search.batch_pricing import draft_seconds, ragged_verify
 from specc.search.cost_model import CostModel, default_context
 
@@ -161,8 +161,11 @@ class BatchingPricer:
     def ar_seconds(self, rows: int) -> float:
         return self.verify_seconds([1] * rows)
 
-    def _drafting(self, rows: int, acceptance: AcceptanceModel) -> float:
-        return self.draft_seconds(rows, max(1, round(acceptance.expected_tokens(self.k))))
+    def _drafting(self, rows: int, acceptance: AcceptanceModel, k: int | None = None) -> float:
+        """The batched draft of ``k`` (default: the step's) for ``rows`` rows, each fed as many new
+        context entries as the row that committed most last step (its expected value)."""
+        k = self.k if k is None else int(k)
+        return self.draft_seconds(rows, max(1, round(acceptance.expected_max_tokens(k, rows))), k)
 
     def level2_seconds(self, batch: int, acceptance: AcceptanceModel, k1: int) -> tuple[float, float]:
         """(expected time, expected rows) of level 2 after a level 1 of ``k1`` drafts."""
@@ -224,7 +227,8 @@ class BatchingPricer:
                 expected -= gain
                 taken += 1
             longest = max(row_k)
-            draft = self.draft_seconds(batch, max(1, round(expected / batch)), longest) if longest else 0.0
+            committed = expected_longest([(m, k) for m, k in zip(models, row_k)])
+            draft = self.draft_seconds(batch, max(1, round(committed)), longest) if longest else 0.0
             pred = OptionPrediction(PER_REQUEST, batch, self.k, expected, draft,
                                     self.verify_seconds([k + 1 for k in row_k], packed=True), self.ar_seconds(batch),
                                     per_request_k=True, row_k=list(row_k))
@@ -239,7 +243,7 @@ class BatchingPricer:
         best = None
         for kk in range(self.k + 1):
             expected = batch * acceptance.expected_tokens(kk)
-            draft = self.draft_seconds(batch, max(1, round(expected / batch)), kk) if kk else 0.0
+            draft = self._drafting(batch, acceptance, kk) if kk else 0.0
             pred = OptionPrediction(GOODPUT, batch, self.k, expected, draft, self.verify_seconds([kk + 1] * batch),
                                     self.ar_seconds(batch), row_k=[kk] * batch)
             if best is None or pred.tokens_per_s > best.tokens_per_s * (1 + 1e-12):

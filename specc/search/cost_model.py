@@ -555,7 +555,7 @@ class CostModel:
         k = int(num_draft)
         e = acceptance.expected_tokens(k)
         verify = self.step(target_ir, {"B": b, "Q": k + 1, "C": c}, step="verify", formula=formula)
-        committed = max(1, int(round(e)))
+        committed = max(1, int(round(acceptance.expected_max_tokens(k, b))))  # b rows: the longest row's
         drafts = [(self.step(draft_ir, {"B": b, "C": c, **shape.values}, step="draft", role="drafter",
                              formula=formula), shape.count)
                   for shape in impl.draft_shapes(k, committed)]

@@ -104,3 +104,21 @@ def test_measure_stock_on_a_tiny_pard_pair(tiny):
     # the PARD drafter is the target itself: its first draft (the target's own next token) is always right
     assert model.alphas[0] == 1.0
     assert 2.0 <= model.expected_tokens(4) <= 5.0
+
+
+def test_the_longest_row_of_a_batch():
+    """E[max tokens over rows] (what a batched drafter feeds every row): one row is E; it grows
+    with the rows towards k + 1; mixed rows and draft counts agree with enumerating every outcome."""
+    import itertools
+
+    from specc.search.acceptance import expected_longest
+
+    a, b = AcceptanceModel([0.9, 0.7, 0.5]), AcceptanceModel.constant(0.6, 2)
+    assert a.expected_max_tokens(3, 1) == pytest.approx(a.expected_tokens(3))
+    widths = [a.expected_max_tokens(3, r) for r in (1, 2, 4, 16, 256)]
+    assert widths == sorted(widths) and widths[-1] == pytest.approx(4.0, abs=1e-6) and widths[0] < widths[1]
+    rows = [(a, 3), (b, 2), (a, 1)]
+    outcomes = [list(enumerate(m.distribution(k), start=1)) for m, k in rows]  # (tokens, probability)
+    brute = sum(max(ta, tb, tc) * pa * pb * pc for (ta, pa), (tb, pb), (tc, pc) in itertools.product(*outcomes))
+    assert expected_longest(rows) == pytest.approx(brute, rel=1e-12)
+    assert expected_longest([]) == 0.0 and AcceptanceModel.none().expected_max_tokens(0, 8) == 1.0
