@@ -480,9 +480,9 @@ class CostModel:
         bw = dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise")
         batch = int(rows if rows is not None else values.get("B", 1))
         tokens = int(values.get("B", 1)) * int(values.get("Q", 1))
-        host = dep.spec_host_s if host and batch > 1 and tokens > batch else 0.0
+        host_s = dep.spec_host_s if host and batch > 1 and tokens > batch else 0.0
         return NodeCost("acceptance", "argmax+sync", "acceptance + host sync", nbytes, 0.0, 0.0, 0.0, 1,
-                        nbytes / bw + host, 0.0, dep.launch_overhead_s, nbytes / dep.hbm_bandwidth,
+                        nbytes / bw + host_s, 0.0, dep.launch_overhead_s, nbytes / dep.hbm_bandwidth,
                         bw, dep.bf16_flops, bytes_expr=expr, flops_expr=0)
 
     def step(self, ir, values: Mapping[str, int], *, step: str | None = None, role: str = "target",
