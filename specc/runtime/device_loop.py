@@ -181,7 +181,9 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     _packing = False  # this step packs rows that verify fewer tokens (per-request k or two levels)
     _caps: tuple | None = None  # (per-row caps, their device copy) of the last step
     draft_ahead = False  # batch 1: launch the next step's draft before returning (module doc)
+    batch_draft_ahead = False  # batch > 1: launch the next step's draft before the host read (module doc)
     _ahead: tuple | None = None  # ((committed tokens, k), drafts) made ahead for the next step
+    _host_buffer: torch.Tensor | None = None  # pinned: the step's decision, read while the GPU drafts ahead
     step_graphs = False  # batch 1: each step as one CUDA graph (``specc.runtime.step_graphs``)
     step_graph_capture = None  # how those graphs are made (None: CUDA graphs; the CPU tests pass a stand-in)
     step_graph_on_result = None  # called when a whole step's result is read (host-time profiles)
@@ -606,11 +608,12 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
         step_ahead, self._ahead_step = self._ahead_step, None
         timer.mark("draft")
         nodes = 0  # tree nodes verified this step (0: a chain step)
+        drafted_ahead = None  # the next step's drafts, when this step launched them (``batch_draft_ahead``)
         self.last_level2_rows = []
         if made_ahead is not None and (self.tree_budget or not isinstance(self.policy, GreedyPolicy)
-                                       or made_ahead[0] != (n[0], k)):
+                                       or made_ahead[0] != self._ahead_key(k)):
             raise RuntimeError(f"a draft made ahead for (committed tokens, k) = {made_ahead[0]} does not match "
-                               f"this step's ({n[0]}, {k})")
+                               f"this step's {self._ahead_key(k)}")
         graphs = self._whole_step_graphs()
         whole = self._whole_step_key(graphs, k, per_row) if made_ahead is None else None
         if step_ahead is not None and step_ahead != (n[0], whole):
@@ -634,6 +637,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                 drafts = seq[:, :0]
             elif made_ahead is not None:
                 drafts = made_ahead[1]
+                if rows > 1:  # made by ``draft_ahead_rows``: its host bookkeeping is now
+                    self.drafter.took_ahead(n, k)
             elif isinstance(policy, GreedyPolicy):
                 drafts = self._draft_rows(seq, n, k, drafting)
             else:
@@ -659,7 +664,11 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
                                                               self.state.lengths)
                     policy.observe(committed, accepted * active if active is not None else accepted)
                 self._commit_chain(accepted, committed, active)
-            host = torch.cat([accepted[:, None], committed], dim=1).tolist()  # the step's one device -> host copy
+            decision = torch.cat([accepted[:, None], committed], dim=1)
+            if ahead and level1 is None and self._batch_ahead_ok(budgets, k, per_row):
+                host, drafted_ahead = self._read_drafting_ahead(decision, accepted, context)
+            else:
+                host = decision.tolist()  # the step's one device -> host copy
             if graphs is not None and rows == 1:  # kernels of a k-draft step are compiled: its graphs may be captured
                 graphs.ran_unfused(k, 0, sampled=not isinstance(policy, GreedyPolicy))
         acc = [row[0] if self.live[b] else 0 for b, row in enumerate(host)]
@@ -667,6 +676,8 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
             self.drafter.accepted_rows(n, acc, k, context)
         for b in live:
             n[b] += acc[b] + 1
+        if drafted_ahead is not None:
+            self._ahead = (self._ahead_key(self.num_draft), drafted_ahead)
         if ahead:
             budget = budgets[0] - acc[0] - 1 if rows == 1 else 0
             if not self._step_ahead(budget, num_draft):
@@ -677,8 +688,45 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     @property
     def runs_ahead(self) -> bool:
         """Whether a step may launch work of the next one before returning (``draft_ahead``,
-        ``step_graphs``), so that a scheduler without a draft-length rule passes ``ahead``."""
-        return bool(self.draft_ahead or self.step_graphs)
+        ``batch_draft_ahead``, ``step_graphs``), so that a scheduler without a draft-length rule
+        passes ``ahead``."""
+        return bool(self.draft_ahead or self.batch_draft_ahead or self.step_graphs)
+
+    def _ahead_key(self, k: int) -> tuple:
+        """What a draft made ahead is for: (committed tokens, k), per row at batch > 1."""
+        return (self.n[0] if self.batch == 1 else tuple(self.n), k)
+
+    def _batch_ahead_ok(self, budgets: list[int], k: int, per_row: bool) -> bool:
+        """Whether this greedy chain step (one level, verified) may draft the next step's tokens
+        before its host read (``batch_draft_ahead``, module doc): batch > 1, every slot live, one
+        k for the batch, a drafter that drafts ahead, no per-part profile (whose parts it would
+        blur), and the next step's k known now: the loop's own, which the budgets cannot cap
+        whatever this step commits."""
+        if not (self.batch_draft_ahead and self.batch > 1 and all(self.live) and not per_row and k > 0
+                and self.drafter is not None and not self.tree_budget and not self.profile
+                and isinstance(self.policy, GreedyPolicy)):
+            return False
+        return not self.cap_to_budget or max(budgets) - (k + 1) - 1 >= self.num_draft
+
+    def _read_drafting_ahead(self, decision: torch.Tensor, accepted: torch.Tensor, context):
+        """The step's host read (rows of [accepted, committed...]) with the next step's draft
+        launched between the copy and the wait (``Drafter.draft_ahead_rows``), so that the GPU
+        drafts while the host reads the decision and does the step's bookkeeping. On CUDA the
+        decision goes to a pinned buffer behind an event; the host waits for that event, not
+        for the draft. Returns (rows, the drafts or None where the drafter could not)."""
+        cuda = decision.device.type == "cuda"
+        if cuda:
+            buf = self._host_buffer
+            if buf is None or buf.shape != decision.shape or buf.dtype != decision.dtype:
+                buf = self._host_buffer = torch.empty(decision.shape, dtype=decision.dtype, pin_memory=True)
+            buf.copy_(decision, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        drafts = self.drafter.draft_ahead_rows(self.seq, self.state.lengths, accepted, context, self.num_draft)
+        if not cuda:
+            return decision.tolist(), drafts
+        copied.synchronize()
+        return buf.tolist(), drafts
 
     def _whole_step_graphs(self):
         """The loop's ``StepGraphs`` (made for the current ``seq``) when whole-step graphs are on

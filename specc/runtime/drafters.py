@@ -336,6 +336,25 @@ class Drafter:
         """What ``propose_rows`` does on the host besides drafting, after a ``draft_on_device`` of
         the step that began with ``n`` committed tokens."""
 
+    # --- drafting ahead at batch > 1 (``DeviceSpeculativeDecoder.batch_draft_ahead``) ------------
+
+    def draft_ahead_rows(self, seq: torch.Tensor, lengths: torch.Tensor, accepted: torch.Tensor,
+                         context: torch.Tensor | None, k: int) -> torch.Tensor | None:
+        """The next step's drafts [B, k], launched from device tensors alone before the host has
+        read this step's outcome: ``seq`` [B, L] and ``lengths`` [B] (the target state's lengths,
+        committed - 1) after this step's commit, ``accepted`` [B] this step's accepted counts on
+        the device, ``context`` this step's captured hidden states (DFlash). The same drafts the
+        next step's ``propose_rows`` would make (every row live), only earlier. None: this
+        drafter cannot here (nothing changed). Host bookkeeping: ``accepted_rows`` as always,
+        then ``took_ahead`` when the next step takes the drafts (a step that discards them
+        leaves the drafter as if it had not drafted)."""
+        return None
+
+    def took_ahead(self, n: list[int], k: int) -> None:
+        """The step that began with ``n`` committed tokens per row took the drafts
+        ``draft_ahead_rows`` made for it: what ``propose_rows`` does on the host besides drafting."""
+        raise NotImplementedError(f"the {self.name} drafter does not draft ahead")
+
 
 class CausalDrafter(Drafter):
     """A drafter that is a causal LM step (specc CausalLM or its compiled step). ``lengths[b]``
@@ -669,7 +688,10 @@ class DFlashDraft(Drafter):
         if any(self.lengths[b] + self.context_lens[b] != starts[b] for b in live):
             raise RuntimeError("DFlash drafter context out of step with the target")
         width = self.spec.block_size
-        c, solo = _split_rows(list(self.context_lens), list(self.lengths), active, width)
+        if self._full_window(live):  # every row feeds the window's W entries: one drafting shape
+            c, solo = width, []
+        else:
+            c, solo = _split_rows(list(self.context_lens), list(self.lengths), active, width)
         batched = [b for b in live if b not in solo]
         # row b re-feeds its last c - context_lens[b] cached entries; other rows write past theirs
         cache = [self.lengths[b] - (c - self.context_lens[b]) if b in batched else
@@ -705,6 +727,41 @@ class DFlashDraft(Drafter):
             self.lengths[b] = starts[b]  # context K/V committed, block K/V dropped
             self.fresh.pop(b, None)
         return _merge_rows(out, solo_rows)
+
+    def _full_window(self, live: list[int]) -> bool:
+        """Whether a batched draft feeds every row the window's W = block size newest context
+        entries, re-feeding the cached ones among them (their K/V are rewritten from the same
+        hidden states): more than one row, each live row's unfed entries in the window (at most
+        W, none held in ``fresh``) and at least W entries before its block to re-feed. The
+        drafting forward then has one shape whatever the rows accepted, and it depends on
+        device state alone (``draft_ahead_rows``)."""
+        width = self.spec.block_size
+        return (len(self.lengths) > 1 and self.window is not None and bool(live)
+                and all(b not in self.fresh and 1 <= self.context_lens[b] <= width
+                        and self.lengths[b] + self.context_lens[b] >= width for b in live))
+
+    def draft_ahead_rows(self, seq, lengths, accepted, context, k):
+        """The next step's full-window draft (``_full_window``), every row live: the window slid
+        on the device by ``accepted`` + 1 (``accepted_rows`` then leaves it), the block [the
+        last committed token, mask x k] at each row's ``lengths`` - W."""
+        rows, width = len(self.lengths), self.spec.block_size
+        if rows < 2 or context is None or self.window is None or self.fresh or not 1 <= k < width:
+            return None
+        # after this step row b has accepted + 1 <= k + 1 <= W unfed entries and its start moved by as many
+        if any(not 1 <= self.context_lens[b] <= width or self.lengths[b] + self.context_lens[b] + 1 < width
+               for b in range(rows)):
+            return None
+        self._slide(accepted + 1, context)
+        self._slid = True
+        block = torch.cat([seq.gather(1, lengths[:, None]), self._masks(rows, k)], dim=1)
+        return _run(self.drafter, False, block, self.window, *_rows_at(lengths - width, width + k + 1)).argmax(-1)
+
+    def took_ahead(self, n, k):
+        starts = [nb - 1 for nb in n]
+        if any(self.lengths[b] + self.context_lens[b] != starts[b] for b in range(len(starts))):
+            raise RuntimeError("DFlash drafter context out of step with the target (a draft made ahead)")
+        self.forwards += 1
+        self.lengths = starts  # context K/V committed, block K/V dropped
 
     def _propose_one(self, seq, n: int, k: int) -> torch.Tensor:
         """``propose_logits_rows`` for one live row: the same forward (its C unfed context
@@ -790,7 +847,8 @@ class DFlashDraft(Drafter):
         rows = seq.shape[0]
         source = next(t for t in (self.context, self.window, *self.fresh.values()) if t is not None)
         block = self._masks(rows, k + 1)
-        for n_ctx in range(1, k + 2):  # context rows after a step: accepted + 1 = 1 .. k + 1
+        # context rows after a step: accepted + 1 = 1 .. k + 1, or the full window (``_full_window``)
+        for n_ctx in sorted({*range(1, k + 2), self.spec.block_size}):
             context = source[:1, :1].expand(rows, n_ctx, -1).contiguous()
             self.drafter(block, context, *_rows(list(self.lengths), n_ctx + k + 1, dev))
 
@@ -803,14 +861,17 @@ class DFlashDraft(Drafter):
             self._hold_pending(accepted, context)
         self.context_lens = [c + a + 1 if k == 0 else a + 1 for c, a in zip(self.context_lens, accepted)]
         self.context = context[:, : max(a + 1 for a in accepted)]
-        if len(self.lengths) > 1:  # slide each row's window by its accepted + 1 new entries
-            width = self.spec.block_size
-            if self.window is None:
-                self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
-            joined = torch.cat([self.window, context], dim=1)
-            shift = upload([a + 1 for a in accepted], context.device)
-            index = shift[:, None] + _positions(0, width, context.device)
-            self.window = joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1]))
+        if len(self.lengths) > 1 and not self.__dict__.pop("_slid", False):  # (slid already: a draft ahead)
+            self._slide(upload([a + 1 for a in accepted], context.device), context)
+
+    def _slide(self, shift: torch.Tensor, context: torch.Tensor) -> None:
+        """Slide each row's window by its ``shift`` [B] (accepted + 1) new entries of ``context``."""
+        width = self.spec.block_size
+        if self.window is None:
+            self.window = context.new_zeros(len(self.lengths), width, context.shape[-1])
+        joined = torch.cat([self.window, context], dim=1)
+        index = shift[:, None] + _positions(0, width, context.device)
+        self.window = joined.gather(1, index[..., None].expand(-1, -1, joined.shape[-1]))
 
 
 DRAFTERS: dict[str, type[Drafter]] = {cls.name: cls for cls in (ARDraft, PardDraft, DFlashDraft)}

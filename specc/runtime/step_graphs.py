@@ -53,11 +53,10 @@ the unfused loop) passes (docs/benchmarks/h100-run16.md).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from specc.runtime.graphs import GraphedStep, capture, new_pool, replay, unwrapped
+from specc.runtime.switches import env_switch
 from specc.sampling import rng
 
 
@@ -67,10 +66,7 @@ ENV = "SPECC_STEP_GRAPHS"
 def step_graphs_enabled() -> bool:
     """Whether loops built by ``engine.build_loop`` on CUDA use whole-step graphs: yes unless
     ``SPECC_STEP_GRAPHS`` = 0 (off, false; empty or unset: on)."""
-    value = os.environ.get(ENV, "1").strip().lower()
-    if value not in ("0", "1", "", "off", "on", "false", "true"):
-        raise ValueError(f"{ENV}={value!r}: use 1 (on) or 0 (off)")
-    return value in ("1", "", "on", "true")
+    return env_switch(ENV, True)
 
 
 def cuda_capture(body, pool):
