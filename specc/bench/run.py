@@ -476,6 +476,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     best_ar = _compare(rows)
     from specc.codegen.kernels.pdl import launch_mode
     from specc.runtime.step_graphs import step_graphs_enabled
+    from specc.runtime.switches import batch_draft_ahead_enabled
 
     report = {
         "format": "specc-bench/1", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "what": s.label,
@@ -483,6 +484,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
                                                                              f"{torch.get_num_threads()} threads)",
         "versions": _versions(), "dtype": str(dtype).replace("torch.", ""), "deployment": dep.name,
         "launch": launch_mode(dev), "step_graphs": bool(dev.type == "cuda" and step_graphs_enabled()),
+        "batch_draft_ahead": bool(dev.type == "cuda" and batch_draft_ahead_enabled()),
         "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
         "prompt_lengths": [len(p) for p in prompts], "batches": batches, "context_for_prediction": context,
         "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),
