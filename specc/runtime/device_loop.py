@@ -65,9 +65,9 @@ takes it, and refuses one that does not match its committed length and k. A requ
 instead releases its slot, which drops the draft (one wasted draft on the GPU at an EOS).
 
 Drafting ahead at batch > 1 (``batch_draft_ahead``, opt-in; greedy chains in one level, every
-slot live, the loop's own k, a drafter with ``draft_ahead_rows``: DFlash): the step copies its
-decision to a pinned host buffer behind an event, launches the next step's draft from device
-state alone (DFlash's full window, its window slid on the device by the accepted counts), and
+slot live, the loop's own k, a drafter with ``draft_ahead_rows``: DFlash, PARD): the step copies
+its decision to a pinned host buffer behind an event, launches the next step's draft from device
+state alone (the drafter's full window: DFlash's slid on the device by the accepted counts), and
 only then waits for the event, so the GPU drafts while the host reads the decision and does the
 step's and the scheduler's bookkeeping. The next step takes the drafts when its committed
 lengths and k are the ones they were made for; an admission, a release or a width change drops

@@ -561,6 +561,38 @@ class PardDraft(CausalDrafter):
     def propose_rows(self, seq, n, k, active=None):
         return self.propose_logits_rows(seq, n, k, active).argmax(-1)
 
+    def _fed(self, n, k=1, active=None):
+        """As the causal drafters feed, except that a batch whose live rows each lag by 1 ..
+        ``_widest`` tokens and have at least ``_widest`` committed feeds every row its last
+        ``_widest`` (the full window: re-fed tokens rewrite the same K/V), whatever the rows
+        accepted: one drafting shape, from device state alone (``draft_ahead_rows``)."""
+        starts, m, solo = super()._fed(n, k, active)
+        width = self._widest
+        live = [b for b in range(len(n)) if active is None or active[b]]
+        if (len(n) > 1 and live and not solo
+                and all(1 <= n[b] - self.lengths[b] <= width and n[b] >= width for b in live)):
+            return [max(nb - width, 0) for nb in n], width, []
+        return starts, m, solo
+
+    def draft_ahead_rows(self, seq, lengths, accepted, context, k):
+        """The next step's full-window draft (``_fed``), every row live: each row's last
+        ``_widest`` committed tokens (ending at ``lengths``, = committed - 1, on the device) and
+        k - 1 mask slots."""
+        rows = len(self.lengths)
+        width = max(getattr(self, "_widest", 0), k + 1)  # what the next step's ``_fed`` will use
+        # after this step a row lags by accepted + 1 <= k + 1 <= width and has one token more than now
+        if rows < 2 or k < 1 or any(nb + 1 < width or nb == 0 for nb in self.lengths):
+            return None
+        self._widest = width
+        start = lengths + 1 - width
+        feed = torch.cat([seq.gather(1, start[:, None] + _positions(0, width, seq.device)),
+                          self._masks(rows, self.mask_slots(k))], dim=1)
+        return _run(self.model, False, feed, *_rows_at(start, feed.shape[1]))[:, -k:].argmax(-1)
+
+    def took_ahead(self, n, k):
+        self.forwards += 1
+        self.lengths = list(n)  # committed tokens stay, the mask slots are dropped
+
     def draft_on_device(self, seq, lengths, key, k, context, offsets, logits=False):
         """``_block`` on the device: the m fed tokens and k - 1 mask slots, one forward."""
         feed, start = self._device_feed(seq, lengths, key, offsets)

@@ -271,8 +271,8 @@ def build_loop(steps: dict, strategy: str | None, num_draft: int, max_len: int, 
     # exact on the CPU (a capture stand-in) and on the GPU, 4% faster steps on the H200
     # (docs/benchmarks/h200-run15.md); on unless SPECC_STEP_GRAPHS=0
     loop.step_graphs = graphs and step_graphs_enabled()
-    # batch > 1: launch the next step's draft between the decision and the host read (DFlash's
-    # full-window draft); exact on the CPU (tests/runtime/test_device_loop_batch_draft_ahead.py);
+    # batch > 1: launch the next step's draft between the decision and the host read (DFlash, PARD:
+    # their full-window drafts); exact on the CPU (tests/runtime/test_device_loop_batch_draft_ahead.py);
     # opt-in (SPECC_BATCH_DRAFT_AHEAD=1) until timed on a GPU
     loop.batch_draft_ahead = graphs and batch_draft_ahead_enabled()
     loop.steps = steps

@@ -1,4 +1,4 @@
-"""Drafting ahead at batch > 1 on the GPU (GPU only): a compiled DFlash artifact's graphed steps,
+"""Drafting ahead at batch > 1 on the GPU (GPU only): a compiled DFlash or PARD artifact's graphed steps,
 the decision read through a pinned buffer behind an event while the next step's draft runs.
 Every step verifies the drafts that drafting at its start gives, and the tokens and accepted
 lengths are those of the loop without drafting ahead, with acceptance replayed so that rows
@@ -45,12 +45,13 @@ def _run(engine, ahead: bool):
     return rows, verified, took[0]
 
 
-def test_drafts_made_ahead_on_the_gpu_equal_drafts_made_at_the_step(checkpoints, tmp_path):
+@pytest.mark.parametrize("key", ["dflash", "pard_same"])
+def test_drafts_made_ahead_on_the_gpu_equal_drafts_made_at_the_step(checkpoints, tmp_path, key):
     import specc
     from specc.compiler import compile_artifact
 
     path = tmp_path / "a.specc"
-    compile_artifact(checkpoints["target"], checkpoints["dflash"], out=path, max_new_tokens=4)
+    compile_artifact(checkpoints["target"], checkpoints[key], out=path, max_new_tokens=4)
     engine = specc.load(path, device="cuda", max_len=64)
     off, off_drafts, _ = _run(engine, False)
     on, on_drafts, took = _run(engine, True)

@@ -1,6 +1,7 @@
 """Drafting ahead at batch > 1 (``DeviceSpeculativeDecoder.batch_draft_ahead``): the next step's
-DFlash draft, launched between the step's decision and its host read from device state alone
-(the window of hidden states slid on the device, the block at each row's committed length), gives
+DFlash or PARD draft, launched between the step's decision and its host read from device state
+alone (DFlash: the window of hidden states slid on the device, the block at each row's committed
+length; PARD: each row's last committed tokens and the mask slots), gives
 the same tokens and accepted lengths as drafting at the next step's start; admissions, requests
 that finish at different steps, short prompts (too few entries for the full window) and budgets
 that cap k all fall back to drafting at the step's start."""
@@ -49,10 +50,14 @@ def _same(got, want):
     assert [r.stats.accepted_lengths for r in got] == [r.stats.accepted_lengths for r in want]
 
 
+DRAFTERS = pytest.mark.parametrize("key,method", [("dflash", "dflash"), ("pard_same", "pard")])
+
+
+@DRAFTERS
 @pytest.mark.parametrize("cap_to_budget", [True, False])
-def test_drafting_ahead_at_batch_gives_the_same_tokens(checkpoints, cap_to_budget):
-    on, off = _loop(checkpoints, True, cap_to_budget=cap_to_budget), _loop(checkpoints, False,
-                                                                           cap_to_budget=cap_to_budget)
+def test_drafting_ahead_at_batch_gives_the_same_tokens(checkpoints, cap_to_budget, key, method):
+    on = _loop(checkpoints, True, cap_to_budget=cap_to_budget, key=key, method=method)
+    off = _loop(checkpoints, False, cap_to_budget=cap_to_budget, key=key, method=method)
     prompts = [PROMPT, OTHER, PROMPT[1:]]
     got, want = on.generate_batch(prompts, 24, ()), off.generate_batch(prompts, 24, ())
     _same(got, want)
@@ -74,12 +79,13 @@ class _Recording(ReplayVerifier):
         return super().verify(drafts, target_logits, max_drafts, **kw)
 
 
-def test_drafting_ahead_at_batch_under_replayed_acceptance(checkpoints):
+@DRAFTERS
+def test_drafting_ahead_at_batch_under_replayed_acceptance(checkpoints, key, method):
     """Acceptance replayed: the rows accept different counts step to step, so the window slides
     by a different amount per row; every step verifies exactly the drafts (the random drafter's,
     so a wrong window, position or cache length would change them) that drafting at the step's
     start gives."""
-    loops = [_loop(checkpoints, ahead) for ahead in (True, False)]
+    loops = [_loop(checkpoints, ahead, key=key, method=method) for ahead in (True, False)]
     for loop in loops:
         loop.verifier = _Recording([0.9, 0.6, 0.8], seed=3)
     prompts = [PROMPT, OTHER, PROMPT[2:], OTHER[1:]]
@@ -92,12 +98,13 @@ def test_drafting_ahead_at_batch_under_replayed_acceptance(checkpoints):
         assert torch.equal(a, b)
 
 
-def test_admissions_finishes_and_short_prompts_fall_back(checkpoints):
+@DRAFTERS
+def test_admissions_finishes_and_short_prompts_fall_back(checkpoints, key, method):
     """More requests than slots (admissions between steps), requests ending at an EOS and at
     different budgets, and a prompt too short for the full window (3 tokens, W = 4): the same
     tokens as drafting at each step's start, and drafts made ahead are dropped whenever the next
     step is not the one they were made for."""
-    on, off = _loop(checkpoints, True), _loop(checkpoints, False)
+    on, off = _loop(checkpoints, True, key=key, method=method), _loop(checkpoints, False, key=key, method=method)
     eos = reference(checkpoints["target"], 20, prompt=OTHER)[6]
     prompts = [PROMPT, OTHER, THIRD, PROMPT[:3], OTHER[2:], PROMPT[3:]]
     budgets = [20, 17, 9, 12, 20, 5]
@@ -111,8 +118,8 @@ def test_admissions_finishes_and_short_prompts_fall_back(checkpoints):
 
 
 def test_a_short_row_stops_drafting_ahead(checkpoints):
-    """A row with fewer than W - 1 committed entries before its block cannot re-feed the full
-    window: the loop drafts at the step's start until it can."""
+    """A DFlash row with fewer than W - 1 committed entries before its block cannot re-feed the
+    full window: the loop drafts at the step's start until it can."""
     loop = _loop(checkpoints, True)
     loop.generate_batch([PROMPT, [5, 9]], 2, ())
     assert loop.made_ahead == 0
@@ -131,10 +138,11 @@ def test_drafters_without_a_draft_ahead_run_as_before(checkpoints):
     assert on.made_ahead == 0
 
 
-def test_a_step_that_does_not_match_the_draft_made_ahead_refuses_it(checkpoints):
+@DRAFTERS
+def test_a_step_that_does_not_match_the_draft_made_ahead_refuses_it(checkpoints, key, method):
     from specc.runtime.batching import BatchScheduler
 
-    loop = _loop(checkpoints, True)
+    loop = _loop(checkpoints, True, key=key, method=method)
     scheduler = BatchScheduler(loop, 2, buckets=False)
     for prompt in (PROMPT, OTHER):
         scheduler.submit(prompt, 30, ())
