@@ -562,14 +562,16 @@ class PardDraft(CausalDrafter):
         return self.propose_logits_rows(seq, n, k, active).argmax(-1)
 
     def _fed(self, n, k=1, active=None):
-        """As the causal drafters feed, except that a batch whose live rows each lag by 1 ..
-        ``_widest`` tokens and have at least ``_widest`` committed feeds every row its last
-        ``_widest`` (the full window: re-fed tokens rewrite the same K/V), whatever the rows
-        accepted: one drafting shape, from device state alone (``draft_ahead_rows``)."""
+        """As the causal drafters feed, except that a batched draft of the widest k seen (k + 1 =
+        ``_widest``; a step with fewer drafts, e.g. a goodput rule's, feeds only what the rows
+        need) whose live rows each lag by 1 .. ``_widest`` tokens and have at least ``_widest``
+        committed feeds every row its last ``_widest`` (the full window: re-fed tokens rewrite
+        the same K/V), whatever the rows accepted: one drafting shape, from device state alone
+        (``draft_ahead_rows``)."""
         starts, m, solo = super()._fed(n, k, active)
         width = self._widest
         live = [b for b in range(len(n)) if active is None or active[b]]
-        if (len(n) > 1 and live and not solo
+        if (len(n) > 1 and live and not solo and k + 1 == width
                 and all(1 <= n[b] - self.lengths[b] <= width and n[b] >= width for b in live)):
             return [max(nb - width, 0) for nb in n], width, []
         return starts, m, solo
@@ -578,10 +580,11 @@ class PardDraft(CausalDrafter):
         """The next step's full-window draft (``_fed``), every row live: each row's last
         ``_widest`` committed tokens (ending at ``lengths``, = committed - 1, on the device) and
         k - 1 mask slots."""
-        rows = len(self.lengths)
-        width = max(getattr(self, "_widest", 0), k + 1)  # what the next step's ``_fed`` will use
-        # after this step a row lags by accepted + 1 <= k + 1 <= width and has one token more than now
-        if rows < 2 or k < 1 or any(nb + 1 < width or nb == 0 for nb in self.lengths):
+        rows, width = len(self.lengths), k + 1
+        # the next step's ``_fed`` takes the full window at k + 1 = ``_widest``; after this step a row
+        # lags by accepted + 1 <= k + 1 and has one token more than now
+        if rows < 2 or k < 1 or width < getattr(self, "_widest", 0) or any(nb + 1 < width or nb == 0
+                                                                           for nb in self.lengths):
             return None
         self._widest = width
         start = lengths + 1 - width
@@ -720,7 +723,7 @@ class DFlashDraft(Drafter):
         if any(self.lengths[b] + self.context_lens[b] != starts[b] for b in live):
             raise RuntimeError("DFlash drafter context out of step with the target")
         width = self.spec.block_size
-        if self._full_window(live):  # every row feeds the window's W entries: one drafting shape
+        if self._full_window(live, k):  # every row feeds the window's W entries: one drafting shape
             c, solo = width, []
         else:
             c, solo = _split_rows(list(self.context_lens), list(self.lengths), active, width)
@@ -760,15 +763,16 @@ class DFlashDraft(Drafter):
             self.fresh.pop(b, None)
         return _merge_rows(out, solo_rows)
 
-    def _full_window(self, live: list[int]) -> bool:
-        """Whether a batched draft feeds every row the window's W = block size newest context
-        entries, re-feeding the cached ones among them (their K/V are rewritten from the same
-        hidden states): more than one row, each live row's unfed entries in the window (at most
-        W, none held in ``fresh``) and at least W entries before its block to re-feed. The
-        drafting forward then has one shape whatever the rows accepted, and it depends on
-        device state alone (``draft_ahead_rows``)."""
+    def _full_window(self, live: list[int], k: int) -> bool:
+        """Whether a batched draft of k tokens feeds every row the window's W = block size newest
+        context entries, re-feeding the cached ones among them (their K/V are rewritten from the
+        same hidden states): more than one row, a full block (k + 1 = W; a step with fewer drafts,
+        e.g. a goodput rule's, feeds only what the rows need), each live row's unfed entries in
+        the window (at most W, none held in ``fresh``) and at least W entries before its block
+        to re-feed. The drafting forward then has one shape whatever the rows accepted, and it
+        depends on device state alone (``draft_ahead_rows``)."""
         width = self.spec.block_size
-        return (len(self.lengths) > 1 and self.window is not None and bool(live)
+        return (len(self.lengths) > 1 and self.window is not None and bool(live) and k + 1 == width
                 and all(b not in self.fresh and 1 <= self.context_lens[b] <= width
                         and self.lengths[b] + self.context_lens[b] >= width for b in live))
 
@@ -777,7 +781,7 @@ class DFlashDraft(Drafter):
         on the device by ``accepted`` + 1 (``accepted_rows`` then leaves it), the block [the
         last committed token, mask x k] at each row's ``lengths`` - W."""
         rows, width = len(self.lengths), self.spec.block_size
-        if rows < 2 or context is None or self.window is None or self.fresh or not 1 <= k < width:
+        if rows < 2 or context is None or self.window is None or self.fresh or k + 1 != width:
             return None
         # after this step row b has accepted + 1 <= k + 1 <= W unfed entries and its start moved by as many
         if any(not 1 <= self.context_lens[b] <= width or self.lengths[b] + self.context_lens[b] + 1 < width

@@ -152,3 +152,14 @@ def test_a_step_that_does_not_match_the_draft_made_ahead_refuses_it(checkpoints,
     loop.n[0] += 1  # a step the draft was not made for
     with pytest.raises(RuntimeError, match="made ahead"):
         loop.speculate([20, 20])
+
+
+def test_a_draft_shorter_than_the_block_feeds_what_the_rows_need(checkpoints):
+    """DFlash with k + 1 below its block (k = 2, W = 4): no full window, so no draft ahead; the
+    rows feed their own unfed entries as before, and the tokens are the reference's."""
+    on, off = _loop(checkpoints, True, k=2), _loop(checkpoints, False, k=2)
+    prompts = [PROMPT, OTHER]
+    got = on.generate_batch(prompts, 16, ())
+    _same(got, off.generate_batch(prompts, 16, ()))
+    assert on.made_ahead == 0
+    assert got[1].tokens == reference(checkpoints["target"], 16, prompt=OTHER)
