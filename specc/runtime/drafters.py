@@ -913,6 +913,14 @@ class DFlashDraft(Drafter):
 DRAFTERS: dict[str, type[Drafter]] = {cls.name: cls for cls in (ARDraft, PardDraft, DFlashDraft)}
 
 
+def drafts_ahead(strategy: str | None) -> bool:
+    """Whether the drafting strategy ``strategy`` (a :data:`DRAFTERS` key) drafts ahead at batch
+    > 1 (overrides ``Drafter.draft_ahead_rows``): what the cost model asks before pricing a
+    batched one-level step's host work as hidden behind the next draft."""
+    cls = DRAFTERS.get(strategy or "")
+    return cls is not None and cls.draft_ahead_rows is not Drafter.draft_ahead_rows
+
+
 def drafter_from_manifest(name: str, step, section: dict | None = None) -> Drafter | None:
     """The registered drafting strategy ``name`` over ``step``, or None for plain AR (no
     drafter registered under that name)."""

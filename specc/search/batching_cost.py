@@ -123,11 +123,21 @@ class BatchingPricer:
     IR, draft IR, method) on the cost model's deployment at a context length; every forward it
     prices is cached, so pricing many batch sizes and k1 shares the work."""
 
-    def __init__(self, cost: CostModel, target_ir, draft_ir, method, num_draft: int, context: int | None = None):
+    def __init__(self, cost: CostModel, target_ir, draft_ir, method, num_draft: int, context: int | None = None,
+                 draft_ahead: bool | None = None):
+        """``draft_ahead``: whether one-level steps draft the next step ahead of their host read
+        (``DeviceSpeculativeDecoder.batch_draft_ahead``); None: as ``engine.build_loop`` sets
+        it, on a CUDA-graphed deployment for a drafter that can, when ``SPECC_BATCH_DRAFT_AHEAD``
+        asks for it."""
         from specc.methods import get_method
+        from specc.runtime.drafters import drafts_ahead
+        from specc.runtime.switches import batch_draft_ahead_enabled
 
         self.cost, self.target_ir, self.draft_ir = cost, target_ir, draft_ir
         self.method = get_method(method) if isinstance(method, str) else method
+        if draft_ahead is None:
+            draft_ahead = bool(cost.graphs and drafts_ahead(self.method.strategy) and batch_draft_ahead_enabled())
+        self.draft_ahead = draft_ahead
         self.k = int(num_draft)
         if self.k < 1:
             raise ValueError("batching options need drafts (num_draft >= 1)")
@@ -187,9 +197,14 @@ class BatchingPricer:
     # ------------------------------------------------------------ options
 
     def one_level(self, batch: int, acceptance: AcceptanceModel) -> OptionPrediction:
+        """One k for every row, dense. Drafting ahead (``draft_ahead``, batch > 1), the host's
+        work between steps (``Deployment.spec_host_s``, priced in the verify's acceptance read)
+        runs while the GPU drafts the next step, so it is hidden up to the draft's time."""
+        drafting, verify = self._drafting(batch, acceptance), self.verify_seconds([self.k + 1] * batch)
+        if self.draft_ahead and batch > 1:
+            verify -= min(self.cost.deployment.spec_host_s, drafting)
         return OptionPrediction(ONE_LEVEL, batch, self.k, batch * acceptance.expected_tokens(self.k),
-                                self._drafting(batch, acceptance), self.verify_seconds([self.k + 1] * batch),
-                                self.ar_seconds(batch))
+                                drafting, verify, self.ar_seconds(batch))
 
     def two_level(self, batch: int, acceptance: AcceptanceModel, k1: int) -> OptionPrediction:
         """Level 1 at ``k1`` drafts, level 2 the rest (k1 = k: one level, named so)."""

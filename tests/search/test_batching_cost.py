@@ -21,7 +21,7 @@ def irs(meta8b):
 
 @pytest.fixture(scope="module")
 def pricer(irs):
-    return BatchingPricer(CostModel("h200-bs16"), *irs, "dflash", K)
+    return BatchingPricer(CostModel("h200-bs16"), *irs, "dflash", K, draft_ahead=False)
 
 
 def test_ragged_verify_of_equal_rows_is_the_dense_step_and_packing_saves_the_padding(irs):
@@ -182,11 +182,39 @@ def test_a_batched_verify_waits_for_the_hosts_speculative_work(irs):
     assert extra(lambda m: m.step(d_ir, {"B": 16, "C": 1024, "Q": 16, "N": 1}, step="draft",
                                   role="drafter").time) == pytest.approx(0.0, abs=1e-15)
     # a one-level option pays it once, a two-level option once per level that runs
-    one = extra(lambda m: BatchingPricer(m, t_ir, d_ir, "dflash", K).one_level(16, AcceptanceModel.constant(0.8, K)).step_s)
+    one = extra(lambda m: BatchingPricer(m, t_ir, d_ir, "dflash", K, draft_ahead=False).one_level(
+        16, AcceptanceModel.constant(0.8, K)).step_s)
     assert one == pytest.approx(host)
     acc = AcceptanceModel.constant(0.8, K)
-    two = extra(lambda m: BatchingPricer(m, t_ir, d_ir, "dflash", K).two_level(16, acc, 4).step_s)
+    two = extra(lambda m: BatchingPricer(m, t_ir, d_ir, "dflash", K, draft_ahead=False).two_level(16, acc, 4).step_s)
     # a row goes on to level 2 when it accepted all 4 drafts of level 1; a level 2 of one row
     # is priced as a batch-1 verify (no batched host work)
     w = binomial(16, 0.8 ** 4)
     assert two == pytest.approx(host * (1 + sum(w[2:])))
+
+
+def test_drafting_ahead_hides_the_hosts_work_of_one_level_steps(irs, monkeypatch):
+    """With drafting ahead a one-level step at B > 1 no longer waits for the host's work between
+    steps (it runs while the GPU drafts the next step): its price drops by ``spec_host_s``, and
+    nothing else moves (batch 1; the goodput rule's, per-request and two-level steps, which draft
+    at the step's start). Unset, the pricer follows the runtime's switch and drafter."""
+    acc = AcceptanceModel.from_tau(6.55, K)
+    on, off = (BatchingPricer(CostModel("h200-bs16"), *irs, "dflash", K, draft_ahead=a) for a in (True, False))
+    host = on.cost.deployment.spec_host_s
+    assert off.one_level(16, acc).step_s - on.one_level(16, acc).step_s == pytest.approx(host)
+    assert on.one_level(1, acc).step_s == pytest.approx(off.one_level(1, acc).step_s, rel=1e-12)
+    for option in (lambda p: p.two_level(16, acc, 4), lambda p: p.dense_goodput(32, acc),
+                   lambda p: p.per_request(16, acc)):
+        assert option(on).step_s == pytest.approx(option(off).step_s, rel=1e-12)
+    monkeypatch.setenv("SPECC_BATCH_DRAFT_AHEAD", "1")
+    assert BatchingPricer(CostModel("h200-bs16"), *irs, "dflash", K).draft_ahead
+    assert not BatchingPricer(CostModel("cpu"), *irs, "dflash", K).draft_ahead  # no CUDA graphs there
+    monkeypatch.setenv("SPECC_BATCH_DRAFT_AHEAD", "0")
+    assert not BatchingPricer(CostModel("h200-bs16"), *irs, "dflash", K).draft_ahead
+
+
+def test_which_drafters_draft_ahead():
+    from specc.runtime.drafters import drafts_ahead
+
+    assert drafts_ahead("dflash") and drafts_ahead("pard")
+    assert not drafts_ahead("ar-draft") and not drafts_ahead(None) and not drafts_ahead("nope")
