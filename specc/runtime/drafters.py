@@ -623,6 +623,7 @@ class DFlashDraft(Drafter):
     name = "dflash"
     needs_target_hidden = True
     supports_tree = True
+    _slid = False  # ``draft_ahead_rows`` slid the window for the step ``accepted_rows`` is about
 
     def __init__(self, drafter: DFlashDrafter):
         """``drafter``: a DFlashDrafter or a compiled draft step exposing ``spec``/``device``."""
@@ -763,29 +764,27 @@ class DFlashDraft(Drafter):
             self.fresh.pop(b, None)
         return _merge_rows(out, solo_rows)
 
-    def _full_window(self, live: list[int], k: int) -> bool:
+    def _full_window(self, live, k: int, coming: int = 0) -> bool:
         """Whether a batched draft of k tokens feeds every row the window's W = block size newest
         context entries, re-feeding the cached ones among them (their K/V are rewritten from the
         same hidden states): more than one row, a full block (k + 1 = W; a step with fewer drafts,
         e.g. a goodput rule's, feeds only what the rows need), each live row's unfed entries in
         the window (at most W, none held in ``fresh``) and at least W entries before its block
-        to re-feed. The drafting forward then has one shape whatever the rows accepted, and it
+        to re-feed, counting ``coming`` more that the step being decided adds (a draft ahead: at
+        least one). The drafting forward then has one shape whatever the rows accepted, and it
         depends on device state alone (``draft_ahead_rows``)."""
         width = self.spec.block_size
         return (len(self.lengths) > 1 and self.window is not None and bool(live) and k + 1 == width
                 and all(b not in self.fresh and 1 <= self.context_lens[b] <= width
-                        and self.lengths[b] + self.context_lens[b] >= width for b in live))
+                        and self.lengths[b] + self.context_lens[b] + coming >= width for b in live))
 
     def draft_ahead_rows(self, seq, lengths, accepted, context, k):
         """The next step's full-window draft (``_full_window``), every row live: the window slid
         on the device by ``accepted`` + 1 (``accepted_rows`` then leaves it), the block [the
         last committed token, mask x k] at each row's ``lengths`` - W."""
         rows, width = len(self.lengths), self.spec.block_size
-        if rows < 2 or context is None or self.window is None or self.fresh or k + 1 != width:
-            return None
-        # after this step row b has accepted + 1 <= k + 1 <= W unfed entries and its start moved by as many
-        if any(not 1 <= self.context_lens[b] <= width or self.lengths[b] + self.context_lens[b] + 1 < width
-               for b in range(rows)):
+        # after this step row b has accepted + 1 <= k + 1 = W unfed entries and its start moved by as many
+        if context is None or not self._full_window(range(rows), k, coming=1):
             return None
         self._slide(accepted + 1, context)
         self._slid = True
@@ -897,7 +896,8 @@ class DFlashDraft(Drafter):
             self._hold_pending(accepted, context)
         self.context_lens = [c + a + 1 if k == 0 else a + 1 for c, a in zip(self.context_lens, accepted)]
         self.context = context[:, : max(a + 1 for a in accepted)]
-        if len(self.lengths) > 1 and not self.__dict__.pop("_slid", False):  # (slid already: a draft ahead)
+        slid, self._slid = self._slid, False
+        if len(self.lengths) > 1 and not slid:  # slide each row's window (unless a draft ahead did)
             self._slide(upload([a + 1 for a in accepted], context.device), context)
 
     def _slide(self, shift: torch.Tensor, context: torch.Tensor) -> None:
