@@ -79,6 +79,30 @@ def norm_linear(x, norm_weight, eps, weight, bias=None, cublas_rows=()):
     return fused.norm_linear(x, norm_weight, eps, weight, bias)
 
 
+def linear_add_norm_linear(x, weight, bias, residual, norm_weight, eps, weight2, bias2=None, cublas_rows=(),
+                           norm_cublas_rows=()):
+    """``h = linear_add(x, weight, bias, residual)`` and ``y = norm_linear(h, norm_weight, eps,
+    weight2, bias2)``, returned as ``(h, y)``: a residual-norm pair (``codegen/residual_norm.py``;
+    no IR op of its own, lowering pairs the two nodes). Where both linears run cuBLAS at these
+    rows: GEMM, the rms_norm kernel adding the residual as it loads the row (it writes the sum
+    too), GEMM, one kernel fewer than the separate calls and bit-identical to them; elsewhere
+    the two calls."""
+    if _cublas(x, cublas_rows) and _cublas(x, norm_cublas_rows):
+        from specc.codegen.kernels import linear_cublas as cu
+
+        product = cu.linear_cublas(x, weight, bias)
+        if use_triton(x, opt_in=True):
+            from specc.codegen.kernels import rmsnorm as k
+
+            normed, h = k.rms_norm(product, norm_weight, eps, residual=residual)
+        else:
+            h = residual + product
+            normed = ops.rms_norm(h, norm_weight, eps)
+        return h, cu.linear_cublas(normed, weight2, bias2)
+    h = linear_add(x, weight, bias, residual, cublas_rows=cublas_rows)
+    return h, norm_linear(h, norm_weight, eps, weight2, bias2, cublas_rows=norm_cublas_rows)
+
+
 def rms_norm(x, weight, eps):
     if use_triton(x, opt_in=True):
         from specc.codegen.kernels import rmsnorm as k

@@ -10,6 +10,11 @@ a norm prologue, with a residual epilogue) whose weight shape the table covers g
 in which cuBLAS measured faster (``cublas_rows=...`` in the generated call), and the report
 records, per shape, which nodes, which row ranges, which implementation and the measured times.
 
+Residual-norm pairs (``codegen/residual_norm.py``): a linear_add whose sum feeds a norm_linear,
+both given cuBLAS rows, becomes one ``kernel_abi.linear_add_norm_linear`` call (and two
+``getitem``s) standing where the linear_add stood; at those rows the residual add runs inside the
+norm's kernel. The report counts them.
+
 Tree steps: the attention nodes' ancestor mask (a bool step input, as the IR and the GDN ops
 read it) is packed into bit words once, by one ``kernel_abi.tree_mask_words`` node inserted
 before the first attention, and every attention call gets them as ``tree_words=`` (the kernel
@@ -22,10 +27,12 @@ import collections
 import copy
 import dataclasses
 import inspect
+import operator
 
 import torch.fx
 
 from specc.codegen import kernel_abi as abi
+from specc.codegen import residual_norm
 from specc.codegen.linear_choice import LinearChoice
 from specc.models import fused_ops as fused
 from specc.models import gdn, ops
@@ -75,9 +82,12 @@ class LoweringReport:
     # with a LinearChoice: per measured weight shape, {"N", "K", "nodes", "ranges"} (ranges as
     # ShapeChoice.ranges(): rows, impl and the measured points behind it)
     linear_impl: list[dict] | None = None
+    residual_norm_pairs: int = 0  # linear_add + norm_linear pairs lowered as one call (residual_norm.py)
 
     def summary(self) -> str:
         text = f"lowered {sum(self.lowered.values())} ops to kernels"
+        if self.residual_norm_pairs:
+            text += f" ({self.residual_norm_pairs} residual-norm pairs)"
         if self.eager:
             text += f"; {sum(self.eager.values())} ops run eagerly ({', '.join(sorted(self.eager))})"
         return text
@@ -134,9 +144,41 @@ def lower(gm: torch.fx.GraphModule, linear_choice: LinearChoice | None = None
             lowered[target.__name__] += 1
         elif _is_leaf_op(node.target):
             eager[getattr(node.target, "__name__", str(node.target))] += 1
+    paired = _pair_residual_norms(graph) if linear_choice is not None and residual_norm.enabled() else 0
     out = torch.fx.GraphModule(gm, graph, class_name=gm.__class__.__name__)
     records = None
     if linear_choice is not None:
         records = [{"N": n, "K": k, "nodes": names, "ranges": linear_choice.shape(n, k).ranges()}
                    for (n, k), names in sorted(chosen.items())]
-    return out, LoweringReport(dict(lowered), dict(eager), records)
+    return out, LoweringReport(dict(lowered), dict(eager), records, paired)
+
+
+def _bound(node: torch.fx.Node) -> dict:
+    """The node's arguments by parameter name, defaults filled in."""
+    bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _pair_residual_norms(graph: torch.fx.Graph) -> int:
+    """Replace every lowered (linear_add, norm_linear) pair whose linears both got cuBLAS rows by
+    one ``kernel_abi.linear_add_norm_linear`` call at the linear_add's place; how many."""
+    count = 0
+    for add, norm in residual_norm.pairs(graph):
+        a, b = _bound(add), _bound(norm)
+        if not (a["cublas_rows"] and b["cublas_rows"]):
+            continue
+        residual_norm.hoist_weights(add, norm)
+        with graph.inserting_before(add):
+            pair = graph.call_function(abi.linear_add_norm_linear,
+                                       (a["x"], a["weight"], a["bias"], a["residual"], b["norm_weight"], b["eps"],
+                                        b["weight"], b["bias"]),
+                                       {"cublas_rows": a["cublas_rows"], "norm_cublas_rows": b["cublas_rows"]})
+            total = graph.call_function(operator.getitem, (pair, 0))
+            out = graph.call_function(operator.getitem, (pair, 1))
+        norm.replace_all_uses_with(out)
+        graph.erase_node(norm)
+        add.replace_all_uses_with(total)
+        graph.erase_node(add)
+        count += 1
+    return count

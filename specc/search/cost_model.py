@@ -56,6 +56,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 import sympy
+import torch.fx
 
 from specc.codegen.launches import CUBLAS_LAUNCHES, LAUNCHES, register_launches  # noqa: F401  (published by codegen)
 from specc.codegen.linear_choice import KINDS as CHOICE_KINDS
@@ -178,11 +179,34 @@ class CostModel:
         shape = self.choice_shape(meta, rows)
         return shape is not None and shape.impl_at(int(math.ceil(rows))) == "cublas"
 
-    def measured_linear(self, meta, rows: float | None, nbytes: float, flops: float):
+    def residual_norm_pair(self, ir, node, rows: float | None) -> str | None:
+        """Which side of a residual-norm pair lowering makes of ``node`` at ``rows`` rows
+        (``codegen/residual_norm.py``: a linear_add feeding a norm_linear, both cuBLAS): "add"
+        (its residual add runs inside the norm's kernel), "norm" (its rms_norm kernel also adds
+        the residual and writes the sum), or None."""
+        kind = ir.meta(node).kind
+        if rows is None or kind not in ("linear_add", "norm_linear") or self.linear_choice is None:
+            return None
+        from specc.codegen import residual_norm
+
+        if kind == "linear_add":
+            add, norm, side = node, residual_norm.norm_partner(node), "add"
+        else:
+            add = node.args[0] if node.args else node.kwargs.get("x")
+            if not isinstance(add, torch.fx.Node) or residual_norm.norm_partner(add) is not node:
+                return None
+            norm, side = node, "norm"
+        if norm is None or not residual_norm.enabled():
+            return None
+        both = self.runs_cublas(ir.meta(add), rows) and self.runs_cublas(ir.meta(norm), rows)
+        return side if both else None
+
+    def measured_linear(self, meta, rows: float | None, nbytes: float, flops: float, paired: str | None = None):
         """For a linear node whose shape the linear choice measured: (bandwidth efficiency,
         flops efficiency, launches, extra seconds) such that the node's ``nbytes`` and ``flops``
         take exactly the chosen implementation's measured time at ``rows`` (less the launch the
-        timing included); None otherwise (the per-M / per-kind efficiencies apply)."""
+        timing included); None otherwise (the per-M / per-kind efficiencies apply). ``paired``:
+        :meth:`residual_norm_pair`'s answer (an "add" side has no add kernel of its own)."""
         shape = self.choice_shape(meta, rows)
         if shape is None:
             return None
@@ -209,17 +233,19 @@ class CostModel:
         if triton:
             return bw_eff, fl_eff, self.launches(meta, rows), 0.0
         extra = 0.0
-        if meta.kind == "linear_add":  # residual + product as a second op: read 2, write 1, a short kernel
+        launches = CUBLAS_LAUNCHES.get(dep.device, {}).get(meta.kind, 1)
+        if meta.kind == "linear_add" and paired == "add":  # the add runs in the norm's kernel
+            launches -= 1
+        elif meta.kind == "linear_add":  # residual + product as a second op: read 2, write 1, a short kernel
             extra = 3 * rows * shape.n * table.itemsize / (dep.hbm_bandwidth * self.bandwidth_efficiency("elementwise")) \
                 + self.kernel_latency()
-        launches = CUBLAS_LAUNCHES.get(dep.device, {}).get(meta.kind, 1)
         return bw_eff, fl_eff, int(launches), extra
 
-    def _prices(self, meta, eclass: str, rows: float | None, nbytes: float, flops: float):
+    def _prices(self, meta, eclass: str, rows: float | None, nbytes: float, flops: float, paired: str | None = None):
         """(bandwidth, peak, launches, extra seconds, measured) of a node: from the linear
         choice's measured time when it covers the node (measured True), else from the
         calibrated efficiencies."""
-        measured = self.measured_linear(meta, rows, nbytes, flops)
+        measured = self.measured_linear(meta, rows, nbytes, flops, paired)
         dep = self.deployment
         if measured is not None:
             bw_eff, fl_eff, n_launch, extra = measured
@@ -362,11 +388,13 @@ class CostModel:
             self._eval_cache[key] = traffic
         return traffic, float(slot_s)
 
-    def norm_kernel_seconds(self, meta, rows: float | None, launches: int) -> float:
+    def norm_kernel_seconds(self, meta, rows: float | None, launches: int, paired: str | None = None) -> float:
         """A norm_linear that launches its rms_norm kernel apart (more than one row: the GEMM
         kernels take normalised rows; cuBLAS always) also reads x and writes the normalised rows:
         ``2 x M x K x itemsize`` bytes at the elementwise bandwidth, beyond the IR's bytes (which
-        count the fused form). At M = 1 the GEMV computes the statistics itself: nothing."""
+        count the fused form); the "norm" side of a residual-norm pair (:meth:`residual_norm_pair`)
+        also reads the residual and writes the sum: 4. At M = 1 the GEMV computes the statistics
+        itself: nothing."""
         if meta.kind != "norm_linear" or rows is None or rows <= 1 or launches < 2:
             return 0.0
         try:
@@ -375,7 +403,8 @@ class CostModel:
             return 0.0
         itemsize = meta.out.itemsize if isinstance(meta.out, TensorMeta) else 2
         bw = self.deployment.hbm_bandwidth * self.bandwidth_efficiency("elementwise")
-        return 2.0 * rows * k * itemsize / bw + self.kernel_latency()  # a short kernel of its own
+        passes = 4.0 if paired == "norm" else 2.0
+        return passes * rows * k * itemsize / bw + self.kernel_latency()  # a short kernel of its own
 
     def launches(self, meta, rows: float | None = None) -> int:
         """Kernels a node lowers to on this deployment's device (:data:`LAUNCHES`, default 1);
@@ -414,7 +443,8 @@ class CostModel:
         rows = None
         if eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim >= 1:
             rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values) if meta.out.ndim > 1 else 1.0
-        bw, peak, n_launch, extra, measured = self._prices(meta, eclass, rows, nbytes, flops)
+        paired = self.residual_norm_pair(ir, node, rows) if eclass == "linear" else None
+        bw, peak, n_launch, extra, measured = self._prices(meta, eclass, rows, nbytes, flops, paired)
         if meta.kind == "all_reduce" and dep.link_bandwidth > 0:
             # A ring all-reduce is bound by the GPU-to-GPU link, not HBM (specc.ir.collectives).
             from specc.ir.collectives import all_reduce_time
@@ -427,7 +457,7 @@ class CostModel:
                 weight_bytes=0.0, cache_bytes=0.0, launches=n_launch, t_memory=t_link, t_compute=0.0,
                 t_launch=n_launch * self.overhead, floor=floor, bandwidth=dep.link_bandwidth, peak=peak,
                 bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
-        more_bytes, flops_scale, more_s = self.kernel_terms(meta, values, eclass, rows, n_launch, measured)
+        more_bytes, flops_scale, more_s = self.kernel_terms(meta, values, eclass, rows, n_launch, measured, paired)
         moved, work_flops, extra = nbytes + more_bytes, flops * flops_scale, extra + more_s
         return NodeCost(
             node=node.name, kind=meta.kind, component=component_of(meta, node.name), bytes=nbytes, flops=flops,
@@ -439,7 +469,7 @@ class CostModel:
             bytes_expr=meta.bytes_read + meta.bytes_written, flops_expr=meta.flops)
 
     def kernel_terms(self, meta, values: Mapping[str, int], eclass: str, rows: float | None, launches: int,
-                     measured: bool) -> tuple[float, float, float]:
+                     measured: bool, paired: str | None = None) -> tuple[float, float, float]:
         """What the kernels of a node do beyond its IR formulas: (extra HBM bytes, factor on its
         FLOPs, extra seconds added like a latency).
 
@@ -457,7 +487,7 @@ class CostModel:
             passes = self.weight_passes(meta, rows)
             if passes > 1:
                 more_bytes += (passes - 1) * self._num(meta.weight_bytes, values)
-        more_s += self.norm_kernel_seconds(meta, rows, launches)
+        more_s += self.norm_kernel_seconds(meta, rows, launches, paired)
         attn = self.attention_traffic(meta, values) if eclass == "attention" else None
         if attn is not None:
             traffic, slot_s = attn
@@ -510,11 +540,12 @@ class CostModel:
             if values is not None and eclass == "linear" and isinstance(meta.out, TensorMeta) and meta.out.ndim > 1:
                 rows = self._num(sympy.Mul(*meta.out.shape[:-1]), values)
             measured = rows is not None and self.linear_choice is not None
+            paired = self.residual_norm_pair(ir, node, rows) if eclass == "linear" else None
             bw, peak, n_launch, extra, measured = self._prices(
                 meta, eclass, rows, self._num(meta.bytes_read + meta.bytes_written, values) if measured else 0.0,
-                self._num(meta.flops, values) if measured else 0.0)
+                self._num(meta.flops, values) if measured else 0.0, paired)
             more_bytes, flops_scale, more_s = (0.0, 1.0, 0.0) if values is None else \
-                self.kernel_terms(meta, values, eclass, rows, n_launch, measured)
+                self.kernel_terms(meta, values, eclass, rows, n_launch, measured, paired)
             nbytes, nflops = meta.bytes_read + meta.bytes_written, meta.flops
             if more_bytes:
                 nbytes = nbytes + sympy.Float(more_bytes, 15)

@@ -47,15 +47,19 @@ def test_cublas_rows_only_on_measured_shapes(model):
     assert len(o["nodes"]) == len(gu["nodes"]) == CFG["num_hidden_layers"]  # one per layer
     assert [(r["rows"], r["impl"]) for r in o["ranges"]] == [([1, 2], "triton"), ([3, 8], "cublas"),
                                                              ([9, None], "triton")]
-    assert step.emitted.source.count("cublas_rows = ((3, 8),)") == 2 * CFG["num_hidden_layers"]
+    assert step.emitted.source.count("cublas_rows = ((3, 8),)") == 2 * CFG["num_hidden_layers"]  # (norm_)cublas_rows
     # the kernel_abi calls carry the ranges exactly on the chosen nodes
     from specc.codegen.lower import lower
 
     gm, report = lower(step.ir.gm, table)
     calls = _linear_calls(gm)
-    chosen = set(o["nodes"]) | set(gu["nodes"])
-    assert {name for name, kw in calls.items() if "cublas_rows" in kw} == chosen
-    assert all(kw["cublas_rows"] == ((3, 8),) for name, kw in calls.items() if name in chosen)
+    assert not any("cublas_rows" in kw for kw in calls.values())  # the unchosen linears: no ranges
+    # each layer's o_proj (linear_add) and gate_up (norm_linear) are both cuBLAS in range: one
+    # residual-norm pair call carries both ranges (codegen/residual_norm.py)
+    pairs = [dict(n.kwargs) for n in gm.graph.nodes if n.op == "call_function"
+             and n.target.__name__ == "linear_add_norm_linear"]
+    assert pairs == [{"cublas_rows": ((3, 8),), "norm_cublas_rows": ((3, 8),)}] * CFG["num_hidden_layers"]
+    assert report.residual_norm_pairs == CFG["num_hidden_layers"]
     assert report.linear_impl == step.lowering["linear_impl"]
 
 

@@ -29,6 +29,13 @@ def _memory_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECC_MEMORY_DIR", str(tmp_path / "memory"))
 
 
+@pytest.fixture
+def lowered_without_residual_norm_pairs(monkeypatch):
+    """For tests that price steps measured before lowering paired residual adds with the norm
+    after them (codegen/residual_norm.py): price them as they ran."""
+    monkeypatch.setenv("SPECC_RESIDUAL_NORM", "0")
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """Paths: target, pard (the target itself with a pard_token: high acceptance), ar (same), dflash."""
