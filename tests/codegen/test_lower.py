@@ -76,10 +76,13 @@ def test_measured_triton_everywhere_is_recorded_without_cublas(model):
 
 def test_generated_step_calls_cublas_exactly_in_range(model, monkeypatch):
     """Run the emitted step at Q = 1..6 (rows = B x Q): the cuBLAS path runs for rows 3..4 only,
-    and the logits equal the step without a table."""
+    and the logits equal the step without a table bit for bit, with every residual add paired
+    with the norm after it (codegen/residual_norm.py: both linears are cuBLAS in range)."""
     table = LinearChoice.forced([QKV, O_PROJ, GATE_UP, DOWN, LM_HEAD], rows=(3, 4))
     plain = instantiate(build_step(model, "target", DEFAULT_PIPELINE).emitted)
-    chosen = instantiate(build_step(model, "target", DEFAULT_PIPELINE, linear_choice=table).emitted)
+    built = build_step(model, "target", DEFAULT_PIPELINE, linear_choice=table)
+    assert built.emitted.source.count("linear_add_norm_linear(") == 2 * CFG["num_hidden_layers"]
+    chosen = instantiate(built.emitted)
     seen: list[int] = []
     real = linear_cublas.linear_cublas
 
