@@ -16,7 +16,12 @@ Builds a compiled target step at real shapes (random weights, default pipeline),
 
     PYTHONPATH=. python3 examples/profile_step.py --q 1,4,16 --tune 16 --out $OUT/profile.json
     PYTHONPATH=. python3 examples/profile_step.py --config qwen3-0.6b --batch 8 --q 1,16 --context 512 --out $OUT/p.json
+    PYTHONPATH=. python3 examples/profile_step.py --batch 16 --q 16 --context 192 --deployment h200-bs1 --out $OUT/b16.json
+    PYTHONPATH=. python3 examples/profile_step.py --q 1,16 --pack 3 --out $OUT/packed.json   # bf12 layout 3
     PYTHONPATH=. python3 examples/profile_step.py --tiny --device cpu --q 1,4   # CPU smoke run
+
+``--deployment``: the linears lowered with that deployment's Triton / cuBLAS choice (what
+``specc compile`` builds for it; batched steps then run cuBLAS from 65 rows on the H100 / H200).
 """
 
 from __future__ import annotations
@@ -35,15 +40,15 @@ from examples.bench_steps import QWEN3_8B, build_causal, time_graph, tiny
 
 
 def build_step(cfg: dict, dtype, dev, max_len: int, batch: int = 1, pipeline: str | None = None,
-               options: dict | None = None):
+               options: dict | None = None, linear_choice=None):
     from specc.codegen.build import build_steps
     from specc.passes.pipelines import DEFAULT_PIPELINE
     from specc.runtime.compiled import instantiate
 
     target = build_causal(cfg, dtype, dev, seed=1)
     target.setup_caches(1, 16)
-    step = instantiate(build_steps(target, None, pipeline or DEFAULT_PIPELINE, pass_options=options or {})
-                       .emitted["target"])
+    step = instantiate(build_steps(target, None, pipeline or DEFAULT_PIPELINE, pass_options=options or {},
+                                   linear_choice=linear_choice).emitted["target"])
     step.setup_caches(batch, max_len)
     shapes = sorted({tuple(v.shape) for name, v in step.state_dict().items()  # the linears' [N, K]
                      if v.dim() == 2 and name.endswith("weight") and "embed" not in name})
@@ -216,8 +221,11 @@ def main() -> None:
     ap.add_argument("--tune", type=int, default=0, help="tune the linear configs of this Q in the step")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds for --tune")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--pack", type=int, choices=(1, 2), default=None,
+    ap.add_argument("--pack", type=int, choices=(1, 2, 3), default=None,
                     help="profile the step with pack_weights_12bit (bf12 weights) in this layout version")
+    ap.add_argument("--deployment", default=None,
+                    help="lower the linears with this deployment's Triton / cuBLAS choice, as specc compile does "
+                         "(h200-bs1: cuBLAS from 65 rows; default: the Triton linears everywhere)")
     ap.add_argument("--attention-sweep", default=None,
                     help="a sweep_attention.py JSON: also time the steps with its fastest plans")
     args = ap.parse_args()
@@ -232,11 +240,18 @@ def main() -> None:
     from specc.passes.pipelines import DEFAULT_PIPELINE
 
     pipeline = DEFAULT_PIPELINE.replace("dce", "pack_weights_12bit,dce") if args.pack else None
+    rule = None
+    if args.deployment:
+        from specc.search.calibrate import linear_choice_for
+        from specc.search.deployments import get_deployment
+
+        rule = linear_choice_for(get_deployment(args.deployment))
     step, _, shapes = build_step(cfg, dtype, dev, context + 128, args.batch, pipeline,
-                                 {"pack_version": args.pack} if args.pack else None)
+                                 {"pack_version": args.pack} if args.pack else None, rule)
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d"), "config": "tiny" if args.tiny else args.config, "batch": args.batch,
-           "context": context, "linear_shapes": shapes, "pack": args.pack, "steps": {}}
+           "context": context, "linear_shapes": shapes, "pack": args.pack,
+           "linear_rule": None if rule is None else rule.source, "steps": {}}
     try:
         import triton
 
