@@ -49,6 +49,7 @@ LAYERS = {
     "errors": 0,
     "result": 0,
     "threads": 0,
+    "switches": 0,  # the environment's on/off switches: a leaf utility (os only)
     "fileio": 0,  # locks and atomic writes: a leaf utility  # CPU thread defaults: a leaf utility (os only)
     "sampling": 0,  # sampling params, logits processors, counter-based RNG (torch only): stock and runtime share them
     "": 0,  # the package root
@@ -57,7 +58,7 @@ LAYERS = {
 # What the runtime may import besides itself: codegen's ABI (what generated steps call, the
 # kernels, the artifact format), models' small pieces, the leaf utilities.
 RUNTIME_MAY_IMPORT = (
-    "specc", "specc.errors", "specc.result", "specc.threads", "specc.sampling",
+    "specc", "specc.errors", "specc.result", "specc.threads", "specc.switches", "specc.sampling",
     "specc.codegen.kernel_abi", "specc.codegen.artifact", "specc.codegen.artifact_trust", "specc.codegen.kernels",
     "specc.models.config", "specc.models.ops", "specc.models.state", "specc.models.fused_ops", "specc.models.dflash", "specc.models.loading",
 )

@@ -476,7 +476,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     best_ar = _compare(rows)
     from specc.codegen.kernels.pdl import launch_mode
     from specc.runtime.step_graphs import step_graphs_enabled
-    from specc.runtime.switches import batch_draft_ahead_enabled
+    from specc.switches import batch_draft_ahead_enabled
 
     report = {
         "format": "specc-bench/1", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "what": s.label,

@@ -22,15 +22,9 @@ from __future__ import annotations
 
 import torch.fx
 
-from specc.runtime.switches import env_switch
+from specc.switches import residual_norm_enabled as enabled  # SPECC_RESIDUAL_NORM, default on
 
 __all__ = ["enabled", "hoist_weights", "norm_partner", "pairs"]
-
-
-def enabled() -> bool:
-    """Whether lowering pairs residual adds with the norm after them (``SPECC_RESIDUAL_NORM``,
-    default on)."""
-    return env_switch("SPECC_RESIDUAL_NORM", True)
 
 
 def _calls(node: torch.fx.Node, name: str) -> bool:

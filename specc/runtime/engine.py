@@ -24,7 +24,7 @@ from specc.runtime.compiled import import_step_class
 from specc.runtime.drafters import drafter_from_manifest
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
 from specc.runtime.step_graphs import step_graphs_enabled
-from specc.runtime.switches import batch_draft_ahead_enabled
+from specc.switches import batch_draft_ahead_enabled
 from specc.sampling.params import SamplingParams
 
 

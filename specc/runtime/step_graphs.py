@@ -56,7 +56,7 @@ from __future__ import annotations
 import torch
 
 from specc.runtime.graphs import GraphedStep, capture, new_pool, replay, unwrapped
-from specc.runtime.switches import env_switch
+from specc.switches import env_switch
 from specc.sampling import rng
 
 

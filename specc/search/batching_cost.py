@@ -131,7 +131,7 @@ class BatchingPricer:
         asks for it."""
         from specc.methods import get_method
         from specc.runtime.drafters import drafts_ahead
-        from specc.runtime.switches import batch_draft_ahead_enabled
+        from specc.switches import batch_draft_ahead_enabled
 
         self.cost, self.target_ir, self.draft_ir = cost, target_ir, draft_ir
         self.method = get_method(method) if isinstance(method, str) else method

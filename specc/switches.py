@@ -1,6 +1,7 @@
-"""On/off switches of the runtime read from the environment (``SPECC_STEP_GRAPHS``,
-``SPECC_BATCH_DRAFT_AHEAD``): one parser, so every switch takes the same spellings and refuses a
-typo instead of silently meaning its default."""
+"""On/off switches read from the environment (``SPECC_STEP_GRAPHS``, ``SPECC_BATCH_DRAFT_AHEAD``,
+``SPECC_RESIDUAL_NORM``; docs/environment.md lists every variable): one parser, so every switch
+takes the same spellings and refuses a typo instead of silently meaning its default. A leaf
+module (os only) that codegen, the runtime and the cost model all read."""
 
 from __future__ import annotations
 
@@ -23,3 +24,10 @@ def batch_draft_ahead_enabled() -> bool:
     """Whether loops built by ``engine.build_loop`` on CUDA draft ahead at batch > 1
     (``DeviceSpeculativeDecoder.batch_draft_ahead``): ``SPECC_BATCH_DRAFT_AHEAD`` = 1 (default off)."""
     return env_switch("SPECC_BATCH_DRAFT_AHEAD", False)
+
+
+def residual_norm_enabled() -> bool:
+    """Whether lowering pairs a cuBLAS residual add with the norm after it, and the cost model
+    prices the pairs (``codegen/residual_norm.py``): ``SPECC_RESIDUAL_NORM`` = 0 turns it off
+    (default on)."""
+    return env_switch("SPECC_RESIDUAL_NORM", True)

@@ -1,9 +1,9 @@
-"""The runtime's environment switches share one parser: the same spellings for every switch, a
+"""The environment switches share one parser: the same spellings for every switch, a
 default when unset or empty, and a refusal (naming the variable) for anything else."""
 
 import pytest
 
-from specc.runtime.switches import batch_draft_ahead_enabled, env_switch
+from specc.switches import batch_draft_ahead_enabled, env_switch, residual_norm_enabled
 
 
 @pytest.mark.parametrize("value,default,want", [("", True, True), ("", False, False), ("1", False, True),
@@ -27,3 +27,10 @@ def test_batch_draft_ahead_is_opt_in(monkeypatch):
     assert not batch_draft_ahead_enabled()
     monkeypatch.setenv("SPECC_BATCH_DRAFT_AHEAD", "1")
     assert batch_draft_ahead_enabled()
+
+
+def test_residual_norm_pairs_are_on_by_default(monkeypatch):
+    monkeypatch.delenv("SPECC_RESIDUAL_NORM", raising=False)
+    assert residual_norm_enabled()
+    monkeypatch.setenv("SPECC_RESIDUAL_NORM", "off")
+    assert not residual_norm_enabled()
