@@ -476,7 +476,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     best_ar = _compare(rows)
     from specc.codegen.kernels.pdl import launch_mode
     from specc.runtime.step_graphs import step_graphs_enabled
-    from specc.switches import batch_draft_ahead_enabled
+    from specc.switches import batch_draft_ahead_enabled, residual_norm_enabled
 
     report = {
         "format": "specc-bench/1", "date": time.strftime("%Y-%m-%d %H:%M:%S"), "what": s.label,
@@ -485,6 +485,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         "versions": _versions(), "dtype": str(dtype).replace("torch.", ""), "deployment": dep.name,
         "launch": launch_mode(dev), "step_graphs": bool(dev.type == "cuda" and step_graphs_enabled()),
         "batch_draft_ahead": bool(dev.type == "cuda" and batch_draft_ahead_enabled()),
+        "residual_norm_pairs": residual_norm_enabled(),  # where linears lower to cuBLAS (codegen/residual_norm.py)
         "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
         "prompt_lengths": [len(p) for p in prompts], "batches": batches, "context_for_prediction": context,
         "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),

@@ -23,6 +23,7 @@ def test_specc_tiny_real_acceptance(capsys):
     assert "CUDA" in rows["hf-compiled"]["skipped"]
     assert report["acceptance"]["mode"] == "real"
     assert report["launch"] == "plain"  # programmatic dependent launch is a CUDA (sm_90+) thing
+    assert report["residual_norm_pairs"] is True and report["batch_draft_ahead"] is False  # the defaults
     for name in ("hf-eager", "stock-dflash", "specc-ar", "specc-dflash"):
         assert rows[name]["tokens_per_s"] > 0 and rows[name]["tokens"] == 32
     for name in ("stock-dflash", "specc-ar", "specc-dflash"):  # lossless: the same tokens as HF generate
