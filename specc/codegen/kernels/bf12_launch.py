@@ -1,13 +1,42 @@
-"""Launch-side state shared by the bf12 kernels (both layouts): the escape table in the form
-the in-kernel sparse fix-up reads, and the split-K workspace with its ticket counters."""
+"""Launch-side pieces shared by the Triton bf12 kernels (both layouts): the escape table in the
+form the in-kernel sparse fix-up reads, the split-K workspace with its ticket counters, the rows
+buckets their config tables are keyed by, and the checks every launch config passes."""
 
 from __future__ import annotations
 
 import torch
 
+from specc.codegen.kernels._common import bucket_of
 from specc.formats.bf12 import Packed12
 
-__all__ = ["escape_meta", "split_k_workspace"]
+__all__ = ["M_BUCKETS", "check_config", "escape_meta", "m_bucket", "split_k_workspace"]
+
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def m_bucket(m: int) -> int:
+    """The config bucket of a batch of M rows: the smallest of M_BUCKETS >= M (64 above)."""
+    return bucket_of(m, M_BUCKETS)
+
+
+def check_config(cfg, powers_of_two: tuple[str, ...]) -> None:
+    """The constraints every bf12 launch config shares (``cfg`` a frozen dataclass with ``kind``,
+    ``block_m``, ``block_n``, ``split_k``, ``num_stages``): ``kind`` "fma" (``block_m`` 1, 2
+    or 4) or "dot" (``block_m``, ``block_n`` >= 16), the named fields powers of two, split-K and
+    stages at least 1. Raises ValueError naming the config class."""
+    name = type(cfg).__name__
+    if cfg.kind not in ("fma", "dot"):
+        raise ValueError(f"{name}.kind must be 'fma' or 'dot', got {cfg.kind!r}")
+    for field in powers_of_two:
+        v = getattr(cfg, field)
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"{name}.{field} must be a power of two, got {v}")
+    if cfg.kind == "dot" and min(cfg.block_m, cfg.block_n) < 16:
+        raise ValueError(f"{name}(kind='dot') needs block_m, block_n >= 16")
+    if cfg.kind == "fma" and cfg.block_m > 4:
+        raise ValueError(f"{name}(kind='fma') supports block_m in (1, 2, 4)")
+    if cfg.split_k < 1 or cfg.num_stages < 1:
+        raise ValueError(f"{name}.split_k and num_stages must be >= 1")
 
 
 def escape_meta(packed: Packed12) -> dict:

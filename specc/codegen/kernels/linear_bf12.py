@@ -66,9 +66,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels._common import ConfigTable
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
-from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
+from specc.codegen.kernels.bf12_launch import M_BUCKETS, check_config, escape_meta, m_bucket, split_k_workspace
 from specc.codegen.kernels.pdl import pdl_launch, pdl_mode, pdl_wait
 from specc.formats.bf12 import Packed12
 
@@ -86,7 +86,6 @@ __all__ = [
     "INTERPRETED",
 ]
 
-M_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 # ------------------------------------------------------------------------------------------
@@ -373,26 +372,10 @@ class Bf12Config:
     esc_block: int = 16
 
     def __post_init__(self):
-        if self.kind not in ("fma", "dot"):
-            raise ValueError(f"Bf12Config.kind must be 'fma' or 'dot', got {self.kind!r}")
-        for name in ("block_m", "block_n", "block_j", "esc_block", "num_warps"):
-            v = getattr(self, name)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"Bf12Config.{name} must be a power of two, got {v}")
-        if self.kind == "dot" and min(self.block_m, self.block_n) < 16:
-            raise ValueError("Bf12Config(kind='dot') needs block_m, block_n >= 16")
-        if self.kind == "fma" and self.block_m > 4:
-            raise ValueError("Bf12Config(kind='fma') supports block_m in (1, 2, 4)")
-        if self.split_k < 1 or self.num_stages < 1:
-            raise ValueError("Bf12Config.split_k and num_stages must be >= 1")
+        check_config(self, ("block_m", "block_n", "block_j", "esc_block", "num_warps"))
 
     def replace(self, **kw) -> "Bf12Config":
         return dataclasses.replace(self, **kw)
-
-
-def m_bucket(m: int) -> int:
-    """The config bucket of a batch of M rows: the smallest of M_BUCKETS >= M (64 above)."""
-    return bucket_of(m, M_BUCKETS)
 
 
 def _heuristic(mb: int, n: int, k: int) -> Bf12Config:

@@ -56,15 +56,14 @@ import torch
 import triton
 import triton.language as tl
 
-from specc.codegen.kernels._common import ConfigTable, bucket_of
+from specc.codegen.kernels._common import ConfigTable
 from specc.codegen.kernels.bf12_epilogue import add_escapes, scale_by_base, store_tile
-from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
+from specc.codegen.kernels.bf12_launch import M_BUCKETS, check_config, escape_meta, m_bucket, split_k_workspace
 from specc.formats.bf12 import GROUP, HALF, WIDE_LAYOUTS, Packed12
 
 __all__ = ["Bf12v2Config", "linear_bf12_v2", "get_config", "set_config", "clear_configs",
            "DEFAULT_CONFIGS", "M_BUCKETS", "DECODE_ASM", "BATCH_INVARIANT_CONFIG"]
 
-M_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 # Four weights per call: $2 = 4 sm bytes, $3 = 4 code bytes (element i in byte i), outputs
 # $0 = bf16x2 of weights (0, 1), $1 = (2, 3). prmt 0x1100 / 0x3322 put byte 0/2 into both low
@@ -258,28 +257,12 @@ class Bf12v2Config:
     esc_block: int = 16
 
     def __post_init__(self):
-        if self.kind not in ("fma", "dot"):
-            raise ValueError(f"Bf12v2Config.kind must be 'fma' or 'dot', got {self.kind!r}")
-        for name in ("block_m", "block_n", "block_k", "esc_block", "num_warps"):
-            v = getattr(self, name)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"Bf12v2Config.{name} must be a power of two, got {v}")
+        check_config(self, ("block_m", "block_n", "block_k", "esc_block", "num_warps"))
         if self.block_k < GROUP:
             raise ValueError(f"Bf12v2Config.block_k must be >= {GROUP} (one code group), got {self.block_k}")
-        if self.kind == "dot" and min(self.block_m, self.block_n) < 16:
-            raise ValueError("Bf12v2Config(kind='dot') needs block_m, block_n >= 16")
-        if self.kind == "fma" and self.block_m > 4:
-            raise ValueError("Bf12v2Config(kind='fma') supports block_m in (1, 2, 4)")
-        if self.split_k < 1 or self.num_stages < 1:
-            raise ValueError("Bf12v2Config.split_k and num_stages must be >= 1")
 
     def replace(self, **kw) -> "Bf12v2Config":
         return dataclasses.replace(self, **kw)
-
-
-def m_bucket(m: int) -> int:
-    """The config bucket of a batch of M rows: the smallest of M_BUCKETS >= M (64 above)."""
-    return bucket_of(m, M_BUCKETS)
 
 
 def _heuristic(mb: int, n: int, k: int) -> Bf12v2Config:
