@@ -1,8 +1,9 @@
-"""The launch-side state both bf12 kernels share: the escape table as CSR and the split-K
-workspace."""
+"""The launch-side state both bf12 kernels share: the escape table as CSR, the split-K
+workspace, the rows buckets and the config checks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
@@ -36,3 +37,26 @@ def test_split_k_workspace_grows_and_is_reused():
     assert again[0] is ws and again[1] is cnt
     bigger, _ = split_k_workspace(torch.device("cpu"), ws.numel() + 1, 1)
     assert bigger.numel() > ws.numel()
+
+
+@pytest.mark.parametrize("bad,match", [({"kind": "wmma"}, "kind must be"), ({"block_n": 24}, "block_n must be a power of two"),
+                                       ({"kind": "dot", "block_m": 8, "block_n": 16}, "needs block_m, block_n >= 16"),
+                                       ({"block_m": 8}, "supports block_m in"), ({"split_k": 0}, "split_k and num_stages")])
+def test_both_layouts_refuse_the_same_bad_configs(bad, match):
+    from specc.codegen.kernels.linear_bf12 import Bf12Config
+    from specc.codegen.kernels.linear_bf12_v2 import Bf12v2Config
+
+    for cls in (Bf12Config, Bf12v2Config):
+        with pytest.raises(ValueError, match=f"{cls.__name__}.*{match}"):
+            cls(**bad)
+    Bf12Config(block_j=4), Bf12v2Config(block_k=64)  # good ones pass
+    with pytest.raises(ValueError, match="block_j must be a power of two"):
+        Bf12Config(block_j=3)
+    with pytest.raises(ValueError, match="one code group"):
+        Bf12v2Config(block_k=16)
+
+
+def test_rows_buckets():
+    from specc.codegen.kernels.bf12_launch import m_bucket
+
+    assert [m_bucket(m) for m in (1, 2, 3, 5, 16, 17, 64, 65, 4096)] == [1, 2, 4, 8, 16, 32, 64, 64, 64]
