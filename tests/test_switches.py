@@ -22,11 +22,11 @@ def test_unset_is_the_default_and_a_typo_is_refused(monkeypatch):
         env_switch("SPECC_TEST_SWITCH", True)
 
 
-def test_batch_draft_ahead_is_opt_in(monkeypatch):
+def test_batch_draft_ahead_is_on_by_default(monkeypatch):
     monkeypatch.delenv("SPECC_BATCH_DRAFT_AHEAD", raising=False)
-    assert not batch_draft_ahead_enabled()
-    monkeypatch.setenv("SPECC_BATCH_DRAFT_AHEAD", "1")
     assert batch_draft_ahead_enabled()
+    monkeypatch.setenv("SPECC_BATCH_DRAFT_AHEAD", "0")
+    assert not batch_draft_ahead_enabled()
 
 
 def test_residual_norm_pairs_are_on_by_default(monkeypatch):

@@ -64,7 +64,7 @@ one the next step would make (the same call on the same state, only earlier); th
 takes it, and refuses one that does not match its committed length and k. A request that ends
 instead releases its slot, which drops the draft (one wasted draft on the GPU at an EOS).
 
-Drafting ahead at batch > 1 (``batch_draft_ahead``, opt-in; greedy chains in one level, every
+Drafting ahead at batch > 1 (``batch_draft_ahead``, the engine's default on CUDA; greedy chains in one level, every
 slot live, the loop's own k, a drafter with ``draft_ahead_rows``: DFlash, PARD): the step copies
 its decision to a pinned host buffer behind an event, launches the next step's draft from device
 state alone (the drafter's full window: DFlash's slid on the device by the accepted counts), and

@@ -51,7 +51,9 @@ def test_drafts_made_ahead_on_the_gpu_equal_drafts_made_at_the_step(checkpoints,
     from specc.compiler import compile_artifact
 
     path = tmp_path / "a.specc"
-    compile_artifact(checkpoints["target"], checkpoints[key], out=path, max_new_tokens=4)
+    # k = 3: the test drafters' block (DFlash W = 4) less one, where DFlash drafts ahead (a full window);
+    # the compiler's own choice of k may be shorter, and then only PARD would draft ahead
+    compile_artifact(checkpoints["target"], checkpoints[key], out=path, max_new_tokens=4, num_draft=3)
     engine = specc.load(path, device="cuda", max_len=64)
     off, off_drafts, _ = _run(engine, False)
     on, on_drafts, took = _run(engine, True)

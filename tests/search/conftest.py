@@ -30,10 +30,12 @@ def _memory_dir(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def lowered_without_residual_norm_pairs(monkeypatch):
-    """For tests that price steps measured before lowering paired residual adds with the norm
-    after them (codegen/residual_norm.py): price them as they ran."""
+def as_measured_before_run28(monkeypatch):
+    """For tests that price steps measured before run 28, when lowering began pairing residual
+    adds with the norm after them (codegen/residual_norm.py) and batches began drafting ahead by
+    default: price them as they ran."""
     monkeypatch.setenv("SPECC_RESIDUAL_NORM", "0")
+    monkeypatch.setenv("SPECC_BATCH_DRAFT_AHEAD", "0")
 
 
 @pytest.fixture(scope="session")

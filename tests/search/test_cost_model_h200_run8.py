@@ -20,8 +20,8 @@ from specc.search.calibrate import Calibration
 from specc.search.cost_model import CostModel
 from specc.search.deployments import get_deployment
 
-# measured before residual-norm pairs: priced as they ran (tests/search/conftest.py)
-pytestmark = pytest.mark.usefixtures("lowered_without_residual_norm_pairs")
+# measured before run 28 (residual-norm pairs, drafting ahead at batch): priced as they ran (tests/search/conftest.py)
+pytestmark = pytest.mark.usefixtures("as_measured_before_run28")
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 RUN8 = json.loads((BENCH / "linears-h200-run8.json").read_text())

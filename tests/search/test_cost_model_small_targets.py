@@ -25,8 +25,8 @@ from specc.search.calibrate import Calibration, fit_attention_by_heads, fit_spli
 from specc.search.cost_model import CostModel
 from specc.search.deployments import BUILTIN, get_deployment
 
-# measured before residual-norm pairs: priced as they ran (tests/search/conftest.py)
-pytestmark = pytest.mark.usefixtures("lowered_without_residual_norm_pairs")
+# measured before run 28 (residual-norm pairs, drafting ahead at batch): priced as they ran (tests/search/conftest.py)
+pytestmark = pytest.mark.usefixtures("as_measured_before_run28")
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 H200_RECORD = BENCH / "h200-run15" / "cm-tiny-model.deployment.calibration.json"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-# measured before residual-norm pairs: priced as they ran (tests/search/conftest.py)
-pytestmark = pytest.mark.usefixtures("lowered_without_residual_norm_pairs")
+# measured before run 28 (residual-norm pairs, drafting ahead at batch): priced as they ran (tests/search/conftest.py)
+pytestmark = pytest.mark.usefixtures("as_measured_before_run28")
 
 BENCH = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 EVENTS = json.loads((BENCH / "tree-e2e-8b-events-h200-run7.json").read_text())
