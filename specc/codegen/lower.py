@@ -66,8 +66,7 @@ TREE_ATTENTION = (ops.attention, rope_attention)
 
 def _tree_mask_arg(node: torch.fx.Node):
     """The node's ``tree_mask`` argument (a graph node, or None when it has none)."""
-    bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
-    mask = bound.arguments.get("tree_mask")
+    mask = _bound(node).get("tree_mask")
     return mask if isinstance(mask, torch.fx.Node) else None
 
 

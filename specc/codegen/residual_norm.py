@@ -24,7 +24,7 @@ import torch.fx
 
 from specc.switches import residual_norm_enabled as enabled  # SPECC_RESIDUAL_NORM, default on
 
-__all__ = ["enabled", "hoist_weights", "norm_partner", "pairs"]
+__all__ = ["enabled", "hoist_weights", "norm_partner", "pair_of", "pairs"]
 
 
 def _calls(node: torch.fx.Node, name: str) -> bool:
@@ -55,6 +55,17 @@ def norm_partner(add: torch.fx.Node) -> torch.fx.Node | None:
     return norm
 
 
+def pair_of(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """The (linear_add, norm_linear) pair ``node`` is either side of, or None."""
+    if _calls(node, "linear_add"):
+        norm = norm_partner(node)
+        return None if norm is None else (node, norm)
+    add = _input(node) if _calls(node, "norm_linear") else None
+    if isinstance(add, torch.fx.Node) and norm_partner(add) is node:
+        return add, node
+    return None
+
+
 def hoist_weights(add: torch.fx.Node, norm: torch.fx.Node) -> None:
     """Move the norm_linear's weight fetches (get_attr nodes) that come after ``add`` to just
     before it, so that a call at ``add``'s place can read them; fetches already before it stay
@@ -71,9 +82,4 @@ def hoist_weights(add: torch.fx.Node, norm: torch.fx.Node) -> None:
 
 def pairs(graph: torch.fx.Graph) -> list[tuple[torch.fx.Node, torch.fx.Node]]:
     """Every (linear_add, norm_linear) pair of ``graph`` (:func:`norm_partner`), in graph order."""
-    out = []
-    for node in graph.nodes:
-        partner = norm_partner(node) if _calls(node, "linear_add") else None
-        if partner is not None:
-            out.append((node, partner))
-    return out
+    return [(node, norm) for node in graph.nodes if (norm := norm_partner(node)) is not None]

@@ -56,7 +56,6 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 import sympy
-import torch.fx
 
 from specc.codegen.launches import CUBLAS_LAUNCHES, LAUNCHES, register_launches  # noqa: F401  (published by codegen)
 from specc.codegen.linear_choice import KINDS as CHOICE_KINDS
@@ -189,17 +188,10 @@ class CostModel:
             return None
         from specc.codegen import residual_norm
 
-        if kind == "linear_add":
-            add, norm, side = node, residual_norm.norm_partner(node), "add"
-        else:
-            add = node.args[0] if node.args else node.kwargs.get("x")
-            if not isinstance(add, torch.fx.Node) or residual_norm.norm_partner(add) is not node:
-                return None
-            norm, side = node, "norm"
-        if norm is None or not residual_norm.enabled():
+        pair = residual_norm.pair_of(node) if residual_norm.enabled() else None
+        if pair is None or not all(self.runs_cublas(ir.meta(n), rows) for n in pair):
             return None
-        both = self.runs_cublas(ir.meta(add), rows) and self.runs_cublas(ir.meta(norm), rows)
-        return side if both else None
+        return "add" if node is pair[0] else "norm"
 
     def measured_linear(self, meta, rows: float | None, nbytes: float, flops: float, paired: str | None = None):
         """For a linear node whose shape the linear choice measured: (bandwidth efficiency,
