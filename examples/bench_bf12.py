@@ -465,23 +465,6 @@ def _step_records(res, logits_of, context, model, measured, packed_by_m) -> list
     return out
 
 
-def record_launches(path: str, rows: list[dict], info: dict) -> None:
-    """Merge the sweep's fastest tensor-core launches (with the rule's beside them) into the bf12
-    launch table at ``path`` for this GPU (specc.codegen.kernels.bf12_mma_table)."""
-    from specc.codegen.kernels import bf12_mma_table, linear_bf12_mma
-
-    found = bf12_mma_table.winners(rows, lambda m, n, k: linear_bf12_mma.get_config(m, n, k, info["sms"]))
-    if not found:
-        print(f"--record: no tensor-core sweep at 1, 4 or 16 rows to record ({path} unchanged)", flush=True)
-        return
-    before = json.load(open(path)) if os.path.exists(path) else None
-    source = (f"examples/bench_bf12.py {' '.join(info['argv'][1:])}: {info['gpu']}, {info['sms']} SMs, "
-              f"torch {info['torch']}, {info['date'][:10]}")
-    with open(path, "w") as f:
-        json.dump(bf12_mma_table.merge(before, info["gpu"], found, source), f, indent=1)
-    print(f"--record: {len(found)} launches for {info['gpu']} -> {path}", flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bf12.json")
@@ -503,10 +486,6 @@ def main():
                          "the steps and whose HBM bandwidth the fractions use")
     ap.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
     ap.add_argument("--no-precompile", action="store_true")
-    ap.add_argument("--record", default=None, metavar="FILE",
-                    help="merge the tensor-core kernel's sweep winners at 1, 4 and 16 rows (mma3, else mma) into this "
-                         "bf12 launch table for this GPU (the format of specc/data/bf12-mma-launch.json, which "
-                         "get_config reads; copy it there to ship it)")
     ap.add_argument("--tiny", "--cpu-smoke", dest="tiny", action="store_true",
                     help="check this script end to end on the CPU (Triton interpreter, tiny shapes, fp32)")
     args = ap.parse_args()
@@ -576,8 +555,6 @@ def main():
         print("\n".join(table), flush=True)
     else:
         table = []
-    if args.record:
-        record_launches(args.record, rows, info)
     out = {"info": info, "linear": rows, "layer_sums": sums, "steps": [], "v2_default_configs_py": "\n".join(table),
            "wall_s": time.time() - t_start}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -56,7 +56,6 @@ import warnings
 
 import torch
 
-from specc.codegen.kernels import bf12_mma_table
 from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_enabled
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import WIDE_LAYOUTS, Packed12, plane_strides
@@ -102,12 +101,10 @@ class Bf12MmaConfig:
             raise ValueError(f"Bf12MmaConfig: unroll in {UNROLLS}, warps in {WARPS}, splits >= 1; got {self}")
 
 
-def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False, gpu: str | None = None) -> Bf12MmaConfig:
-    """The launch for ``m`` rows of an ``[n, kp]`` weight on a GPU of ``sms`` SMs: the GPU's
-    measured launch where ``gpu`` (``torch.cuda.get_device_name``) has one
-    (:mod:`specc.codegen.kernels.bf12_mma_table`), else the rule, by how many waves of 16-row
-    blocks the layer makes (measured on the Qwen3-8B shapes, H200 run 18 and H100 run 17,
-    docs/benchmarks/run18.md):
+def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> Bf12MmaConfig:
+    """The launch for ``m`` rows of an ``[n, kp]`` weight on a GPU of ``sms`` SMs, by how many
+    waves of 16-row blocks the layer makes (measured on the Qwen3-8B shapes, H200 run 18 and H100
+    run 17, docs/benchmarks/run18.md):
 
     - every launch prefetches (the next chunk's weights load during this chunk's MMAs, the first
       before the PDL wait): without it a warp keeps 1.5 KB in flight, too little on the H200;
@@ -118,9 +115,6 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False, gpu:
     - layers with fewer blocks than SMs (small models) split K so that every SM streams.
 
     ``fused_norm`` does not change the launch (the norm's rows are staged once per CTA)."""
-    measured = bf12_mma_table.lookup(gpu, m, n, kp)
-    if measured is not None:
-        return Bf12MmaConfig(**measured)
     blocks = n // 16
     splits = 1
     while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
@@ -255,10 +249,6 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _gpu_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device)
-
-
 def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
                     config: Bf12MmaConfig | None = None, out: torch.Tensor | None = None,
                     norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -274,7 +264,7 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
         return None
     n, kp = packed.rows, packed.padded_cols
     m = x2.shape[0]
-    cfg = config or get_config(m, n, kp, _sms(x2.device), fused_norm=norm_weight is not None, gpu=_gpu_name(x2.device))
+    cfg = config or get_config(m, n, kp, _sms(x2.device), fused_norm=norm_weight is not None)
     if kp % (64 * cfg.unroll * cfg.splits):  # (N % 16 is unsupported_reason's)
         raise ValueError(f"{cfg} does not tile a {n} x {kp} weight")
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out

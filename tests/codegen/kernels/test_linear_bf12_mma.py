@@ -251,23 +251,17 @@ def test_gpu_kernel_matches_the_fp32_reference(m, cfg):
 
 
 @gpu
-@pytest.mark.parametrize("m,k,cfg", [
-    (1, 1024, mma.Bf12MmaConfig()),  # the one-pass norm (whole row staged, K <= 4096)
-    (4, 4096, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True)),  # one pass, 4 rows: the weights in the last row
-    (16, 1024, mma.Bf12MmaConfig(splits=2, prefetch=True)),  # split-K: rows_rstd, then each split's range
-    (1, 8192, mma.Bf12MmaConfig(unroll=2, warps=8, prefetch=True)),  # K > 4096: rows_rstd, then the row
-])
-def test_gpu_norm_prologue_and_residual_epilogue(m, k, cfg):
+@pytest.mark.parametrize("m,cfg", [(1, mma.Bf12MmaConfig()), (16, mma.Bf12MmaConfig(splits=2, prefetch=True))])
+def test_gpu_norm_prologue_and_residual_epilogue(m, cfg):
     """One launch computes ``r + linear(rms_norm(x))`` like the three separate ops (their
-    roundings), and equals kernel_abi's unfused fallback up to fp32 summation order, on both of
-    the kernel's norm paths (one pass over x, or the statistics then the staging)."""
+    roundings), and equals kernel_abi's unfused fallback up to fp32 summation order."""
     from specc.codegen.kernels.rmsnorm import rms_norm as rms_norm_kernel
     from specc.models import ops
 
-    w, packed, x, _ = _gpu_case(256, k, m, seed=30 + m, bias=False)
+    w, packed, x, _ = _gpu_case(256, 1024, m, seed=30 + m, bias=False)
     x = x * 4
     g = torch.Generator(device="cuda").manual_seed(m)
-    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(1024, device="cuda", generator=g)).to(torch.bfloat16)
     r = torch.randn(m, 256, device="cuda", generator=g).to(torch.bfloat16)
     got = mma.linear_bf12_mma(x, packed, None, cfg, norm_weight=norm_w, eps=1e-6, residual=r)
     h = ops.rms_norm(x, norm_w, 1e-6)

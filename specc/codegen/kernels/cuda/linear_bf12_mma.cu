@@ -26,9 +26,7 @@
 // x row (rsqrt(mean(x^2) + eps), over the whole row), then stages its K range of the normalized
 // rows in shared memory once, rounding where specc.models.ops.rms_norm rounds: n = bf16(x *
 // rstd), h = bf16(g * n); the main loop reads x from there (normalizing as it loaded made every
-// lane of a k position repeat the same work, 8 times per CTA). Where the CTA stages the whole
-// row and its threads can hold it (no split-K, K <= 8 KB a warp), both happen in one pass over
-// x (norm_rows_one_pass): one round trip to L2 instead of two. The escape fix-up applies the
+// lane of a k position repeat the same work, 8 times per CTA). The escape fix-up applies the
 // same roundings to x at the escape's column. Fused residual (residual given): the rounded
 // product plus r, rounded again: the two roundings of ``r + linear(x)`` as separate ops.
 #include "skinny_mma.cuh"
@@ -144,83 +142,6 @@ struct EpilogueStage {
   u32 res[8 * MT][8];          // residual[m, n0 .. n0 + 15]
 };
 
-// The one-pass norm (norm_rows_one_pass) for a CTA that stages the whole row (no split-K) and
-// whose threads hold it in NORM_VECS 16-byte vectors each: K <= 4096 at 4 or 8 warps.
-template <int WARPS>
-__device__ __forceinline__ bool norm_in_one_pass(int K, int k_split) {
-  return k_split == K && K <= 4096;
-}
-template <int WARPS>
-__host__ __device__ constexpr int norm_vecs() { return 4096 / (WARPS * 32 * 8); }
-
-// 16-byte asynchronous copy global -> shared (sm_80+), .cg (L2 only: the data are read once)
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
-// the norm weights at the thread's own K positions into the last row of xs, before the PDL wait
-// (no kernel writes them); every cp.async issued so far becomes one committed group
-template <int WARPS>
-__device__ __forceinline__ void stage_norm_weights(const bf16_t* __restrict__ norm_w, int M, int K, bf16_t* xs) {
-#pragma unroll
-  for (int j = 0; j < norm_vecs<WARPS>(); ++j) {
-    const int k = 8 * threadIdx.x + j * WARPS * 32 * 8;
-    if (k < K) cp_async16(xs + (long)(M - 1) * K + k, norm_w + k);
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// rows_rstd and stage_normalized in one pass over x: each thread loads its vectors of a row once,
-// the CTA adds up the squares (the per-thread order, shuffles and warp order of rows_rstd: the
-// same rstd bits), and the registers are normalized into shared memory with the norm weights
-// stage_norm_weights put there before the PDL wait (each thread reads and overwrites only its
-// own positions; the last row goes last). rows_rstd then stage_normalized read x twice, one round
-// trip after the other, in every CTA of the launch (the AR step's gate_up launches 1536 CTAs,
-// its LM head 9496).
-template <int WARPS>
-__device__ __forceinline__ void norm_rows_one_pass(const bf16_t* __restrict__ x, int M, int K, long stride_x,
-                                                   float eps, float* rstd, bf16_t* xs) {
-  constexpr int STRIDE = WARPS * 32 * 8, NV = norm_vecs<WARPS>();
-  __shared__ float part[WARPS];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bf16_t* g = xs + (long)(M - 1) * K;
-  for (int m = 0; m < M; ++m) {
-    const bf16_t* row = x + m * stride_x;
-    V4 v[NV];
-#pragma unroll
-    for (int j = 0; j < NV; ++j)
-      if (8 * threadIdx.x + j * STRIDE < K) v[j] = load_x(row + 8 * threadIdx.x + j * STRIDE);
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      if (8 * threadIdx.x + j * STRIDE >= K) continue;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float a = __int_as_float(v[j].w[i] << 16), b = __int_as_float(v[j].w[i] & 0xFFFF0000u);
-        acc += a * a + b * b;
-      }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) part[warp] = acc;
-    if (m == 0) asm volatile("cp.async.wait_group 0;\n" ::: "memory");  // this thread's norm weights
-    __syncthreads();
-    float s = 0.f;  // every thread adds the warps' sums in warp order (rows_rstd's thread 0 does)
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) s += part[w];
-    const float r = rsqrtf(s / (float)K + eps);
-    if (threadIdx.x == 0) rstd[m] = r;  // for the escape fix-up
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int k = 8 * threadIdx.x + j * STRIDE;
-      if (k < K)
-        *reinterpret_cast<V4*>(xs + (long)m * K + k) = norm_vec(v[j], *reinterpret_cast<const V4*>(g + k), r);
-    }
-    __syncthreads();  // part is read by all before the next row writes it; xs and rstd visible
-  }
-}
-
 // the normalized x rows (rms_norm's roundings) of the CTA's K range into shared memory, once
 template <int WARPS>
 __device__ __forceinline__ void stage_normalized(const bf16_t* __restrict__ x, const bf16_t* __restrict__ norm_w,
@@ -294,20 +215,14 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
     }
   }
   if (bias != nullptr && tid < 8) cp_async4(&st.bias[tid], bias + n0 + 2 * tid);
-  const bool norm_one_pass = norm_w != nullptr && norm_in_one_pass<WARPS>(Kp, k_split);
-  if (norm_one_pass) stage_norm_weights<WARPS>(norm_w, M, Kp, xs);
   pdl_wait_then_release();
   // what earlier kernels write: x at the escapes' columns, the residual tile
   if (has_esc)
     for (int m = 0; m < M; ++m) cp_async4(&st.x[m][tid], x + m * stride_x + (esc_col & ~1));
   if (residual != nullptr && tid < 8 * M) cp_async4(&st.res[tid >> 3][tid & 7], residual + (tid >> 3) * stride_r + n0 + 2 * (tid & 7));
   if (norm_w != nullptr) {
-    if (norm_one_pass) {
-      norm_rows_one_pass<WARPS>(x, M, Kp, stride_x, eps, rstd, xs);
-    } else {
-      rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
-      stage_normalized<WARPS>(x, norm_w, M, k_lo, k_split, stride_x, rstd, xs);
-    }
+    rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
+    stage_normalized<WARPS>(x, norm_w, M, k_lo, k_split, stride_x, rstd, xs);
   }
   for (int c = warp; c < chunks; c += WARPS) {
     V4 nsa[U], nsb[U], nea[U], neb[U];
