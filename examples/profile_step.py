@@ -18,6 +18,7 @@ Builds a compiled target step at real shapes (random weights, default pipeline),
     PYTHONPATH=. python3 examples/profile_step.py --config qwen3-0.6b --batch 8 --q 1,16 --context 512 --out $OUT/p.json
     PYTHONPATH=. python3 examples/profile_step.py --batch 16 --q 16 --context 192 --deployment h200-bs1 --out $OUT/b16.json
     PYTHONPATH=. python3 examples/profile_step.py --q 1,16 --pack 3 --out $OUT/packed.json   # bf12 layout 3
+    PYTHONPATH=. python3 examples/profile_step.py --q 1,16 --ablate-norm --out $OUT/p.json   # the norms' share
     PYTHONPATH=. python3 examples/profile_step.py --tiny --device cpu --q 1,4   # CPU smoke run
 
 ``--deployment``: the linears lowered with that deployment's Triton / cuBLAS choice (what
@@ -228,6 +229,10 @@ def main() -> None:
                          "(h200-bs1: cuBLAS from 65 rows; default: the Triton linears everywhere)")
     ap.add_argument("--attention-sweep", default=None,
                     help="a sweep_attention.py JSON: also time the steps with its fastest plans")
+    ap.add_argument("--ablate-norm", action="store_true",
+                    help="also time the steps with the separate rms_norm kernels skipped (the norm_linear and "
+                         "packed linears of more than one row pass x through un-normalized): what fusing every "
+                         "norm into its linear could gain at most. Timing only: those steps' logits are wrong")
     args = ap.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -264,6 +269,12 @@ def main() -> None:
         use_swept_attention(args.attention_sweep)
         print(f"[profile] with the swept attention plans of {args.attention_sweep}:", flush=True)
         res["steps_with_swept_attention"] = profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
+    if args.ablate_norm:
+        from specc.codegen.kernels import rmsnorm
+
+        rmsnorm.rms_norm = lambda x, weight, eps: x  # the launchers import it at call time
+        print("[profile] without the separate rms_norm kernels (timing only; wrong logits):", flush=True)
+        res["steps_without_norm_kernels"] = profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
     if args.tune:
         res["tune"] = tune(step, cfg, dev, args.tune, context, shapes,
                            time.time() + args.budget, args.reps)
