@@ -275,9 +275,12 @@ def main() -> None:
         def no_norm(x, weight, eps, residual=None, sum_out=None):  # the launchers import it at call time
             return x if residual is None else (x, x)  # (with a residual: the sum skipped too)
 
-        rmsnorm.rms_norm = no_norm
-        print("[profile] without the separate rms_norm kernels (timing only; wrong logits):", flush=True)
-        res["steps_without_norm_kernels"] = profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
+        kept, rmsnorm.rms_norm = rmsnorm.rms_norm, no_norm
+        try:
+            print("[profile] without the separate rms_norm kernels (timing only; wrong logits):", flush=True)
+            res["steps_without_norm_kernels"] = profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
+        finally:
+            rmsnorm.rms_norm = kept
     if args.tune:
         res["tune"] = tune(step, cfg, dev, args.tune, context, shapes,
                            time.time() + args.budget, args.reps)

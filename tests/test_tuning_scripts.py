@@ -26,6 +26,21 @@ def test_profile_step_cpu_smoke(tmp_path, monkeypatch):
     assert sorted(map(tuple, res["linear_shapes"])) == [(64, 64), (64, 128), (128, 64), (256, 64), (512, 64)]
 
 
+def test_profile_step_ablate_norm_times_the_steps_again_and_restores_the_kernel(tmp_path, monkeypatch):
+    from examples import profile_step
+    from specc.codegen.kernels import rmsnorm
+
+    kernel = rmsnorm.rms_norm
+    out = tmp_path / "p.json"
+    monkeypatch.setattr(sys, "argv", ["profile_step.py", "--tiny", "--device", "cpu", "--q", "1,4", "--reps", "2",
+                                      "--ablate-norm", "--out", str(out)])
+    profile_step.main()
+    res = json.loads(out.read_text())
+    assert set(res["steps_without_norm_kernels"]) == {"1", "4"}
+    assert all(v["ms"] > 0 for v in res["steps_without_norm_kernels"].values())
+    assert rmsnorm.rms_norm is kernel  # the stand-in does not outlive the ablation
+
+
 def test_profile_step_named_config_at_batch(tmp_path, monkeypatch):
     """--config and --batch: a small named target profiled at batch 3 (the small-model calibration
     profiles); --tune refuses a batch."""
