@@ -18,7 +18,7 @@ Builds a compiled target step at real shapes (random weights, default pipeline),
     PYTHONPATH=. python3 examples/profile_step.py --config qwen3-0.6b --batch 8 --q 1,16 --context 512 --out $OUT/p.json
     PYTHONPATH=. python3 examples/profile_step.py --batch 16 --q 16 --context 192 --deployment h200-bs1 --out $OUT/b16.json
     PYTHONPATH=. python3 examples/profile_step.py --q 1,16 --pack 3 --out $OUT/packed.json   # bf12 layout 3
-    PYTHONPATH=. python3 examples/profile_step.py --q 1,16 --ablate-norm --out $OUT/p.json   # the norms' share
+    PYTHONPATH=. python3 examples/profile_step.py --q 1,16 --ablate-norm --ablate-rope --out $OUT/p.json   # their share
     PYTHONPATH=. python3 examples/profile_step.py --tiny --device cpu --q 1,4   # CPU smoke run
 
 ``--deployment``: the linears lowered with that deployment's Triton / cuBLAS choice (what
@@ -208,6 +208,19 @@ def tune(step, cfg: dict, dev, q: int, context: int, shapes, deadline: float, re
     return {"q": q, "before_ms": t0, "after_ms": t1, "best": result, "log": log}
 
 
+def profile_without(module, name: str, stand_in, what: str, step, cfg, dev, qs, context, args) -> dict:
+    """:func:`profile_qs` again with ``module.name`` replaced by ``stand_in`` (the launchers import
+    the kernels' modules at call time, and each timing captures a new graph), then put back: what
+    the replaced kernels cost the step at most. Timing only: those steps compute wrong values."""
+    kept = getattr(module, name)
+    setattr(module, name, stand_in)
+    try:
+        print(f"[profile] without {what} (timing only; wrong values):", flush=True)
+        return profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
+    finally:
+        setattr(module, name, kept)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="profile.json")
@@ -233,6 +246,10 @@ def main() -> None:
                     help="also time the steps with the separate rms_norm kernels skipped (the norm_linear and "
                          "packed linears of more than one row pass x through un-normalized): what fusing every "
                          "norm into its linear could gain at most. Timing only: those steps' logits are wrong")
+    ap.add_argument("--ablate-rope", action="store_true",
+                    help="also time the steps with the rope_and_cache kernels skipped (attention reads q as "
+                         "projected and the cache unwritten): what fusing rope into attention could gain at most. "
+                         "Timing only")
     args = ap.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -272,15 +289,17 @@ def main() -> None:
     if args.ablate_norm:
         from specc.codegen.kernels import rmsnorm
 
-        def no_norm(x, weight, eps, residual=None, sum_out=None):  # the launchers import it at call time
+        def no_norm(x, weight, eps, residual=None, sum_out=None):
             return x if residual is None else (x, x)  # (with a residual: the sum skipped too)
 
-        kept, rmsnorm.rms_norm = rmsnorm.rms_norm, no_norm
-        try:
-            print("[profile] without the separate rms_norm kernels (timing only; wrong logits):", flush=True)
-            res["steps_without_norm_kernels"] = profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
-        finally:
-            rmsnorm.rms_norm = kept
+        res["steps_without_norm_kernels"] = profile_without(
+            rmsnorm, "rms_norm", no_norm, "the separate rms_norm kernels", step, cfg, dev, qs, context, args)
+    if args.ablate_rope:
+        from specc.codegen.kernels import rope
+
+        res["steps_without_rope_kernels"] = profile_without(
+            rope, "rope_and_cache", lambda q, *rest, **kw: q, "the rope_and_cache kernels", step, cfg, dev, qs,
+            context, args)
     if args.tune:
         res["tune"] = tune(step, cfg, dev, args.tune, context, shapes,
                            time.time() + args.budget, args.reps)

@@ -26,19 +26,19 @@ def test_profile_step_cpu_smoke(tmp_path, monkeypatch):
     assert sorted(map(tuple, res["linear_shapes"])) == [(64, 64), (64, 128), (128, 64), (256, 64), (512, 64)]
 
 
-def test_profile_step_ablate_norm_times_the_steps_again_and_restores_the_kernel(tmp_path, monkeypatch):
+def test_profile_step_ablations_time_the_steps_again_and_restore_the_kernels(tmp_path, monkeypatch):
     from examples import profile_step
-    from specc.codegen.kernels import rmsnorm
+    from specc.codegen.kernels import rmsnorm, rope
 
-    kernel = rmsnorm.rms_norm
+    kernels = rmsnorm.rms_norm, rope.rope_and_cache
     out = tmp_path / "p.json"
     monkeypatch.setattr(sys, "argv", ["profile_step.py", "--tiny", "--device", "cpu", "--q", "1,4", "--reps", "2",
-                                      "--ablate-norm", "--out", str(out)])
+                                      "--ablate-norm", "--ablate-rope", "--out", str(out)])
     profile_step.main()
     res = json.loads(out.read_text())
-    assert set(res["steps_without_norm_kernels"]) == {"1", "4"}
-    assert all(v["ms"] > 0 for v in res["steps_without_norm_kernels"].values())
-    assert rmsnorm.rms_norm is kernel  # the stand-in does not outlive the ablation
+    for key in ("steps_without_norm_kernels", "steps_without_rope_kernels"):
+        assert set(res[key]) == {"1", "4"} and all(v["ms"] > 0 for v in res[key].values())
+    assert (rmsnorm.rms_norm, rope.rope_and_cache) == kernels  # the stand-ins do not outlive the ablation
 
 
 def test_profile_step_named_config_at_batch(tmp_path, monkeypatch):
