@@ -358,11 +358,15 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     # packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at one row too;
     # packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
     # packed_v2_u2w4: every tensor-core launch with two super-groups per chunk, 4 warps, prefetching
-    # packed_v3: layout 3 (layout 2's bytes in 16 x 64 tiles), the pass's default since run 21
+    # packed_v3: layout 3 (layout 2's bytes in 16 x 64 tiles), the pass's default since run 21;
+    # packed_v3_norm_unfused: layout 3 with the rms_norm kernel before every norm-linear at one row;
+    # packed_v3_norm_unfused_wide: only before the launches of more than 4 waves of 16-row blocks
+    # (gate_up, the LM head: every one of their 1536 / 9496 CTAs runs the norm prologue)
     v2 = (packed, {"pack_version": 2})
+    v3 = (packed, {"pack_version": 3})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
                 "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
-                "packed_v2_triton": v2, "packed_v3": (packed, {"pack_version": 3})}
+                "packed_v2_triton": v2, "packed_v3": v3, "packed_v3_norm_unfused": v3, "packed_v3_norm_unfused_wide": v3}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     if args.step_variants:  # the unpacked step is always the yardstick
@@ -391,22 +395,33 @@ def _kernel_choice(label: str):
     """The bf12 kernel choice a step variant is built and timed under (restored after):
     ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
     ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_u2w4`` also use two
-    super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` runs the
-    rms_norm kernel first at one row too; every other variant gets the defaults."""
+    super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` and ``packed_v3_norm_unfused`` run the
+    rms_norm kernel first at one row too, ``packed_v3_norm_unfused_wide`` only before launches of more
+    than 4 waves of 16-row blocks; every other variant gets the defaults."""
     from specc.codegen.kernels import linear_bf12_mma as mma
+    from specc.codegen.kernels import rmsnorm
 
     saved_env, default_config, fused_norm_rows = os.environ.get(mma.ENV), mma.get_config, mma.FUSED_NORM_MAX_ROWS
+    default_kernel = mma.linear_bf12_mma
     os.environ[mma.ENV] = "0" if label == "packed_v2_triton" else "1"
     if label == "packed_v2_prefetch":
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
     if label == "packed_v2_u2w4":
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), unroll=2, warps=4, prefetch=True)
-    if label == "packed_v2_norm_unfused":
+    if label in ("packed_v2_norm_unfused", "packed_v3_norm_unfused"):
         mma.FUSED_NORM_MAX_ROWS = 0
+    if label == "packed_v3_norm_unfused_wide":
+        def norm_first_if_wide(x2, packed, bias=None, config=None, out=None, norm_weight=None, eps=1e-6,
+                               residual=None):
+            if norm_weight is not None and packed.rows // 16 > 4 * mma._sms(x2.device):
+                x2, norm_weight = rmsnorm.rms_norm(x2, norm_weight, eps), None
+            return default_kernel(x2, packed, bias, config, out, norm_weight=norm_weight, eps=eps, residual=residual)
+
+        mma.linear_bf12_mma = norm_first_if_wide  # kernel_abi imports it at call time
     try:
         yield
     finally:
-        mma.get_config, mma.FUSED_NORM_MAX_ROWS = default_config, fused_norm_rows
+        mma.get_config, mma.FUSED_NORM_MAX_ROWS, mma.linear_bf12_mma = default_config, fused_norm_rows, default_kernel
         if saved_env is None:
             os.environ.pop(mma.ENV, None)
         else:
@@ -480,7 +495,8 @@ def main():
                     help="also time the compiled Qwen3-8B AR and Q=16 verify steps, packed (v2) vs unpacked")
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default all: packed_v1 with layout v1, "
-                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, packed_v3)")
+                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, packed_v3, "
+                         "packed_v3_norm_unfused, packed_v3_norm_unfused_wide)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")
