@@ -174,7 +174,7 @@ _PACKED: dict = {}  # sm tensor identity -> Packed12 (the kernel keeps per-weigh
 def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None, norm_weight=None, eps=1e-6,
                   version=1, residual=None):
     """One kernel where the bf12 tensor-core kernel runs (layout 2, 1 .. 16 rows: the residual
-    epilogue fused, and the norm prologue at one row; more rows get the rms_norm kernel first);
+    epilogue fused; the norm by the rms_norm kernel first unless ``linear_bf12_mma.fuses_norm``);
     else the Triton bf12 kernel with the rms_norm kernel before it and the residual add after
     it, as separate ops."""
     if not use_triton(x, opt_in=True):

@@ -11,9 +11,9 @@ from typing import Any
 
 def _packed_linear_cuda(m, rows=None) -> int:
     """kernel_abi.packed_linear: at 1 .. 16 rows of layout 2 or 3 the tensor-core kernel, which fuses
-    the residual add, and the norm at one row where the row fits its shared-memory stage (an
-    rms_norm kernel first otherwise: ``linear_bf12_mma.fuses_norm``); else the bf12 GEMM plus an
-    rms_norm kernel (norm prologue) and an add (residual epilogue)."""
+    the residual add, and the norm where ``linear_bf12_mma.fuses_norm`` says (nowhere since run 29:
+    an rms_norm kernel first); else the bf12 GEMM plus an rms_norm kernel (norm prologue) and an
+    add (residual epilogue)."""
     from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, fuses_norm
     from specc.formats.bf12 import WIDE_LAYOUTS
 

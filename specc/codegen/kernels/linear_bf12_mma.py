@@ -73,10 +73,15 @@ L2_PREFETCH_ENV = "SPECC_BF12_MMA_L2_PREFETCH"
 L2_PREFETCH_DEFAULT = "256"
 CUDA_DIR = pathlib.Path(__file__).resolve().parent / "cuda"
 MAX_ROWS = 16  # two 8-row x tiles: the MMA's N side
-# Rows up to which kernel_abi fuses a norm prologue: every CTA reads the x rows whole for their
-# inverse RMS, which at 16 rows made the Qwen3-8B Q = 16 verify step 1.6x slower (H100, run 17);
-# above this the rms_norm kernel runs first (as for the unpacked GEMM).
-FUSED_NORM_MAX_ROWS = 1
+# Rows up to which kernel_abi fuses a norm prologue (above: the rms_norm kernel runs first, as for
+# the unpacked GEMM). None: every CTA reads the x rows whole for their inverse RMS, which at 16
+# rows made the Qwen3-8B Q = 16 verify step 1.6x slower (H100, run 17), and at one row, with
+# layout 3, costs more than the separate kernel: the packed AR step 4.922 / 4.939 ms fused,
+# 4.853 / 4.851 ms with the rms_norm kernel first (H100, two processes, docs/benchmarks/run29.md;
+# gate_up ran 5.6 us a call slower in the step than alone, its 1536 CTAs each normalizing the row).
+# With layout 2 (run 20) fusing at one row had been faster. The kernel keeps the prologue for
+# direct callers; the H200 has not measured the choice.
+FUSED_NORM_MAX_ROWS = 0
 # A fused norm stages the CTA's normalized x rows in shared memory (rows x K / splits bf16):
 # at most this many bytes, so that with the kernel's static shared memory it fits the 48 KB a
 # launch gets without opting in.
@@ -128,8 +133,9 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
 
 def fuses_norm(rows: int, k: int) -> bool:
     """Whether ``rows`` rows of a K-column linear take their RMSNorm inside this kernel (else
-    kernel_abi runs the rms_norm kernel first): few rows, and their normalized values fit the
-    kernel's shared-memory stage (without split-K; a split stages only its K range)."""
+    kernel_abi runs the rms_norm kernel first): at most ``FUSED_NORM_MAX_ROWS`` rows (none since
+    run 29), and their normalized values fit the kernel's shared-memory stage (without split-K;
+    a split stages only its K range)."""
     return rows <= FUSED_NORM_MAX_ROWS and _norm_stage_fits(rows, k)
 
 

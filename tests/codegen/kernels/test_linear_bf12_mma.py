@@ -182,7 +182,15 @@ def test_cpu_calls_fall_back_and_an_explicit_config_says_why():
         linear_bf12(x, packed, config=mma.Bf12MmaConfig())
 
 
-def test_norm_fuses_at_one_row_within_the_shared_memory_stage():
+def test_kernel_abi_runs_the_norm_kernel_first_at_every_row_count():
+    """Run 29 (H100): the packed AR step is faster with the rms_norm kernel before the tensor-core
+    kernel than with the kernel's own prologue, so kernel_abi never fuses it."""
+    assert mma.FUSED_NORM_MAX_ROWS == 0
+    assert not any(mma.fuses_norm(rows, 4096) for rows in (1, 2, 16))
+
+
+def test_norm_would_fuse_only_within_the_shared_memory_stage(monkeypatch):
+    monkeypatch.setattr(mma, "FUSED_NORM_MAX_ROWS", 1)
     assert mma.fuses_norm(1, 4096) and mma.fuses_norm(1, mma.FUSED_NORM_MAX_STAGED_BYTES // 2)
     assert not mma.fuses_norm(1, mma.FUSED_NORM_MAX_STAGED_BYTES // 2 + 64)  # kernel_abi runs rms_norm first
     assert not mma.fuses_norm(2, 1024)  # every CTA would read all rows whole (FUSED_NORM_MAX_ROWS)
