@@ -209,13 +209,13 @@ def tune(step, cfg: dict, dev, q: int, context: int, shapes, deadline: float, re
 
 
 def profile_without(module, name: str, stand_in, what: str, step, cfg, dev, qs, context, args) -> dict:
-    """:func:`profile_qs` again with ``module.name`` replaced by ``stand_in`` (the launchers import
-    the kernels' modules at call time, and each timing captures a new graph), then put back: what
-    the replaced kernels cost the step at most. Timing only: those steps compute wrong values."""
+    """:func:`profile_qs` again with ``module.name`` replaced by ``stand_in`` (the launchers look it
+    up at call time, and each timing captures a new graph), then put back. For the ablations, what
+    the replaced kernels cost the step at most (those steps compute wrong values)."""
     kept = getattr(module, name)
     setattr(module, name, stand_in)
     try:
-        print(f"[profile] without {what} (timing only; wrong values):", flush=True)
+        print(f"[profile] without {what}:", flush=True)
         return profile_qs(step, cfg, dev, qs, context, args.reps, args.batch)
     finally:
         setattr(module, name, kept)
@@ -250,6 +250,9 @@ def main() -> None:
                     help="also time the steps with the rope_and_cache kernels skipped (attention reads q as "
                          "projected and the cache unwritten): what fusing rope into attention could gain at most. "
                          "Timing only")
+    ap.add_argument("--unfuse-norm", action="store_true",
+                    help="also time the steps with every Triton linear's norm prologue run as the rms_norm kernel "
+                         "before it (LinearConfig.norm_prologue=False; the same values, one launch more a norm)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -293,13 +296,21 @@ def main() -> None:
             return x if residual is None else (x, x)  # (with a residual: the sum skipped too)
 
         res["steps_without_norm_kernels"] = profile_without(
-            rmsnorm, "rms_norm", no_norm, "the separate rms_norm kernels", step, cfg, dev, qs, context, args)
+            rmsnorm, "rms_norm", no_norm, "the separate rms_norm kernels (timing only; wrong values)", step, cfg, dev,
+            qs, context, args)
     if args.ablate_rope:
         from specc.codegen.kernels import rope
 
         res["steps_without_rope_kernels"] = profile_without(
-            rope, "rope_and_cache", lambda q, *rest, **kw: q, "the rope_and_cache kernels", step, cfg, dev, qs,
-            context, args)
+            rope, "rope_and_cache", lambda q, *rest, **kw: q, "the rope_and_cache kernels (timing only; wrong values)",
+            step, cfg, dev, qs, context, args)
+    if args.unfuse_norm:
+        from specc.codegen.kernels import linear as L
+
+        shipped = L.get_config
+        res["steps_norm_unfused"] = profile_without(
+            L, "get_config", lambda m, n, k: shipped(m, n, k).replace(norm_prologue=False),
+            "the linears' norm prologues (the rms_norm kernel first; same values)", step, cfg, dev, qs, context, args)
     if args.tune:
         res["tune"] = tune(step, cfg, dev, args.tune, context, shapes,
                            time.time() + args.budget, args.reps)

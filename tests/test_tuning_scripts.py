@@ -30,15 +30,15 @@ def test_profile_step_ablations_time_the_steps_again_and_restore_the_kernels(tmp
     from examples import profile_step
     from specc.codegen.kernels import rmsnorm, rope
 
-    kernels = rmsnorm.rms_norm, rope.rope_and_cache
+    kernels = rmsnorm.rms_norm, rope.rope_and_cache, L.get_config
     out = tmp_path / "p.json"
     monkeypatch.setattr(sys, "argv", ["profile_step.py", "--tiny", "--device", "cpu", "--q", "1,4", "--reps", "2",
-                                      "--ablate-norm", "--ablate-rope", "--out", str(out)])
+                                      "--ablate-norm", "--ablate-rope", "--unfuse-norm", "--out", str(out)])
     profile_step.main()
     res = json.loads(out.read_text())
-    for key in ("steps_without_norm_kernels", "steps_without_rope_kernels"):
+    for key in ("steps_without_norm_kernels", "steps_without_rope_kernels", "steps_norm_unfused"):
         assert set(res[key]) == {"1", "4"} and all(v["ms"] > 0 for v in res[key].values())
-    assert (rmsnorm.rms_norm, rope.rope_and_cache) == kernels  # the stand-ins do not outlive the ablation
+    assert (rmsnorm.rms_norm, rope.rope_and_cache, L.get_config) == kernels  # no stand-in outlives its timing
 
 
 def test_profile_step_named_config_at_batch(tmp_path, monkeypatch):
