@@ -361,12 +361,16 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     # packed_v3: layout 3 (layout 2's bytes in 16 x 64 tiles), the pass's default since run 21;
     # packed_v3_norm_unfused: layout 3 with the rms_norm kernel before every norm-linear at one row;
     # packed_v3_norm_unfused_wide: only before the launches of more than 4 waves of 16-row blocks
-    # (gate_up, the LM head: every one of their 1536 / 9496 CTAs runs the norm prologue)
+    # (gate_up, the LM head: every one of their 1536 / 9496 CTAs runs the norm prologue);
+    # packed_v3_mid_u2w4: the launches the rule gives one super-group x 8 warps (2-4 waves of blocks
+    # at <= 8 rows: q/k/v) two super-groups x 4 warps instead (the H100's sweep winner alone);
+    # packed_v3_mid16_u1w8: 2-4 waves at 9-16 rows (q/k/v) one super-group x 8 warps, no prefetch
     v2 = (packed, {"pack_version": 2})
     v3 = (packed, {"pack_version": 3})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
                 "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
-                "packed_v2_triton": v2, "packed_v3": v3, "packed_v3_norm_unfused": v3, "packed_v3_norm_unfused_wide": v3}
+                "packed_v2_triton": v2, "packed_v3": v3, "packed_v3_norm_unfused": v3, "packed_v3_norm_unfused_wide": v3,
+                "packed_v3_mid_u2w4": v3, "packed_v3_mid16_u1w8": v3}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     if args.step_variants:  # the unpacked step is always the yardstick
@@ -408,6 +412,19 @@ def _kernel_choice(label: str):
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
     if label == "packed_v2_u2w4":
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), unroll=2, warps=4, prefetch=True)
+    if label == "packed_v3_mid_u2w4":
+        def mid_u2w4(*a, **k):
+            cfg = default_config(*a, **k)
+            return dataclasses.replace(cfg, unroll=2, warps=4) if (cfg.unroll, cfg.warps) == (1, 8) else cfg
+
+        mma.get_config = mid_u2w4
+    if label == "packed_v3_mid16_u1w8":
+        def mid16_u1w8(m, n, kp, sms, **k):
+            cfg = default_config(m, n, kp, sms, **k)
+            mid = 2 < (n // 16) * cfg.splits / max(1, sms) <= 4
+            return dataclasses.replace(cfg, unroll=1, warps=8, prefetch=False) if m > 8 and mid else cfg
+
+        mma.get_config = mid16_u1w8
     if label in ("packed_v2_norm_unfused", "packed_v3_norm_unfused"):
         mma.FUSED_NORM_MAX_ROWS = 0
     if label == "packed_v3_norm_unfused_wide":
@@ -496,7 +513,7 @@ def main():
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default all: packed_v1 with layout v1, "
                          "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, packed_v3, "
-                         "packed_v3_norm_unfused, packed_v3_norm_unfused_wide)")
+                         "packed_v3_norm_unfused, packed_v3_norm_unfused_wide, packed_v3_mid_u2w4, packed_v3_mid16_u1w8)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")
