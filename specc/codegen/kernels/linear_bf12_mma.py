@@ -109,14 +109,16 @@ class Bf12MmaConfig:
 def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> Bf12MmaConfig:
     """The launch for ``m`` rows of an ``[n, kp]`` weight on a GPU of ``sms`` SMs, by how many
     waves of 16-row blocks the layer makes (measured on the Qwen3-8B shapes, H200 run 18 and H100
-    run 17, docs/benchmarks/run18.md):
+    runs 17 and 29, docs/benchmarks/run18.md, run29.md):
 
     - every launch prefetches (the next chunk's weights load during this chunk's MMAs, the first
       before the PDL wait): without it a warp keeps 1.5 KB in flight, too little on the H200;
     - at most 2 blocks per SM (o, down: every CTA lives the whole launch): 2 super-groups per
-      chunk, 8 warps; 2 .. 4 (qkv): 1 super-group, 8 warps up to 8 rows, and above (two x
-      tiles: more registers, fewer CTAs an SM; 1 x 8 was 1.4x the best on the H100) as for more
-      than 4 (gate_up, lm_head: CTAs turn over): 2 super-groups, 4 warps;
+      chunk, 8 warps; more (qkv at 2.9, gate_up, lm_head: CTAs turn over): 2 super-groups, 4
+      warps. Layout 2 on the H200 had taken 1 super-group x 8 warps for 2 .. 4 blocks an SM at up
+      to 8 rows (run 18); with layout 3 on the H100 2 x 4 was faster for qkv alone (15.8 against
+      17.3 us at one row) and in the packed AR step (4.862 / 4.866 -> 4.821 / 4.826 ms, two
+      processes, run 29);
     - layers with fewer blocks than SMs (small models) split K so that every SM streams.
 
     ``fused_norm`` does not change the launch (the norm's rows are staged once per CTA)."""
@@ -125,7 +127,7 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
     while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
         splits *= 2
     waves = blocks * splits / max(1, sms)
-    unroll, warps = (2, 8) if waves <= 2 else (1, 8) if waves <= 4 and m <= 8 else (2, 4)
+    unroll, warps = (2, 8) if waves <= 2 else (2, 4)
     if kp % (64 * unroll * splits) or kp // (64 * unroll * splits) < warps:
         unroll = 1  # a chunk per warp at least
     return Bf12MmaConfig(unroll=unroll, warps=warps, splits=splits, prefetch=True)
