@@ -339,7 +339,7 @@ def logit_agreement(unpacked: torch.Tensor, packed: torch.Tensor, tolerance: flo
 
 
 # step variants built only when --step-variants names them (run 29's launch experiments)
-STEP_EXPERIMENTS = ("packed_v3_norm_unfused", "packed_v3_norm_unfused_wide", "packed_v3_mid_u2w4", "packed_v3_mid16_u1w8")
+STEP_EXPERIMENTS = ("packed_v3_norm_fused", "packed_v3_mid_u1w8", "packed_v3_mid16_u1w8")
 
 
 def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[dict]:
@@ -363,18 +363,18 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     # packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
     # packed_v2_u2w4: every tensor-core launch with two super-groups per chunk, 4 warps, prefetching
     # packed_v3: layout 3 (layout 2's bytes in 16 x 64 tiles), the pass's default since run 21;
-    # packed_v3_norm_unfused: layout 3 with the rms_norm kernel before every norm-linear at one row;
-    # packed_v3_norm_unfused_wide: only before the launches of more than 4 waves of 16-row blocks
-    # (gate_up, the LM head: every one of their 1536 / 9496 CTAs runs the norm prologue);
-    # packed_v3_mid_u2w4: the launches the rule gives one super-group x 8 warps (2-4 waves of blocks
-    # at <= 8 rows: q/k/v) two super-groups x 4 warps instead (the H100's sweep winner alone);
-    # packed_v3_mid16_u1w8: 2-4 waves at 9-16 rows (q/k/v) one super-group x 8 warps, no prefetch
+    # run 29's experiments, each the shipped default but one choice (built only when named):
+    # packed_v3_norm_fused: the tensor-core kernel's own norm prologue at one row (the default
+    # before run 29; now the rms_norm kernel runs first at every row count);
+    # packed_v3_mid_u1w8: launches of 2-4 waves of 16-row blocks at <= 8 rows (q/k/v) one
+    # super-group x 8 warps (the rule before run 29; now 2 x 4);
+    # packed_v3_mid16_u1w8: 2-4 waves at 9-16 rows (q/k/v in the verify step) 1 x 8, no prefetch
     v2 = (packed, {"pack_version": 2})
     v3 = (packed, {"pack_version": 3})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
                 "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
-                "packed_v2_triton": v2, "packed_v3": v3, "packed_v3_norm_unfused": v3, "packed_v3_norm_unfused_wide": v3,
-                "packed_v3_mid_u2w4": v3, "packed_v3_mid16_u1w8": v3}
+                "packed_v2_triton": v2, "packed_v3": v3,
+                **{name: v3 for name in STEP_EXPERIMENTS}}
     if "v1" not in args.layouts.split(","):
         del variants["packed_v1"]
     if not args.step_variants:  # run 29's launch experiments are built only when named
@@ -405,46 +405,37 @@ def _kernel_choice(label: str):
     """The bf12 kernel choice a step variant is built and timed under (restored after):
     ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
     ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_u2w4`` also use two
-    super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` and ``packed_v3_norm_unfused`` run the
-    rms_norm kernel first at one row too, ``packed_v3_norm_unfused_wide`` only before launches of more
-    than 4 waves of 16-row blocks; every other variant gets the defaults."""
+    super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` runs the rms_norm kernel first at
+    one row too (the default since run 29), ``packed_v3_norm_fused`` the kernel's own prologue there,
+    ``packed_v3_mid_u1w8`` / ``packed_v3_mid16_u1w8`` give q/k/v's launches (2-4 waves of 16-row
+    blocks) 1 super-group x 8 warps at 1-8 / 9-16 rows; every other variant gets the defaults."""
     from specc.codegen.kernels import linear_bf12_mma as mma
-    from specc.codegen.kernels import rmsnorm
 
     saved_env, default_config, fused_norm_rows = os.environ.get(mma.ENV), mma.get_config, mma.FUSED_NORM_MAX_ROWS
-    default_kernel = mma.linear_bf12_mma
     os.environ[mma.ENV] = "0" if label == "packed_v2_triton" else "1"
     if label == "packed_v2_prefetch":
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), prefetch=True)
     if label == "packed_v2_u2w4":
         mma.get_config = lambda *a, **k: dataclasses.replace(default_config(*a, **k), unroll=2, warps=4, prefetch=True)
-    if label == "packed_v3_mid_u2w4":
-        def mid_u2w4(*a, **k):
-            cfg = default_config(*a, **k)
-            return dataclasses.replace(cfg, unroll=2, warps=4) if (cfg.unroll, cfg.warps) == (1, 8) else cfg
+    if label in ("packed_v3_mid_u1w8", "packed_v3_mid16_u1w8"):
+        few_rows = label == "packed_v3_mid_u1w8"
 
-        mma.get_config = mid_u2w4
-    if label == "packed_v3_mid16_u1w8":
-        def mid16_u1w8(m, n, kp, sms, **k):
+        def mid_u1w8(m, n, kp, sms, **k):
             cfg = default_config(m, n, kp, sms, **k)
             mid = 2 < (n // 16) * cfg.splits / max(1, sms) <= 4
-            return dataclasses.replace(cfg, unroll=1, warps=8, prefetch=False) if m > 8 and mid else cfg
+            if not mid or (m <= 8) != few_rows:
+                return cfg
+            return dataclasses.replace(cfg, unroll=1, warps=8, prefetch=cfg.prefetch and few_rows)
 
-        mma.get_config = mid16_u1w8
-    if label in ("packed_v2_norm_unfused", "packed_v3_norm_unfused"):
+        mma.get_config = mid_u1w8
+    if label == "packed_v2_norm_unfused":
         mma.FUSED_NORM_MAX_ROWS = 0
-    if label == "packed_v3_norm_unfused_wide":
-        def norm_first_if_wide(x2, packed, bias=None, config=None, out=None, norm_weight=None, eps=1e-6,
-                               residual=None):
-            if norm_weight is not None and packed.rows // 16 > 4 * mma._sms(x2.device):
-                x2, norm_weight = rmsnorm.rms_norm(x2, norm_weight, eps), None
-            return default_kernel(x2, packed, bias, config, out, norm_weight=norm_weight, eps=eps, residual=residual)
-
-        mma.linear_bf12_mma = norm_first_if_wide  # kernel_abi imports it at call time
+    if label == "packed_v3_norm_fused":
+        mma.FUSED_NORM_MAX_ROWS = 1
     try:
         yield
     finally:
-        mma.get_config, mma.FUSED_NORM_MAX_ROWS, mma.linear_bf12_mma = default_config, fused_norm_rows, default_kernel
+        mma.get_config, mma.FUSED_NORM_MAX_ROWS = default_config, fused_norm_rows
         if saved_env is None:
             os.environ.pop(mma.ENV, None)
         else:
@@ -519,8 +510,7 @@ def main():
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default: packed_v1 with layout v1, "
                          "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, packed_v3; "
-                         "built only when named: packed_v3_norm_unfused, packed_v3_norm_unfused_wide, packed_v3_mid_u2w4, "
-                         "packed_v3_mid16_u1w8)")
+                         "built only when named: packed_v3_norm_fused, packed_v3_mid_u1w8, packed_v3_mid16_u1w8)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "
                          "the steps and whose HBM bandwidth the fractions use")

@@ -195,34 +195,26 @@ def test_bench_bf12_builds_only_the_step_variants_asked_for(tmp_path):
     assert json.loads(out.read_text())["steps"] == []  # the kernel half is kept, no step was built
 
 
-def test_bench_bf12_unfuses_the_norm_of_wide_launches_only_and_restores_the_kernel(monkeypatch):
-    """``packed_v3_norm_unfused_wide``: the rms_norm kernel runs first for launches of more than 4
-    waves of 16-row blocks (gate_up, the LM head), the others keep the fused prologue, and the
-    tensor-core kernel is the shipped one again after the variant."""
-    from types import SimpleNamespace
-
+def test_bench_bf12_experiments_change_one_choice_each_and_restore_it():
+    """Run 29's step experiments: ``packed_v3_norm_fused`` lets the tensor-core kernel fuse the norm
+    at one row again, ``packed_v3_mid_u1w8`` / ``packed_v3_mid16_u1w8`` give q/k/v's launch (2.9
+    waves of blocks on 132 SMs) 1 super-group x 8 warps at 1-8 / 9-16 rows and leave the other
+    shapes and row counts alone; the shipped choices are back afterwards."""
     from examples import bench_bf12
     from specc.codegen.kernels import linear_bf12_mma as mma
 
-    seen = []
-
-    def kernel(x2, packed, bias=None, config=None, out=None, norm_weight=None, eps=1e-6, residual=None):
-        seen.append((packed.rows, norm_weight is None, x2.clone()))
-        return x2
-
-    monkeypatch.setattr(mma, "linear_bf12_mma", kernel)
-    monkeypatch.setattr(mma, "_sms", lambda device: 132)
-    x = torch.randn(1, 64)
-    g = torch.rand(64) + 0.5
-    with bench_bf12._kernel_choice("packed_v3_norm_unfused_wide"):
-        mma.linear_bf12_mma(x, SimpleNamespace(rows=24576), norm_weight=g, eps=1e-6)  # 1536 blocks
-        mma.linear_bf12_mma(x, SimpleNamespace(rows=6144), norm_weight=g, eps=1e-6)  # 384 blocks
-    assert mma.linear_bf12_mma is kernel
-    (wide_rows, wide_unfused, wide_x), (narrow_rows, narrow_unfused, narrow_x) = seen
-    assert (wide_rows, wide_unfused, narrow_rows, narrow_unfused) == (24576, True, 6144, False)
-    from specc.models import ops
-
-    assert torch.equal(wide_x, ops.rms_norm(x, g, 1e-6)) and torch.equal(narrow_x, x)
+    qkv, down = (6144, 4096), (4096, 12288)
+    shipped = {(m, s): mma.get_config(m, *s, 132) for m in (1, 16) for s in (qkv, down)}
+    with bench_bf12._kernel_choice("packed_v3_norm_fused"):
+        assert mma.fuses_norm(1, 4096) and not mma.fuses_norm(16, 4096)
+    with bench_bf12._kernel_choice("packed_v3_mid_u1w8"):
+        assert mma.get_config(1, *qkv, 132) == mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=True)
+        assert mma.get_config(16, *qkv, 132) == shipped[(16, qkv)] and mma.get_config(1, *down, 132) == shipped[(1, down)]
+    with bench_bf12._kernel_choice("packed_v3_mid16_u1w8"):
+        assert mma.get_config(16, *qkv, 132) == mma.Bf12MmaConfig(unroll=1, warps=8, prefetch=False)
+        assert mma.get_config(1, *qkv, 132) == shipped[(1, qkv)]
+    assert not mma.fuses_norm(1, 4096)
+    assert {(m, s): mma.get_config(m, *s, 132) for m in (1, 16) for s in (qkv, down)} == shipped
 
 
 def test_large_gemm_tiles_fit_shared_memory_and_registers():
