@@ -74,8 +74,8 @@ L2_PREFETCH_DEFAULT = "256"
 CUDA_DIR = pathlib.Path(__file__).resolve().parent / "cuda"
 MAX_ROWS = 16  # two 8-row x tiles: the MMA's N side
 # Rows up to which kernel_abi fuses a norm prologue (above: the rms_norm kernel runs first, as for
-# the unpacked GEMM). None: every CTA reads the x rows whole for their inverse RMS, which at 16
-# rows made the Qwen3-8B Q = 16 verify step 1.6x slower (H100, run 17), and at one row, with
+# the unpacked GEMM). 0, so never: every CTA reads the x rows whole for their inverse RMS, which at
+# 16 rows made the Qwen3-8B Q = 16 verify step 1.6x slower (H100, run 17), and at one row, with
 # layout 3, costs more than the separate kernel: the packed AR step 4.922 / 4.939 ms fused,
 # 4.853 / 4.851 ms with the rms_norm kernel first (H100, two processes, docs/benchmarks/run29.md;
 # gate_up ran 5.6 us a call slower in the step than alone, its 1536 CTAs each normalizing the row).
