@@ -208,6 +208,19 @@ def tune(step, cfg: dict, dev, q: int, context: int, shapes, deadline: float, re
     return {"q": q, "before_ms": t0, "after_ms": t1, "best": result, "log": log}
 
 
+def skip_norm(x, weight, eps, residual=None, sum_out=None):
+    """--ablate-norm's stand-in for ``rmsnorm.rms_norm`` (its signature): x as it came, and with a
+    residual x as the sum too (the add skipped with the norm)."""
+    return x if residual is None else (x, x)
+
+
+def skip_rope(q, k, v, positions, inv_freq, cache_k, cache_v, cache_len, q_norm_weight=None, k_norm_weight=None,
+              eps=1e-6, out=None):
+    """--ablate-rope's stand-in for ``rope.rope_and_cache`` (its signature): q as projected, the
+    cache not written."""
+    return q
+
+
 def profile_without(module, name: str, stand_in, what: str, step, cfg, dev, qs, context, args) -> dict:
     """:func:`profile_qs` again with ``module.name`` replaced by ``stand_in`` (the launchers look it
     up at call time, and each timing captures a new graph), then put back. For the ablations, what
@@ -292,18 +305,15 @@ def main() -> None:
     if args.ablate_norm:
         from specc.codegen.kernels import rmsnorm
 
-        def no_norm(x, weight, eps, residual=None, sum_out=None):
-            return x if residual is None else (x, x)  # (with a residual: the sum skipped too)
-
         res["steps_without_norm_kernels"] = profile_without(
-            rmsnorm, "rms_norm", no_norm, "the separate rms_norm kernels (timing only; wrong values)", step, cfg, dev,
-            qs, context, args)
+            rmsnorm, "rms_norm", skip_norm, "the separate rms_norm kernels (timing only; wrong values)", step, cfg,
+            dev, qs, context, args)
     if args.ablate_rope:
         from specc.codegen.kernels import rope
 
         res["steps_without_rope_kernels"] = profile_without(
-            rope, "rope_and_cache", lambda q, *rest, **kw: q, "the rope_and_cache kernels (timing only; wrong values)",
-            step, cfg, dev, qs, context, args)
+            rope, "rope_and_cache", skip_rope, "the rope_and_cache kernels (timing only; wrong values)", step, cfg,
+            dev, qs, context, args)
     if args.unfuse_norm:
         from specc.codegen.kernels import linear as L
 

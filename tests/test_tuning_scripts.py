@@ -41,6 +41,18 @@ def test_profile_step_ablations_time_the_steps_again_and_restore_the_kernels(tmp
     assert (rmsnorm.rms_norm, rope.rope_and_cache, L.get_config) == kernels  # no stand-in outlives its timing
 
 
+def test_profile_step_stand_ins_take_the_arguments_of_the_kernels_they_replace():
+    """An ablation's stand-in is called where the kernel was, with the kernel's arguments (a stand-in
+    without ``residual`` once failed a B = 16 profile on the GPU, where residual-norm pairs pass it)."""
+    import inspect
+
+    from examples import profile_step
+    from specc.codegen.kernels import rmsnorm, rope
+
+    for kernel, stand_in in ((rmsnorm.rms_norm, profile_step.skip_norm), (rope.rope_and_cache, profile_step.skip_rope)):
+        assert list(inspect.signature(kernel).parameters) == list(inspect.signature(stand_in).parameters)
+
+
 def test_profile_step_named_config_at_batch(tmp_path, monkeypatch):
     """--config and --batch: a small named target profiled at batch 3 (the small-model calibration
     profiles); --tune refuses a batch."""
