@@ -379,7 +379,7 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
         del variants["packed_v1"]
     if not args.step_variants:  # run 29's launch experiments are built only when named
         variants = {k: v for k, v in variants.items() if k not in STEP_EXPERIMENTS}
-    if args.step_variants:  # the unpacked step is always the yardstick
+    else:  # the unpacked step is always the yardstick
         wanted = {v.strip() for v in args.step_variants.split(",") if v.strip()}
         unknown = wanted - set(variants)
         if unknown:
@@ -422,7 +422,7 @@ def _kernel_choice(label: str):
 
         def mid_u1w8(m, n, kp, sms, **k):
             cfg = default_config(m, n, kp, sms, **k)
-            mid = 2 < (n // 16) * cfg.splits / max(1, sms) <= 4
+            mid = 2 < mma.waves(n, cfg.splits, sms) <= 4
             if not mid or (m <= 8) != few_rows:
                 return cfg
             return dataclasses.replace(cfg, unroll=1, warps=8, prefetch=cfg.prefetch and few_rows)

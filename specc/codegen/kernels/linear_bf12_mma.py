@@ -61,7 +61,7 @@ from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import WIDE_LAYOUTS, Packed12, plane_strides
 
 __all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
-           "fuses_norm", "UNROLLS", "WARPS", "get_config", "unsupported_reason",
+           "fuses_norm", "UNROLLS", "WARPS", "get_config", "waves", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
 ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
@@ -126,11 +126,16 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
     splits = 1
     while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
         splits *= 2
-    waves = blocks * splits / max(1, sms)
-    unroll, warps = (2, 8) if waves <= 2 else (2, 4)
+    unroll, warps = (2, 8) if waves(n, splits, sms) <= 2 else (2, 4)
     if kp % (64 * unroll * splits) or kp // (64 * unroll * splits) < warps:
         unroll = 1  # a chunk per warp at least
     return Bf12MmaConfig(unroll=unroll, warps=warps, splits=splits, prefetch=True)
+
+
+def waves(n: int, splits: int, sms: int) -> float:
+    """How many waves of CTAs a launch over an N-row weight makes: its 16-row blocks times its
+    K splits per SM (what :func:`get_config` picks the launch by)."""
+    return (n // 16) * splits / max(1, sms)
 
 
 def fuses_norm(rows: int, k: int) -> bool:
