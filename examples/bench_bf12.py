@@ -359,7 +359,6 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     # packed_v2: layout 2 as engines run it (the tensor-core kernel at 1 .. 16 rows where it runs);
     # packed_v2_prefetch: the same with every tensor-core launch prefetching (since run 18 the
     # default launch rule prefetches everywhere, so this equals packed_v2);
-    # packed_v2_norm_unfused: the rms_norm kernel before the tensor-core kernel at one row too;
     # packed_v2_triton: SPECC_BF12_MMA=0 (the Triton kernels only)
     # packed_v2_u2w4: every tensor-core launch with two super-groups per chunk, 4 warps, prefetching
     # packed_v3: layout 3 (layout 2's bytes in 16 x 64 tiles), the pass's default since run 21;
@@ -372,7 +371,7 @@ def step_rows(args, dev, dtype, smoke, packed_by_m: dict[int, float]) -> list[di
     v2 = (packed, {"pack_version": 2})
     v3 = (packed, {"pack_version": 3})
     variants = {"unpacked": (DEFAULT_PIPELINE, {}), "packed_v1": (packed, {"pack_version": 1}),
-                "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2, "packed_v2_norm_unfused": v2,
+                "packed_v2": v2, "packed_v2_prefetch": v2, "packed_v2_u2w4": v2,
                 "packed_v2_triton": v2, "packed_v3": v3,
                 **{name: v3 for name in STEP_EXPERIMENTS}}
     if "v1" not in args.layouts.split(","):
@@ -405,8 +404,8 @@ def _kernel_choice(label: str):
     """The bf12 kernel choice a step variant is built and timed under (restored after):
     ``packed_v2_triton`` turns the tensor-core kernel off (``SPECC_BF12_MMA=0``),
     ``packed_v2_prefetch`` makes its every launch prefetch, ``packed_v2_u2w4`` also use two
-    super-groups per chunk and 4 warps, ``packed_v2_norm_unfused`` runs the rms_norm kernel first at
-    one row too (the default since run 29), ``packed_v3_norm_fused`` the kernel's own prologue there,
+    super-groups per chunk and 4 warps, ``packed_v3_norm_fused`` lets the kernel's own prologue
+    normalize at one row (since run 29 the rms_norm kernel runs first at every row count),
     ``packed_v3_mid_u1w8`` / ``packed_v3_mid16_u1w8`` give q/k/v's launches (2-4 waves of 16-row
     blocks) 1 super-group x 8 warps at 1-8 / 9-16 rows; every other variant gets the defaults."""
     from specc.codegen.kernels import linear_bf12_mma as mma
@@ -428,8 +427,6 @@ def _kernel_choice(label: str):
             return dataclasses.replace(cfg, unroll=1, warps=8, prefetch=cfg.prefetch and few_rows)
 
         mma.get_config = mid_u1w8
-    if label == "packed_v2_norm_unfused":
-        mma.FUSED_NORM_MAX_ROWS = 0
     if label == "packed_v3_norm_fused":
         mma.FUSED_NORM_MAX_ROWS = 1
     try:
@@ -509,7 +506,7 @@ def main():
                     help="also time the compiled Qwen3-8B AR and Q=16 verify steps, packed (v2) vs unpacked")
     ap.add_argument("--step-variants", default=None,
                     help="comma-separated packed step variants to build (default: packed_v1 with layout v1, "
-                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_norm_unfused, packed_v2_triton, packed_v3; "
+                         "packed_v2, packed_v2_prefetch, packed_v2_u2w4, packed_v2_triton, packed_v3; "
                          "built only when named: packed_v3_norm_fused, packed_v3_mid_u1w8, packed_v3_mid16_u1w8)")
     ap.add_argument("--deployment", default="h200-bs1",
                     help="deployment (a built-in name or a calibrated .json/.toml file) whose cost model prices "

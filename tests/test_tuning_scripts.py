@@ -176,7 +176,7 @@ def test_bench_bf12_tiny_runs_both_layouts(tmp_path):
         assert 0 < r["v2_hbm_frac"] and r["v2_bytes"] < 0.8 * 2 * r["N"] * r["K"] + 200
         assert "tensor-core kernel cannot run" in r["mma_error"]  # GPU only (and these tiny shapes): said so
     steps = [(r["step"], r["variant"], r["pack_stats"]["format_version"]) for r in res["steps"]]
-    variants = ["packed_v1", "packed_v2", "packed_v2_prefetch", "packed_v2_u2w4", "packed_v2_norm_unfused", "packed_v2_triton",
+    variants = ["packed_v1", "packed_v2", "packed_v2_prefetch", "packed_v2_u2w4", "packed_v2_triton",
                 "packed_v3"]
     layout = {"packed_v1": 1, "packed_v3": 3}
     assert steps == [(step, v, layout.get(v, 2)) for step in ("AR", "verify Q=16") for v in variants]
@@ -195,12 +195,12 @@ def test_bench_bf12_builds_only_the_step_variants_asked_for(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root), "SPECC_THREADS": "1"}
     base = [sys.executable, str(root / "examples" / "bench_bf12.py"), "--tiny", "--quick", "--shapes", "o",
             "--ms", "1", "--layouts", "v2", "--out", str(out)]
-    proc = subprocess.run(base + ["--step-variants", "packed_v2_norm_unfused"], capture_output=True, text=True,
+    proc = subprocess.run(base + ["--step-variants", "packed_v2_u2w4"], capture_output=True, text=True,
                           env=env, timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = json.loads(out.read_text())["steps"]
-    assert [(r["step"], r["variant"]) for r in steps] == [("AR", "packed_v2_norm_unfused"),
-                                                          ("verify Q=16", "packed_v2_norm_unfused")]
+    assert [(r["step"], r["variant"]) for r in steps] == [("AR", "packed_v2_u2w4"),
+                                                          ("verify Q=16", "packed_v2_u2w4")]
     bad = subprocess.run(base + ["--step-variants", "packed_v4"], capture_output=True, text=True, env=env,
                          timeout=300, cwd=root)
     assert bad.returncode != 0 and "unknown --step-variants ['packed_v4']" in bad.stdout + bad.stderr
