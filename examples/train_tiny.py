@@ -149,6 +149,7 @@ class Config:
     dflash_seconds: float = 65.0
     dflash_gamma: float = 7.0  # loss weight exp(-(i - 1) / gamma) at block slot i
     dflash_short_blocks: float = 0.25  # share of training blocks cut to a random shorter length
+    dflash_consistent_labels: bool = False  # train a slot only where the text before it is the target's greedy choice
     dflash_init_from_target: bool = True  # start the drafter layers as copies of the target's last layers
     dflash_resume: bool = False  # start from the workdir's DFlash drafter instead (a new LR schedule)
     # eval
@@ -1093,11 +1094,18 @@ def dflash_mask(anchors, lengths, ctx_len: int, block: int):
     return torch.cat([ctx_vis, blk_vis], dim=2)[:, None]
 
 
-def dflash_labels(greedy, anchors, lengths, block: int):
+def dflash_labels(greedy, anchors, lengths, block: int, rows=None):
     """Labels [B, n, b] and validity for training blocks: slot i of the block anchored at a
     predicts the token at position a + i, and the label is the target's greedy choice there
     given the sequence before it, greedy[a + i - 1] (on the target's own continuations this is
-    the next token itself). Slot 0, slots past the block's length and past the row are invalid."""
+    the next token itself). Slot 0, slots past the block's length and past the row are invalid.
+
+    With ``rows`` (the token rows, [B, seq]) a slot is also invalid unless the row's tokens between
+    the anchor and it are the target's greedy choices (rows[a + j] == greedy[a + j - 1] for
+    0 < j < i): otherwise its label continues text the target would not have written, which a
+    drafter never sees at inference (it drafts the target's own greedy chain). On corpus rows this
+    keeps slot 1 and the few slots where the text agrees with the target; on the target's own
+    continuations, nearly everything."""
     import torch
 
     seq = greedy.shape[1]
@@ -1106,6 +1114,12 @@ def dflash_labels(greedy, anchors, lengths, block: int):
     idx = anchors[:, :, None] + slot - 1
     labels = greedy.gather(1, idx.clamp(0, seq - 1).reshape(bsz, -1)).reshape(bsz, n, block)
     valid = (slot >= 1) & (slot < lengths[:, :, None]) & (idx <= seq - 1)
+    if rows is not None:
+        pos = (anchors[:, :, None] + slot).clamp(max=seq - 1).reshape(bsz, -1)
+        written = rows.gather(1, pos).reshape(bsz, n, block) == labels  # rows[a + j] == greedy[a + j - 1]
+        written[:, :, 0] = True
+        follows = torch.cumprod(written.long(), dim=2).bool()  # all of slots 0 .. j are the target's
+        valid = valid & torch.cat([torch.ones_like(follows[:, :, :1]), follows[:, :, :-1]], dim=2)
     return labels, valid
 
 
@@ -1195,7 +1209,7 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
             h, cap = target_hidden(target, rows, pos, capture=ids_layers)
             greedy = head(h).argmax(-1)  # greedy[t]: the target's next token after position t
             ctx = torch.cat([cap[i] for i in ids_layers], dim=-1)
-        labels, valid = dflash_labels(greedy, anchors, lengths, b)
+        labels, valid = dflash_labels(greedy, anchors, lengths, b, rows if cfg.dflash_consistent_labels else None)
         weight = valid.float() * decay
         block_ids = torch.full((bsz, n, b), mask_id, dtype=torch.long, device=dev)
         block_ids[:, :, 0] = rows.gather(1, anchors)
@@ -1222,9 +1236,10 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
                 for i in range(1, b):
                     sel = valid[:, :, i]
                     acc_slot[i] = float(hit[:, :, i][sel].mean()) if sel.any() else float("nan")
+                kept = float(valid[:, :, 1:].float().mean())
             curve.append((step, loss.item()))
             log(f"dflash: step {step}/{budget.total} loss {loss.item():.4f} acc@slot1 {acc_slot[1]:.3f} "
-                f"acc@slot{b - 1} {acc_slot[b - 1]:.3f} lr {lr:.2e} {time.time() - t0:.0f}s")
+                f"acc@slot{b - 1} {acc_slot[b - 1]:.3f} labels kept {kept:.2f} lr {lr:.2e} {time.time() - t0:.0f}s")
     seconds = time.time() - t0
     draft.eval()
     path = work / "models" / names(cfg)["dflash"]
@@ -1237,7 +1252,7 @@ def stage_dflash(cfg: Config, work: Path) -> dict:
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in draft.state_dict().items() if "rotary" not in k}
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     metrics = {"params": nparams, "steps": step, "steps_capped_by_time": budget.capped, "seconds": round(seconds, 1),
-               "resumed": bool(cfg.dflash_resume),
+               "resumed": bool(cfg.dflash_resume), "consistent_labels": bool(cfg.dflash_consistent_labels),
                "final_loss": curve[-1][1] if curve else None, "loss_curve": curve, "target_layer_ids": ids_layers,
                "last_batch_top1_by_slot": [None] + acc_slot[1:].round(4).tolist()}
     write_json(work / "metrics" / "dflash.json", metrics)

@@ -255,15 +255,20 @@ def test_two_calls_end_to_end_toy(tt, tmp_path, monkeypatch):
     assert manifest["save_dtype"] == "bfloat16" and manifest["eval"]["lossless_all_methods_equal"]
 
     # a third call retrains DFlash against a shipped family: restored from a folder of model
-    # directories (the zoo's layout), resumed from its weights; 0 steps leaves them unchanged
+    # directories (the zoo's layout), resumed from its weights (here 2 steps on labels kept only
+    # where the text is the target's own); the target and PARD stay as they were
     work3, out3 = tmp_path / "work3", tmp_path / "out3"
     log3 = _call(2, out3, work3, src, restore=models, stages="dflash",
-                 extra=("--set", "dflash_resume=true", "--set", "dflash_steps=0"))
+                 extra=("--set", "dflash_resume=true", "--set", "dflash_steps=2", "--set", "dflash_consistent_labels=true"))
     assert "restore: ['specc-tiny', 'specc-tiny-pard', 'specc-tiny-dflash']" in log3 and "dflash: resuming" in log3
     assert "greedy target continuations" in log3  # no distillation data in a zoo: generated again
-    for name in ("specc-tiny", "specc-tiny-pard", "specc-tiny-dflash"):
+    assert "labels kept" in log3
+    for name in ("specc-tiny", "specc-tiny-pard"):
         assert _same_tensors(work / "models" / name / "model.safetensors", work3 / "models" / name / "model.safetensors")
-    assert json.loads((work3 / "metrics" / "dflash.json").read_text())["resumed"]
+    assert not _same_tensors(work / "models" / "specc-tiny-dflash" / "model.safetensors",
+                             work3 / "models" / "specc-tiny-dflash" / "model.safetensors")
+    dflash3 = json.loads((work3 / "metrics" / "dflash.json").read_text())
+    assert dflash3["resumed"] and dflash3["steps"] == 2
 
 
 def _same_tensors(a: Path, b: Path) -> bool:
@@ -342,6 +347,39 @@ def test_dflash_labels_are_the_targets_next_tokens(tt):
                 assert bool(valid[r, j, i]) == expect
                 if expect and a + i <= 19:
                     assert int(labels[r, j, i]) == int(seq[r, a + i])
+
+
+def test_dflash_consistent_labels_stop_where_the_text_leaves_the_target(tt):
+    """With the rows given, a slot keeps its label only while the tokens between the anchor and it
+    are the target's greedy choices: on the target's own continuation nothing is dropped; after
+    a token the target would not have written, every later slot of that block is."""
+    cfg = _toy_cfg(tt)
+    target = _model(tt, cfg, seed=5)
+    seq = tt.generate_batch(target, torch.randint(2, cfg.vocab_size, (2, 4)), 20, torch.device("cpu"))
+    with torch.no_grad():
+        h, _ = tt.lm_hidden(target, seq, torch.arange(20)[None].expand(2, -1))
+        greedy = target.lm_head(h).argmax(-1)
+    anchors = torch.tensor([[4, 9, 13], [5, 6, 12]])
+    lengths = torch.full((2, 3), 5)
+    labels, valid = tt.dflash_labels(greedy, anchors, lengths, 5)
+    same_labels, same_valid = tt.dflash_labels(greedy, anchors, lengths, 5, seq)
+    assert torch.equal(same_labels, labels) and torch.equal(same_valid, valid)  # a greedy row keeps all
+    rows = seq.clone()
+    rows[0, 11] = (int(greedy[0, 10]) + 1) % cfg.vocab_size  # row 0 leaves the target's text at 11
+    with torch.no_grad():  # the target's choices on the changed row
+        h, _ = tt.lm_hidden(target, rows, torch.arange(20)[None].expand(2, -1))
+        greedy2 = target.lm_head(h).argmax(-1)
+    labels2, kept = tt.dflash_labels(greedy2, anchors, lengths, 5, rows)
+    plain_labels, plain = tt.dflash_labels(greedy2, anchors, lengths, 5)
+    for r in range(2):
+        for j in range(3):
+            a = int(anchors[r, j])
+            for i in range(5):
+                written = all(int(rows[r, a + q]) == int(greedy2[r, a + q - 1]) for q in range(1, i))
+                assert bool(kept[r, j, i]) == (bool(plain[r, j, i]) and written), (r, a, i)
+    assert torch.equal(kept[1], plain[1]) and torch.equal(labels2, plain_labels)
+    # the block at 9 keeps slots 1 and 2 (the target's tokens at 10 and 11, after text it wrote)
+    assert kept[0, 1].tolist() == [False, True, True, False, False]
 
 
 HYBRID_SCRIPT = ROOT / "examples" / "train_tiny_hybrid.sh"
