@@ -327,14 +327,26 @@ def test_distill_stops_before_overrunning(tt, tmp_path, monkeypatch):
     assert info["sequences"] == 2 and info["seconds_last_batch"] >= 0.3
 
 
-def test_dflash_labels_are_the_targets_next_tokens(tt):
-    """On a target-greedy sequence, slot i's label is the sequence's own token at anchor + i."""
+def _greedy_rows(tt):
+    """A toy target and two 20-token rows of its own greedy continuation of random prompts."""
     cfg = _toy_cfg(tt)
     target = _model(tt, cfg, seed=5)
     seq = tt.generate_batch(target, torch.randint(2, cfg.vocab_size, (2, 4)), 20, torch.device("cpu"))
+    return cfg, target, seq
+
+
+def _target_greedy(tt, target, rows):
+    """greedy[r, t]: the target's next token after rows[r, :t + 1]."""
+    positions = torch.arange(rows.shape[1])[None].expand(rows.shape[0], -1)
     with torch.no_grad():
-        h, _ = tt.lm_hidden(target, seq, torch.arange(20)[None].expand(2, -1))
-        greedy = target.lm_head(h).argmax(-1)
+        h, _ = tt.lm_hidden(target, rows, positions)
+        return target.lm_head(h).argmax(-1)
+
+
+def test_dflash_labels_are_the_targets_next_tokens(tt):
+    """On a target-greedy sequence, slot i's label is the sequence's own token at anchor + i."""
+    cfg, target, seq = _greedy_rows(tt)
+    greedy = _target_greedy(tt, target, seq)
     anchors = torch.tensor([[4, 9, 17], [5, 6, 12]])
     lengths = torch.tensor([[5, 3, 5], [5, 5, 2]])
     labels, valid = tt.dflash_labels(greedy, anchors, lengths, 5)
@@ -353,12 +365,8 @@ def test_dflash_consistent_labels_stop_where_the_text_leaves_the_target(tt):
     """With the rows given, a slot keeps its label only while the tokens between the anchor and it
     are the target's greedy choices: on the target's own continuation nothing is dropped; after
     a token the target would not have written, every later slot of that block is."""
-    cfg = _toy_cfg(tt)
-    target = _model(tt, cfg, seed=5)
-    seq = tt.generate_batch(target, torch.randint(2, cfg.vocab_size, (2, 4)), 20, torch.device("cpu"))
-    with torch.no_grad():
-        h, _ = tt.lm_hidden(target, seq, torch.arange(20)[None].expand(2, -1))
-        greedy = target.lm_head(h).argmax(-1)
+    cfg, target, seq = _greedy_rows(tt)
+    greedy = _target_greedy(tt, target, seq)
     anchors = torch.tensor([[4, 9, 13], [5, 6, 12]])
     lengths = torch.full((2, 3), 5)
     labels, valid = tt.dflash_labels(greedy, anchors, lengths, 5)
@@ -366,9 +374,7 @@ def test_dflash_consistent_labels_stop_where_the_text_leaves_the_target(tt):
     assert torch.equal(same_labels, labels) and torch.equal(same_valid, valid)  # a greedy row keeps all
     rows = seq.clone()
     rows[0, 11] = (int(greedy[0, 10]) + 1) % cfg.vocab_size  # row 0 leaves the target's text at 11
-    with torch.no_grad():  # the target's choices on the changed row
-        h, _ = tt.lm_hidden(target, rows, torch.arange(20)[None].expand(2, -1))
-        greedy2 = target.lm_head(h).argmax(-1)
+    greedy2 = _target_greedy(tt, target, rows)  # the target's choices on the changed row
     labels2, kept = tt.dflash_labels(greedy2, anchors, lengths, 5, rows)
     plain_labels, plain = tt.dflash_labels(greedy2, anchors, lengths, 5)
     for r in range(2):
