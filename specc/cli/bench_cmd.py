@@ -95,6 +95,12 @@ def run(args) -> int:
     for flag, value in (("--tokens", args.tokens), ("--prompts", args.prompts), ("--prompt-len", args.prompt_len)):
         if value < 1:
             raise UserError(f"{flag} must be >= 1 (got {value})")
+    if args.warmup < 0:
+        raise UserError(f"--warmup must be >= 0 (got {args.warmup})")
+    if args.shapes:  # a misspelt name stops here, before anything is built
+        from specc.bench.shapes import drafter_config
+
+        drafter_config(args.shapes, args.drafter_shapes)
     batches = parse_batches(args.batch)
     if args.num_draft is not None and args.num_draft < 1:
         raise UserError("--num-draft must be >= 1")
@@ -105,7 +111,7 @@ def run(args) -> int:
                         shapes=args.shapes, drafter_shapes=args.drafter_shapes, acceptance=args.acceptance,
                         device=args.device, tokens=args.tokens, prompts=args.prompts, prompt_len=args.prompt_len,
                         systems=systems, deployment=args.deployment, passes=args.passes, seed=args.seed,
-                        warmup=max(0, args.warmup), batches=batches, tree=args.tree)
+                        warmup=args.warmup, batches=batches, tree=args.tree)
     to_stdout = args.json == "-"
     progress = None
     if not to_stdout:

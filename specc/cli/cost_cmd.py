@@ -173,6 +173,15 @@ def run(args) -> int:
     method = impl.name
     if args.num_draft is not None and args.num_draft < 1:
         raise UserError("--num-draft must be >= 1")
+    if args.batch is not None and args.batch < 1:
+        raise UserError(f"--batch must be >= 1 (got {args.batch})")
+    if args.tree is not None and args.tree < 1:
+        raise UserError(f"--tree N needs N >= 1 (got {args.tree})")
+    stated = [flag for flag, value in (("--tau", args.tau), ("--alpha", args.alpha), ("--acceptance", args.acceptance),
+                                       ("--tree-acceptance", args.tree_acceptance)) if value is not None]
+    if stated and not impl.uses_drafter:
+        raise UserError(f"{stated[0]} states a drafter's acceptance, but method {impl.name} drafts nothing: "
+                        "give --drafter (or --drafter-shapes with --shapes)")
     k = impl.num_draft(args.num_draft, raw_d)
     context, context_note = _context(args, dep, raw_t, raw_d if impl.uses_drafter else None)
     # one source of acceptance, shared with `specc compile`: stated (--tau/--alpha/--acceptance), else the
@@ -207,7 +216,7 @@ def run(args) -> int:
         ks = impl.search_k_choices(raw_d, k)
         sweep = speedup_table(model, t_ir, d_ir, method, acc, ks, context)
     tree = None
-    if getattr(args, "tree", None):
+    if args.tree is not None:
         tree = _tree_prediction(args, model, t_ir, d_ir, impl, acc, k, context)
     batching = _batching_table(args, model, t_ir, d_ir, impl, acc, k, context) if args.batching else None
     if args.json:
@@ -271,8 +280,6 @@ def _tree_prediction(args, model, t_ir, d_ir, impl, acc, k, context) -> dict:
 
     if not impl.supports_tree:
         raise UserError(f"--tree needs a method with per-position draft distributions; {impl.name} has none")
-    if args.tree < 1:
-        raise UserError("--tree N needs N >= 1")
     tree = (TreeAcceptanceModel.from_file(args.tree_acceptance) if args.tree_acceptance
             else TreeAcceptanceModel.from_chain(acc, k))
     chain = model.predict(t_ir, d_ir, method=impl.name, num_draft=k, acceptance=acc, context=context,

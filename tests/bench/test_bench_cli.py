@@ -82,6 +82,15 @@ def test_shapes_need_a_stated_acceptance(capsys):
     assert "--acceptance" in capsys.readouterr().err
 
 
+def test_bad_names_and_counts_stop_before_anything_is_built(capsys):
+    for argv, fragment in ((["--shapes", "qwen3-9b"], "unknown --shapes 'qwen3-9b'"),
+                           (["--shapes", "tiny-qwen3", "--drafter-shapes", "dflash-x"], "unknown --drafter-shapes"),
+                           (["--shapes", "tiny-qwen3", "--warmup", "-1"], "--warmup must be >= 0 (got -1)")):
+        assert main(["bench", *argv, "--acceptance", "tau:3", "--tokens", "4", "--prompts", "1"]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and "building" not in err, (argv, err)
+
+
 def test_bench_an_artifact(checkpoints, tmp_path, capsys):
     from specc.compiler import compile_artifact
 

@@ -46,6 +46,21 @@ def test_context_beyond_the_positions_is_a_one_line_error(capsys):
     assert code == 2 and "--context must be >= 0" in err
 
 
+def test_out_of_range_sizes_and_acceptance_without_a_drafter_are_refused(capsys):
+    """A batch or tree budget below 1 is an error, not the deployment's default or no tree; an
+    acceptance stated for a pair that drafts nothing is an error, not silently dropped."""
+    for argv, fragment in ((["--batch", "0"], "--batch must be >= 1 (got 0)"),
+                           (["--batch", "-2"], "--batch must be >= 1 (got -2)"),
+                           (["--tau", "5"], "--tau states a drafter's acceptance, but method ar drafts nothing"),
+                           (["--alpha", "0.5"], "--alpha states a drafter's acceptance"),
+                           (["--drafter-shapes", "dflash-b16", "--tree", "0"], "--tree N needs N >= 1 (got 0)")):
+        code, out, err = _cost(capsys, "--shapes", "tiny-qwen3", "--deployment", "h200-bs1", *argv)
+        assert code == 2 and out == "" and fragment in err, (argv, err)
+    code, out, _ = _cost(capsys, "--shapes", "tiny-qwen3", "--drafter-shapes", "dflash-b16", "--deployment",
+                         "h200-bs1", "--tau", "5", "--batch", "2")
+    assert code == 0 and "B=2" in out and "acceptance (stated)" in out
+
+
 def test_a_drafter_with_fewer_positions_caps_the_context(tmp_path, capsys):
     from specc.ir.trace import read_config
 
