@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(sub)
+    parser.set_defaults(_commands=sub.choices)  # main() names the command an unknown argument came to
     for command in sub.choices.values():  # one knob on every subcommand (specc/threads.py)
         command.add_argument("--threads", type=int, metavar="N",
                              help="CPU threads for torch (default: $SPECC_THREADS, else min(physical cores, 4, "
@@ -66,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # a usage error: one line, SystemExit(2)
+    args, unknown = parser.parse_known_args(argv)  # a usage error: one line, SystemExit(2)
+    if unknown:  # said by the command's own parser, which points at its own --help
+        args._commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0

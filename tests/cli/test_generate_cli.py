@@ -109,3 +109,14 @@ def test_models_and_help(capsys):
         main(["--help"])
     assert exc.value.code == 0
     assert "generate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["ir", "specc-tiny", "--q", "0"], "specc: error: ir: unrecognized arguments: --q 0 (see `specc ir --help`)"),
+    (["passes", "--bogus"], "specc: error: passes: unrecognized arguments: --bogus (see `specc passes --help`)"),
+    (["--bogus"], "specc: error: unrecognized arguments: --bogus (see `specc --help`)"),
+])
+def test_an_unknown_argument_points_at_its_commands_help(capsys, argv, expect):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and capsys.readouterr().err.strip() == expect
