@@ -7,6 +7,7 @@ results compare field by field. Batch-ready: a batch returns one ``GenerationRes
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Iterable, Sequence
 
 
@@ -83,12 +84,35 @@ def clip_committed(
 
 
 def as_prompt_list(input_ids) -> list[int]:
-    """Accept a list of ints or a [1, T] / [T] tensor; return a list of ints."""
+    """Accept a list of ints or a [1, T] / [T] tensor; return a list of ints. Text, and ids
+    that are not non-negative integers (1.5, -3, True), are refused rather than truncated."""
+    if isinstance(input_ids, (str, bytes)):
+        raise TypeError("a prompt is token ids (a list of ints or a [T] / [1, T] tensor), not text: tokenize it "
+                        "first (e.g. engine.tokenizer(text)['input_ids'] after specc.load)")
     if hasattr(input_ids, "tolist"):
         ids = input_ids.tolist()
         if ids and isinstance(ids[0], list):
             if len(ids) != 1:
                 raise ValueError("these loops take one prompt; pass rows one at a time")
             ids = ids[0]
-        return [int(i) for i in ids]
-    return [int(i) for i in input_ids]
+    else:
+        ids = input_ids
+    return [_token_id(i) for i in ids]
+
+
+def _token_id(value) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"token ids are integers, got {value!r}")
+    try:
+        token = operator.index(value)  # ints, numpy integers; not floats or strings
+    except TypeError:
+        raise TypeError(f"token ids are integers, got {value!r} ({type(value).__name__})") from None
+    if token < 0:
+        raise ValueError(f"token ids are >= 0, got {token}")
+    return token
+
+
+def check_vocab(prompt: list[int], vocab_size: int | None) -> None:
+    """ValueError for an id past the model's vocabulary (where the embedding would fail)."""
+    if vocab_size is not None and prompt and max(prompt) >= vocab_size:
+        raise ValueError(f"token id {max(prompt)} is outside the model's vocabulary of {vocab_size}")

@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from specc.result import GenerationResult, GenerationStats, clip_committed
+from specc.result import GenerationResult, GenerationStats, as_prompt_list, check_vocab, clip_committed
 from specc.runtime.adaptive import AcceptanceEstimate
 from specc.sampling.params import SamplingParams
 
@@ -116,11 +116,13 @@ class BatchScheduler:
         for the scheduler's default. ``sampling``: the request's ``SamplingParams`` (None: the
         scheduler's; temperature 0: greedy), its own whatever the other requests use. ``seed``:
         its sampling seed (None: the params' ``seed``; unused when greedy). Raises ValueError for
-        an empty prompt, a negative budget, or a prompt + budget that does not fit the loop's
-        ``max_len``; TypeError for ``sampling`` that is not a SamplingParams."""
-        prompt = [int(t) for t in prompt_ids]
+        an empty prompt, an id past the loop's ``vocab_size`` (when it knows one), a negative budget,
+        or a prompt + budget that does not fit the loop's ``max_len``; TypeError for text or ids that
+        are not integers, and for ``sampling`` that is not a SamplingParams."""
+        prompt = as_prompt_list(prompt_ids)
         if not prompt:
             raise ValueError("empty prompt")
+        check_vocab(prompt, getattr(self.loop, "vocab_size", None))
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
         if len(prompt) + max_new_tokens > self.loop.max_len:

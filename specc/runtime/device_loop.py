@@ -198,6 +198,7 @@ class DeviceSpeculativeDecoder(SpeculativeLoop):
     step_graph_on_result = None  # called when a whole step's result is read (host-time profiles)
     _step_graphs = None  # the ``StepGraphs`` of the current seq buffer and state
     _ahead_step: tuple | None = None  # (committed tokens, graph key) of a whole step launched ahead
+    vocab_size: int | None = None  # the target's vocabulary, where known (an engine sets it): larger ids are refused
 
     def __init__(self, target, drafter=None, num_draft: int = 4, max_len: int = 2048,
                  cap_to_budget: bool = True, verifier: Verifier | None = None, batch: int = 1,

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from specc.codegen.artifact import ArtifactError
 from specc.models.dflash import DFlashSpec
-from specc.result import GenerationResult
+from specc.result import GenerationResult, as_prompt_list
 from specc.runtime.compiled import import_step_class
 from specc.runtime.drafters import drafter_from_manifest
 from specc.runtime.device_loop import DeviceSpeculativeDecoder
@@ -40,6 +40,7 @@ class Engine:
         self.loop = build_loop(steps, strategy, self.num_draft, max_len, drafter_section=section,
                                tree_budget=self.tree_budget)
         self.steps = self.loop.steps  # GraphedStep-wrapped on CUDA
+        self.loop.vocab_size = _vocab_size(manifest)  # prompts with ids past it are refused before any step
         self.batching = _batching(path, manifest, self.num_draft)  # the compiler's choice (docs/cost-model.md)
         if hasattr(self.loop, "two_level_k1"):
             self.loop.two_level_k1 = self.batching.get("two_level_k1")
@@ -103,7 +104,9 @@ class Engine:
         ``buckets``: steps over the smallest bucket of slots that holds the running requests
         (docs/batching.md, "Batch buckets"; False: every step over all ``batch_size`` slots).
         ``last_stats``: seconds and tokens/s of the batch."""
-        prompts = [list(p) for p in prompts]
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("generate_batch takes a list of prompts, each token ids (tokenize text first)")
+        prompts = [as_prompt_list(p) for p in prompts]
         if isinstance(sampling, (list, tuple)):
             if len(sampling) != len(prompts):
                 raise ValueError(f"sampling: {len(sampling)} params given for {len(prompts)} prompts")
@@ -191,6 +194,11 @@ def timing_stats(start: float, first_at: float | None, end: float, result: Gener
             "decode_steps": steps, "decode_step_s": decode_s / steps if steps else 0.0,
             "tokens_per_step": decode_tokens / steps if steps else 0.0,
             "tau": result.stats.tau, "steps": result.stats.steps}
+
+
+def _vocab_size(manifest: dict) -> int | None:
+    size = (manifest.get("model") or {}).get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _tree_budget(path, manifest: dict) -> int:

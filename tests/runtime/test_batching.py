@@ -170,6 +170,15 @@ def test_bad_requests_are_refused(checkpoints):
         scheduler.submit(PROMPT, -1)
     with pytest.raises(ValueError, match="capacity"):
         BatchScheduler(loop, 0)
+    with pytest.raises(TypeError, match="not text"):
+        scheduler.submit("def f():", 4)
+    with pytest.raises(TypeError, match="token ids are integers, got 1.5"):
+        scheduler.submit([3, 1.5], 4)
+    with pytest.raises(ValueError, match="token ids are >= 0, got -2"):
+        scheduler.submit([3, -2], 4)
+    loop.vocab_size = 50  # an engine sets it from the artifact's model
+    with pytest.raises(ValueError, match="token id 50 is outside the model's vocabulary of 50"):
+        scheduler.submit([3, 50], 4)
     assert scheduler.idle and scheduler.step() == []
 
 

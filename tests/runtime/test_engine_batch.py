@@ -80,3 +80,26 @@ def test_compiled_ragged_step_serves_two_level_and_per_request_drafts(checkpoint
         scheduler.step()
     for rid, prompt, budget in zip(rids, PROMPTS[2:5], [12, 9, 4]):
         assert scheduler.take(rid).tokens == reference(checkpoints["target"], budget, prompt=prompt)
+
+
+def test_engine_refuses_text_and_ids_outside_the_vocabulary(engines):
+    """The Python API says what is wrong with a prompt before any step runs: text instead of ids,
+    ids that are not integers, ids past the artifact's vocabulary; a tensor or a numpy row works."""
+    import numpy as np
+    import torch
+
+    engine = engines["dflash"]
+    vocab = engine.manifest["model"]["vocab_size"]
+    assert engine.loop.vocab_size == vocab
+    with pytest.raises(TypeError, match="not text"):
+        engine.generate("def f():", 2)
+    with pytest.raises(TypeError, match="a list of prompts"):
+        engine.generate_batch("def f():", 2)
+    with pytest.raises(TypeError, match="integers"):
+        engine.generate([5, 2.5], 2)
+    for bad in ([5, vocab], [[5, 7], [vocab + 3]]):
+        with pytest.raises(ValueError, match=f"outside the model's vocabulary of {vocab}"):
+            engine.generate_batch(bad if isinstance(bad[0], list) else [bad], 2)
+    want = engine.generate(PROMPTS[1], 3, eos_token_id=()).tokens
+    assert engine.generate(torch.tensor([PROMPTS[1]]), 3, eos_token_id=()).tokens == want
+    assert engine.generate(np.array(PROMPTS[1]), 3, eos_token_id=()).tokens == want
