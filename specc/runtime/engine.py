@@ -175,8 +175,45 @@ class Engine:
         return self.loop.graph_stats()
 
     def set_max_len(self, max_len: int) -> None:
+        """Grow the decoding state to ``max_len`` tokens a request (never shrinks it); a length
+        whose caches would not fit the device's free memory is refused (ValueError) first."""
         if max_len > self.loop.max_len:
+            check_max_len(self.manifest, max_len, self.device)
             self.loop.resize(max_len)
+
+
+# the warm-up generates at least a one-token prompt and two new tokens, plus the verify's slack
+MIN_MAX_LEN = 4
+
+
+def kv_bytes_per_token(manifest: dict) -> int:
+    """Bytes of KV cache one token of ``max_len`` costs a batch row: every distinct ``kv`` state
+    buffer the steps declare (the target's steps share theirs), head x dim x dtype size."""
+    seen = {}
+    for info in (manifest.get("steps") or {}).values():
+        for name, spec in (info.get("caches") or {}).items():
+            if isinstance(spec, dict) and spec.get("kind", "kv") == "kv":
+                size = torch.empty((), dtype=getattr(torch, str(spec.get("dtype", "float32")))).element_size()
+                elements = 1
+                for d in spec.get("shape") or (spec.get("heads", 0), spec.get("head_dim", 0)):
+                    elements *= int(d)
+                seen[name] = elements * size
+    return sum(seen.values())
+
+
+def check_max_len(manifest: dict, max_len, device: torch.device) -> None:
+    """ValueError for a ``max_len`` that is not an integer >= MIN_MAX_LEN, or whose KV caches
+    would take more than 90% of the memory the device has free (before anything is allocated)."""
+    from specc.models.loading import available_memory_bytes
+
+    if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < MIN_MAX_LEN:
+        raise ValueError(f"max_len must be an integer >= {MIN_MAX_LEN} (prompt + new tokens a request holds), "
+                         f"got {max_len!r}")
+    need = kv_bytes_per_token(manifest) * max_len
+    avail = available_memory_bytes(device)
+    if avail is not None and need > 0.9 * avail:
+        raise ValueError(f"max_len {max_len}: the KV caches would need about {need / 1e9:,.1f} GB, more than the "
+                         f"{avail / 1e9:,.1f} GB free on {device}")
 
 
 def timing_stats(start: float, first_at: float | None, end: float, result: GenerationResult) -> dict:
@@ -340,6 +377,7 @@ def load(path, device: str | torch.device | None = None, max_len: int = 2048, ch
             spec = DFlashSpec(d["block_size"], d["mask_token_id"], tuple(d["target_layer_ids"]), d.get("num_target_layers"))
         step.bind(weights, info["caches"], spec)
         steps[role] = step
+    check_max_len(manifest, max_len, dev)
     try:
         engine = Engine(path, manifest, steps, dev, max_len)
     except (ValueError, KeyError) as exc:  # e.g. a drafting strategy missing a field it needs

@@ -103,3 +103,27 @@ def test_engine_refuses_text_and_ids_outside_the_vocabulary(engines):
     want = engine.generate(PROMPTS[1], 3, eos_token_id=()).tokens
     assert engine.generate(torch.tensor([PROMPTS[1]]), 3, eos_token_id=()).tokens == want
     assert engine.generate(np.array(PROMPTS[1]), 3, eos_token_id=()).tokens == want
+
+
+def test_max_len_is_checked_before_the_caches_are_allocated(engines, monkeypatch):
+    """``specc.load(max_len=)`` and the growth ``generate_batch`` asks for refuse a length below the
+    warm-up's minimum, a non-integer, and one whose KV caches exceed the free memory, before
+    allocating (the caches' size per token comes from the manifest's state specs)."""
+    import specc
+    import specc.models.loading as loading
+    from specc.runtime.engine import MIN_MAX_LEN, kv_bytes_per_token
+
+    engine = engines["dflash"]
+    per_token = kv_bytes_per_token(engine.manifest)
+    caches = {**engine.manifest["steps"]["target"]["caches"], **engine.manifest["steps"]["drafter"]["caches"]}
+    assert per_token == sum(4 * spec["heads"] * spec["head_dim"] for spec in caches.values())  # fp32
+    for bad in (0, MIN_MAX_LEN - 1, "64", 64.0):
+        with pytest.raises(ValueError, match=f"max_len must be an integer >= {MIN_MAX_LEN}"):
+            specc.load(engine.path, max_len=bad)
+    monkeypatch.setattr(loading, "available_memory_bytes", lambda device="cpu": 100 * per_token)
+    with pytest.raises(ValueError, match="the KV caches would need about"):
+        specc.load(engine.path, max_len=1000)
+    before = engine.loop.max_len
+    with pytest.raises(ValueError, match="the KV caches would need about"):
+        engine.generate_batch([PROMPTS[0]], max_new_tokens=500)
+    assert engine.loop.max_len == before  # nothing was resized
