@@ -112,7 +112,11 @@ def _token_id(value) -> int:
     return token
 
 
-def check_vocab(prompt: list[int], vocab_size: int | None) -> None:
-    """ValueError for an id past the model's vocabulary (where the embedding would fail)."""
-    if vocab_size is not None and prompt and max(prompt) >= vocab_size:
-        raise ValueError(f"token id {max(prompt)} is outside the model's vocabulary of {vocab_size}")
+def check_vocab(ids: list[int], vocab_size: int | None) -> None:
+    """ValueError for an id outside 0 .. vocab_size - 1 (where the embedding would fail): the one
+    range check of prompt ids; the CLI and the server word it as their own errors."""
+    if vocab_size is None:
+        return
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")

@@ -129,9 +129,12 @@ def prompt_ids(args, tokenizer_path) -> tuple[list[int], object]:
 
 
 def check_ids_in_vocab(ids: list[int], vocab_size: int) -> None:
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise UserError(f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")
+    from specc.result import check_vocab
+
+    try:
+        check_vocab(ids, vocab_size)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def emit_result(result, args, tokenizer, extra: dict | None = None) -> None:

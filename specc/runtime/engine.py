@@ -186,14 +186,14 @@ class Engine:
 MIN_MAX_LEN = 4
 
 
-def kv_bytes_per_token(manifest: dict) -> int:
+def manifest_kv_bytes_per_token(manifest: dict) -> int:
     """Bytes of KV cache one token of ``max_len`` costs a batch row: every distinct ``kv`` state
     buffer the steps declare (the target's steps share theirs), head x dim x dtype size."""
     seen = {}
     for info in (manifest.get("steps") or {}).values():
         for name, spec in (info.get("caches") or {}).items():
             if isinstance(spec, dict) and spec.get("kind", "kv") == "kv":
-                size = torch.empty((), dtype=getattr(torch, str(spec.get("dtype", "float32")))).element_size()
+                size = getattr(torch, str(spec.get("dtype", "float32"))).itemsize
                 elements = 1
                 for d in spec.get("shape") or (spec.get("heads", 0), spec.get("head_dim", 0)):
                     elements *= int(d)
@@ -203,17 +203,14 @@ def kv_bytes_per_token(manifest: dict) -> int:
 
 def check_max_len(manifest: dict, max_len, device: torch.device) -> None:
     """ValueError for a ``max_len`` that is not an integer >= MIN_MAX_LEN, or whose KV caches
-    would take more than 90% of the memory the device has free (before anything is allocated)."""
-    from specc.models.loading import available_memory_bytes
+    would take more than 90% of the memory the device has free (``loading.check_fits``, a
+    CheckpointError, which is a ValueError; before anything is allocated)."""
+    from specc.models.loading import check_fits
 
     if not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < MIN_MAX_LEN:
         raise ValueError(f"max_len must be an integer >= {MIN_MAX_LEN} (prompt + new tokens a request holds), "
                          f"got {max_len!r}")
-    need = kv_bytes_per_token(manifest) * max_len
-    avail = available_memory_bytes(device)
-    if avail is not None and need > 0.9 * avail:
-        raise ValueError(f"max_len {max_len}: the KV caches would need about {need / 1e9:,.1f} GB, more than the "
-                         f"{avail / 1e9:,.1f} GB free on {device}")
+    check_fits(manifest_kv_bytes_per_token(manifest) * max_len, f"max_len {max_len}'s KV cache", device)
 
 
 def timing_stats(start: float, first_at: float | None, end: float, result: GenerationResult) -> dict:

@@ -4,6 +4,7 @@ anything reaches the backend, so a bad request costs no engine time and gets a 4
 
 from __future__ import annotations
 
+from specc.result import check_vocab
 from specc.serve.backend import ModelInfo
 
 
@@ -31,10 +32,10 @@ def completion_prompt_ids(prompt, info: ModelInfo) -> list[int]:
         ids = info.tokenizer(prompt, add_special_tokens=True)["input_ids"]
     else:
         ids = list(prompt)
-        bad = [t for t in ids if not 0 <= t < info.vocab_size]
-        if bad:
-            raise RequestError(f"token id {bad[0]} is outside the vocabulary (0..{info.vocab_size - 1})",
-                               param="prompt")
+        try:
+            check_vocab(ids, info.vocab_size)
+        except ValueError as exc:
+            raise RequestError(str(exc), param="prompt") from None
     if not ids:
         raise RequestError("the prompt is empty", param="prompt")
     return ids

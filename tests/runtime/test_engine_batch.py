@@ -98,7 +98,7 @@ def test_engine_refuses_text_and_ids_outside_the_vocabulary(engines):
     with pytest.raises(TypeError, match="integers"):
         engine.generate([5, 2.5], 2)
     for bad in ([5, vocab], [[5, 7], [vocab + 3]]):
-        with pytest.raises(ValueError, match=f"outside the model's vocabulary of {vocab}"):
+        with pytest.raises(ValueError, match=rf"outside the vocabulary \(0..{vocab - 1}\)"):
             engine.generate_batch(bad if isinstance(bad[0], list) else [bad], 2)
     want = engine.generate(PROMPTS[1], 3, eos_token_id=()).tokens
     assert engine.generate(torch.tensor([PROMPTS[1]]), 3, eos_token_id=()).tokens == want
@@ -111,19 +111,19 @@ def test_max_len_is_checked_before_the_caches_are_allocated(engines, monkeypatch
     allocating (the caches' size per token comes from the manifest's state specs)."""
     import specc
     import specc.models.loading as loading
-    from specc.runtime.engine import MIN_MAX_LEN, kv_bytes_per_token
+    from specc.runtime.engine import MIN_MAX_LEN, manifest_kv_bytes_per_token
 
     engine = engines["dflash"]
-    per_token = kv_bytes_per_token(engine.manifest)
+    per_token = manifest_kv_bytes_per_token(engine.manifest)
     caches = {**engine.manifest["steps"]["target"]["caches"], **engine.manifest["steps"]["drafter"]["caches"]}
     assert per_token == sum(4 * spec["heads"] * spec["head_dim"] for spec in caches.values())  # fp32
     for bad in (0, MIN_MAX_LEN - 1, "64", 64.0):
         with pytest.raises(ValueError, match=f"max_len must be an integer >= {MIN_MAX_LEN}"):
             specc.load(engine.path, max_len=bad)
     monkeypatch.setattr(loading, "available_memory_bytes", lambda device="cpu": 100 * per_token)
-    with pytest.raises(ValueError, match="the KV caches would need about"):
+    with pytest.raises(ValueError, match="max_len 1000's KV cache needs about"):
         specc.load(engine.path, max_len=1000)
     before = engine.loop.max_len
-    with pytest.raises(ValueError, match="the KV caches would need about"):
+    with pytest.raises(ValueError, match=f"max_len {len(PROMPTS[0]) + 501}'s KV cache needs about"):
         engine.generate_batch([PROMPTS[0]], max_new_tokens=500)
     assert engine.loop.max_len == before  # nothing was resized
