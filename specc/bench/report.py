@@ -81,9 +81,11 @@ def print_table(report: dict, console=None) -> None:
             elif at:
                 versus = (f", {at['decode_speedup_vs_best_ar']:.2f}x the best AR's decode"
                           if at.get("decode_speedup_vs_best_ar") else "")
-                console.print(f"at the stated E = {at['tokens_per_step']:.2f} tokens/step (this run drew "
-                              f"{at['drawn_tokens_per_step']:.2f}): {r['system']} {at['decode_tokens_per_s']:,.1f} "
-                              f"decode tok/s{versus} (its measured step, {at['decode_step_s'] * 1e3:.3f} ms)")
+                versus += "".join(f", {x:.2f}x {name}'s" for name, x in (at.get("decode_speedup_vs") or {}).items()
+                                  if name.startswith("specc-ar") and name != report.get("best_ar"))
+                console.print(escape(f"at the stated E = {at['tokens_per_step']:.2f} tokens/step (this run drew "
+                                     f"{at['drawn_tokens_per_step']:.2f}): {r['system']} {at['decode_tokens_per_s']:,.1f} "
+                                     f"decode tok/s{versus} (its measured step, {at['decode_step_s'] * 1e3:.3f} ms)"))
         tree = acc.get("tree")
         if tree:
             console.print(f"[bold yellow]trees: REPLAYED[/bold yellow] from {tree['source']} (E = "
@@ -99,7 +101,7 @@ def print_table(report: dict, console=None) -> None:
                           + (f", {pred:.2f}x predicted" if pred else ""))
     if report.get("ar_floor_tokens_per_s"):
         console.print(f"AR bandwidth floor on {report['deployment']} (cost model): "
-                      f"{report['ar_floor_tokens_per_s']:,.1f} tok/s; best AR in this run: {report['best_ar']}")
+                      f"{report['ar_floor_tokens_per_s']:,.1f} tok/s; best AR in this run: {escape(str(report['best_ar']))}")
     console.print("predicted: cost model (specc.search.cost_model) for the row's acceptance; HF rows are not modelled")
     if batched:
         console.print("B > 1: B requests decoded together (continuous batching, prompts of different lengths); tok/s "

@@ -48,6 +48,7 @@ class BenchOptions:
     systems: tuple[str, ...] = ALL_SYSTEMS
     deployment: str | None = None
     passes: str | None = None
+    ar_passes: tuple[str, ...] = ()  # more specc-ar rows at batch 1, each compiled with one of these pipelines
     seed: int = 0
     warmup: int = 1
     batches: tuple[int, ...] = (1,)  # batch sizes: 1 times every system; B > 1 specc-ar and specc (specc.bench.batched)
@@ -89,6 +90,46 @@ def _pipeline(opts) -> str:
     from specc.passes.pipelines import DEFAULT_PIPELINE
 
     return DEFAULT_PIPELINE if opts.passes is None else opts.passes
+
+
+def ar_row_name(pipeline: str, other: str) -> str:
+    """The name of a specc-ar row compiled with ``other`` instead of the run's ``pipeline``: the
+    passes it adds (+) and drops (-), e.g. ``specc-ar[-pack_weights_12bit]`` for a bf16 AR beside
+    a packed run; ``specc-ar[order]`` when only the order differs."""
+    mine = [p.strip() for p in pipeline.split(",") if p.strip()]
+    theirs = [p.strip() for p in other.split(",") if p.strip()]
+    diff = [f"+{p}" for p in theirs if p not in mine] + [f"-{p}" for p in mine if p not in theirs]
+    if not diff:
+        if theirs == mine:
+            raise UserError(f"--ar-passes {other!r} is the run's own pipeline (--passes): specc-ar already runs it")
+        diff = ["order"]
+    return f"specc-ar[{','.join(diff)}]"
+
+
+def check_ar_passes(opts, batches) -> None:
+    """--ar-passes: known passes, each pipeline different from the run's, batch 1 in the run; a
+    mistake stops here, before anything is built."""
+    from specc.passes.registry import parse_pipeline
+
+    if 1 not in batches:
+        raise UserError("--ar-passes adds AR rows at batch 1: include 1 in --batch")
+    if opts.model and (Path(opts.model) / "manifest.json").is_file():
+        raise UserError("--ar-passes: give a checkpoint or --shapes (an artifact's pipeline is fixed when it is compiled)")
+    names = set()
+    for other in opts.ar_passes:
+        try:
+            parse_pipeline(other)
+        except Exception as exc:
+            raise UserError(f"--ar-passes {other!r}: {exc}") from None
+        name = ar_row_name(_pipeline(opts), other)
+        if name in names:
+            raise UserError(f"--ar-passes {other!r}: given twice")
+        names.add(name)
+
+
+def is_ar_system(name: str) -> bool:
+    """An AR row: the baselines, specc-ar, and the specc-ar rows of --ar-passes."""
+    return name in AR_SYSTEMS or name.startswith("specc-ar[")
 
 
 def _setup_shapes(opts, dtype, dev) -> _Setup:
@@ -256,6 +297,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     unknown = set(opts.systems) - set(ALL_SYSTEMS)
     if unknown:
         raise UserError(f"unknown system {sorted(unknown)[0]!r}; systems: {', '.join(ALL_SYSTEMS)}")
+    if opts.ar_passes:
+        check_ar_passes(opts, batches)
     if opts.tree and opts.model and (Path(opts.model) / "manifest.json").is_file():
         raise UserError("--tree: an artifact verifies with the tree budget it was compiled with (specc compile --tree)")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -352,7 +395,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
     # ---------------------------------------------------------------- specc
     choice = linear_choice_for(dep) if dev.type == "cuda" else cost.linear_choice
 
-    def compiled(with_drafter: bool):
+    def compiled(with_drafter: bool, passes: str | None = None):
         from specc.codegen.build import add_target_step, wants_ragged_step
 
         t0 = time.perf_counter()
@@ -367,7 +410,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             if draft is not None:
                 draft.setup_caches(1, 16)
             spec = s.loaded.draft_spec if draft is not None else None
-            built = build_steps(target, draft, pipeline, spec, linear_choice=choice,  # as compile does
+            built = build_steps(target, draft, passes or pipeline, spec, linear_choice=choice,  # as compile does
                                 tree=bool(tree_budget and draft is not None))
             if draft is not None and batched and wants_ragged_step(target, s.k):  # packed rows: two-level, per-row k
                 add_target_step(built, target, pipeline, "target_ragged", choice)
@@ -411,6 +454,14 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         for b in batched:
             record_batched(*at_batch.ar("specc-ar", loop, b, batch_prompts[b], irs[0], one_time=one), b)
             one = 0.0
+        del loop
+    for other in opts.ar_passes if bs1 else ():  # AR under another pipeline (e.g. bf16 beside a packed run)
+        label = ar_row_name(pipeline, other)
+        say(f"compiling {label}")
+        loop, irs, build_s = compiled(False, other)
+        record(label, LoopSystem(loop, dev, label), "specc",
+               {"pipeline": other, "prediction": _predict(cost, irs, s.impl, 0, None, context)},
+               one_time=build_s + warmed(loop))
         del loop
     if "specc" in opts.systems and s.impl.uses_drafter:
         name = f"specc-{s.impl.name}"
@@ -517,7 +568,7 @@ def _compare(rows: list[dict]) -> dict | None:
     best_at: dict = {}
     for r in done:
         b = r.get("batch", 1)
-        if r["system"] in AR_SYSTEMS and (b not in best_at or r["tokens_per_s"] > best_at[b]["tokens_per_s"]):
+        if is_ar_system(r["system"]) and (b not in best_at or r["tokens_per_s"] > best_at[b]["tokens_per_s"]):
             best_at[b] = r
     for r in done:
         b = r.get("batch", 1)
@@ -525,12 +576,14 @@ def _compare(rows: list[dict]) -> dict | None:
         best = best_at.get(b)
         if best is not None:
             r["speedup_vs_best_ar"] = r["tokens_per_s"] / best["tokens_per_s"]
-        for base in AR_SYSTEMS:
-            x = next((x for x in same if x["system"] == base), None)
-            if x is not None:
-                r.setdefault("speedup_vs", {})[base] = r["tokens_per_s"] / x["tokens_per_s"]
+        ars = [x for x in same if is_ar_system(x["system"])]
+        for x in ars:
+            r.setdefault("speedup_vs", {})[x["system"]] = r["tokens_per_s"] / x["tokens_per_s"]
         if b == 1:
             at_stated = at_stated_acceptance(r, best)
+            if at_stated is not None:  # beside every AR row's decode, not only the best's
+                at_stated["decode_speedup_vs"] = {x["system"]: at_stated["decode_tokens_per_s"] / x["decode_tokens_per_s"]
+                                                  for x in ars if x.get("decode_tokens_per_s")}
         else:
             ar = next((x for x in same if x["system"] == "specc-ar"), None)
             if ar is not None and r is not ar:

@@ -16,6 +16,8 @@ examples:
   specc bench --shapes qwen3-8b --acceptance dflash-qwen3-8b:gsm8k --batch 1,16,32 --systems specc-ar,specc --device cuda
   specc bench tree.specc --systems specc --acceptance dflash-qwen3-8b:gsm8k+ranks:ranks.json   # chain vs tree
   specc bench --shapes qwen3-8b --drafter-shapes dflash-b16 --tree 32 --acceptance ranks:ranks.json --device cuda
+  specc bench --shapes qwen3-8b --acceptance tau:6.5 --device cuda --systems specc-ar,specc \
+      --passes fuse_qkv,fuse_gate_up,fuse_norm_linear,pack_weights_12bit,dce --ar-passes fuse_qkv,fuse_gate_up,fuse_norm_linear,dce
 systems: hf-eager (HF generate), hf-compiled (HF static cache + torch.compile; CUDA only), stock (the
 drafter's published loop; real checkpoints), specc-ar (compiled AR), specc (compiled speculative).
 acceptance (--acceptance): measured (default with real checkpoints: the target decides), tau:T[@K],
@@ -58,6 +60,10 @@ def register(sub) -> None:
                    help=f"comma separated subset of {','.join(ALL_SYSTEMS)} (default: all)")
     p.add_argument("--deployment", metavar="NAME", help="cost-model deployment (default: from the device)")
     p.add_argument("--passes", metavar="LIST", help="specc pass pipeline (default: the compile default)")
+    p.add_argument("--ar-passes", metavar="LIST", action="append", default=[],
+                   help="also time specc's compiled AR with this pipeline at batch 1 (repeatable; '' for none), "
+                        "e.g. the default pipeline beside a --passes that packs 12-bit weights: the row is named by "
+                        "the passes it adds and drops (specc-ar[-pack_weights_12bit])")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed generations per system first (default 1)")
     p.add_argument("--batch", default="1", metavar="B[,B...]",
                    help="batch sizes, comma separated (default 1). At B > 1, specc-ar and specc decode B requests "
@@ -110,7 +116,8 @@ def run(args) -> int:
     opts = BenchOptions(model=args.model, drafter=args.drafter, method=args.method, num_draft=args.num_draft,
                         shapes=args.shapes, drafter_shapes=args.drafter_shapes, acceptance=args.acceptance,
                         device=args.device, tokens=args.tokens, prompts=args.prompts, prompt_len=args.prompt_len,
-                        systems=systems, deployment=args.deployment, passes=args.passes, seed=args.seed,
+                        systems=systems, deployment=args.deployment, passes=args.passes,
+                        ar_passes=tuple(args.ar_passes), seed=args.seed,
                         warmup=args.warmup, batches=batches, tree=args.tree)
     to_stdout = args.json == "-"
     progress = None

@@ -116,3 +116,66 @@ def test_at_stated_acceptance_scales_the_measured_step():
     assert "decode_speedup_vs_best_ar" not in at_stated_acceptance(row, None)
     assert at_stated_acceptance({**row, "replay": False}, None) is None
     assert at_stated_acceptance({"tau": 1.0, "decode_tokens_per_s": 100.0}, None) is None
+
+
+def test_ar_passes_time_the_ar_under_another_pipeline_in_the_same_run(capsys):
+    """--ar-passes adds a specc-ar row per pipeline (named by the passes it adds and drops), each
+    equal to HF eager's tokens, counted among the AR rows the speculative row is compared with."""
+    default = "fuse_qkv,fuse_gate_up,fuse_norm_linear,fuse_rope_attention,fuse_residual_add,dce"
+    out = _bench(capsys, "--shapes", "tiny-qwen3", "--drafter-shapes", "none", "--device", "cpu", "--tokens", "8",
+                 "--prompts", "1", "--prompt-len", "8", "--systems", "hf-eager,specc-ar", "--passes", default,
+                 "--ar-passes", "fuse_qkv,dce", "--ar-passes", "", "--json", "-")
+    report = json.loads(out.out)
+    rows = {r["system"]: r for r in report["rows"]}
+    fewer = "specc-ar[-fuse_gate_up,-fuse_norm_linear,-fuse_rope_attention,-fuse_residual_add]"
+    none = "specc-ar[-fuse_qkv,-fuse_gate_up,-fuse_norm_linear,-fuse_rope_attention,-fuse_residual_add,-dce]"
+    assert set(rows) == {"hf-eager", "specc-ar", fewer, none}
+    assert rows[fewer]["pipeline"] == "fuse_qkv,dce" and rows[none]["pipeline"] == ""
+    for name in ("specc-ar", fewer, none):
+        assert rows[name]["same_tokens_as_hf_eager"] is True and rows[name]["tokens"] == 8
+        assert rows[name]["prediction"]["expected_tokens_per_step"] == 1.0
+    assert set(rows["hf-eager"]["speedup_vs"]) == {"hf-eager", "specc-ar", fewer, none}
+    fastest = max(rows.values(), key=lambda r: r["tokens_per_s"])["system"]
+    assert report["best_ar"] == fastest
+
+
+def test_ar_passes_at_the_stated_acceptance_and_in_the_table(capsys, tmp_path):
+    """A packed run beside its bf16 AR: the speculative row's rate at the stated E is set beside
+    every AR row's decode, and the table and the E line print the bracketed name as it is."""
+    packed = "fuse_qkv,fuse_gate_up,pack_weights_12bit,dce"
+    out = _bench(capsys, "--shapes", "tiny-qwen3", "--drafter-shapes", "dflash-b16", "--acceptance", "tau:6.5",
+                 "--device", "cpu", "--tokens", "16", "--prompts", "1", "--prompt-len", "8", "--systems",
+                 "specc-ar,specc", "--passes", packed, "--ar-passes", "fuse_qkv,fuse_gate_up,dce",
+                 "--json", str(tmp_path / "r.json"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    rows = {r["system"]: r for r in report["rows"]}
+    at = rows["specc-dflash"]["at_stated_acceptance"]
+    assert set(at["decode_speedup_vs"]) == {"specc-ar", "specc-ar[-pack_weights_12bit]"}
+    for name, x in at["decode_speedup_vs"].items():
+        assert x == pytest.approx(at["decode_tokens_per_s"] / rows[name]["decode_tokens_per_s"])
+    assert "specc-ar[-pack_weights_12bit]" in out.out  # in the table: not eaten as markup
+    at_line = " ".join(out.out.split("at the stated E", 1)[1].split())
+    other = next(n for n in at["decode_speedup_vs"] if n != report["best_ar"])  # the E line names the other one
+    assert f"{at['decode_speedup_vs'][other]:.2f}x {other}'s" in at_line
+
+
+def test_ar_row_names():
+    from specc.bench.run import ar_row_name, is_ar_system
+
+    assert ar_row_name("a,b,c", "a,c") == "specc-ar[-b]"
+    assert ar_row_name("a,c", "a,b,c") == "specc-ar[+b]"
+    assert ar_row_name("a,b", "b,a") == "specc-ar[order]"
+    assert ar_row_name("a,b", "") == "specc-ar[-a,-b]"
+    with pytest.raises(UserError, match="the run's own pipeline"):
+        ar_row_name("a, b", "a,b")
+    assert is_ar_system("specc-ar[-b]") and is_ar_system("hf-eager") and not is_ar_system("specc-dflash")
+
+
+def test_bad_ar_passes_stop_before_anything_is_built(capsys):
+    base = ["bench", "--shapes", "tiny-qwen3", "--drafter-shapes", "none", "--tokens", "4", "--prompts", "1"]
+    for extra, fragment in ((["--ar-passes", "fuse_qkv,no_such_pass"], "--ar-passes 'fuse_qkv,no_such_pass'"),
+                            (["--ar-passes", "dce", "--ar-passes", "dce"], "given twice"),
+                            (["--ar-passes", "dce", "--batch", "4"], "include 1 in --batch")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and "building" not in err, (extra, err)
