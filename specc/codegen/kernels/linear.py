@@ -581,9 +581,13 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
         (4, *down): dot(16, 64, 2, bk=256, tma=True),  # 28.7 us [34.5]
         (4, *lm_head): dot(16, 64, 1),  # 285.6 us
         (16, *qkv): dot(16, 64, 1, bk=256),  # 15.7 us [16.5]
-        (16, *o): dot(16, 64, 2, st=5),  # 11.9 us [13.5]
+        # o and down at 16 rows: the M = 4 tile (TMA loads, no split-K), which the H200 sweep
+        # timed within 0.2% of its winners (11.96 / 29.08 us against 11.94 / 29.12 for
+        # dot(16, 64, 2, st=5) / dot(16, 64, 2, bk=256)) and the H100 sweep of 2026-12-07 fastest of
+        # its 180 (13.70 / 37.91 us against 14.67-14.88 / 38.42-38.52; docs/benchmarks/run31.md)
+        (16, *o): dot(16, 64, 1, bk=256, tma=True),
         (16, *gate_up): dot(16, 64, 1, st=3),  # 50.9 us [57.3]
-        (16, *down): dot(16, 64, 2, bk=256),  # 29.1 us [32.1]
+        (16, *down): dot(16, 64, 1, bk=256, tma=True),
         (16, *lm_head): dot(16, 128, 1, w=8, st=3),  # 286.5 us
         (64, *qkv): dot(64, 64, 1, st=5, tma=True),  # 16.9 us [18.3]
         (64, *o): dot(64, 64, 1, st=5, tma=True),  # 12.9 us [15.1]
@@ -606,8 +610,9 @@ def _table() -> dict[tuple[int, int, int], LinearConfig]:
     # without the LM head: qkv 22.4 / o 16.1 / gate_up 55.6 / down 35.1 us against 25.9 / 16.2 /
     # 57.0 / 36.5; examples/profile_tree.py --loop, docs/benchmarks/h200-run6.md); the LM head
     # stays on the heuristic (299.5 against 310.4 us)
+    widened = {o: dot(16, 64, 2, st=5), down: dot(16, 64, 2, bk=256)}  # the 16-row tiles timed widened
     for shape in (qkv, o, gate_up, down):
-        t[(32, *shape)] = t[(16, *shape)].replace(block_m=32)
+        t[(32, *shape)] = widened.get(shape, t[(16, *shape)]).replace(block_m=32)
     return t
 
 
