@@ -52,11 +52,12 @@ def test_per_request_drafts_pack_without_a_blocking_upload(checkpoints):
 def test_a_blocking_upload_in_the_glue_is_counted(checkpoints, monkeypatch):
     import torch
 
-    from specc.runtime import device_loop, drafters
+    from specc.runtime import device_loop
+    from specc.runtime.drafters import base, dflash, rows
 
     if "qwen3" not in checkpoints["target"]:
         pytest.skip("one family is enough")
-    for module in (device_loop, drafters):
+    for module in (device_loop, base, dflash, rows):
         monkeypatch.setattr(module, "upload", lambda values, device: torch.tensor(values, device=device))
     audit = _steady_step(make_loop(checkpoints, "pard", "const_target", "const_pard", 4), 3)
     assert audit.blocking_uploads >= 1  # the drafter's positions, uploaded the blocking way
