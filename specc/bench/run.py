@@ -49,6 +49,7 @@ class BenchOptions:
     deployment: str | None = None
     passes: str | None = None
     ar_passes: tuple[str, ...] = ()  # more specc-ar rows at batch 1, each compiled with one of these pipelines
+    drafter_passes: str | None = None  # the drafter's own pipeline (None: the run's)
     seed: int = 0
     warmup: int = 1
     batches: tuple[int, ...] = (1,)  # batch sizes: 1 times every system; B > 1 specc-ar and specc (specc.bench.batched)
@@ -125,6 +126,23 @@ def check_ar_passes(opts, batches) -> None:
         if name in names:
             raise UserError(f"--ar-passes {other!r}: given twice")
         names.add(name)
+
+
+def check_drafter_passes(opts) -> None:
+    """--drafter-passes: known passes, a run with a drafter that specc compiles here."""
+    from specc.passes.registry import parse_pipeline
+
+    if opts.model and (Path(opts.model) / "manifest.json").is_file():
+        raise UserError("--drafter-passes: give a checkpoint or --shapes (an artifact's pipeline is fixed when it "
+                        "is compiled)")
+    if (opts.shapes and opts.drafter_shapes == "none") or (opts.model and not opts.drafter) \
+            or "specc" not in opts.systems:
+        raise UserError("--drafter-passes needs a drafter (--drafter, or --drafter-shapes other than none) and the "
+                        "specc system")
+    try:
+        parse_pipeline(opts.drafter_passes)
+    except Exception as exc:
+        raise UserError(f"--drafter-passes {opts.drafter_passes!r}: {exc}") from None
 
 
 def is_ar_system(name: str) -> bool:
@@ -299,6 +317,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         raise UserError(f"unknown system {sorted(unknown)[0]!r}; systems: {', '.join(ALL_SYSTEMS)}")
     if opts.ar_passes:
         check_ar_passes(opts, batches)
+    if opts.drafter_passes is not None:
+        check_drafter_passes(opts)
     if opts.tree and opts.model and (Path(opts.model) / "manifest.json").is_file():
         raise UserError("--tree: an artifact verifies with the tree budget it was compiled with (specc compile --tree)")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -410,7 +430,9 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             if draft is not None:
                 draft.setup_caches(1, 16)
             spec = s.loaded.draft_spec if draft is not None else None
+            own = {"drafter": opts.drafter_passes} if draft is not None and opts.drafter_passes is not None else None
             built = build_steps(target, draft, passes or pipeline, spec, linear_choice=choice,  # as compile does
+                                role_pipelines=own,
                                 tree=bool(tree_budget and draft is not None))
             if draft is not None and batched and wants_ragged_step(target, s.k):  # packed rows: two-level, per-row k
                 add_target_step(built, target, pipeline, "target_ragged", choice)
@@ -537,7 +559,9 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         "launch": launch_mode(dev), "step_graphs": bool(dev.type == "cuda" and step_graphs_enabled()),
         "batch_draft_ahead": bool(dev.type == "cuda" and batch_draft_ahead_enabled()),
         "residual_norm_pairs": residual_norm_enabled(),  # where linears lower to cuBLAS (codegen/residual_norm.py)
-        "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline, "tokens": n, "prompts": len(prompts),
+        "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline,
+        "drafter_pipeline": opts.drafter_passes if opts.drafter_passes is not None else pipeline,
+        "tokens": n, "prompts": len(prompts),
         "prompt_lengths": [len(p) for p in prompts], "batches": batches, "context_for_prediction": context,
         "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),
                         "expected_tokens_per_step": stated.expected_tokens(s.k), "notice": REPLAY_NOTICE}

@@ -64,6 +64,8 @@ def register(sub) -> None:
                    help="also time specc's compiled AR with this pipeline at batch 1 (repeatable; '' for none), "
                         "e.g. the default pipeline beside a --passes that packs 12-bit weights: the row is named by "
                         "the passes it adds and drops (specc-ar[-pack_weights_12bit])")
+    p.add_argument("--drafter-passes", metavar="LIST", help="the drafter's own pipeline (default: --passes), e.g. "
+                   "12-bit weights for the target only ('' for none)")
     p.add_argument("--warmup", type=int, default=1, metavar="N", help="untimed generations per system first (default 1)")
     p.add_argument("--batch", default="1", metavar="B[,B...]",
                    help="batch sizes, comma separated (default 1). At B > 1, specc-ar and specc decode B requests "
@@ -117,7 +119,7 @@ def run(args) -> int:
                         shapes=args.shapes, drafter_shapes=args.drafter_shapes, acceptance=args.acceptance,
                         device=args.device, tokens=args.tokens, prompts=args.prompts, prompt_len=args.prompt_len,
                         systems=systems, deployment=args.deployment, passes=args.passes,
-                        ar_passes=tuple(args.ar_passes), seed=args.seed,
+                        ar_passes=tuple(args.ar_passes), drafter_passes=args.drafter_passes, seed=args.seed,
                         warmup=args.warmup, batches=batches, tree=args.tree)
     to_stdout = args.json == "-"
     progress = None

@@ -108,7 +108,7 @@ def build_step(module, role: str, pipeline: str | Iterable[str], *, options: dic
 
 def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spec=None,
                 tp: tuple[int, int] | None = None, tree: bool = False, linear_choice=None,
-                pass_options: dict | None = None) -> BuiltSteps:
+                pass_options: dict | None = None, role_pipelines: dict | None = None) -> BuiltSteps:
     """Trace the target's verify step (it also serves prefill and AR: same graph, other Q) and
     the drafter's draft step, run the pass pipeline on each, lower and emit them.
 
@@ -121,7 +121,10 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
 
     ``linear_choice``: a measured ``codegen.linear_choice.LinearChoice`` for every role's linears.
 
-    ``pass_options``: options every role's passes read (``{"pack_version": 2}``)."""
+    ``pass_options``: options every role's passes read (``{"pack_version": 2}``).
+
+    ``role_pipelines``: a role's own pipeline instead of ``pipeline`` (``{"drafter": "..."}``:
+    e.g. 12-bit weights for the target only, which ``specc bench --drafter-passes`` times)."""
     modules = {"target": target}
     if draft_module is not None:
         modules["drafter"] = draft_module
@@ -129,7 +132,7 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
         modules["target_tree"] = target
     irs, records, lowering, emitted = {}, {}, {}, {}
     for role, module in modules.items():
-        role_pipeline, options = pipeline, dict(pass_options or {})
+        role_pipeline, options = (role_pipelines or {}).get(role, pipeline), dict(pass_options or {})
         if tp is not None and role in ("target", "target_tree") and tp[0] > 1:
             role_pipeline = ",".join(p for p in (pipeline, "shard_tensor_parallel") if p)
             options.update(tp_world_size=int(tp[0]), tp_rank=int(tp[1]))

@@ -179,3 +179,18 @@ def test_bad_ar_passes_stop_before_anything_is_built(capsys):
         assert main([*base, *extra]) == 2
         err = capsys.readouterr().err
         assert fragment in err and "building" not in err, (extra, err)
+
+
+def test_drafter_passes_give_the_drafter_its_own_pipeline(capsys):
+    report = json.loads(_bench(capsys, "--shapes", "tiny-qwen3", "--drafter-shapes", "dflash-b16", "--acceptance",
+                               "tau:3", "--device", "cpu", "--tokens", "8", "--prompts", "1", "--prompt-len", "8",
+                               "--systems", "specc", "--drafter-passes", "fuse_qkv,dce", "--json", "-").out)
+    assert report["drafter_pipeline"] == "fuse_qkv,dce" and report["pipeline"] != report["drafter_pipeline"]
+    assert next(r for r in report["rows"] if r["system"] == "specc-dflash")["tokens_per_s"] > 0
+    base = ["bench", "--shapes", "tiny-qwen3", "--acceptance", "tau:3", "--tokens", "4", "--prompts", "1"]
+    for extra, fragment in ((["--drafter-shapes", "none", "--drafter-passes", "dce"], "needs a drafter"),
+                            (["--systems", "specc-ar", "--drafter-passes", "dce"], "needs a drafter"),
+                            (["--drafter-passes", "no_such_pass"], "--drafter-passes 'no_such_pass'")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and "building" not in err, (extra, err)
