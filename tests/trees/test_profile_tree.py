@@ -77,5 +77,9 @@ def test_qwen3_8b_tree_rows_and_weight_passes():
     assert [L.weight_passes(65, n, k) for n, k in shapes] == [2] * len(shapes)
     for n in BUDGETS:  # every default budget's rows are a power of two
         assert (n + 1) & n == 0, n
-    for n, k in shapes[:4]:  # the 32 bucket: the 16 bucket's winners widened to one 32-row tile
+    for n, k in shapes[:4]:  # the 32 bucket: the 16-row tiles timed widened to one 32-row tile (h200-run6.md)
+        assert L.get_config(17, n, k).block_m == 32 and L.get_config(17, n, k).kind == "dot"
+    for n, k in (shapes[0], shapes[2]):  # q/k/v and gate_up: the 16 bucket's winners widened
         assert L.get_config(17, n, k) == L.get_config(16, n, k).replace(block_m=32)
+    for n, k in (shapes[1], shapes[3]):  # o and down: the tiles widened in run 6, not run 31's 16-row ones
+        assert L.get_config(17, n, k).split_k == 2 and not L.get_config(17, n, k).tma
