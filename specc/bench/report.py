@@ -203,8 +203,8 @@ def steady_decode(row: dict) -> float | None:
 
 def plot_batch_sweep(report: dict, out_dir) -> str | None:
     """Steady decode tokens/s vs batch size per system, the cost model's prediction dashed beside
-    each specc system (drawn when the report's rows hold more than one batch size)."""
-    rows = [r for r in report["rows"] if not r.get("skipped")]
+    each specc system (drawn when the report's rows with a decode rate hold more than one batch size)."""
+    rows = [r for r in report["rows"] if not r.get("skipped") and steady_decode(r)]
     batches = {r.get("batch", 1) for r in rows}
     if len(batches) < 2:
         return None

@@ -59,9 +59,13 @@ def test_shapes_with_replayed_acceptance_table_and_plots(capsys, tmp_path):
 def test_batch_plot_hook(tmp_path):
     from specc.bench.report import plot_batch_sweep
 
-    report = {"batch": 1, "rows": [{"system": "specc-ar", "batch": b, "tokens_per_s": 10.0 * b} for b in (1, 4)]}
-    assert plot_batch_sweep(report, tmp_path).endswith("tokens_per_s_vs_batch.png")
-    assert plot_batch_sweep({"batch": 1, "rows": report["rows"][:1]}, tmp_path) is None
+    rows = [{"system": "specc-ar", "batch": 1, "tokens_per_s": 9.0, "decode_tokens_per_s": 10.0},
+            {"system": "specc-ar", "batch": 4, "tokens_per_s": 30.0, "steady_tokens_per_s": 40.0}]
+    path = plot_batch_sweep({"rows": rows}, tmp_path)
+    assert path.endswith("tokens_per_s_vs_batch.png") and open(path, "rb").read(4) == b"\x89PNG"
+    assert plot_batch_sweep({"rows": rows[:1]}, tmp_path) is None  # one batch size: no sweep
+    no_rates = [{k: v for k, v in r.items() if "tokens_per_s" not in k or k == "tokens_per_s"} for r in rows]
+    assert plot_batch_sweep({"rows": no_rates}, tmp_path / "none") is None  # nothing to draw
 
 
 def test_acceptance_specs():
