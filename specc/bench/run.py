@@ -93,6 +93,21 @@ def _pipeline(opts) -> str:
     return DEFAULT_PIPELINE if opts.passes is None else opts.passes
 
 
+def _is_artifact(opts) -> bool:
+    """MODEL names an artifact written by ``specc compile`` (a folder with its manifest)."""
+    return bool(opts.model) and (Path(opts.model) / "manifest.json").is_file()
+
+
+def _check_pipeline(flag: str, text: str) -> None:
+    """UserError naming ``flag`` for a pipeline with an unknown pass (before anything is built)."""
+    from specc.passes.registry import parse_pipeline
+
+    try:
+        parse_pipeline(text)
+    except Exception as exc:
+        raise UserError(f"{flag} {text!r}: {exc}") from None
+
+
 def ar_row_name(pipeline: str, other: str) -> str:
     """The name of a specc-ar row compiled with ``other`` instead of the run's ``pipeline``: the
     passes it adds (+) and drops (-), e.g. ``specc-ar[-pack_weights_12bit]`` for a bf16 AR beside
@@ -110,18 +125,13 @@ def ar_row_name(pipeline: str, other: str) -> str:
 def check_ar_passes(opts, batches) -> None:
     """--ar-passes: known passes, each pipeline different from the run's, batch 1 in the run; a
     mistake stops here, before anything is built."""
-    from specc.passes.registry import parse_pipeline
-
     if 1 not in batches:
         raise UserError("--ar-passes adds AR rows at batch 1: include 1 in --batch")
-    if opts.model and (Path(opts.model) / "manifest.json").is_file():
+    if _is_artifact(opts):
         raise UserError("--ar-passes: give a checkpoint or --shapes (an artifact's pipeline is fixed when it is compiled)")
     names = set()
     for other in opts.ar_passes:
-        try:
-            parse_pipeline(other)
-        except Exception as exc:
-            raise UserError(f"--ar-passes {other!r}: {exc}") from None
+        _check_pipeline("--ar-passes", other)
         name = ar_row_name(_pipeline(opts), other)
         if name in names:
             raise UserError(f"--ar-passes {other!r}: given twice")
@@ -130,19 +140,14 @@ def check_ar_passes(opts, batches) -> None:
 
 def check_drafter_passes(opts) -> None:
     """--drafter-passes: known passes, a run with a drafter that specc compiles here."""
-    from specc.passes.registry import parse_pipeline
-
-    if opts.model and (Path(opts.model) / "manifest.json").is_file():
+    if _is_artifact(opts):
         raise UserError("--drafter-passes: give a checkpoint or --shapes (an artifact's pipeline is fixed when it "
                         "is compiled)")
     if (opts.shapes and opts.drafter_shapes == "none") or (opts.model and not opts.drafter) \
             or "specc" not in opts.systems:
         raise UserError("--drafter-passes needs a drafter (--drafter, or --drafter-shapes other than none) and the "
                         "specc system")
-    try:
-        parse_pipeline(opts.drafter_passes)
-    except Exception as exc:
-        raise UserError(f"--drafter-passes {opts.drafter_passes!r}: {exc}") from None
+    _check_pipeline("--drafter-passes", opts.drafter_passes)
 
 
 def is_ar_system(name: str) -> bool:
@@ -319,7 +324,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         check_ar_passes(opts, batches)
     if opts.drafter_passes is not None:
         check_drafter_passes(opts)
-    if opts.tree and opts.model and (Path(opts.model) / "manifest.json").is_file():
+    if opts.tree and _is_artifact(opts):
         raise UserError("--tree: an artifact verifies with the tree budget it was compiled with (specc compile --tree)")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     torch.manual_seed(opts.seed)
@@ -328,7 +333,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
             raise UserError("give either MODEL or --shapes, not both")
         say(f"building {opts.shapes} shapes with random weights on {dev}")
         s = _setup_shapes(opts, dtype, dev)
-    elif opts.model and (Path(opts.model) / "manifest.json").is_file():
+    elif _is_artifact(opts):
         say(f"loading artifact {opts.model}")
         s = _setup_artifact(opts, dev)
     elif opts.model:
@@ -431,9 +436,8 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
                 draft.setup_caches(1, 16)
             spec = s.loaded.draft_spec if draft is not None else None
             own = {"drafter": opts.drafter_passes} if draft is not None and opts.drafter_passes is not None else None
-            built = build_steps(target, draft, passes or pipeline, spec, linear_choice=choice,  # as compile does
-                                role_pipelines=own,
-                                tree=bool(tree_budget and draft is not None))
+            built = build_steps(target, draft, pipeline if passes is None else passes, spec,  # as compile does
+                                linear_choice=choice, role_pipelines=own, tree=bool(tree_budget and draft is not None))
             if draft is not None and batched and wants_ragged_step(target, s.k):  # packed rows: two-level, per-row k
                 add_target_step(built, target, pipeline, "target_ragged", choice)
         finally:

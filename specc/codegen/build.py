@@ -134,7 +134,7 @@ def build_steps(target, draft_module=None, pipeline: str = DEFAULT_PIPELINE, spe
     for role, module in modules.items():
         role_pipeline, options = (role_pipelines or {}).get(role, pipeline), dict(pass_options or {})
         if tp is not None and role in ("target", "target_tree") and tp[0] > 1:
-            role_pipeline = ",".join(p for p in (pipeline, "shard_tensor_parallel") if p)
+            role_pipeline = ",".join(p for p in (role_pipeline, "shard_tensor_parallel") if p)
             options.update(tp_world_size=int(tp[0]), tp_rank=int(tp[1]))
         extra = spec.block_size if role == "drafter" and spec is not None else 0
         ir = trace_step(module, role)

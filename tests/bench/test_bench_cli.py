@@ -138,6 +138,9 @@ def test_ar_passes_time_the_ar_under_another_pipeline_in_the_same_run(capsys):
     for name in ("specc-ar", fewer, none):
         assert rows[name]["same_tokens_as_hf_eager"] is True and rows[name]["tokens"] == 8
         assert rows[name]["prediction"]["expected_tokens_per_step"] == 1.0
+    # each row compiled its own pipeline (the cost model prices the IRs they left): fewer fusions, more launches
+    steps = [rows[name]["prediction"]["step_s"] for name in ("specc-ar", fewer, none)]
+    assert steps[0] < steps[1] < steps[2], steps
     assert set(rows["hf-eager"]["speedup_vs"]) == {"hf-eager", "specc-ar", fewer, none}
     fastest = max(rows.values(), key=lambda r: r["tokens_per_s"])["system"]
     assert report["best_ar"] == fastest
