@@ -99,9 +99,9 @@ def merge_rows(out: torch.Tensor, rows: dict[int, torch.Tensor]) -> torch.Tensor
 
 
 def split_rows(lags: list[int], history: list[int], active: list[bool] | None,
-               window: int) -> tuple[int, list[int]]:
+               max_lag: int) -> tuple[int, list[int]]:
     """(m, solo rows): the rows that join one batched forward feed ``m`` trailing entries each
-    (the largest lag among them); a row drafts alone when it lags by more than ``window`` (it
+    (the largest lag among them); a row drafts alone when it lags by more than ``max_lag`` (it
     has just joined: its first draft reads its whole prompt) unless every active row is in the
     same position (a batch that started together), or when it has fewer than ``m - lag``
     entries before its new ones to re-feed. Inactive rows never draft alone."""
@@ -110,8 +110,8 @@ def split_rows(lags: list[int], history: list[int], active: list[bool] | None,
         return 1, []
     if len({lags[b] for b in act}) == 1:  # every row alike (e.g. a batch that started together)
         return lags[act[0]], []
-    solo = [b for b in act if lags[b] > window]
-    rest = [b for b in act if lags[b] <= window]
+    solo = [b for b in act if lags[b] > max_lag]
+    rest = [b for b in act if lags[b] <= max_lag]
     while rest:
         m = max(lags[b] for b in rest)
         short = [b for b in rest if history[b] < m - lags[b]]
