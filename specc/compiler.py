@@ -173,6 +173,26 @@ def _stock_acceptance(pair, dep, memory, prompts, max_new_tokens, dtype, device,
     return measure
 
 
+def _check_pipelines(passes: str | None, drafter_passes: str | None) -> None:
+    """UserError for a pipeline naming an unknown pass, before anything is loaded or run."""
+    from specc.passes.registry import parse_pipeline
+
+    for flag, text in (("--passes", passes), ("--drafter-passes", drafter_passes)):
+        if text is not None:
+            try:
+                parse_pipeline(text)
+            except Exception as exc:  # noqa: BLE001 - the registry's message names the pass
+                raise UserError(f"{flag} {text!r}: {exc}") from None
+
+
+def _plugins(pipeline: str | None, drafter_passes: str | None) -> list[dict]:
+    """The manifest's ``plugins``: the user passes of every role's pipeline, each once."""
+    from specc.passes.registry import plugin_records
+
+    records = plugin_records(pipeline)
+    return records + [r for r in plugin_records(drafter_passes) if r not in records]
+
+
 def _cublas_nodes(summary: dict) -> int:
     """Linear nodes a role's lowering gave cuBLAS row ranges."""
     return sum(len(r["nodes"]) for r in summary.get("linear_impl") or []
@@ -200,7 +220,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
                       prompts_file: str | None = None, num_draft: int | None = None, max_new_tokens: int = 24,
                       tolerance: float | None = None, progress: Callable[[str], None] | None = None,
                       memory=None, tree: str | int | None = "auto", two_level: str | int | None = "auto",
-                      linear_choice=None) -> CompileResult:
+                      linear_choice=None, drafter_passes: str | None = None) -> CompileResult:
     """Compile a target (+ drafter) for a deployment into an artifact at ``out``.
 
     ``passes=None`` lets the cost model choose the pipeline and drafts per step
@@ -226,11 +246,14 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     range (a ``codegen.linear_choice.LinearChoice`` or its JSON file); None (default): the table in the
     deployment's calibration record (``specc calibrate`` measures both), if any; False: Triton
     everywhere. The manifest's ``linear_choice`` section and each role's ``lowering.linear_impl``
-    record the choice and the measured times behind it."""
+    record the choice and the measured times behind it.
+
+    ``drafter_passes``: the drafter's own pipeline (None: the target's), e.g. 12-bit weights for
+    the target only; the cost model prices the drafter with it, and the manifest's
+    ``passes.drafter_pipeline`` records the pipeline the drafter was built with."""
     from specc.codegen.artifact import publish, stage_artifact, write_manifest
     from specc.codegen.artifact_trust import manifest_hash
     from specc.codegen.build import add_target_step, build_steps, wants_ragged_step
-    from specc.passes.registry import plugin_records
     from specc.models.loading import content_hash, load_tokenizer
     from specc.pairing import check_num_draft, resolve_pair
     from specc.runtime.engine import load
@@ -241,6 +264,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     say = progress or (lambda msg: None)
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
         raise UserError(f"verify tokens must be in 1..{1 << 16} (got {max_new_tokens!r})")
+    _check_pipelines(passes, drafter_passes)
     pair = resolve_pair(model, drafter, method)
     check_num_draft(pair, num_draft)
     positions = pair.target.raw.get("max_position_embeddings")
@@ -263,6 +287,9 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     two_level = parse_two_level(two_level, k if method_impl.uses_drafter else 0)
     loaded = method_impl.load(pair, dtype, device)
     target, draft_module, spec = loaded.target, loaded.draft, loaded.draft_spec
+    if drafter_passes is not None and draft_module is None:
+        raise UserError(f"--drafter-passes: {pair.method} has no drafter network to compile "
+                        f"({'no --drafter given' if pair.drafter is None else 'its drafts need no step of their own'})")
     check_given(two_level, dep.batch_size, _verifies_ragged(target, k))
     tokenizer = load_tokenizer(pair.target.path)
     target.setup_caches(1, 16)
@@ -283,23 +310,26 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         from specc.search.choose import choose_pipeline
 
         measure = _stock_acceptance(pair, dep, memory, prompts, max_new_tokens, dtype, device, say, count, stock_runs)
-        choice = choose_pipeline(pair, dep, memory, num_draft=num_draft, measure=measure)
+        choice = choose_pipeline(pair, dep, memory, num_draft=num_draft, measure=measure,
+                                 drafter_pipeline=drafter_passes)
         pipeline = choice.pipeline
         if method_impl.uses_drafter and not num_draft:
             k = choice.num_draft
     else:
         pipeline = passes
-    say(f"tracing and running passes: {pipeline or '(none)'}")
+    own = None if drafter_passes is None else {"drafter": drafter_passes}
+    say(f"tracing and running passes: {pipeline or '(none)'}"
+        + ("" if own is None else f"; drafter: {drafter_passes or '(none)'}"))
     snapshots = pair.target.kind == "hybrid"  # GDN states keep one entry per verify-block node
     if snapshots:
         _reserve_block(target, k + 1)
-    built = build_steps(target, draft_module, pipeline, spec, linear_choice=choice_table)
+    built = build_steps(target, draft_module, pipeline, spec, linear_choice=choice_table, role_pipelines=own)
     tree_section = _choose_tree(tree, pair, dep, pipeline, k, prompts, max_new_tokens, dtype, device, say,
                                 (built.irs["target"], built.irs.get("drafter")))
     budget = tree_section["budget"] if tree_section else 0
     if snapshots and budget > k:  # the tree verify block is larger: every step keeps its entries
         _reserve_block(target, budget + 1)
-        built = build_steps(target, draft_module, pipeline, spec, linear_choice=choice_table)
+        built = build_steps(target, draft_module, pipeline, spec, linear_choice=choice_table, role_pipelines=own)
     if budget:
         say(f"tracing the tree verify step ({budget} nodes)")
         add_target_step(built, target, pipeline, "target_tree", choice_table)
@@ -323,10 +353,12 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
         "drafter": None if pair.drafter is None else {
             "name": pair.drafter.name, "kind": pair.drafter.kind, "content_hash": content_hash(pair.drafter.path),
             "strategy": method_impl.strategy, **method_impl.manifest_drafter(pair, loaded)},
-        "deployment": dep.to_json(), "passes": {"pipeline": pipeline, "applied": pass_records},
+        "deployment": dep.to_json(), "passes": {
+            "pipeline": pipeline, "applied": pass_records,
+            "drafter_pipeline": None if draft_module is None else (pipeline if own is None else drafter_passes)},
         "lowering": lowering, "step_costs_at": {"B": dep.batch_size, "Q": k + 1, "C": 1024}, "step_costs": costs,
         "tolerances": {"tie_margin": tolerance, "dtype": dep.dtype},
-        "plugins": plugin_records(pipeline),
+        "plugins": _plugins(pipeline, drafter_passes),
         "tree": tree_section,
         "linear_choice": None if choice_table is None else {
             "source": choice_table.source, "margin": choice_table.margin, "summary": choice_table.summary()},
@@ -365,7 +397,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
             # Stock's own steps on the calibration prompts measure acceptance: predict again with it.
             from specc.search.choose import choose_pipeline
 
-            measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc).prediction
+            measured = choose_pipeline(pair, dep, memory, num_draft=k, acceptance=acc,
+                                       drafter_pipeline=drafter_passes).prediction
             measured["acceptance_source"] = acc.source or "measured"
             measured["choice_acceptance"] = choice.prediction["choice_acceptance"]  # what chose k and the pipeline
             manifest["prediction"] = {key: measured.get(key) for key in manifest["prediction"]}

@@ -230,3 +230,45 @@ def test_first_and_second_compile_choose_alike(checkpoints, tmp_path):
     assert m1["num_draft"] != default_k and choice.prediction["tokens_per_s"] > at_default
     chosen = next(r for r in m1["tree"]["candidates"] if r["budget"] == m1["tree"]["budget"])
     assert chosen["tokens_per_s"] == max(r["tokens_per_s"] for r in m1["tree"]["candidates"])
+
+
+def test_drafter_passes_give_the_drafter_its_own_pipeline(checkpoints, tmp_path, capsys):
+    """--drafter-passes: 12-bit weights for the target only. The drafter's step is built (and
+    priced) with its own pipeline, the manifest records both, and token forcing still passes."""
+    dep = tmp_path / "cpu-bf16.json"
+    dep.write_text(json.dumps({"base": "cpu", "name": "cpu-bf16", "dtype": "bfloat16"}))
+    bf16 = "fuse_qkv,fuse_gate_up,fuse_norm_linear,dce"
+    packed = "fuse_qkv,fuse_gate_up,fuse_norm_linear,pack_weights_12bit,dce"
+    out = tmp_path / "own.specc"
+    assert main(["compile", checkpoints["target"], "--drafter", checkpoints["dflash"], "-o", str(out),
+                 "--deployment", str(dep), "--verify-tokens", "8", "--passes", packed, "--drafter-passes", bf16,
+                 "--memory", str(tmp_path / "memory")]) == 0
+    assert "token forcing PASS" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["passes"]["pipeline"] == packed and manifest["passes"]["drafter_pipeline"] == bf16
+    applied = {role: {r["name"] for r in recs if r["changed"]} for role, recs in manifest["passes"]["applied"].items()}
+    assert "pack_weights_12bit" in applied["target"] and "pack_weights_12bit" not in applied["drafter"]
+    assert manifest["lowering"]["target"]["lowered"].get("packed_linear", 0) > 0
+    assert "packed_linear" not in manifest["lowering"]["drafter"]["lowered"]
+    assert manifest["step_costs"]["drafter"]["weight_bytes"] > 0
+    assert load(out).generate(PROMPT, 8, eos_token_id=()).tokens  # loads and runs
+
+    # without it the drafter gets the target's pipeline, recorded as such
+    same = compile_artifact(checkpoints["target"], checkpoints["dflash"], deployment=str(dep), out=tmp_path / "same",
+                            passes=packed, max_new_tokens=4, memory=False)
+    assert same.manifest["passes"]["drafter_pipeline"] == packed
+    assert same.manifest["lowering"]["drafter"]["lowered"].get("packed_linear", 0) > 0
+    assert same.manifest["step_costs"]["drafter"]["weight_bytes"] < manifest["step_costs"]["drafter"]["weight_bytes"]
+    ar = compile_artifact(checkpoints["target"], out=tmp_path / "ar", max_new_tokens=4, memory=False)
+    assert ar.manifest["passes"]["drafter_pipeline"] is None
+
+
+def test_drafter_passes_bad_inputs_fail_before_loading(checkpoints, tmp_path, capsys):
+    base = ["compile", checkpoints["target"], "-o", str(tmp_path / "x")]
+    for extra, fragment in ((["--drafter", checkpoints["dflash"], "--drafter-passes", "no_such_pass"],
+                             "--drafter-passes 'no_such_pass'"),
+                            (["--drafter-passes", "dce"], "no drafter network")):
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and err.count("\n") == 1, (extra, err)
+    assert not (tmp_path / "x").exists()

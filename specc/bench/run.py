@@ -150,6 +150,15 @@ def check_drafter_passes(opts) -> None:
     _check_pipeline("--drafter-passes", opts.drafter_passes)
 
 
+def _drafter_pipeline(opts, s: _Setup, pipeline: str) -> str:
+    """The pipeline the speculative row's drafter was built with: --drafter-passes, an artifact's
+    record (older manifests have none: the target's), else the run's."""
+    if s.engine is not None:
+        recorded = s.engine.manifest["passes"].get("drafter_pipeline")
+        return pipeline if recorded is None else recorded
+    return opts.drafter_passes if opts.drafter_passes is not None else pipeline
+
+
 def is_ar_system(name: str) -> bool:
     """An AR row: the baselines, specc-ar, and the specc-ar rows of --ar-passes."""
     return name in AR_SYSTEMS or name.startswith("specc-ar[")
@@ -564,7 +573,7 @@ def run_bench(opts: BenchOptions, progress: Callable[[str], None] | None = None)
         "batch_draft_ahead": bool(dev.type == "cuda" and batch_draft_ahead_enabled()),
         "residual_norm_pairs": residual_norm_enabled(),  # where linears lower to cuBLAS (codegen/residual_norm.py)
         "method": s.impl.name, "num_draft": s.k, "pipeline": pipeline,
-        "drafter_pipeline": opts.drafter_passes if opts.drafter_passes is not None else pipeline,
+        "drafter_pipeline": _drafter_pipeline(opts, s, pipeline),
         "tokens": n, "prompts": len(prompts),
         "prompt_lengths": [len(p) for p in prompts], "batches": batches, "context_for_prediction": context,
         "acceptance": ({"mode": "replay", "source": stated.source, "model": stated.to_json(),

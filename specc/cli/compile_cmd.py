@@ -31,6 +31,9 @@ def register(sub) -> None:
     p.add_argument("--passes", metavar="LIST",
                    help="pass pipeline, comma separated; '+module:Class' adds a user pass; '' for none "
                    "(default: the deployment's pipeline)")
+    p.add_argument("--drafter-passes", metavar="LIST",
+                   help="the drafter's own pass pipeline (default: the target's), e.g. the target's passes without "
+                   "pack_weights_12bit to keep the drafter in bf16")
     p.add_argument("--prompts", metavar="FILE", help="calibration prompts (JSON list of strings/id lists, or lines)")
     p.add_argument("--num-draft", type=int, metavar="K", help="drafted tokens per step")
     p.add_argument("--verify-tokens", type=int, default=24, metavar="N", help="tokens per prompt checked (default 24)")
@@ -116,7 +119,8 @@ def run_compile(args) -> int:
     try:
         with Progress.for_args(args) as progress:
             result = compile_artifact(args.model, args.drafter, method=args.method, deployment=args.deployment,
-                                      out=args.out, passes=args.passes, prompts_file=args.prompts,
+                                      out=args.out, passes=args.passes, drafter_passes=args.drafter_passes,
+                                      prompts_file=args.prompts,
                                       num_draft=args.num_draft, max_new_tokens=args.verify_tokens,
                                       progress=progress, memory=args.memory,
                                       tree=args.tree, two_level=two_level,

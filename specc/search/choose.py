@@ -74,7 +74,8 @@ def resolve_acceptance(model: str, drafter: str | None, method: str, family: str
 
 def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = None,
                     acceptance: AcceptanceModel | None = None, context: int | None = None,
-                    measure: Callable[[int], AcceptanceModel | None] | None = None) -> Choice:
+                    measure: Callable[[int], AcceptanceModel | None] | None = None,
+                    drafter_pipeline: str | None = None) -> Choice:
     """Pick the pipeline and drafts per step for ``pair`` (a ``specc.pairing.Pair``) on
     ``deployment`` (a name, file or Deployment) by predicted tokens/s. Cheap: no compilation,
     no weights; the IRs are traced from config.json on the meta device.
@@ -98,6 +99,9 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
 
     ``context``: the KV-cache length priced; default ``cost_model.default_context``, at most the
     target's and drafter's max_position_embeddings.
+
+    ``drafter_pipeline``: the drafter's own pipeline (`specc compile --drafter-passes`): every
+    candidate's drafter is priced with it, and only the target's pipeline is chosen.
     """
     from specc.passes import available_passes
     from specc.search.deployments import get_deployment
@@ -153,6 +157,8 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
         seen.add((pipe, k))
         try:
             t_ir, d_ir = metas.irs(pipe)
+            if drafter_pipeline is not None and d_ir is not None:
+                d_ir = metas.irs(drafter_pipeline)[1]
         except Exception as exc:
             considered.append({"pipeline": pipe, "num_draft": k, "source": source, "error": _one_line(exc)})
             continue
@@ -167,6 +173,7 @@ def choose_pipeline(pair, deployment, memory=None, *, num_draft: int | None = No
     prediction = {"tokens_per_s": pred.tokens_per_s, "speedup": pred.speedup, "step_s": pred.step_time,
                   "ar_step_s": pred.ar.time, "ar_tokens_per_s": pred.ar_tokens_per_s,
                   "expected_tokens_per_step": pred.expected_tokens, "deployment": dep.name,
+                  "drafter_pipeline": drafter_pipeline if drafter_pipeline is not None and drafts else None,
                   "batch_size": pred.batch_size, "context": pred.context, "source": source,
                   "acceptance": acceptance.to_json(), "acceptance_source": acc_source,
                   "choice_acceptance": _describe_source(acc_source, acceptance),
