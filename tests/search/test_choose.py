@@ -136,3 +136,15 @@ def test_a_record_for_other_weights_is_measured_again(pair, tmp_path):
     measure = Measure()
     assert choose_pipeline(moved, DEP, tmp_path / "mem2", measure=measure).prediction["acceptance_source"] == "measured"
     assert measure.calls == [k_max]
+
+
+def test_drafter_pipeline_prices_the_drafter_with_its_own_passes(pair):
+    """`specc compile --drafter-passes`: every candidate's drafter is priced with the given
+    pipeline; the target's pipeline is still chosen, and the prediction says which drafter ran."""
+    acc = AcceptanceModel([0.8] * 4, source="given")
+    same = choose_pipeline(pair, DEP, False, num_draft=4, acceptance=acc)
+    unfused = choose_pipeline(pair, DEP, False, num_draft=4, acceptance=acc, drafter_pipeline="")
+    assert same.pipeline == unfused.pipeline and same.prediction["drafter_pipeline"] is None
+    assert unfused.prediction["drafter_pipeline"] == ""
+    assert unfused.prediction["step_s"] > same.prediction["step_s"]  # the unfused drafter launches more kernels
+    assert unfused.prediction["ar_step_s"] == same.prediction["ar_step_s"]  # AR runs no drafter
