@@ -264,3 +264,19 @@ def test_gemm_variants_cpu_smoke_and_record_merge(tmp_path):
     table = LinearChoice.from_json(json.loads(record.read_text()))
     assert [p.m for p in table.shape(64, 64).points] == [8, 16, 32]
     assert all(p.impl == "cublas" and p.cublas_s > 0 for p in table.shape(64, 192).points)
+
+
+def test_ab_linear_configs_alternates_in_one_process_and_restores_the_table(tmp_path):
+    from examples import ab_linear_configs
+
+    before = L.get_config(4, 64, 64)
+    alt = '4,64,64={"kind": "dot", "block_m": 16, "block_n": 16, "block_k": 16, "split_k": 1}'
+    res = ab_linear_configs.main(["--tiny", "--device", "cpu", "--q", "4", "--context", "8", "--rounds", "2",
+                                  "--reps", "2", "--alt", alt, "--out", str(tmp_path / "ab.json")])
+    assert json.loads((tmp_path / "ab.json").read_text())["median_ms"] == res["median_ms"]
+    assert all(len(res["ms"][k]) == 2 and min(res["ms"][k]) > 0 for k in ("shipped", "alternative", "q1"))
+    assert res["configs"][0]["alternative"]["block_n"] == 16 and res["configs"][0]["shipped"] == \
+        __import__("dataclasses").asdict(before)
+    assert L.get_config(4, 64, 64) == before  # the override is gone
+    with pytest.raises(SystemExit):
+        ab_linear_configs.main(["--tiny", "--device", "cpu", "--alt", "4,64=[]"])
