@@ -342,7 +342,7 @@ class RowRule(LinearChoice):
 # at B = 16 (256 verify rows) took 21.8 ms with Triton linears and 11.1 ms with the measured choice.
 # Each rule also names a packaged record of cuBLAS times at Qwen3-8B's five linear shapes for
 # 128-2048 rows (H100: run 25, with the DFlash-b16 drafter's two own shapes from run 26; H200:
-# run 8): at 256 rows cuBLAS reaches only 0.43-0.64
+# run 8, with the drafter's shapes from run 32): at 256 rows cuBLAS reaches only 0.43-0.64
 # of the H100's bf16 peak on the N = 4096-6144 shapes, which the roofline with one efficiency
 # priced 20-30% fast (the B = 16 speculative step was predicted at 8.98 ms and measured 10.94).
 BUILTIN_RULES: dict[str, tuple[int, str, str]] = {
