@@ -173,18 +173,6 @@ def _stock_acceptance(pair, dep, memory, prompts, max_new_tokens, dtype, device,
     return measure
 
 
-def _check_pipelines(passes: str | None, drafter_passes: str | None) -> None:
-    """UserError for a pipeline naming an unknown pass, before anything is loaded or run."""
-    from specc.passes.registry import parse_pipeline
-
-    for flag, text in (("--passes", passes), ("--drafter-passes", drafter_passes)):
-        if text is not None:
-            try:
-                parse_pipeline(text)
-            except Exception as exc:  # noqa: BLE001 - the registry's message names the pass
-                raise UserError(f"{flag} {text!r}: {exc}") from None
-
-
 def _plugins(pipeline: str | None, drafter_passes: str | None) -> list[dict]:
     """The manifest's ``plugins``: the user passes of every role's pipeline, each once."""
     from specc.passes.registry import plugin_records
@@ -256,6 +244,7 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     from specc.codegen.build import add_target_step, build_steps, wants_ragged_step
     from specc.models.loading import content_hash, load_tokenizer
     from specc.pairing import check_num_draft, resolve_pair
+    from specc.passes.registry import check_pipeline
     from specc.runtime.engine import load
     from specc.search.deployments import get_deployment
     from specc.verify import (DEFAULT_TOLERANCE, calibration_prompts, force_ragged, load_prompts_file, run_stock_reference,
@@ -264,7 +253,8 @@ def _compile_artifact(model: str, drafter: str | None = None, *, method: str | N
     say = progress or (lambda msg: None)
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= 1 << 16:
         raise UserError(f"verify tokens must be in 1..{1 << 16} (got {max_new_tokens!r})")
-    _check_pipelines(passes, drafter_passes)
+    check_pipeline("--passes", passes)
+    check_pipeline("--drafter-passes", drafter_passes)
     pair = resolve_pair(model, drafter, method)
     check_num_draft(pair, num_draft)
     positions = pair.target.raw.get("max_position_embeddings")

@@ -98,16 +98,6 @@ def _is_artifact(opts) -> bool:
     return bool(opts.model) and (Path(opts.model) / "manifest.json").is_file()
 
 
-def _check_pipeline(flag: str, text: str) -> None:
-    """UserError naming ``flag`` for a pipeline with an unknown pass (before anything is built)."""
-    from specc.passes.registry import parse_pipeline
-
-    try:
-        parse_pipeline(text)
-    except Exception as exc:
-        raise UserError(f"{flag} {text!r}: {exc}") from None
-
-
 def ar_row_name(pipeline: str, other: str) -> str:
     """The name of a specc-ar row compiled with ``other`` instead of the run's ``pipeline``: the
     passes it adds (+) and drops (-), e.g. ``specc-ar[-pack_weights_12bit]`` for a bf16 AR beside
@@ -125,13 +115,15 @@ def ar_row_name(pipeline: str, other: str) -> str:
 def check_ar_passes(opts, batches) -> None:
     """--ar-passes: known passes, each pipeline different from the run's, batch 1 in the run; a
     mistake stops here, before anything is built."""
+    from specc.passes.registry import check_pipeline
+
     if 1 not in batches:
         raise UserError("--ar-passes adds AR rows at batch 1: include 1 in --batch")
     if _is_artifact(opts):
         raise UserError("--ar-passes: give a checkpoint or --shapes (an artifact's pipeline is fixed when it is compiled)")
     names = set()
     for other in opts.ar_passes:
-        _check_pipeline("--ar-passes", other)
+        check_pipeline("--ar-passes", other)
         name = ar_row_name(_pipeline(opts), other)
         if name in names:
             raise UserError(f"--ar-passes {other!r}: given twice")
@@ -140,6 +132,8 @@ def check_ar_passes(opts, batches) -> None:
 
 def check_drafter_passes(opts) -> None:
     """--drafter-passes: known passes, a run with a drafter that specc compiles here."""
+    from specc.passes.registry import check_pipeline
+
     if _is_artifact(opts):
         raise UserError("--drafter-passes: give a checkpoint or --shapes (an artifact's pipeline is fixed when it "
                         "is compiled)")
@@ -147,7 +141,7 @@ def check_drafter_passes(opts) -> None:
             or "specc" not in opts.systems:
         raise UserError("--drafter-passes needs a drafter (--drafter, or --drafter-shapes other than none) and the "
                         "specc system")
-    _check_pipeline("--drafter-passes", opts.drafter_passes)
+    check_pipeline("--drafter-passes", opts.drafter_passes)
 
 
 def _drafter_pipeline(opts, s: _Setup, pipeline: str) -> str:

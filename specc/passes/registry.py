@@ -214,6 +214,17 @@ def parse_pipeline(spec: str | Iterable[Any] | None) -> list[Pass]:
     return [as_pass(item) for item in items]
 
 
+def check_pipeline(flag: str, text: str | None) -> None:
+    """UserError naming the command-line ``flag`` for a pipeline with an unknown pass (None: no
+    pipeline given): what `specc compile` and `specc bench` check before anything is loaded."""
+    if text is None:
+        return
+    try:
+        parse_pipeline(text)
+    except Exception as exc:  # noqa: BLE001 - the registry's message names the pass
+        raise UserError(f"{flag} {text!r}: {exc}") from None
+
+
 def plugin_records(pipeline: str | None) -> list[dict]:
     """The non-built-in passes of a pipeline string (after it ran, so they are registered): what
     an artifact compiled with it needs besides specc to be loaded again (the manifest's
