@@ -8,7 +8,9 @@
    lm_head 4096->151936) and M (default 1, 4, 16, 64): cuBLAS bf16 (``F.linear``), the layout-1
    kernel with its shipped config table (``--sweep-v1`` sweeps it instead), the layout-2
    Triton kernel (``specc.codegen.kernels.linear_bf12_v2``) with a sweep of configs, and the
-   layout-2 tensor-core kernel (``mma``: ``specc.codegen.kernels.linear_bf12_mma``, 1 .. 16 rows). Each config is
+   layout-2 tensor-core kernel (``mma``: ``specc.codegen.kernels.linear_bf12_mma``, 1 .. 32 rows, a launch per
+   16-rows tile; ``mma3`` / ``v2t``: layout 3). ``--shapes dflash_kv`` adds the DFlash-b16 drafter's K/V
+   projection (4096 -> 2048). Each config is
    checked in bf16 against ``x.float() @ W.float().T`` into a NaN-poisoned output (relative
    error beside cuBLAS's own) and timed as the median of CUDA-graph replays, each graph a
    sequence of calls rotating over enough weight copies that the 50 MB L2 cannot serve them.
@@ -49,6 +51,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHAPES = [("qkv", 4096, 6144), ("o", 4096, 4096), ("gate_up", 4096, 24576), ("down", 12288, 4096),
           ("lm_head", 4096, 151936)]  # (name, K, N)
 LAYER = ("qkv", "o", "gate_up", "down")
+# timed only when named in --shapes: the DFlash-b16 drafter's K/V projection (context + block rows)
+EXTRA_SHAPES = [("dflash_kv", 4096, 2048)]
 # mma / mma3: layout-2 / layout-3 (16 x 64 tiles) weights through the tensor-core kernel
 LAYOUT_VERSION = {"v1": 1, "v2": 2, "v2t": 3, "mma": 2, "mma3": 3}  # v2t: the Triton kernels on layout 3
 MS = (1, 4, 16, 64)
@@ -119,11 +123,12 @@ def candidates_v2(m: int, quick: bool = False):
 
 
 def candidates_mma(m: int, quick: bool = False):
-    """Configs of the tensor-core kernel (layout 2, 1 .. 16 rows; none above): its default first."""
-    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS
+    """Configs of the tensor-core kernel (layouts 2 and 3, 1 .. 32 rows, a launch per 16-row tile;
+    none above): its default first."""
+    from specc.codegen.kernels.linear_bf12_mma import MAX_TILED_ROWS
     from specc.codegen.kernels.linear_bf12_mma import Bf12MmaConfig as C
 
-    if m > MAX_ROWS:
+    if m > MAX_TILED_ROWS:
         return []
     c = [C(), C(prefetch=True), C(unroll=2, prefetch=True), C(unroll=2), C(warps=4, unroll=2, prefetch=True),
          C(warps=4, prefetch=True), C(splits=2), C(splits=2, prefetch=True)]
@@ -530,7 +535,11 @@ def main():
     bad = [lay for lay in layouts if lay not in LAYOUT_VERSION]
     if bad:
         ap.error(f"unknown layout {bad[0]!r} (use {', '.join(LAYOUT_VERSION)})")
-    shapes = [s for s in SHAPES if s[0] in args.shapes.split(",")]
+    named = args.shapes.split(",")
+    unknown = [x for x in named if x and x != "none" and x not in {s[0] for s in SHAPES + EXTRA_SHAPES}]
+    if unknown:
+        ap.error(f"unknown shape {unknown[0]!r} (use {', '.join(s[0] for s in SHAPES + EXTRA_SHAPES)} or none)")
+    shapes = [s for s in SHAPES + EXTRA_SHAPES if s[0] in named]
     ms = [int(m) for m in args.ms.split(",")]
     hbm = get_deployment(args.deployment).hbm_bandwidth
     if smoke:

@@ -173,15 +173,15 @@ _PACKED: dict = {}  # sm tensor identity -> Packed12 (the kernel keeps per-weigh
 
 def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None, norm_weight=None, eps=1e-6,
                   version=1, residual=None):
-    """One kernel where the bf12 tensor-core kernel runs (layout 2, 1 .. 16 rows: the residual
-    epilogue fused; the norm by the rms_norm kernel first unless ``linear_bf12_mma.fuses_norm``);
-    else the Triton bf12 kernel with the rms_norm kernel before it and the residual add after
-    it, as separate ops."""
+    """The bf12 tensor-core kernel where it runs (layouts 2 and 3, 1 .. 32 rows, one launch per
+    16-row tile: the residual epilogue fused; the norm by the rms_norm kernel first unless
+    ``linear_bf12_mma.fuses_norm``); else the Triton bf12 kernel with the rms_norm kernel before
+    it and the residual add after it, as separate ops."""
     if not use_triton(x, opt_in=True):
         return fused.packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias, norm_weight, eps,
                                    version, residual)
     from specc.codegen.kernels.linear_bf12 import linear_bf12
-    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, fuses_norm, linear_bf12_mma
+    from specc.codegen.kernels.linear_bf12_mma import fuses_norm, launches_for, linear_bf12_mma
     from specc.formats.bf12 import WIDE_LAYOUTS, Packed12
 
     key = (sm.data_ptr(), sm.device, tuple(sm.shape))
@@ -191,7 +191,7 @@ def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None,
                             version=version))
         _PACKED[key] = hit
     rows = x.numel() // k
-    if version in WIDE_LAYOUTS and rows <= MAX_ROWS:
+    if version in WIDE_LAYOUTS and launches_for(rows):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, k)
         r2 = None if residual is None else residual.reshape(-1, n)

@@ -7,19 +7,21 @@ kernels, change its count here. Kinds not listed: 1.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 def _packed_linear_cuda(m, rows=None) -> int:
-    """kernel_abi.packed_linear: at 1 .. 16 rows of layout 2 or 3 the tensor-core kernel, which fuses
-    the residual add, and the norm where ``linear_bf12_mma.fuses_norm`` says (nowhere since run 29:
-    an rms_norm kernel first); else the bf12 GEMM plus an rms_norm kernel (norm prologue) and an
-    add (residual epilogue)."""
-    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, fuses_norm
+    """kernel_abi.packed_linear: at 1 .. 32 rows of layout 2 or 3 the tensor-core kernel (a launch
+    per 16-row tile), which fuses the residual add, and the norm where
+    ``linear_bf12_mma.fuses_norm`` says (nowhere since run 29: an rms_norm kernel first); else the
+    bf12 GEMM plus an rms_norm kernel (norm prologue) and an add (residual epilogue)."""
+    from specc.codegen.kernels.linear_bf12_mma import fuses_norm, launches_for
     from specc.formats.bf12 import WIDE_LAYOUTS
 
     norm = bool(m.attrs.get("norm_prologue"))
-    if m.attrs.get("format_version") in WIDE_LAYOUTS and rows is not None and rows <= MAX_ROWS:
-        return 1 + (norm and not fuses_norm(rows, int(m.attrs.get("k", 0))))
+    tiles = launches_for(int(math.ceil(rows))) if rows is not None else 0
+    if m.attrs.get("format_version") in WIDE_LAYOUTS and tiles:
+        return tiles + (norm and not fuses_norm(rows, int(m.attrs.get("k", 0))))
     return 1 + norm + bool(m.attrs.get("residual_epilogue"))
 
 

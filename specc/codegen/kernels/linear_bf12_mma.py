@@ -60,7 +60,7 @@ from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_ena
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import WIDE_LAYOUTS, Packed12, plane_strides
 
-__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
+__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "MAX_TILED_ROWS", "launches_for", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
            "fuses_norm", "UNROLLS", "WARPS", "get_config", "waves", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
@@ -72,7 +72,14 @@ ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels ru
 L2_PREFETCH_ENV = "SPECC_BF12_MMA_L2_PREFETCH"
 L2_PREFETCH_DEFAULT = "256"
 CUDA_DIR = pathlib.Path(__file__).resolve().parent / "cuda"
-MAX_ROWS = 16  # two 8-row x tiles: the MMA's N side
+MAX_ROWS = 16  # rows of one launch: two 8-row x tiles, the MMA's N side
+# Rows up to which :func:`linear_bf12_mma` runs as consecutive launches of at most 16 rows each
+# (each streams the weight once: two launches read 1.5x the bf16 bytes). Why: a DFlash drafter's
+# K/V projection covers context + block = 24 rows, and a B = 2 verify 32; the Triton layout-3
+# kernel those fell to took 229 us against the bf16 GEMM's 45 us over the Qwen3-8B DFlash-b16
+# drafter's 5 layers (H200, docs/benchmarks/run32.md), which made the packed draft step 1.26x the
+# bf16 one.
+MAX_TILED_ROWS = 32
 # Rows up to which kernel_abi fuses a norm prologue (above: the rms_norm kernel runs first, as for
 # the unpacked GEMM). 0, so never: every CTA reads the x rows whole for their inverse RMS, which at
 # 16 rows made the Qwen3-8B Q = 16 verify step 1.6x slower (H100, run 17), and at one row, with
@@ -132,6 +139,13 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
     return Bf12MmaConfig(unroll=unroll, warps=warps, splits=splits, prefetch=True)
 
 
+def launches_for(rows: int) -> int:
+    """How many launches :func:`linear_bf12_mma` makes for ``rows`` rows (one per 16-row tile,
+    up to ``MAX_TILED_ROWS``), 0 where it does not run (the Triton kernels do): what kernel_abi's
+    launch count and the cost model's weight passes read."""
+    return -(-rows // MAX_ROWS) if 1 <= rows <= MAX_TILED_ROWS else 0
+
+
 def waves(n: int, splits: int, sms: int) -> float:
     """How many waves of CTAs a launch over an N-row weight makes: its 16-row blocks times its
     K splits per SM (what :func:`get_config` picks the launch by)."""
@@ -171,8 +185,8 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
     if n % 16 or k % 64 or packed.padded_cols != k:
         return f"shape {n} x {k} (needs N % 16 == 0 and K % 64 == 0)"
     m = x2.shape[0]
-    if not 1 <= m <= MAX_ROWS:
-        return f"{m} rows (1 .. {MAX_ROWS})"
+    if not 1 <= m <= MAX_TILED_ROWS:
+        return f"{m} rows (1 .. {MAX_TILED_ROWS})"
     if x2.dtype != torch.bfloat16:
         return f"{x2.dtype} activations (bf16 only)"
     if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
@@ -182,8 +196,8 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
     if norm_weight is not None and (norm_weight.dtype != torch.bfloat16 or not norm_weight.is_contiguous()
                                     or norm_weight.numel() != k or norm_weight.data_ptr() % 16):
         return "norm weight not a contiguous, 16-byte aligned bf16 [K]"
-    if norm_weight is not None and not _norm_stage_fits(m, k):
-        return f"fused norm over {m} x {k} (stages at most {FUSED_NORM_MAX_STAGED_BYTES} bytes; run rms_norm first)"
+    if norm_weight is not None and not _norm_stage_fits(min(m, MAX_ROWS), k):
+        return f"fused norm over {min(m, MAX_ROWS)} x {k} (stages at most {FUSED_NORM_MAX_STAGED_BYTES} bytes; run rms_norm first)"
     if residual is not None and (residual.dtype != torch.bfloat16 or tuple(residual.shape) != (m, n)
                                  or residual.stride(-1) != 1):
         return "residual not a bf16 [M, N] with unit column stride"
@@ -267,9 +281,11 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
                     norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
                     residual: torch.Tensor | None = None) -> torch.Tensor | None:
     """``[residual +] [rms_norm](x2, norm_weight, eps) @ W^T [+ bias]`` (x2: ``[M, K]`` bf16, 1 ..
-    16 rows; ``residual``: ``[M, N]``) into ``out`` or a new ``[M, N]`` tensor, the norm and the
-    add rounded as the separate ops round; None when the kernel cannot run here
-    (:func:`unsupported_reason`, or no extension): the caller runs the Triton kernels instead."""
+    ``MAX_TILED_ROWS`` rows; ``residual``: ``[M, N]``) into ``out`` or a new ``[M, N]`` tensor, the
+    norm and the add rounded as the separate ops round; None when the kernel cannot run here
+    (:func:`unsupported_reason`, or no extension): the caller runs the Triton kernels instead.
+    More than 16 rows run as one launch per 16-row tile, on row slices of x, the residual and the
+    output (every output row is computed exactly as in a launch of its tile alone)."""
     if unsupported_reason(x2, packed, bias, norm_weight, residual) is not None:
         return None
     ext = extension(x2.device)
@@ -277,10 +293,20 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
         return None
     n, kp = packed.rows, packed.padded_cols
     m = x2.shape[0]
-    cfg = config or get_config(m, n, kp, _sms(x2.device), fused_norm=norm_weight is not None)
+    cfg = config or get_config(min(m, MAX_ROWS), n, kp, _sms(x2.device), fused_norm=norm_weight is not None)
     if kp % (64 * cfg.unroll * cfg.splits):  # (N % 16 is unsupported_reason's)
         raise ValueError(f"{cfg} does not tile a {n} x {kp} weight")
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out
+    for start in range(0, m, MAX_ROWS):
+        stop = min(m, start + MAX_ROWS)
+        _launch(ext, x2[start:stop], packed, bias, cfg, y[start:stop], norm_weight, eps,
+                None if residual is None else residual[start:stop])
+    return y
+
+
+def _launch(ext, x2, packed, bias, cfg, y, norm_weight, eps, residual) -> None:
+    """One launch of the extension over at most 16 rows into ``y``."""
+    n, kp = packed.rows, packed.padded_cols
     meta = escape_meta(packed)
     unused = meta["rowptr"]  # a device tensor for the arguments a launch does not read
     if cfg.splits > 1:
@@ -295,7 +321,6 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
                      unused if residual is None else residual, residual is not None, y,
                      ws, tickets, *plane_strides(packed.version, kp), cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch,
                      bool(pdl_mode(x2, "bf12")))
-    return y
 
 
 # --------------------------------------------------------------------------- CPU: emulation, compile check

@@ -144,7 +144,8 @@ def test_unsupported_reasons(monkeypatch):
     x = torch.randn(4, 128).to(torch.bfloat16)
     assert "layout version 1" in mma.unsupported_reason(x, v1)
     assert mma.unsupported_reason(x, pack_bf16_12bit(w, version=3)) == "device cpu"  # layout 3: the same rules
-    assert "rows" in mma.unsupported_reason(torch.zeros(17, 128, dtype=torch.bfloat16), v2)
+    assert "rows" in mma.unsupported_reason(torch.zeros(33, 128, dtype=torch.bfloat16), v2)
+    assert mma.unsupported_reason(torch.zeros(32, 128, dtype=torch.bfloat16), v2) == "device cpu"  # two launches
     assert "float32" in mma.unsupported_reason(x.float(), v2)
     assert "aligned" in mma.unsupported_reason(torch.zeros(4, 129, dtype=torch.bfloat16)[:, 1:], v2)
     assert "K % 64" in mma.unsupported_reason(x[:, :96], pack_bf16_12bit(w[:, :96], version=2))
@@ -171,6 +172,41 @@ def test_unsupported_reasons(monkeypatch):
 
     with batch_invariant():
         assert "batch-invariant" in mma.unsupported_reason(x, v2)
+
+
+@pytest.mark.parametrize("m,tiles", [(16, [16]), (17, [16, 1]), (24, [16, 8]), (32, [16, 16])])
+def test_more_than_16_rows_launch_once_per_row_tile(monkeypatch, m, tiles):
+    """17 .. 32 rows run as consecutive launches of at most 16 rows on row slices of x, the
+    residual and the output (a stand-in extension computes each launch's rows with the
+    emulated kernel): the whole is the matmul, each row computed as in its own tile's launch."""
+    w = _weights(32, 256, seed=m)
+    packed = pack_bf16_12bit(w, version=3)
+    cfg = mma.Bf12MmaConfig(unroll=1, warps=4)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 256, generator=g).to(torch.bfloat16)
+    res = torch.randn(m, 32, generator=g).to(torch.bfloat16)
+    bias = torch.randn(32, generator=g).to(torch.bfloat16)
+    launched = []
+
+    class Ext:
+        @staticmethod
+        def bf12_mma_out(x2, *args):
+            y, residual = args[15], args[13]
+            assert x2.shape[0] <= mma.MAX_ROWS and y.shape[0] == x2.shape[0] == residual.shape[0]
+            launched.append((x2.shape[0], x2.data_ptr(), y.data_ptr()))
+            y.copy_(mma.emulate(x2.float(), packed, bias, cfg, residual=residual))
+
+    monkeypatch.setattr(mma, "unsupported_reason", lambda *a, **k: None)
+    monkeypatch.setattr(mma, "extension", lambda device: Ext)
+    got = mma.linear_bf12_mma(x, packed, bias, cfg, residual=res)
+    assert [rows for rows, *_ in launched] == tiles == [min(16, m - s) for s in range(0, m, 16)]
+    assert [xp for _, xp, _ in launched] == [x[s:].data_ptr() for s in range(0, m, 16)]
+    assert [yp for *_, yp in launched] == [got[s:].data_ptr() for s in range(0, m, 16)]
+    whole = mma.emulate(x[:16].float(), packed, bias, cfg, residual=res[:16])
+    assert torch.equal(got[:16], whole)
+    want = (res.float() + _reference(x.float(), w, bias).to(torch.bfloat16).float()).to(torch.bfloat16)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=2e-2)
+    assert mma.launches_for(m) == len(tiles) and mma.launches_for(33) == 0 and mma.launches_for(0) == 0
 
 
 def test_cpu_calls_fall_back_and_an_explicit_config_says_why():
@@ -256,6 +292,43 @@ def test_gpu_kernel_matches_the_fp32_reference(m, cfg):
     assert float((got.float() - want).abs().max()) <= tol
     again = mma.linear_bf12_mma(x, packed, b, cfg)
     assert torch.equal(got, again)  # deterministic, split-K included
+
+
+@gpu
+@pytest.mark.parametrize("m", [17, 24, 32])
+@pytest.mark.parametrize("cfg", [None, mma.Bf12MmaConfig(unroll=2, warps=4, splits=2, prefetch=True)])
+def test_gpu_tiled_rows_are_their_tiles_launched_alone(m, cfg):
+    """17 .. 32 rows (a DFlash drafter's context + block, a B = 2 verify): the same bits as each
+    16-row tile launched alone, with the residual epilogue, inside a CUDA graph too, and within
+    cuBLAS's rounding of the fp32 reference; kernel_abi sends them to this kernel."""
+    from specc.codegen import kernel_abi
+
+    w, packed, x, b = _gpu_case(256, 1024, m, seed=m)
+    res = torch.randn(m, 256, device="cuda").to(torch.bfloat16)
+    got = mma.linear_bf12_mma(x, packed, b, cfg, residual=res)
+    alone = torch.cat([mma.linear_bf12_mma(x[s:s + 16], packed, b, cfg, residual=res[s:s + 16])
+                       for s in range(0, m, 16)])
+    assert torch.equal(got, alone)
+    want = res.float() + _reference(x, w, b)
+    ref = (res + torch.nn.functional.linear(x, w, b)).float()
+    assert float((got.float() - want).abs().max()) <= 2 * float((ref - want).abs().max()) + 1e-2
+    y = torch.empty_like(got)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        mma.linear_bf12_mma(x, packed, b, cfg, out=y, residual=res)
+    y.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, got)
+    calls = []
+    real = mma.linear_bf12_mma
+    try:
+        mma.linear_bf12_mma = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+        via_abi = kernel_abi.packed_linear(x[None], packed.sm, packed.ex, packed.base, packed.esc_idx,
+                                           packed.esc_val, 256, 1024, packed.base_mode, bias=b, version=2)
+    finally:
+        mma.linear_bf12_mma = real
+    assert calls == [m] and torch.equal(via_abi[0], real(x, packed, b))
 
 
 @gpu
