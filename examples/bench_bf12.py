@@ -135,13 +135,21 @@ def candidates_mma(m: int, quick: bool = False):
     return c[:2] if quick else c
 
 
-def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool):
+def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool, shape: tuple[int, int] | None = None,
+                sms: int = 0):
     """The configs a layout is timed with: v2 (the Triton kernels) and mma (the tensor-core
-    kernel on layout-2 weights) always swept; v1 its shipped table (None) unless ``sweep_v1``."""
+    kernel on layout-2 weights) always swept, mma's shipped launch for the ``(n, k)`` shape on
+    ``sms`` SMs first where a shape is given; v1 its shipped table (None) unless ``sweep_v1``."""
     if layout in ("v2", "v2t"):
         return candidates_v2(m, quick)
     if layout in ("mma", "mma3"):
-        return candidates_mma(m, quick)
+        swept = candidates_mma(m, quick)
+        if shape is None or not swept:
+            return swept
+        from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, get_config
+
+        shipped = get_config(min(m, MAX_ROWS), shape[0], shape[1], sms)
+        return [shipped] + [c for c in swept if c != shipped]
     return candidates(m, quick) if sweep_v1 else [None]
 
 
@@ -309,8 +317,9 @@ def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke) ->
                    "bf16_rel_err": e_cub, "bf16_hbm_frac": 2 * n * k / (t_cub * 1e-6) / hbm}
             for lay, (p, ps, _) in packs.items():
                 ys = [torch.empty(m, n, device=dev, dtype=act) for _ in ps]
-                recs = time_configs(L, x, p, ps, ys, ref, e_cub, configs_for(lay, m, args.quick, args.sweep_v1),
-                                    timer, smoke)
+                sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
+                recs = time_configs(L, x, p, ps, ys, ref, e_cub,
+                                    configs_for(lay, m, args.quick, args.sweep_v1, (n, k), sms), timer, smoke)
                 good = [c for c in recs if c.get("ok")]
                 row[f"{lay}_bytes"] = p.nbytes
                 row[f"{lay}_configs"] = recs
