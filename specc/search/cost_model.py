@@ -262,7 +262,7 @@ class CostModel:
         from specc.formats.bf12 import WIDE_LAYOUTS
 
         tiles = launches_for(int(math.ceil(rows - 1e-9)))
-        if tiles > 1 and int(meta.attrs.get("format_version", 2)) in WIDE_LAYOUTS:
+        if tiles > 1 and int(meta.attrs.get("format_version") or 2) in WIDE_LAYOUTS:
             return rows / tiles
         return rows
 
