@@ -285,7 +285,7 @@ def time_configs(L, x, p, ps, ys, ref, e_cub, cfgs, timer, smoke) -> list[dict]:
     return out_recs
 
 
-def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke) -> list[dict]:
+def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke, sms: int = 0) -> list[dict]:
     from specc.codegen.kernels import linear_bf12 as L
     from specc.formats import pack_bf16_12bit
 
@@ -317,7 +317,6 @@ def linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke) ->
                    "bf16_rel_err": e_cub, "bf16_hbm_frac": 2 * n * k / (t_cub * 1e-6) / hbm}
             for lay, (p, ps, _) in packs.items():
                 ys = [torch.empty(m, n, device=dev, dtype=act) for _ in ps]
-                sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
                 recs = time_configs(L, x, p, ps, ys, ref, e_cub,
                                     configs_for(lay, m, args.quick, args.sweep_v1, (n, k), sms), timer, smoke)
                 good = [c for c in recs if c.get("ok")]
@@ -575,7 +574,7 @@ def main():
         precompile(layouts, ms, [4096], args.quick, args.sweep_v1, args.workers)
     # one workspace big enough for every split-K call (allocated outside graph capture)
     L._workspace(dev, 64 * max((n for _, _, n in shapes), default=1 << 16), 1 << 16)
-    rows = linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke)
+    rows = linear_rows(args, shapes, ms, layouts, dev, act, timer, sync, hbm, smoke, sms)
 
     sums = {}
     for m in ms:

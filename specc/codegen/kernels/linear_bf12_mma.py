@@ -297,16 +297,6 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
     if kp % (64 * cfg.unroll * cfg.splits):  # (N % 16 is unsupported_reason's)
         raise ValueError(f"{cfg} does not tile a {n} x {kp} weight")
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out
-    for start in range(0, m, MAX_ROWS):
-        stop = min(m, start + MAX_ROWS)
-        _launch(ext, x2[start:stop], packed, bias, cfg, y[start:stop], norm_weight, eps,
-                None if residual is None else residual[start:stop])
-    return y
-
-
-def _launch(ext, x2, packed, bias, cfg, y, norm_weight, eps, residual) -> None:
-    """One launch of the extension over at most 16 rows into ``y``."""
-    n, kp = packed.rows, packed.padded_cols
     meta = escape_meta(packed)
     unused = meta["rowptr"]  # a device tensor for the arguments a launch does not read
     if cfg.splits > 1:
@@ -315,12 +305,15 @@ def _launch(ext, x2, packed, bias, cfg, y, norm_weight, eps, residual) -> None:
         ws = tickets = unused
     from specc.codegen.kernels.pdl import pdl_mode
 
-    ext.bf12_mma_out(x2, packed.sm, packed.ex, meta["base"], meta["stride_base"], meta["rowptr"], meta["ecol"],
-                     meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
-                     unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
-                     unused if residual is None else residual, residual is not None, y,
-                     ws, tickets, *plane_strides(packed.version, kp), cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch,
-                     bool(pdl_mode(x2, "bf12")))
+    pdl, strides = bool(pdl_mode(x2, "bf12")), plane_strides(packed.version, kp)
+    for start in range(0, m, MAX_ROWS):  # one launch per 16-row tile, on row slices
+        tile = slice(start, min(m, start + MAX_ROWS))
+        ext.bf12_mma_out(x2[tile], packed.sm, packed.ex, meta["base"], meta["stride_base"], meta["rowptr"],
+                         meta["ecol"], meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
+                         unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
+                         unused if residual is None else residual[tile], residual is not None, y[tile],
+                         ws, tickets, *strides, cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch, pdl)
+    return y
 
 
 # --------------------------------------------------------------------------- CPU: emulation, compile check
