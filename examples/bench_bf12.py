@@ -123,12 +123,12 @@ def candidates_v2(m: int, quick: bool = False):
 
 
 def candidates_mma(m: int, quick: bool = False):
-    """Configs of the tensor-core kernel (layouts 2 and 3, 1 .. 32 rows, a launch per 16-row tile;
-    none above): its default first."""
-    from specc.codegen.kernels.linear_bf12_mma import MAX_TILED_ROWS
+    """Configs of the tensor-core kernel (layouts 2 and 3, 1 .. 32 rows in one launch; none
+    above): its default first."""
+    from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS
     from specc.codegen.kernels.linear_bf12_mma import Bf12MmaConfig as C
 
-    if m > MAX_TILED_ROWS:
+    if m > MAX_ROWS:
         return []
     c = [C(), C(prefetch=True), C(unroll=2, prefetch=True), C(unroll=2), C(warps=4, unroll=2, prefetch=True),
          C(warps=4, prefetch=True), C(splits=2), C(splits=2, prefetch=True)]
@@ -146,9 +146,9 @@ def configs_for(layout: str, m: int, quick: bool, sweep_v1: bool, shape: tuple[i
         swept = candidates_mma(m, quick)
         if shape is None or not swept:
             return swept
-        from specc.codegen.kernels.linear_bf12_mma import MAX_ROWS, get_config
+        from specc.codegen.kernels.linear_bf12_mma import get_config
 
-        shipped = get_config(min(m, MAX_ROWS), shape[0], shape[1], sms)
+        shipped = get_config(m, shape[0], shape[1], sms)
         return [shipped] + [c for c in swept if c != shipped]
     return candidates(m, quick) if sweep_v1 else [None]
 

@@ -74,7 +74,7 @@ skinny_mma(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* _
   const bf16_t* wb = wa + 8L * K;
   const bf16_t* xa = x + (long)(g < M ? g : 0) * stride_x + split * k_split + 8 * t;  // rows past M:
   const bf16_t* xb = x + (long)(g + 8 < M ? g + 8 : 0) * stride_x + split * k_split + 8 * t;  // never stored
-  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  float c[MT][4] = {};  // c[j]: x tile j
   V4 ra[U], rb[U];  // PREFETCH: the chunk's weights, loaded during the previous chunk's MMAs
   if (PREFETCH && warp < chunks) {
 #pragma unroll
@@ -111,10 +111,10 @@ skinny_mma(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* _
     for (int u = 0; u < U; ++u) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        mma16816(c0, ra[u].w[2 * j], rb[u].w[2 * j], ra[u].w[2 * j + 1], rb[u].w[2 * j + 1],
+        mma16816(c[0], ra[u].w[2 * j], rb[u].w[2 * j], ra[u].w[2 * j + 1], rb[u].w[2 * j + 1],
                  xa_[u].w[2 * j], xa_[u].w[2 * j + 1]);
         if (MT == 2)
-          mma16816(c1, ra[u].w[2 * j], rb[u].w[2 * j], ra[u].w[2 * j + 1], rb[u].w[2 * j + 1],
+          mma16816(c[MT - 1], ra[u].w[2 * j], rb[u].w[2 * j], ra[u].w[2 * j + 1], rb[u].w[2 * j + 1],
                    xb_[u].w[2 * j], xb_[u].w[2 * j + 1]);
       }
     }
@@ -126,8 +126,8 @@ skinny_mma(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w, bf16_t* _
       }
     }
   }
-  float s[8];
-  if (reduce_cta<WARPS>(c0, c1, s, ws, tickets)) store_lane(s, y, stride_y, M, n0, g, t);
+  float s[4 * MT];
+  if (reduce_cta<WARPS, MT>(c, s, ws, tickets)) store_lane(s, y, stride_y, M, n0, g, t);
 }
 """
 

@@ -11,8 +11,8 @@ import math
 from typing import Any
 
 def _packed_linear_cuda(m, rows=None) -> int:
-    """kernel_abi.packed_linear: at 1 .. 32 rows of layout 2 or 3 the tensor-core kernel (a launch
-    per 16-row tile), which fuses the residual add, and the norm where
+    """kernel_abi.packed_linear: at 1 .. 32 rows of layout 2 or 3 the tensor-core kernel (one
+    launch), which fuses the residual add, and the norm where
     ``linear_bf12_mma.fuses_norm`` says (nowhere since run 29: an rms_norm kernel first); else the
     bf12 GEMM plus an rms_norm kernel (norm prologue) and an add (residual epilogue)."""
     from specc.codegen.kernels.linear_bf12_mma import fuses_norm, launches_for

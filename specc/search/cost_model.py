@@ -106,7 +106,7 @@ def efficiency_class(meta) -> str:
 
 def packed_weight_passes(m: int, n: int, k: int, version: int = 2) -> int:
     """How many times a packed (bf12) linear of ``m`` rows reads its ``[n, k]`` planes: once per
-    launch of the tensor-core kernel (layouts 2 and 3: one per 16-row tile up to 32 rows,
+    launch of the tensor-core kernel (layouts 2 and 3: one launch up to 32 rows,
     ``linear_bf12_mma.launches_for``), else once per row tile
     of the Triton kernel's config for that M (64-row tiles above 64 rows), counted by
     :func:`specc.codegen.kernels.linear.weight_passes` as for bf16 weights. Without that factor a
@@ -247,24 +247,9 @@ class CostModel:
         if own is not None:
             return (dep.hbm_bandwidth * own["bandwidth"], dep.bf16_flops * own["flops"], self.launches(meta, rows), 0.0,
                     False)
-        return (dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, self.rows_per_launch(meta, rows)),
+        return (dep.hbm_bandwidth * self.bandwidth_efficiency(eclass, meta.kind, rows),
                 dep.bf16_flops * self.flops_efficiency(eclass, rows, meta.kind), self.launches(meta, rows), 0.0,
                 False)
-
-    @staticmethod
-    def rows_per_launch(meta, rows: float | None) -> float | None:
-        """The rows one kernel launch of the node covers: a packed linear of 17 .. 32 rows runs
-        the tensor-core kernel once per 16-row tile (each priced at its own rows' efficiency, and
-        its weight read once per launch by :meth:`weight_passes`), every other node all its rows."""
-        if rows is None or meta.kind != "packed_linear":
-            return rows
-        from specc.codegen.kernels.linear_bf12_mma import launches_for
-        from specc.formats.bf12 import WIDE_LAYOUTS
-
-        tiles = launches_for(int(math.ceil(rows - 1e-9)))
-        if tiles > 1 and int(meta.attrs.get("format_version") or 2) in WIDE_LAYOUTS:
-            return rows / tiles
-        return rows
 
     # ------------------------------------------------------------ efficiencies
 

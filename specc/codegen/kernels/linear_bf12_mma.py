@@ -1,4 +1,4 @@
-"""bf12 layout-2 linear for 1 .. 16 rows: decoded in registers straight into tensor-core fragments.
+"""bf12 layout-2/3 linear for 1 .. 32 rows: decoded in registers straight into tensor-core fragments.
 
 Why: the AR step (one row) and the bs1 verify and draft blocks (2 .. 16 rows) are bound by the
 weight bytes, and bf12 holds 0.75 of them. The Triton layout-2 kernels
@@ -32,7 +32,7 @@ When it runs (:func:`unsupported_reason` says why not): a CUDA device of compute
 or newer, bf16 activations, a layout-2 or layout-3 weight (layout 3 stores each 16-row block in
 16 x 64 tiles, so a warp's loads are one contiguous KB: on the H100 the packed AR step 0.889x
 the unpacked one against layout 2's 0.940x, the Q = 16 verify 0.881x against 0.944x;
-docs/benchmarks/run21.md) with N % 16 == 0 and K % 64 == 0, 1 .. 16 rows with
+docs/benchmarks/run21.md) with N % 16 == 0 and K % 64 == 0, 1 .. 32 rows with
 16-byte aligned rows, batch-invariant mode off, ``SPECC_BF12_MMA`` not ``0``, and the extension
 built. Everything else goes to the Triton kernels. The extension is compiled once per machine by
 ``torch.utils.cpp_extension.load`` (nvcc and ninja; ~30-60 s) and cached by torch in
@@ -60,8 +60,8 @@ from specc.codegen.kernels.batch_invariant import enabled as batch_invariant_ena
 from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import WIDE_LAYOUTS, Packed12, plane_strides
 
-__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "MAX_TILED_ROWS", "launches_for", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES",
-           "fuses_norm", "UNROLLS", "WARPS", "get_config", "waves", "unsupported_reason",
+__all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "X_TILES",
+           "x_tiles", "launches_for", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES", "fuses_norm", "UNROLLS", "WARPS", "get_config", "waves", "unsupported_reason",
            "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
 ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
@@ -72,14 +72,14 @@ ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels ru
 L2_PREFETCH_ENV = "SPECC_BF12_MMA_L2_PREFETCH"
 L2_PREFETCH_DEFAULT = "256"
 CUDA_DIR = pathlib.Path(__file__).resolve().parent / "cuda"
-MAX_ROWS = 16  # rows of one launch: two 8-row x tiles, the MMA's N side
-# Rows up to which :func:`linear_bf12_mma` runs as consecutive launches of at most 16 rows each
-# (each streams the weight once: two launches read 1.5x the bf16 bytes). Why: a DFlash drafter's
-# K/V projection covers context + block = 24 rows, and a B = 2 verify 32; the Triton layout-3
-# kernel those fell to took 229 us against the bf16 GEMM's 45 us over the Qwen3-8B DFlash-b16
-# drafter's 5 layers (H200, docs/benchmarks/run32.md), which made the packed draft step 1.26x the
-# bf16 one.
-MAX_TILED_ROWS = 32
+# Rows of one launch: up to four 8-row x tiles (the MMA's N side), the weight streamed once. Why
+# 32 and not 16: a DFlash drafter's K/V projection covers context + block = 24 rows, a B = 2
+# verify and a bs1 tree of up to 31 nodes 17 .. 32; the Triton layout-3 kernel those fell to took
+# 229 us against the bf16 GEMM's 45 us over the Qwen3-8B DFlash-b16 drafter's 5 layers (H200,
+# docs/benchmarks/run32.md), which made the packed draft step 1.26x the bf16 one, and one launch
+# per 16-row tile would read the packed weight twice (1.5x the bf16 bytes).
+MAX_ROWS = 32
+X_TILES = (1, 2, 4)  # the kernel's instances: 8, 16 or 32 rows
 # Rows up to which kernel_abi fuses a norm prologue (above: the rms_norm kernel runs first, as for
 # the unpacked GEMM). 0, so never: every CTA reads the x rows whole for their inverse RMS, which at
 # 16 rows made the Qwen3-8B Q = 16 verify step 1.6x slower (H100, run 17), and at one row, with
@@ -140,10 +140,16 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
 
 
 def launches_for(rows: int) -> int:
-    """How many launches :func:`linear_bf12_mma` makes for ``rows`` rows (one per 16-row tile,
-    up to ``MAX_TILED_ROWS``), 0 where it does not run (the Triton kernels do): what kernel_abi's
-    launch count and the cost model's weight passes read."""
-    return -(-rows // MAX_ROWS) if 1 <= rows <= MAX_TILED_ROWS else 0
+    """How many launches :func:`linear_bf12_mma` makes for ``rows`` rows: 1 up to ``MAX_ROWS``, 0
+    where it does not run (the Triton kernels do): what kernel_abi's launch count and the cost
+    model's weight passes read."""
+    return 1 if 1 <= rows <= MAX_ROWS else 0
+
+
+def x_tiles(rows: int) -> int:
+    """8-row x tiles of the kernel instance that runs ``rows`` rows (the host picks the same):
+    the smallest of :data:`X_TILES` that covers them."""
+    return next(mt for mt in X_TILES if rows <= 8 * mt)
 
 
 def waves(n: int, splits: int, sms: int) -> float:
@@ -161,8 +167,9 @@ def fuses_norm(rows: int, k: int) -> bool:
 
 
 def _norm_stage_fits(rows: int, k: int) -> bool:
-    """Whether ``rows`` normalized bf16 rows of K columns fit the kernel's shared-memory stage."""
-    return 2 * rows * k <= FUSED_NORM_MAX_STAGED_BYTES
+    """Whether ``rows`` normalized bf16 rows of K columns fit the kernel's shared-memory stage
+    (half of it above 16 rows: the 32-row instance's static shared memory is ~13 KB larger)."""
+    return 2 * rows * k <= (FUSED_NORM_MAX_STAGED_BYTES if rows <= 16 else FUSED_NORM_MAX_STAGED_BYTES // 2)
 
 
 def _env_enabled() -> bool:
@@ -185,8 +192,8 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
     if n % 16 or k % 64 or packed.padded_cols != k:
         return f"shape {n} x {k} (needs N % 16 == 0 and K % 64 == 0)"
     m = x2.shape[0]
-    if not 1 <= m <= MAX_TILED_ROWS:
-        return f"{m} rows (1 .. {MAX_TILED_ROWS})"
+    if not 1 <= m <= MAX_ROWS:
+        return f"{m} rows (1 .. {MAX_ROWS})"
     if x2.dtype != torch.bfloat16:
         return f"{x2.dtype} activations (bf16 only)"
     if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
@@ -196,8 +203,8 @@ def unsupported_reason(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | 
     if norm_weight is not None and (norm_weight.dtype != torch.bfloat16 or not norm_weight.is_contiguous()
                                     or norm_weight.numel() != k or norm_weight.data_ptr() % 16):
         return "norm weight not a contiguous, 16-byte aligned bf16 [K]"
-    if norm_weight is not None and not _norm_stage_fits(min(m, MAX_ROWS), k):
-        return f"fused norm over {min(m, MAX_ROWS)} x {k} (stages at most {FUSED_NORM_MAX_STAGED_BYTES} bytes; run rms_norm first)"
+    if norm_weight is not None and not _norm_stage_fits(m, k):
+        return f"fused norm over {m} x {k} (the shared-memory stage is too small; run rms_norm first)"
     if residual is not None and (residual.dtype != torch.bfloat16 or tuple(residual.shape) != (m, n)
                                  or residual.stride(-1) != 1):
         return "residual not a bf16 [M, N] with unit column stride"
@@ -281,11 +288,10 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
                     norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
                     residual: torch.Tensor | None = None) -> torch.Tensor | None:
     """``[residual +] [rms_norm](x2, norm_weight, eps) @ W^T [+ bias]`` (x2: ``[M, K]`` bf16, 1 ..
-    ``MAX_TILED_ROWS`` rows; ``residual``: ``[M, N]``) into ``out`` or a new ``[M, N]`` tensor, the
-    norm and the add rounded as the separate ops round; None when the kernel cannot run here
-    (:func:`unsupported_reason`, or no extension): the caller runs the Triton kernels instead.
-    More than 16 rows run as one launch per 16-row tile, on row slices of x, the residual and the
-    output (every output row is computed exactly as in a launch of its tile alone)."""
+    ``MAX_ROWS`` rows; ``residual``: ``[M, N]``) into ``out`` or a new ``[M, N]`` tensor, the
+    norm and the add rounded as the separate ops round, in one launch; None when the kernel
+    cannot run here (:func:`unsupported_reason`, or no extension): the caller runs the Triton
+    kernels instead."""
     if unsupported_reason(x2, packed, bias, norm_weight, residual) is not None:
         return None
     ext = extension(x2.device)
@@ -293,26 +299,26 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
         return None
     n, kp = packed.rows, packed.padded_cols
     m = x2.shape[0]
-    cfg = config or get_config(min(m, MAX_ROWS), n, kp, _sms(x2.device), fused_norm=norm_weight is not None)
+    cfg = config or get_config(m, n, kp, _sms(x2.device), fused_norm=norm_weight is not None)
     if kp % (64 * cfg.unroll * cfg.splits):  # (N % 16 is unsupported_reason's)
         raise ValueError(f"{cfg} does not tile a {n} x {kp} weight")
     y = torch.empty(m, n, dtype=x2.dtype, device=x2.device) if out is None else out
     meta = escape_meta(packed)
     unused = meta["rowptr"]  # a device tensor for the arguments a launch does not read
     if cfg.splits > 1:
-        ws, tickets = split_k_workspace(x2.device, cfg.splits * n * 16, n // 16, owner="bf12_mma")
+        # per split and 16-row block, 32 lanes x 4 floats per x tile
+        ws, tickets = split_k_workspace(x2.device, cfg.splits * (n // 16) * 32 * 4 * x_tiles(m), n // 16,
+                                        owner="bf12_mma")
     else:
         ws = tickets = unused
     from specc.codegen.kernels.pdl import pdl_mode
 
-    pdl, strides = bool(pdl_mode(x2, "bf12")), plane_strides(packed.version, kp)
-    for start in range(0, m, MAX_ROWS):  # one launch per 16-row tile, on row slices
-        tile = slice(start, min(m, start + MAX_ROWS))
-        ext.bf12_mma_out(x2[tile], packed.sm, packed.ex, meta["base"], meta["stride_base"], meta["rowptr"],
-                         meta["ecol"], meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
-                         unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
-                         unused if residual is None else residual[tile], residual is not None, y[tile],
-                         ws, tickets, *strides, cfg.splits, cfg.unroll, cfg.warps, cfg.prefetch, pdl)
+    ext.bf12_mma_out(x2, packed.sm, packed.ex, meta["base"], meta["stride_base"], meta["rowptr"],
+                     meta["ecol"], meta["etrue"], meta["efake"], unused if bias is None else bias, bias is not None,
+                     unused if norm_weight is None else norm_weight, norm_weight is not None, float(eps),
+                     unused if residual is None else residual, residual is not None, y,
+                     ws, tickets, *plane_strides(packed.version, kp), cfg.splits, cfg.unroll, cfg.warps,
+                     cfg.prefetch, bool(pdl_mode(x2, "bf12")))
     return y
 
 
@@ -342,10 +348,11 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
     n_dim, kp = sm.shape
     m_rows = x.shape[0]
     u_, warps, splits = config.unroll, config.warps, config.splits
-    assert m_rows <= 16 and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version in WIDE_LAYOUTS
+    assert m_rows <= MAX_ROWS and n_dim % 16 == 0 and kp % (64 * u_ * splits) == 0 and packed.version in WIDE_LAYOUTS
+    mt = x_tiles(m_rows)  # the instance the host launches: 4 accumulators per lane and x tile
     strides = plane_strides(packed.version, kp)  # the kernel's address arithmetic on the flat planes
     sm, ex = sm.reshape(-1), ex.reshape(-1)
-    xp = torch.zeros(16, kp)
+    xp = torch.zeros(8 * mt, kp)
     xp[:m_rows, :x.shape[1]] = x.float()
     if norm_weight is not None:  # n = bf16(x * rstd), h = bf16(g * n), as specc.models.ops.rms_norm
         rstd = torch.rsqrt(xp[:m_rows].pow(2).sum(-1, keepdim=True) / kp + eps)
@@ -355,11 +362,11 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
     y = torch.zeros(m_rows, n_dim)
     k_split = kp // splits
     for n0 in range(0, n_dim, 16):
-        total = torch.zeros(32, 8)
+        total = torch.zeros(32, 4 * mt)
         for split in range(splits):
-            part = torch.zeros(32, 8)
+            part = torch.zeros(32, 4 * mt)
             for warp in range(warps):
-                acc = torch.zeros(32, 8)
+                acc = torch.zeros(32, 4 * mt)
                 for c in range(warp, k_split // (64 * u_), warps):
                     for u in range(u_):
                         k0 = split * k_split + c * 64 * u_ + 64 * u
@@ -367,14 +374,14 @@ def emulate(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = None,
                 part += acc
             for lane in range(32):
                 g = lane // 4
-                for j in range(8):
+                for j in range(4 * mt):
                     row = n0 + g + (8 if j % 4 >= 2 else 0)
                     part[lane, j] *= 2.0 ** (int(base[row * meta["stride_base"]]) - 112)
             total += part
         for lane in range(32):
             g, t = lane // 4, lane % 4
-            for j in range(8):
-                m = 2 * t + j % 2 + (8 if j >= 4 else 0)
+            for j in range(4 * mt):
+                m = 8 * (j // 4) + 2 * t + j % 2
                 row = n0 + g + (8 if j % 4 >= 2 else 0)
                 if m >= m_rows:
                     continue
@@ -394,8 +401,9 @@ def _super_group(acc: torch.Tensor, xp: torch.Tensor, sm: torch.Tensor, ex: torc
                  kp: int, strides: tuple[int, int, int, int]) -> None:
     """One 64-weight super-group of a 16-row block: each lane's 16 decoded weights per row (read
     from the flat planes ``sm``, ``ex`` at the kernel's addresses: ``strides`` as
-    :func:`specc.formats.bf12.plane_strides`), then the four MMAs (both x tiles), accumulated
-    into ``acc`` [32 lanes, 8]."""
+    :func:`specc.formats.bf12.plane_strides`), then the four MMAs of every x tile (``xp``: 8 rows
+    a tile), accumulated into ``acc`` [32 lanes, 4 per tile]."""
+    tiles = xp.shape[0] // 8
     sm_row, sm_group, ex_row, ex_group = strides
     dec = {}
     for lane in range(32):
@@ -408,20 +416,20 @@ def _super_group(acc: torch.Tensor, xp: torch.Tensor, sm: torch.Tensor, ex: torc
             dec[lane, r] = decode_constant_exponent(sm[s0:s0 + 16], codes)
     for i in range(4):
         a = torch.zeros(16, 16)
-        b = [torch.zeros(16, 8), torch.zeros(16, 8)]
+        b = [torch.zeros(16, 8) for _ in range(tiles)]
         for lane in range(32):
             g, t = lane // 4, lane % 4
             for e in range(2):
                 for r in (g, g + 8):
                     a[r, 2 * t + e] = dec[lane, r][4 * i + e]
                     a[r, 2 * t + 8 + e] = dec[lane, r][4 * i + 2 + e]
-                for tile in range(2):
+                for tile in range(tiles):
                     b[tile][2 * t + e, g] = xp[8 * tile + g, k0 + 16 * t + 4 * i + e]
                     b[tile][2 * t + 8 + e, g] = xp[8 * tile + g, k0 + 16 * t + 4 * i + 2 + e]
-        d = [a @ b[0], a @ b[1]]
+        d = [a @ bt for bt in b]
         for lane in range(32):
             g, t = lane // 4, lane % 4
-            for j in range(8):
+            for j in range(4 * tiles):
                 acc[lane, j] += d[j // 4][g + (8 if j % 4 >= 2 else 0), 2 * t + j % 2]
 
 
@@ -466,6 +474,6 @@ def compile_check(arch: str = "compute_90", l2_prefetch: int = int(L2_PREFETCH_D
         f"const unsigned char*, const unsigned char*, int, const int*, const int*, const float*, const float*, "
         f"const bf16_t*, const bf16_t*, float, const bf16_t*, long, bf16_t*, float*, unsigned*, int, int, int, long, "
         f"long, int, int, int, int);\n"
-        for mt, u, w, p in itertools.product((1, 2), UNROLLS, WARPS, (False, True)))
+        for mt, u, w, p in itertools.product(X_TILES, UNROLLS, WARPS, (False, True)))
     source = f"#define SKINNY_L2_PREFETCH {int(l2_prefetch)}\n" + (CUDA_DIR / "linear_bf12_mma.cu").read_text() + instances
     return nvrtc_ptx(source, "linear_bf12_mma.cu", [str(CUDA_DIR)], arch)

@@ -1,4 +1,4 @@
-"""The bf12 tensor-core kernel for 1 .. 16 rows (specc.codegen.kernels.linear_bf12_mma).
+"""The bf12 tensor-core kernel for 1 .. 32 rows (specc.codegen.kernels.linear_bf12_mma).
 
 On the CPU: the kernel replayed in torch (index mapping, decode, warp / CTA / split sums, the
 rows' power of two, the escape fix-up, the bias) equals x @ W^T + bias on the unpacked weights;
@@ -40,6 +40,8 @@ def _reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     (5, mma.Bf12MmaConfig(unroll=2, warps=4, splits=2), "row"),
     (9, mma.Bf12MmaConfig(unroll=1, warps=8, splits=4, prefetch=True), "tensor"),
     (16, mma.Bf12MmaConfig(unroll=2, warps=4), "row"),
+    (24, mma.Bf12MmaConfig(unroll=1, warps=4, splits=2), "row"),  # four 8-row x tiles, the last one short
+    (32, mma.Bf12MmaConfig(unroll=2, warps=8), "tensor"),
 ])
 def test_emulated_kernel_is_the_matmul_with_escapes_and_bias(m, cfg, base, version):
     """The kernel's reads (layout 2's rows, or layout 3's tiles: plane_strides on the flat
@@ -174,14 +176,15 @@ def test_unsupported_reasons(monkeypatch):
         assert "batch-invariant" in mma.unsupported_reason(x, v2)
 
 
-@pytest.mark.parametrize("m,tiles", [(16, [16]), (17, [16, 1]), (24, [16, 8]), (32, [16, 16])])
-def test_more_than_16_rows_launch_once_per_row_tile(monkeypatch, m, tiles):
-    """17 .. 32 rows run as consecutive launches of at most 16 rows on row slices of x, the
-    residual and the output (a stand-in extension computes each launch's rows with the
-    emulated kernel): the whole is the matmul, each row computed as in its own tile's launch."""
+@pytest.mark.parametrize("m", [16, 17, 24, 32])
+def test_up_to_32_rows_are_one_launch_with_the_residual(monkeypatch, m):
+    """Up to 32 rows (a DFlash drafter's context + block, a B = 2 verify, a bs1 tree of 31 nodes)
+    run as one launch over the whole of x, the residual and the output (a stand-in extension
+    computes it with the emulated kernel, whose four-tile instance covers 17 .. 32 rows), sized
+    for its split-K workspace; the result is residual + the rounded matmul."""
     w = _weights(32, 256, seed=m)
     packed = pack_bf16_12bit(w, version=3)
-    cfg = mma.Bf12MmaConfig(unroll=1, warps=4)
+    cfg = mma.Bf12MmaConfig(unroll=1, warps=4, splits=2)
     g = torch.Generator().manual_seed(m)
     x = torch.randn(m, 256, generator=g).to(torch.bfloat16)
     res = torch.randn(m, 32, generator=g).to(torch.bfloat16)
@@ -191,22 +194,31 @@ def test_more_than_16_rows_launch_once_per_row_tile(monkeypatch, m, tiles):
     class Ext:
         @staticmethod
         def bf12_mma_out(x2, *args):
-            y, residual = args[15], args[13]
+            y, residual, ws = args[15], args[13], args[16]
             assert x2.shape[0] <= mma.MAX_ROWS and y.shape[0] == x2.shape[0] == residual.shape[0]
-            launched.append((x2.shape[0], x2.data_ptr(), y.data_ptr()))
+            assert ws.numel() >= cfg.splits * (32 // 16) * 32 * 4 * mma.x_tiles(x2.shape[0])
+            launched.append((x2.data_ptr(), y.data_ptr()))
             y.copy_(mma.emulate(x2.float(), packed, bias, cfg, residual=residual))
 
     monkeypatch.setattr(mma, "unsupported_reason", lambda *a, **k: None)
     monkeypatch.setattr(mma, "extension", lambda device: Ext)
     got = mma.linear_bf12_mma(x, packed, bias, cfg, residual=res)
-    assert [rows for rows, *_ in launched] == tiles == [min(16, m - s) for s in range(0, m, 16)]
-    assert [xp for _, xp, _ in launched] == [x[s:].data_ptr() for s in range(0, m, 16)]
-    assert [yp for *_, yp in launched] == [got[s:].data_ptr() for s in range(0, m, 16)]
-    whole = mma.emulate(x[:16].float(), packed, bias, cfg, residual=res[:16])
-    assert torch.equal(got[:16], whole)
+    assert launched == [(x.data_ptr(), got.data_ptr())]
     want = (res.float() + _reference(x.float(), w, bias).to(torch.bfloat16).float()).to(torch.bfloat16)
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=2e-2)
-    assert mma.launches_for(m) == len(tiles) and mma.launches_for(33) == 0 and mma.launches_for(0) == 0
+    assert mma.launches_for(m) == 1 and mma.launches_for(33) == 0 and mma.launches_for(0) == 0
+    assert mma.x_tiles(m) == (2 if m <= 16 else 4) and mma.x_tiles(8) == 1 and mma.x_tiles(9) == 2
+
+
+def test_emulated_rows_do_not_depend_on_the_x_tiles_beside_them():
+    """Each output row's sum is its own: 32 rows in the four-tile instance give each 16-row
+    slice's result bit for bit (what the GPU test checks of the kernel itself)."""
+    w = _weights(32, 512, seed=5)
+    packed = pack_bf16_12bit(w, version=3)
+    cfg = mma.Bf12MmaConfig(unroll=2, warps=4, splits=2)
+    x = torch.randn(32, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).float()
+    whole = mma.emulate(x, packed, None, cfg)
+    assert torch.equal(whole, torch.cat([mma.emulate(x[s:s + 16], packed, None, cfg) for s in (0, 16)]))
 
 
 def test_cpu_calls_fall_back_and_an_explicit_config_says_why():
@@ -296,18 +308,20 @@ def test_gpu_kernel_matches_the_fp32_reference(m, cfg):
 
 @gpu
 @pytest.mark.parametrize("m", [17, 24, 32])
-@pytest.mark.parametrize("cfg", [None, mma.Bf12MmaConfig(unroll=2, warps=4, splits=2, prefetch=True)])
-def test_gpu_tiled_rows_are_their_tiles_launched_alone(m, cfg):
-    """17 .. 32 rows (a DFlash drafter's context + block, a B = 2 verify): the same bits as each
-    16-row tile launched alone, with the residual epilogue, inside a CUDA graph too, and within
-    cuBLAS's rounding of the fp32 reference; kernel_abi sends them to this kernel."""
+@pytest.mark.parametrize("cfg", [None, mma.Bf12MmaConfig(unroll=2, warps=4, splits=2, prefetch=True),
+                                 mma.Bf12MmaConfig(unroll=1, warps=8, splits=4, prefetch=True)])
+def test_gpu_32_row_instance_gives_each_16_row_slice_its_bits(m, cfg):
+    """17 .. 32 rows (a DFlash drafter's context + block, a B = 2 verify, a bs1 tree) in one launch
+    of the four-tile instance: the same bits as each 16-row slice launched alone (each output's
+    sum is its own row's and column's), with the residual epilogue, inside a CUDA graph too, and
+    within cuBLAS's rounding of the fp32 reference; kernel_abi sends them to this kernel."""
     from specc.codegen import kernel_abi
 
     w, packed, x, b = _gpu_case(256, 1024, m, seed=m)
     res = torch.randn(m, 256, device="cuda").to(torch.bfloat16)
     got = mma.linear_bf12_mma(x, packed, b, cfg, residual=res)
-    alone = torch.cat([mma.linear_bf12_mma(x[s:s + 16], packed, b, cfg, residual=res[s:s + 16])
-                       for s in range(0, m, 16)])
+    alone = torch.cat([mma.linear_bf12_mma(x[s:s + 16].contiguous(), packed, b, cfg,
+                                           residual=res[s:s + 16].contiguous()) for s in range(0, m, 16)])
     assert torch.equal(got, alone)
     want = res.float() + _reference(x, w, b)
     ref = (res + torch.nn.functional.linear(x, w, b)).float()

@@ -1,4 +1,4 @@
-// y[M, N] = x[M, K] @ W^T (+ bias) for M = 1 .. 16 on bf12 layout-2 or -3 weights, decoded in registers
+// y[M, N] = x[M, K] @ W^T (+ bias) for M = 1 .. 32 on bf12 layout-2 or -3 weights, decoded in registers
 // straight into mma.sync fragments (specc/codegen/kernels/linear_bf12_mma.py says why and when).
 //
 // Per weight row: sm [Kp] sign|mantissa bytes in K order, ex [Kp / 2] codes (32-weight group G:
@@ -133,7 +133,7 @@ constexpr int ESC_CAP = 64;  // escapes per CTA staged in shared memory; any bey
 // ESC_CAP in CSR order; the 4-byte words hold the bf16 element and its neighbour.
 template <int MT>
 struct EpilogueStage {
-  int rp[17];                  // the 16 rows' escape ranges, relative to the CTA's first escape
+  int rp[17];                  // the 16 weight rows' escape ranges, relative to the CTA's first escape
   int col[ESC_CAP];
   float wt[ESC_CAP], wf[ESC_CAP];
   u32 g[ESC_CAP];              // norm_w at the escape's column (fused norm)
@@ -154,7 +154,8 @@ __device__ __forceinline__ void stage_normalized(const bf16_t* __restrict__ x, c
   __syncthreads();
 }
 
-// grid (N / 16, splits), WARPS warps, dynamic shared memory M * k_split bf16 with a fused norm;
+// grid (N / 16, splits), WARPS warps, MT 8-row x tiles (M <= 8 MT: x rows 8 j + g of tile j),
+// dynamic shared memory M * k_split bf16 with a fused norm;
 // the host checks N % 16 == 0, Kp % (64 * U * splits) == 0, 16-byte aligned rows (x, norm_w),
 // 4-byte aligned bias and residual rows; PREFETCH: double-buffer the weight registers across
 // chunks and load the first chunk before the PDL wait
@@ -177,16 +178,19 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   const unsigned char* sb = sa + 8L * sm_row;
   const unsigned char* ea = ex + (long)n0 * (Kp / 2) + (long)g * ex_row + sg_lo * ex_group + 16 * (t >> 1);
   const unsigned char* eb = ea + 8L * ex_row;
-  const int row_a = g < M ? g : 0, row_b = g + 8 < M ? g + 8 : 0;  // x rows past M: never stored
-  const bf16_t* xa = x + (long)row_a * stride_x + k_lo + 16 * t;
-  const bf16_t* xb = x + (long)row_b * stride_x + k_lo + 16 * t;
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   bf16_t* xs = reinterpret_cast<bf16_t*>(dyn_smem);  // [M][k_split] normalized x (norm_w given)
-  const bf16_t* xsa = xs + row_a * k_split + 16 * t;
-  const bf16_t* xsb = xs + row_b * k_split + 16 * t;
-  __shared__ float rstd[16];
+  const bf16_t* xr[MT];   // the lane's x row of each tile, from k_lo + 16 t
+  const bf16_t* xsr[MT];  // the same rows staged normalized (fused norm)
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    const int row = 8 * j + g < M ? 8 * j + g : 0;  // x rows past M: never stored
+    xr[j] = x + (long)row * stride_x + k_lo + 16 * t;
+    xsr[j] = xs + row * k_split + 16 * t;
+  }
+  __shared__ float rstd[8 * MT];
   __shared__ __align__(16) EpilogueStage<MT> st;
-  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[MT][4] = {};  // acc[j]: x tile j
   V4 rsa[U], rsb[U], rea[U], reb[U];
   if (PREFETCH && warp < chunks) {  // the first chunk's weights (which no kernel writes) before the wait
 #pragma unroll
@@ -219,7 +223,8 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   // what earlier kernels write: x at the escapes' columns, the residual tile
   if (has_esc)
     for (int m = 0; m < M; ++m) cp_async4(&st.x[m][tid], x + m * stride_x + (esc_col & ~1));
-  if (residual != nullptr && tid < 8 * M) cp_async4(&st.res[tid >> 3][tid & 7], residual + (tid >> 3) * stride_r + n0 + 2 * (tid & 7));
+  if (residual != nullptr)
+    for (int q = tid; q < 8 * M; q += WARPS * 32) cp_async4(&st.res[q >> 3][q & 7], residual + (q >> 3) * stride_r + n0 + 2 * (q & 7));
   if (norm_w != nullptr) {
     rows_rstd<WARPS>(x, M, Kp, stride_x, eps, rstd);
     stage_normalized<WARPS>(x, norm_w, M, k_lo, k_split, stride_x, rstd, xs);
@@ -246,20 +251,15 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k0 = c * 64 * U + 64 * u;
-      V4 x0a, x1a, x0b, x1b;
-      if (norm_w != nullptr) {  // staged once per CTA, already normalized
-        x0a = *reinterpret_cast<const V4*>(xsa + k0);
-        x1a = *reinterpret_cast<const V4*>(xsa + k0 + 8);
-        if (MT == 2) {
-          x0b = *reinterpret_cast<const V4*>(xsb + k0);
-          x1b = *reinterpret_cast<const V4*>(xsb + k0 + 8);
-        }
-      } else {
-        x0a = load_x(xa + k0);
-        x1a = load_x(xa + k0 + 8);
-        if (MT == 2) {
-          x0b = load_x(xb + k0);
-          x1b = load_x(xb + k0 + 8);
+      V4 x0[MT], x1[MT];  // the lane's 16 k of each tile's x row
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+        if (norm_w != nullptr) {  // staged once per CTA, already normalized
+          x0[j] = *reinterpret_cast<const V4*>(xsr[j] + k0);
+          x1[j] = *reinterpret_cast<const V4*>(xsr[j] + k0 + 8);
+        } else {
+          x0[j] = load_x(xr[j] + k0);
+          x1[j] = load_x(xr[j] + k0 + 8);
         }
       }
 #pragma unroll
@@ -269,11 +269,10 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
         const u32 a2 = decode_pair<1>(rsa[u].w[i], ca);
         const u32 a1 = decode_pair<0>(rsb[u].w[i], cb);
         const u32 a3 = decode_pair<1>(rsb[u].w[i], cb);
-        const u32 b0 = (i < 2 ? x0a : x1a).w[(2 * i) & 3], b1 = (i < 2 ? x0a : x1a).w[(2 * i + 1) & 3];
-        mma16816(c0, a0, a1, a2, a3, b0, b1);
-        if (MT == 2) {
-          const u32 d0 = (i < 2 ? x0b : x1b).w[(2 * i) & 3], d1 = (i < 2 ? x0b : x1b).w[(2 * i + 1) & 3];
-          mma16816(c1, a0, a1, a2, a3, d0, d1);
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+          const V4& xv = i < 2 ? x0[j] : x1[j];
+          mma16816(acc[j], a0, a1, a2, a3, xv.w[(2 * i) & 3], xv.w[(2 * i + 1) & 3]);
         }
       }
     }
@@ -288,12 +287,12 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const float sc = (i & 2) ? scale_b : scale_a;
-    c0[i] *= sc;
-    c1[i] *= sc;
+#pragma unroll
+    for (int j = 0; j < MT; ++j) acc[j][i] *= sc;
   }
   cp_async_wait_all();  // the staged epilogue inputs (reduce_cta's barrier makes them visible)
-  float s[8];
-  if (!reduce_cta<WARPS>(c0, c1, s, ws, tickets)) return;
+  float s[4 * MT];
+  if (!reduce_cta<WARPS, MT>(acc, s, ws, tickets)) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the escapes of the lane's two weight rows: exact products in fp32
     for (int e = st.rp[g + 8 * h]; e < st.rp[g + 8 * h + 1]; ++e) {
@@ -301,7 +300,7 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
       const int col = staged ? st.col[e] : ecol[e0 + e];
       const float w_true = staged ? st.wt[e] : etrue[e0 + e], w_fake = staged ? st.wf[e] : efake[e0 + e];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < 4 * MT; ++i) {
         const int m = acc_row(i, t);
         if (((i >> 1) & 1) == h && m < M) {
           float xv = staged ? half_of(st.x[m][e], col) : from_bf16(x[m * stride_x + col]);
@@ -316,11 +315,11 @@ bf12_mma(const bf16_t* __restrict__ x, const unsigned char* __restrict__ sm, con
   }
   if (bias != nullptr) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] += half_of(st.bias[acc_col(i, g) >> 1], acc_col(i, g));
+    for (int i = 0; i < 4 * MT; ++i) s[i] += half_of(st.bias[acc_col(i, g) >> 1], acc_col(i, g));
   }
   if (residual != nullptr) {  // the rounded product plus r (rounded again by the store)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 4 * MT; ++i) {
       const int m = acc_row(i, t);
       if (m < M) s[i] = from_bf16(to_bf16(s[i])) + half_of(st.res[m][acc_col(i, g) >> 1], acc_col(i, g));
     }
@@ -366,8 +365,9 @@ void bf12_mma_launch(int mt, int unroll, int warps, bool prefetch, bool pdl, dim
   switch (mt * 100 + unroll * 10 + warps / 4) {
     SPECC_BF12_CASE(1, 1, 4) SPECC_BF12_CASE(1, 1, 8) SPECC_BF12_CASE(1, 2, 4) SPECC_BF12_CASE(1, 2, 8)
     SPECC_BF12_CASE(2, 1, 4) SPECC_BF12_CASE(2, 1, 8) SPECC_BF12_CASE(2, 2, 4) SPECC_BF12_CASE(2, 2, 8)
+    SPECC_BF12_CASE(4, 1, 4) SPECC_BF12_CASE(4, 1, 8) SPECC_BF12_CASE(4, 2, 4) SPECC_BF12_CASE(4, 2, 8)
     default:
-      throw std::invalid_argument("bf12_mma: unroll in {1, 2}, warps in {4, 8}");
+      throw std::invalid_argument("bf12_mma: x tiles in {1, 2, 4}, unroll in {1, 2}, warps in {4, 8}");
   }
 #undef SPECC_BF12_CASE
 #undef SPECC_BF12_ARGS

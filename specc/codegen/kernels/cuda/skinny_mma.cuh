@@ -1,8 +1,8 @@
-// Device helpers of the register-fed tensor-core kernels for 1 .. 16 rows (swap AB: the weights
-// are the MMA's A operand, 16 weight rows per warp; x^T is B, one or two 8-row tiles).
+// Device helpers of the register-fed tensor-core kernels for 1 .. 32 rows (swap AB: the weights
+// are the MMA's A operand, 16 weight rows per warp; x^T is B, one, two or four 8-row tiles).
 //
 // A lane (g = lane / 4, t = lane % 4) loads 16-byte vectors of weight rows g and g + 8 and of
-// the same K positions of x rows g and g + 8; an MMA sums over k, so the k order inside it is
+// the same K positions of x rows g, g + 8, ... (one per x tile); an MMA sums over k, so the k order inside it is
 // free as long as both operands use the same one, and the vectors become fragments without a
 // shuffle or shared memory. Used by specc/codegen/kernels/cuda/linear_bf12_mma.cu and by
 // examples/skinny_mma.py (its bf16 kernel).
@@ -64,48 +64,49 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 #endif
 }
 
-// The lane's 8 accumulators: s[0..3] x tile 0, s[4..7] x tile 1; s[i] is weight row
-// g (+ 8 when i % 4 >= 2) and x row 2t + (i % 2) (+ 8 when i >= 4).
-__device__ __forceinline__ int acc_row(int i, int t) { return 2 * t + (i & 1) + (i >= 4 ? 8 : 0); }
+// The lane's 4 MT accumulators (MT 8-row x tiles): s[4 j .. 4 j + 3] x tile j; s[i] is weight
+// row g (+ 8 when i % 4 >= 2) and x row 8 (i / 4) + 2t + (i % 2).
+__device__ __forceinline__ int acc_row(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }
 __device__ __forceinline__ int acc_col(int i, int g) { return g + ((i & 2) ? 8 : 0); }
 
-__device__ __forceinline__ void store_lane(const float (&s)[8], bf16_t* y, long stride_y, int M, int n0, int g,
+template <int NS>
+__device__ __forceinline__ void store_lane(const float (&s)[NS], bf16_t* y, long stride_y, int M, int n0, int g,
                                            int t) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < NS; ++i) {
     const int m = acc_row(i, t);
     if (m < M) y[m * stride_y + n0 + acc_col(i, g)] = to_bf16(s[i]);
   }
 }
 
-// The CTA's sum into s (lanes of warp 0): its warps' accumulators added in warp order in shared
-// memory; with split-K (gridDim.y > 1) each CTA's sum goes to the fp32 workspace and the last
-// CTA of a row block (a ticket) adds them up in split order, deterministic whoever finishes
-// last, and resets its ticket for the next launch (and graph replay). Returns whether this
-// lane holds the row block's total.
-template <int WARPS>
-__device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c1)[4], float (&s)[8],
+// The CTA's sum into s (lanes of warp 0): its warps' accumulators (c[j]: x tile j) added in warp
+// order in shared memory; with split-K (gridDim.y > 1) each CTA's sum goes to the fp32 workspace
+// (4 MT floats per lane) and the last CTA of a row block (a ticket) adds them up in split order,
+// deterministic whoever finishes last, and resets its ticket for the next launch (and graph
+// replay). Returns whether this lane holds the row block's total.
+template <int WARPS, int MT>
+__device__ __forceinline__ bool reduce_cta(const float (&c)[MT][4], float (&s)[4 * MT],
                                            float* __restrict__ ws, unsigned* __restrict__ tickets) {
+  constexpr int NS = 4 * MT;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int split = blockIdx.y, splits = gridDim.y;
-  __shared__ float red[WARPS][32][8];
+  __shared__ float red[WARPS][32][NS];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    red[warp][lane][i] = c0[i];
-    red[warp][lane][4 + i] = c1[i];
-  }
+  for (int j = 0; j < MT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][lane][4 * j + i] = c[j][i];
   __syncthreads();
   if (warp != 0) return false;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < NS; ++i) {
     s[i] = red[0][lane][i];
 #pragma unroll
     for (int v = 1; v < WARPS; ++v) s[i] += red[v][lane][i];
   }
   if (splits == 1) return true;
-  float* mine = ws + (((long)split * gridDim.x + blockIdx.x) * 32 + lane) * 8;
+  float* mine = ws + (((long)split * gridDim.x + blockIdx.x) * 32 + lane) * NS;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) mine[i] = s[i];
+  for (int i = 0; i < NS; ++i) mine[i] = s[i];
   __threadfence();
   __syncwarp();
   unsigned ticket = 0;
@@ -114,11 +115,11 @@ __device__ __forceinline__ bool reduce_cta(const float (&c0)[4], const float (&c
   if (ticket != (unsigned)(splits - 1)) return false;
   __threadfence();
 #pragma unroll
-  for (int i = 0; i < 8; ++i) s[i] = 0.f;
+  for (int i = 0; i < NS; ++i) s[i] = 0.f;
   for (int p = 0; p < splits; ++p) {
-    const float* part = ws + (((long)p * gridDim.x + blockIdx.x) * 32 + lane) * 8;
+    const float* part = ws + (((long)p * gridDim.x + blockIdx.x) * 32 + lane) * NS;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[i] += __ldcg(part + i);
+    for (int i = 0; i < NS; ++i) s[i] += __ldcg(part + i);
   }
   __syncwarp();
   if (lane == 0) tickets[blockIdx.x] = 0u;
