@@ -173,8 +173,8 @@ _PACKED: dict = {}  # sm tensor identity -> Packed12 (the kernel keeps per-weigh
 
 def packed_linear(x, sm, ex, base, esc_idx, esc_val, n, k, base_mode, bias=None, norm_weight=None, eps=1e-6,
                   version=1, residual=None):
-    """The bf12 tensor-core kernel where it runs (layouts 2 and 3, 1 .. 32 rows, one launch per
-    16-row tile: the residual epilogue fused; the norm by the rms_norm kernel first unless
+    """The bf12 tensor-core kernel where it runs (layouts 2 and 3, 1 .. 32 rows in one launch:
+    the residual epilogue fused; the norm by the rms_norm kernel first unless
     ``linear_bf12_mma.fuses_norm``); else the Triton bf12 kernel with the rms_norm kernel before
     it and the residual add after it, as separate ops."""
     if not use_triton(x, opt_in=True):

@@ -12,7 +12,7 @@ MLP, or everything but ``lm_head``); ``pack_base``: "row" (default) or "tensor";
 ``pack_version``: the bf12 layout, 3 (default: layout 2's bytes in 16-row x 64-weight tiles,
 for the weights whose shape allows it, ``bf12.tileable``; layout 2 for the others), 2 or 1. All
 are exact. Layouts 2 and 3 are read at 1 .. 32 rows by the tensor-core kernel
-``specc.codegen.kernels.linear_bf12_mma`` (a launch per 16-row tile) and above by the Triton kernel
+``specc.codegen.kernels.linear_bf12_mma`` (one launch) and above by the Triton kernel
 ``specc.codegen.kernels.linear_bf12_v2``. On the H100, in one process, the packed Qwen3-8B AR step
 is 0.889x the unpacked one in layout 3 (0.940x in layout 2) and the Q = 16 verify 0.881x (0.944x;
 docs/benchmarks/run21.md). Above 32 rows the Triton kernel is 3.5x slower per layer at 64 rows,
