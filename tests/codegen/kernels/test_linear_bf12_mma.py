@@ -346,17 +346,18 @@ def test_gpu_32_row_instance_gives_each_16_row_slice_its_bits(m, cfg):
 
 
 @gpu
-@pytest.mark.parametrize("m,cfg", [(1, mma.Bf12MmaConfig()), (16, mma.Bf12MmaConfig(splits=2, prefetch=True))])
-def test_gpu_norm_prologue_and_residual_epilogue(m, cfg):
+@pytest.mark.parametrize("m,cfg,k", [(1, mma.Bf12MmaConfig(), 1024), (16, mma.Bf12MmaConfig(splits=2, prefetch=True), 1024),
+                                     (24, mma.Bf12MmaConfig(unroll=2, warps=4, prefetch=True), 256)])
+def test_gpu_norm_prologue_and_residual_epilogue(m, cfg, k):
     """One launch computes ``r + linear(rms_norm(x))`` like the three separate ops (their
     roundings), and equals kernel_abi's unfused fallback up to fp32 summation order."""
     from specc.codegen.kernels.rmsnorm import rms_norm as rms_norm_kernel
     from specc.models import ops
 
-    w, packed, x, _ = _gpu_case(256, 1024, m, seed=30 + m, bias=False)
+    w, packed, x, _ = _gpu_case(256, k, m, seed=30 + m, bias=False)
     x = x * 4
     g = torch.Generator(device="cuda").manual_seed(m)
-    norm_w = (1 + 0.1 * torch.randn(1024, device="cuda", generator=g)).to(torch.bfloat16)
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).to(torch.bfloat16)
     r = torch.randn(m, 256, device="cuda", generator=g).to(torch.bfloat16)
     got = mma.linear_bf12_mma(x, packed, None, cfg, norm_weight=norm_w, eps=1e-6, residual=r)
     h = ops.rms_norm(x, norm_w, 1e-6)
@@ -370,7 +371,7 @@ def test_gpu_norm_prologue_and_residual_epilogue(m, cfg):
 
 
 @gpu
-@pytest.mark.parametrize("m,norm", [(1, True), (1, False), (16, False)])
+@pytest.mark.parametrize("m,norm", [(1, True), (1, False), (16, False), (32, False)])
 def test_gpu_more_escapes_than_the_epilogue_stages(m, norm):
     """A 16-row block with more escapes than the kernel stages in shared memory (ESC_CAP) before
     its main loop: the rest are read in the epilogue, in the same CSR order, so the result is
