@@ -37,10 +37,11 @@ GPUS: dict[str, dict[str, Any]] = {
                  memory_bytes=80e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
                  bandwidth_efficiency=0.80, flops_efficiency=0.75, link_bandwidth=450e9, link_latency_s=3e-6,
                  # measured: bf12 linears of a Qwen3-8B layer (qkv, o, gate_up, down) alone, median packed
-                 # bytes / time / HBM per M, layout 3 (the pack pass's default): through the tensor-core
-                 # kernel at 1 and 16 rows (docs/benchmarks/run21.md) and 4 rows (run22.md), through the
-                 # Triton kernel at 64 (run22.md)
-                 packed_linear_bandwidth_by_m=((1, 0.759), (4, 0.763), (16, 0.709), (64, 0.158)),
+                 # bytes / time / HBM per M, layout 3 (the pack pass's default), the launch engines run
+                 # (linear_bf12_mma.get_config): the tensor-core kernel at 1-32 rows (one launch), the
+                 # Triton kernel at 64 (docs/benchmarks/run34.md, section 1)
+                 packed_linear_bandwidth_by_m=((1, 0.775), (4, 0.747), (16, 0.641), (24, 0.569), (32, 0.553),
+                                               (64, 0.112)),
                  # measured as h200's: 0.859 - 0.285 ms at B = 16, 0.927 - 0.266 at B = 32 (run24.md)
                  spec_host_s=0.6e-3),
     "a100": dict(gpu="NVIDIA A100 SXM 80GB", hbm_bandwidth=2.04e12, bf16_flops=312e12, sm_count=108,

@@ -490,7 +490,10 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
             raise ValueError(f"linear_bf12: bias is on {bias.device}, x on {x.device}")
         bias = bias.contiguous()
     interpret = INTERPRETED
-    if not launchable(x.device):
+    # (an explicit tensor-core config needs no Triton: where that kernel cannot run it says why below)
+    from specc.codegen.kernels.linear_bf12_mma import Bf12MmaConfig
+
+    if not launchable(x.device) and not isinstance(config, Bf12MmaConfig):
         raise RuntimeError("linear_bf12 on a CPU tensor needs the Triton interpreter: set "
                            "TRITON_INTERPRET=1 before triton is first imported")
     lead = x.shape[:-1]
@@ -509,7 +512,7 @@ def linear_bf12(x: torch.Tensor, packed: Packed12, bias: torch.Tensor | None = N
     if m == 0:
         return y.reshape(*lead, n)
     if packed.version != 1:  # layout 2 (inputs checked above): the tensor-core kernel where it runs, else Triton
-        from specc.codegen.kernels.linear_bf12_mma import Bf12MmaConfig, linear_bf12_mma, unsupported_reason
+        from specc.codegen.kernels.linear_bf12_mma import linear_bf12_mma, unsupported_reason
         from specc.codegen.kernels.linear_bf12_v2 import linear_bf12_v2
 
         if config is None or isinstance(config, Bf12MmaConfig):

@@ -126,6 +126,9 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
       to 8 rows (run 18); with layout 3 on the H100 2 x 4 was faster for qkv alone (15.8 against
       17.3 us at one row) and in the packed AR step (4.862 / 4.866 -> 4.821 / 4.826 ms, two
       processes, run 29);
+    - 17 .. 32 rows (the four-tile instance, H100 run 34, full sweep at 24 and 32 rows): 1
+      super-group x 8 warps at up to 2 waves (o 17.8 against 27.7 us for 2 x 8, down 38.1
+      against 57.6), 2 x 4 at up to 4 (qkv 21.9), 1 x 4 above (gate_up 72.9 against 80.6);
     - layers with fewer blocks than SMs (small models) split K so that every SM streams.
 
     ``fused_norm`` does not change the launch (the norm's rows are staged once per CTA)."""
@@ -133,7 +136,11 @@ def get_config(m: int, n: int, kp: int, sms: int, fused_norm: bool = False) -> B
     splits = 1
     while blocks * splits * 2 <= sms and kp % (64 * splits * 2) == 0 and kp // (64 * splits * 2) >= 8:
         splits *= 2
-    unroll, warps = (2, 8) if waves(n, splits, sms) <= 2 else (2, 4)
+    w = waves(n, splits, sms)
+    if m <= 16:
+        unroll, warps = (2, 8) if w <= 2 else (2, 4)
+    else:  # the four-tile instance: twice the x registers; 2 super-groups a chunk only at ~3 waves
+        unroll, warps = (1, 8) if w <= 2 else (2, 4) if w <= 4 else (1, 4)
     if kp % (64 * unroll * splits) or kp // (64 * unroll * splits) < warps:
         unroll = 1  # a chunk per warp at least
     return Bf12MmaConfig(unroll=unroll, warps=warps, splits=splits, prefetch=True)
