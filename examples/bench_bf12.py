@@ -116,9 +116,10 @@ def candidates_v2(m: int, quick: bool = False):
         c = [dot(16, 64, 64), dot(16, 64, 128), dot(16, 128, 64, warps=8), dot(16, 64, 64, swap=True),
              dot(16, 32, 128), dot(16, 64, 64, split=2), dot(16, 128, 128, warps=8, swap=True),
              dot(16, 64, 64, asm=False)]
-    else:
-        c = [dot(m, 64, 64), dot(m, 64, 128, warps=8), dot(m, 128, 64, warps=8, swap=True), dot(m, 32, 128),
-             dot(m, 64, 64, split=2), dot(m, 64, 64, asm=False)]
+    else:  # row tiles are powers of two: 24 rows run a 32-row tile
+        t = 1 << (m - 1).bit_length()
+        c = [dot(t, 64, 64), dot(t, 64, 128, warps=8), dot(t, 128, 64, warps=8, swap=True), dot(t, 32, 128),
+             dot(t, 64, 64, split=2), dot(t, 64, 64, asm=False)]
     return c[:2] + c[-1:] if quick else c  # (the last one decodes without the inline asm)
 
 

@@ -229,6 +229,19 @@ def test_bench_bf12_experiments_change_one_choice_each_and_restore_it():
     assert {(m, s): mma.get_config(m, *s, 132) for m in (1, 16) for s in (qkv, down)} == shipped
 
 
+def test_bench_bf12_candidates_at_rows_between_powers_of_two():
+    """24 rows: the Triton kernel's candidates take the 32-row tile (row tiles are powers of two;
+    run 34's first sweep at 24 rows stopped on a 24-row tile), the tensor-core kernel's its
+    shipped launch first and nothing above 32 rows."""
+    from examples import bench_bf12
+    from specc.codegen.kernels import linear_bf12_mma as mma
+
+    assert {c.block_m for c in bench_bf12.candidates_v2(24)} == {32}
+    shipped = mma.get_config(24, 4096, 4096, 132)
+    assert bench_bf12.configs_for("mma3", 24, True, False, (4096, 4096), 132)[0] == shipped
+    assert bench_bf12.candidates_mma(33) == []
+
+
 def test_large_gemm_tiles_fit_shared_memory_and_registers():
     """``sweep_linear --dot large``: tiles for 128-512 rows, none with a row tile past the rows'
     power of two, every one within ~200 KB of shared memory and ~128 accumulator registers a

@@ -253,6 +253,18 @@ def test_config_by_waves_of_row_blocks():
     assert mma.get_config(1, 4096, 4096, 132, fused_norm=True) == mma.get_config(1, 4096, 4096, 132)
 
 
+def test_config_above_16_rows_by_waves():
+    """17-32 rows run the four-tile instance, whose x registers double: 1 super-group x 8 warps
+    up to 2 waves of blocks (o, down, a DFlash drafter's K/V), 2 x 4 up to 4 (qkv), 1 x 4 above
+    (gate_up, lm_head); the H100 sweep at 24 and 32 rows (docs/benchmarks/run34.md)."""
+    want = {(4096, 4096): (1, 8), (4096, 12288): (1, 8), (2048, 4096): (1, 8), (6144, 4096): (2, 4),
+            (24576, 4096): (1, 4), (151936, 4096): (1, 4)}
+    for (n, k), (unroll, warps) in want.items():
+        for m in (17, 24, 32):
+            assert mma.get_config(m, n, k, 132) == mma.Bf12MmaConfig(unroll=unroll, warps=warps, prefetch=True)
+    assert mma.get_config(16, 4096, 4096, 132).unroll == 2  # the 16-row rule unchanged
+
+
 def test_config_splits_small_layers_only():
     assert mma.get_config(16, 4096, 12288, 132).splits == 1
     small = mma.get_config(1, 256, 1024, 132)  # 16 row blocks on 132 SMs
