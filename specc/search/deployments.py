@@ -27,9 +27,15 @@ GPUS: dict[str, dict[str, Any]] = {
     "h200": dict(gpu="NVIDIA H200", hbm_bandwidth=4.8e12, bf16_flops=989e12, sm_count=132, l2_bytes=50 * 2**20,
                  memory_bytes=141e9, launch_overhead_s=4e-6, graph_node_overhead_s=1.5e-6,
                  bandwidth_efficiency=0.72, flops_efficiency=0.78, link_bandwidth=450e9, link_latency_s=3e-6,
-                 # measured: bf12 layout-1 linears of a Qwen3-8B layer (qkv, o, gate_up, down), packed
-                 # bytes / time / HBM per M (docs/benchmarks/h200-run5.md, examples/bench_bf12.py)
-                 packed_linear_bandwidth_by_m=((1, 0.634), (4, 0.295), (16, 0.286), (64, 0.172)),
+                 # bf12 layout-3 linears (the tensor-core kernel at 1-32 rows), packed bytes / time / HBM
+                 # per M: at 1 and 16 rows the values that make the cost model's packed / unpacked
+                 # Qwen3-8B step ratios the ones measured on the H200 (AR 0.978, Q = 16 verify 1.032,
+                 # docs/benchmarks/run32.md; the layout-1 table before priced them 0.889 and 1.78);
+                 # 4, 24 and 32 rows scaled from 1 and 16 as the H100's shipped launches measured
+                 # (run34.md, section 1); 64 rows (the Triton kernel) layout 1's, h200-run5.md. Not
+                 # per-linear measurements: `bench_bf12.py --deployment h200-bs1` replaces them.
+                 packed_linear_bandwidth_by_m=((1, 0.568), (4, 0.547), (16, 0.522), (24, 0.463), (32, 0.450),
+                                               (64, 0.172)),
                  # measured: B = 16 speculative step's acceptance + between-step device idle (0.615 ms)
                  # less the AR step's (0.228 ms), examples/profile_batch_parts.py (docs/benchmarks/run26.md)
                  spec_host_s=0.39e-3),
