@@ -70,16 +70,22 @@ def escape_meta(packed: Packed12) -> dict:
 
 
 _WORKSPACES: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+# Workspaces a larger one replaced: kept alive, because a CUDA graph captured while one was
+# current replays with its address (freed, the allocator could hand the memory to other tensors)
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
 def split_k_workspace(device: torch.device, n_out: int, n_tiles: int, owner: str = "triton"):
     """The per-device fp32 split-K workspace (>= n_out floats) and ticket counters (>= n_tiles,
     zero between calls), grown on demand, one pair per ``owner``: the Triton bf12 kernels add
     into a zeroed workspace and leave it zeroed, the tensor-core kernel
-    (:mod:`.linear_bf12_mma`) writes its partials and leaves them, so the two never share one."""
+    (:mod:`.linear_bf12_mma`) writes its partials and leaves them, so the two never share one.
+    A pair that is outgrown stays allocated (graphs captured with it keep working)."""
     key = (str(device), owner)
     ws, cnt = _WORKSPACES.get(key, (None, None))
     if ws is None or ws.numel() < n_out or cnt.numel() < n_tiles:
+        if ws is not None:
+            _RETIRED.append((ws, cnt))
         ws = torch.zeros(max(n_out, 1 << 16), dtype=torch.float32, device=device)
         cnt = torch.zeros(max(n_tiles, 1 << 12), dtype=torch.int32, device=device)
         _WORKSPACES[key] = (ws, cnt)

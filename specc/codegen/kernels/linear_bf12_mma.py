@@ -313,8 +313,10 @@ def linear_bf12_mma(x2: torch.Tensor, packed: Packed12, bias: torch.Tensor | Non
     meta = escape_meta(packed)
     unused = meta["rowptr"]  # a device tensor for the arguments a launch does not read
     if cfg.splits > 1:
-        # per split and 16-row block, 32 lanes x 4 floats per x tile
-        ws, tickets = split_k_workspace(x2.device, cfg.splits * (n // 16) * 32 * 4 * x_tiles(m), n // 16,
+        # per split and 16-row block, 32 lanes x 4 floats per x tile, sized for the widest instance
+        # whatever the rows: a CUDA graph captured at few rows keeps its workspace when a later
+        # call at more rows would otherwise grow (reallocate) it
+        ws, tickets = split_k_workspace(x2.device, cfg.splits * (n // 16) * 32 * 4 * max(X_TILES), n // 16,
                                         owner="bf12_mma")
     else:
         ws = tickets = unused

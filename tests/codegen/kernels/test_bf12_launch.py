@@ -37,6 +37,10 @@ def test_split_k_workspace_grows_and_is_reused():
     assert again[0] is ws and again[1] is cnt
     bigger, _ = split_k_workspace(torch.device("cpu"), ws.numel() + 1, 1)
     assert bigger.numel() > ws.numel()
+    # the outgrown pair stays allocated: a CUDA graph captured with it replays its address
+    from specc.codegen.kernels import bf12_launch
+
+    assert any(old is ws and c is cnt for old, c in bf12_launch._RETIRED)
 
 
 @pytest.mark.parametrize("bad,match", [({"kind": "wmma"}, "kind must be"), ({"block_n": 24}, "block_n must be a power of two"),

@@ -196,7 +196,8 @@ def test_up_to_32_rows_are_one_launch_with_the_residual(monkeypatch, m):
         def bf12_mma_out(x2, *args):
             y, residual, ws = args[15], args[13], args[16]
             assert x2.shape[0] <= mma.MAX_ROWS and y.shape[0] == x2.shape[0] == residual.shape[0]
-            assert ws.numel() >= cfg.splits * (32 // 16) * 32 * 4 * mma.x_tiles(x2.shape[0])
+            # sized for the four-tile instance at any row count (graphs keep their workspace)
+            assert ws.numel() >= cfg.splits * (32 // 16) * 32 * 4 * 4
             launched.append((x2.data_ptr(), y.data_ptr()))
             y.copy_(mma.emulate(x2.float(), packed, bias, cfg, residual=residual))
 
