@@ -14,6 +14,19 @@ def row_label(row: dict) -> str:
     return label
 
 
+def priced_rate(row: dict) -> float | None:
+    """The measured tokens/s a row's prediction prices: the cost model prices decode steps (no
+    prefill) at the row's acceptance, so a replayed batch-1 row compares with its decode rate at
+    the stated E (its measured step, ``at_stated_acceptance``), another batch-1 row with its
+    decode tokens/s, a batched row with its steady rate (every slot busy). Tokens/s with the
+    first token included made the speculative rows look 8-30% over-predicted where their decode
+    steps were within 3% (docs/benchmarks/run34.md, section 2)."""
+    if row.get("batch", 1) > 1:
+        return row.get("steady_tokens_per_s")
+    at = row.get("at_stated_acceptance") or {}
+    return at.get("decode_tokens_per_s") or row.get("decode_tokens_per_s") or row.get("tokens_per_s")
+
+
 def _f(x, fmt="{:,.1f}", none="-"):
     return none if x is None else fmt.format(x)
 
@@ -47,7 +60,7 @@ def print_table(report: dict, console=None) -> None:
             continue
         pred = (r.get("prediction") or {}).get("tokens_per_s")
         steady = r.get("steady_tokens_per_s")
-        versus = steady if b > 1 else r["tokens_per_s"]  # a batched row is predicted in steady decode
+        versus = priced_rate(r)
         if b > 1:
             same = r.get("same_tokens_as_specc_ar")
             same_text = "n/a" if same is None else f"= AR: {same_word[same]}"
@@ -102,7 +115,9 @@ def print_table(report: dict, console=None) -> None:
     if report.get("ar_floor_tokens_per_s"):
         console.print(f"AR bandwidth floor on {report['deployment']} (cost model): "
                       f"{report['ar_floor_tokens_per_s']:,.1f} tok/s; best AR in this run: {escape(str(report['best_ar']))}")
-    console.print("predicted: cost model (specc.search.cost_model) for the row's acceptance; HF rows are not modelled")
+    console.print("predicted: cost model (specc.search.cost_model) for the row's acceptance, decode steps only; "
+                  "pred/meas: over the decode rate (at the stated E when replayed; steady when batched); "
+                  "HF rows are not modelled")
     if batched:
         console.print("B > 1: B requests decoded together (continuous batching, prompts of different lengths); tok/s "
                       "includes their prefills; decode: this batch's decode tokens / decode seconds; steady: B x "
@@ -133,7 +148,8 @@ def write_json(report: dict, path) -> Path:
 
 
 def write_plots(report: dict, out_dir) -> list[str]:
-    """PNG plots into ``out_dir``: tokens/s per system (measured beside predicted), the accepted
+    """PNG plots into ``out_dir``: decode tokens/s per system (measured beside predicted, as
+    :func:`priced_rate` pairs them), the accepted
     length histogram of each speculative system (with the stated model's distribution when
     replayed), and tokens/s vs batch size when the report holds more than one batch size."""
     import matplotlib
@@ -150,14 +166,16 @@ def write_plots(report: dict, out_dir) -> list[str]:
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(rows) + 2), 4))
     names = [r["system"] + ("\n(replay)" if r.get("replay") else "") for r in rows]
     x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["tokens_per_s"] for r in rows], width=0.4, label="measured")
+    # the decode rate each prediction prices (at the stated E when replayed): like with like
+    ax.bar([i - 0.2 for i in x], [priced_rate(r) or 0.0 for r in rows], width=0.4,
+           label="measured decode" + (" (at the stated E)" if replay else ""))
     pred = [(r.get("prediction") or {}).get("tokens_per_s") for r in rows]
     ax.bar([i + 0.2 for i, p in zip(x, pred) if p], [p for p in pred if p], width=0.4, label="predicted (cost model)",
            alpha=0.6)
     if report.get("ar_floor_tokens_per_s"):
         ax.axhline(report["ar_floor_tokens_per_s"], ls="--", c="gray", lw=1, label="AR bandwidth floor")
     ax.set_xticks(list(x), names, fontsize=8)
-    ax.set_ylabel("tokens/s (median over prompts)")
+    ax.set_ylabel("decode tokens/s (median over prompts)")
     ax.set_title(f"{report['what']}\n{report['device']}, {report['dtype']}"
                  + (", acceptance REPLAYED" if replay else ""), fontsize=9)
     ax.legend(fontsize=8)

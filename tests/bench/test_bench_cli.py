@@ -48,6 +48,14 @@ def test_shapes_with_replayed_acceptance_table_and_plots(capsys, tmp_path):
     at = spec["at_stated_acceptance"]  # the measured step at E tokens instead of this run's draws
     assert at["tokens_per_step"] == pytest.approx(6.5) and at["drawn_tokens_per_step"] == spec["tau"]
     assert at["decode_tokens_per_s"] == pytest.approx(spec["decode_tokens_per_s"] * 6.5 / spec["tau"])
+    # pred/meas compares the prediction (decode steps at the stated E) with that rate, the AR rows
+    # with their decode rate; the first token's time is in neither
+    from specc.bench.report import priced_rate
+
+    assert priced_rate(spec) == at["decode_tokens_per_s"]
+    ar = next(r for r in report["rows"] if r["system"] == "specc-ar")
+    assert priced_rate(ar) == ar["decode_tokens_per_s"] != ar["tokens_per_s"]
+    assert priced_rate({"batch": 4, "steady_tokens_per_s": 7.0, "decode_tokens_per_s": 5.0}) == 7.0
     best = max(r["decode_tokens_per_s"] for r in report["rows"] if r["system"] == report["best_ar"])
     assert at["decode_speedup_vs_best_ar"] == pytest.approx(at["decode_tokens_per_s"] / best)
     assert "at the stated E = 6.50 tokens/step" in out.out
