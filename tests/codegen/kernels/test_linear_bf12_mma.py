@@ -286,8 +286,37 @@ def test_cuda_source_compiles_for_sm90():
         ptx = mma.compile_check()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    assert ".target sm_90" in ptx and ptx.count(".entry") == 16 and "mma.sync.aligned.m16n8k16" in ptx
+    instances = len(mma.X_TILES) * len(mma.UNROLLS) * len(mma.WARPS) * 2  # x tiles, unroll, warps, prefetch
+    assert ".target sm_90" in ptx and ptx.count(".entry") == instances and "mma.sync.aligned.m16n8k16" in ptx
     assert "L2::256B" in ptx and "L2::" not in mma.compile_check(l2_prefetch=0)  # the default hint, and without
+
+
+def test_cuda_source_and_host_launch_compile_with_nvcc(tmp_path):
+    """Where nvcc is installed (no GPU needed): the kernel file with its host launch compiles for
+    sm_90 as the extension builds it, every instance, and the launches engines run spill no
+    registers."""
+    import shutil
+    import subprocess
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    proc = subprocess.run([nvcc, "-O3", "-arch=sm_90", "-cubin", "-o", str(tmp_path / "k.cubin"),
+                           f"-DSKINNY_L2_PREFETCH={mma.L2_PREFETCH_DEFAULT}", "-Xptxas", "-v",
+                           str(mma.CUDA_DIR / "linear_bf12_mma.cu")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import re
+
+    blocks = proc.stderr.split("Compiling entry function '")[1:]  # ptxas -v: one block per kernel
+    entries = [(b.split("'")[0], re.search(r"(\d+) bytes spill stores", b).group(1)) for b in blocks]
+    assert len(entries) == len(mma.X_TILES) * len(mma.UNROLLS) * len(mma.WARPS) * 2
+    # the instances get_config picks for the Qwen3-8B layer shapes at 1, 16 and 32 rows spill nothing
+    spills = {name.split("EvPK")[0]: n for name, n in entries}
+    for m in (1, 16, 32):
+        for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096)):
+            cfg = mma.get_config(m, n, k, 132)
+            name = f"_Z8bf12_mmaILi{mma.x_tiles(m)}ELi{cfg.unroll}ELi{cfg.warps}ELb{int(cfg.prefetch)}E"
+            assert spills[name] == "0", (m, n, k, name, spills)
 
 
 # --------------------------------------------------------------------------- GPU
