@@ -61,8 +61,9 @@ from specc.codegen.kernels.bf12_launch import escape_meta, split_k_workspace
 from specc.formats.bf12 import WIDE_LAYOUTS, Packed12, plane_strides
 
 __all__ = ["Bf12MmaConfig", "ENV", "L2_PREFETCH_ENV", "L2_PREFETCH_DEFAULT", "CUDA_DIR", "MAX_ROWS", "X_TILES",
-           "x_tiles", "launches_for", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES", "fuses_norm", "UNROLLS", "WARPS", "get_config", "waves", "unsupported_reason",
-           "linear_bf12_mma", "extension", "emulate", "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
+           "x_tiles", "launches_for", "FUSED_NORM_MAX_ROWS", "FUSED_NORM_MAX_STAGED_BYTES", "fuses_norm", "UNROLLS",
+           "WARPS", "get_config", "waves", "unsupported_reason", "linear_bf12_mma", "extension", "emulate",
+           "decode_constant_exponent", "compile_check", "nvrtc_ptx"]
 
 ENV = "SPECC_BF12_MMA"  # "0": never use this kernel (the Triton bf12 kernels run)
 # L2 prefetch-size hint on the weight loads: 256 (the default: each miss fetches 256 bytes from
