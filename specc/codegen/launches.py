@@ -19,9 +19,9 @@ def _packed_linear_cuda(m, rows=None) -> int:
     from specc.formats.bf12 import WIDE_LAYOUTS
 
     norm = bool(m.attrs.get("norm_prologue"))
-    tiles = launches_for(int(math.ceil(rows))) if rows is not None else 0
-    if m.attrs.get("format_version") in WIDE_LAYOUTS and tiles:
-        return tiles + (norm and not fuses_norm(rows, int(m.attrs.get("k", 0))))
+    mma = launches_for(int(math.ceil(rows))) if rows is not None else 0  # the tensor-core kernel's
+    if m.attrs.get("format_version") in WIDE_LAYOUTS and mma:
+        return mma + (norm and not fuses_norm(rows, int(m.attrs.get("k", 0))))
     return 1 + norm + bool(m.attrs.get("residual_epilogue"))
 
 

@@ -120,8 +120,9 @@ def packed_weight_passes(m: int, n: int, k: int, version: int = 2) -> int:
         from specc.codegen.kernels.linear_bf12_mma import launches_for
         from specc.codegen.kernels.linear_bf12_v2 import get_config
 
-        if launches_for(m):
-            return launches_for(m)
+        launches = launches_for(m)
+        if launches:
+            return launches
     else:
         from specc.codegen.kernels.linear_bf12 import get_config
     return max(1, int(weight_passes(m, n, k, config=get_config(m, n, k))))
